@@ -1,0 +1,18 @@
+// The tessera command line: one function per command.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace tessera::cli {
+
+int main(int argc, char **argv);
+
+using Args = std::vector<std::string>;
+int cmd_run(const Args &args);
+int cmd_eval(const Args &args);
+int cmd_plugins(const Args &args);
+int cmd_config(const Args &args);
+int cmd_version(const Args &args);
+
+}  // namespace tessera::cli

@@ -1,0 +1,153 @@
+// run, eval, config: the commands that read a config.
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+#include <iostream>
+
+#include "cli/args.hpp"
+#include "config/config.hpp"
+#include "train/job.hpp"
+#include "train/trainer.hpp"
+
+namespace tessera::cli {
+
+namespace {
+
+const char *kRunUsage = R"(usage: tessera run CONFIG [options]
+
+Trains the job in CONFIG (TOML, or a DeepSpeed JSON on top of one).
+
+options:
+  --set KEY=VALUE           override a config key, e.g. --set optimizer.lr=3e-4 (repeatable)
+  --deepspeed_config FILE   layer a DeepSpeed JSON config over CONFIG (also --deepspeed)
+  --plugin-path DIR         search DIR for plugins first (repeatable)
+  --local_rank N            accepted as DeepSpeed-style launchers pass it (LOCAL_RANK works too)
+  --verbose                 debug logging
+  -h, --help                this help
+
+The run directory (run.dir, default runs/<run.name>) receives config.toml
+(the resolved config), metrics.jsonl and summary.json.
+)";
+
+const char *kEvalUsage = R"(usage: tessera eval CONFIG --ckpt PATH [options]
+
+Evaluates a trained model, frozen (no gradients, no optimizer state), on the
+config's [data.eval] dataset (or [data.train] when there is none).
+
+  --ckpt PATH               a checkpoint directory (step_NNNNNNNN), a checkpoint
+                            root holding 'latest', or a .safetensors file
+  --set KEY=VALUE           override a config key (repeatable)
+  --deepspeed_config FILE   layer a DeepSpeed JSON config over CONFIG
+  --plugin-path DIR         search DIR for plugins first (repeatable)
+  --local_rank N            accepted for DeepSpeed-style launchers
+  -h, --help                this help
+)";
+
+const char *kConfigUsage = R"(usage: tessera config check CONFIG [options]
+       tessera config convert DS.json
+
+check    validates CONFIG against the engine's schema and every chosen
+         plugin's declared parameters, then prints the resolved config
+         (defaults filled in). Options: --set, --deepspeed_config,
+         --plugin-path as for 'tessera run'.
+convert  prints the TOML equivalent of a DeepSpeed JSON config.
+)";
+
+int local_rank_of(const Parsed &p) {
+  std::string v = p.get("--local_rank", p.get("--local-rank", ""));
+  if (v.empty()) return -1;
+  try {
+    size_t used = 0;
+    int r = std::stoi(v, &used);
+    if (used != v.size() || r < 0) throw std::invalid_argument(v);
+    return r;
+  } catch (const std::exception &) {
+    throw UsageError("--local_rank '" + v + "' is not a non-negative integer");
+  }
+}
+
+JobOptions job_options(const Parsed &p, const std::string &command) {
+  if (p.positional.size() != 1)
+    throw UsageError("tessera " + command + ": expected exactly one CONFIG file");
+  JobOptions o;
+  o.config_path = p.positional[0];
+  o.deepspeed_path = p.get("--deepspeed_config", p.get("--deepspeed", ""));
+  o.sets = p.all("--set");
+  o.plugin_paths = p.all("--plugin-path");
+  return o;
+}
+
+void print_warnings(const Job &job) {
+  for (const auto &w : job.doc.warnings()) spdlog::warn("{}", w);
+  for (const auto &r : job.registry->refusals()) spdlog::warn("plugin refused: {}", r);
+}
+
+int run_body(const Parsed &p) {
+  JobOptions o = job_options(p, "run");
+  ProcessInfo proc = process_info(local_rank_of(p));
+  Job job = load_job(o, proc.world_size, true);
+  print_warnings(job);
+  train(job, proc);
+  return 0;
+}
+
+int eval_body(const Parsed &p) {
+  JobOptions o = job_options(p, "eval");
+  if (!p.has("--ckpt")) throw UsageError("tessera eval: --ckpt PATH is required");
+  ProcessInfo proc = process_info(local_rank_of(p));
+  Job job = load_job(o, proc.world_size, false);
+  print_warnings(job);
+  nlohmann::json r = evaluate_checkpoint(job, proc, p.get("--ckpt"));
+  if (proc.rank == 0) {
+    std::printf("eval | loss %.4f", r["eval_loss"].get<double>());
+    if (!r["eval_accuracy"].is_null())
+      std::printf(" | accuracy %.4f", r["eval_accuracy"].get<double>());
+    std::printf(" | %lld samples | %s\n", static_cast<long long>(r["samples"].get<int64_t>()),
+                r["checkpoint"].get<std::string>().c_str());
+    std::cout << r.dump() << std::endl;
+  }
+  return 0;
+}
+
+int config_body(const Parsed &p) {
+  if (p.positional.empty()) throw UsageError("tessera config: expected 'check' or 'convert'");
+  std::string sub = p.positional[0];
+  Parsed rest = p;
+  rest.positional.erase(rest.positional.begin());
+  if (sub == "check") {
+    JobOptions o = job_options(rest, "config check");
+    Job job = load_job(o, 1, true);
+    print_warnings(job);
+    std::cout << "# resolved from " << o.config_path << " (valid)\n" << job.resolved_toml() << "\n";
+    return 0;
+  }
+  if (sub == "convert") {
+    if (rest.positional.size() != 1)
+      throw UsageError("tessera config convert: expected one DeepSpeed JSON file");
+    config::Document doc;
+    doc.apply_deepspeed(rest.positional[0]);
+    for (const auto &w : doc.warnings()) spdlog::warn("{}", w);
+    std::cout << "# converted from " << rest.positional[0] << "\n"
+              << config::to_toml(doc.root()) << "\n";
+    return 0;
+  }
+  throw UsageError("tessera config: unknown subcommand '" + sub + "' (check, convert)");
+}
+
+}  // namespace
+
+int cmd_run(const Args &args) {
+  return run_command("run", kRunUsage, run_body, args, config_options());
+}
+
+int cmd_eval(const Args &args) {
+  auto specs = config_options();
+  specs.push_back({"--ckpt", true, false});
+  return run_command("eval", kEvalUsage, eval_body, args, specs);
+}
+
+int cmd_config(const Args &args) {
+  return run_command("config", kConfigUsage, config_body, args, config_options());
+}
+
+}  // namespace tessera::cli

@@ -1,0 +1,45 @@
+// Command dispatch and the top-level help.
+#include <cstdio>
+#include <string>
+
+#include "cli/cli.hpp"
+
+namespace tessera::cli {
+
+namespace {
+
+const char *kUsage = R"(tessera: a distributed training engine
+
+usage: tessera <command> [options]
+
+commands:
+  run CONFIG        train (tessera run --help)
+  eval CONFIG       evaluate a checkpoint with a frozen model
+  plugins [show N]  list plugins, or every parameter of one
+  config check F    validate a config and print it resolved
+  config convert F  print the TOML equivalent of a DeepSpeed JSON
+  version           print version and ABI
+
+Run 'tessera <command> --help' for a command's options.
+)";
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  Args args(argv + 1, argv + argc);
+  if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+    std::fputs(kUsage, args.empty() ? stderr : stdout);
+    return args.empty() ? 2 : 0;
+  }
+  std::string cmd = args[0];
+  Args rest(args.begin() + 1, args.end());
+  if (cmd == "run") return cmd_run(rest);
+  if (cmd == "eval") return cmd_eval(rest);
+  if (cmd == "plugins") return cmd_plugins(rest);
+  if (cmd == "config") return cmd_config(rest);
+  if (cmd == "version" || cmd == "--version") return cmd_version(rest);
+  std::fprintf(stderr, "tessera: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
+  return 2;
+}
+
+}  // namespace tessera::cli

@@ -1,0 +1,114 @@
+// plugins, plugins show, version.
+#include <cstdio>
+#include <string>
+
+#include "cli/args.hpp"
+#include "config/validate.hpp"
+#include "plugin/registry.hpp"
+
+namespace tessera::cli {
+
+namespace {
+
+const char *kPluginsUsage = R"(usage: tessera plugins [--plugin-path DIR]...
+       tessera plugins show NAME [--kind KIND] [--plugin-path DIR]...
+
+Without arguments, a table of every plugin found: kind, name, version,
+devices and the library it lives in, then any library that was refused
+and why. 'show' prints one plugin's summary and every parameter with its
+type, default and documentation.
+
+Plugins are searched in --plugin-path, TESSERA_PLUGIN_PATH (colon-separated),
+run.plugin_path, and lib/tessera/plugins next to the binary.
+)";
+
+const char *kVersionUsage =
+    "usage: tessera version\n\nPrints the tessera version and its plugin ABI.\n";
+
+std::string devices_of(uint32_t d) {
+  std::string s;
+  if (d & TSR_DEVICE_CPU) s += "cpu";
+  if (d & TSR_DEVICE_CUDA) s += s.empty() ? "cuda" : ",cuda";
+  return s.empty() ? "-" : s;
+}
+
+int plugins_body(const Parsed &p) {
+  Registry reg;
+  reg.scan(Registry::search_dirs(p.all("--plugin-path")));
+  if (!p.positional.empty()) {
+    if (p.positional[0] != "show" || p.positional.size() != 2)
+      throw UsageError("tessera plugins: expected 'show NAME'");
+    const std::string &name = p.positional[1];
+    std::string kind = p.get("--kind");
+    std::vector<const PluginEntry *> matches;
+    for (const auto &e : reg.plugins())
+      if (name == e.desc->name && (kind.empty() || kind == e.kind)) matches.push_back(&e);
+    if (matches.empty()) {
+      std::vector<std::string> names;
+      for (const auto &e : reg.plugins()) names.push_back(e.desc->name);
+      std::string dym = config::did_you_mean(name, names);
+      throw std::runtime_error("no plugin named '" + name + "'" +
+                               (dym.empty() ? "" : "; did you mean '" + dym + "'?"));
+    }
+    for (const auto *e : matches) {
+      const auto *d = e->desc;
+      std::printf("%s %s %s: %s\n  devices: %s\n  file: %s\n", e->kind.c_str(), d->name,
+                  d->version ? d->version : "?", d->summary ? d->summary : "",
+                  devices_of(d->devices).c_str(), e->file.c_str());
+      if (d->num_params == 0)
+        std::printf("  parameters: none\n");
+      else
+        std::printf("  parameters:\n");
+      for (size_t i = 0; i < d->num_params; ++i) {
+        const auto &pd = d->params[i];
+        std::string range;
+        if (pd.has_min || pd.has_max) {
+          char buf[96];
+          std::snprintf(buf, sizeof buf, " range %s%g, %g%s", pd.has_min ? "[" : "(",
+                        pd.has_min ? pd.min : -INFINITY, pd.has_max ? pd.max : INFINITY,
+                        pd.has_max ? "]" : ")");
+          range = buf;
+        }
+        std::printf("    %-18s %-22s default %s%s%s%s\n      %s\n", pd.name,
+                    config::type_name(pd.type), pd.default_value ? pd.default_value : "(required)",
+                    range.c_str(), pd.choices ? "  one of " : "", pd.choices ? pd.choices : "",
+                    pd.doc ? pd.doc : "");
+      }
+    }
+    return 0;
+  }
+  std::printf("%-10s %-14s %-8s %-10s %s\n", "KIND", "NAME", "VERSION", "DEVICES", "FILE");
+  for (const char *kind : {"model", "dataset", "sampler", "optimizer", "zero", "offload"})
+    for (const auto &e : reg.plugins())
+      if (e.kind == kind)
+        std::printf("%-10s %-14s %-8s %-10s %s\n", e.kind.c_str(), e.desc->name,
+                    e.desc->version ? e.desc->version : "?", devices_of(e.desc->devices).c_str(),
+                    e.file.c_str());
+  if (!reg.refusals().empty()) {
+    std::printf("\nrefused:\n");
+    for (const auto &r : reg.refusals()) std::printf("  %s\n", r.c_str());
+  }
+  return 0;
+}
+
+int version_body(const Parsed &) {
+  std::printf("tessera %s (plugin ABI %d.%d)\n", TESSERA_VERSION, TSR_ABI_MAJOR, TSR_ABI_MINOR);
+  return 0;
+}
+
+}  // namespace
+
+int cmd_plugins(const Args &args) {
+  return run_command("plugins", kPluginsUsage, plugins_body, args,
+                     {{"--plugin-path", true, true},
+                      {"--kind", true, false},
+                      {"--help", false, false},
+                      {"-h", false, false}});
+}
+
+int cmd_version(const Args &args) {
+  return run_command("version", kVersionUsage, version_body, args,
+                     {{"--help", false, false}, {"-h", false, false}});
+}
+
+}  // namespace tessera::cli

@@ -1,0 +1,66 @@
+// The user's configuration: a TOML file (or a DeepSpeed JSON), DeepSpeed
+// JSON layered on top, and --set overrides, merged into one TOML table that
+// remembers where each value came from. Validation against declared
+// parameters lives in validate.hpp.
+#pragma once
+
+#include <toml++/toml.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "util/error.hpp"
+
+namespace tessera::config {
+
+// A configuration error; the message already names the file, line and key.
+class ConfigError : public Error {
+ public:
+  explicit ConfigError(const std::string &message) : Error(TSR_ERR_CONFIG, message) {}
+};
+
+class Document {
+ public:
+  // Reads a TOML file, or a DeepSpeed JSON when the name ends in .json.
+  static Document load(const std::string &path);
+  static Document from_string(const std::string &toml_text, const std::string &name);
+
+  // Layers a DeepSpeed JSON on top (see deepspeed.cpp for the mapping).
+  void apply_deepspeed(const std::string &path);
+  // Applies one "section.key=value" override; the value is parsed as TOML
+  // (so 3e-4, true, [1, 2] and "text" keep their types), falling back to a
+  // plain string.
+  void apply_set(const std::string &assignment);
+  // Sets a dotted key, creating tables on the way, and records its origin.
+  void set(const std::string &dotted_key, toml::node &&value, const std::string &origin);
+  void set_value(const std::string &dotted_key, const toml::node &value, const std::string &origin);
+  // Removes a whole table (a section replaced wholesale by DeepSpeed JSON).
+  void erase(const std::string &dotted_key);
+
+  // "file:line" for a key, or the override that set it.
+  std::string where(const std::string &dotted_key, const toml::node *node) const;
+
+  const std::string &path() const { return path_; }
+  toml::table &root() { return root_; }
+  const toml::table &root() const { return root_; }
+  const std::vector<std::string> &warnings() const { return warnings_; }
+  void warn(const std::string &w) { warnings_.push_back(w); }
+
+ private:
+  toml::table root_;
+  std::string path_;
+  std::map<std::string, std::string> origins_;  // dotted key -> "--set" / "ds.json"
+  std::vector<std::string> warnings_;
+};
+
+// The node at a dotted path ("data.train.plugin"), or nullptr.
+const toml::node *find(const toml::table &root, const std::string &dotted_key);
+
+// The closest candidate to `key` by edit distance, or "" when none is close.
+std::string did_you_mean(const std::string &key, const std::vector<std::string> &candidates);
+
+// Renders a table as TOML text, sections in order.
+std::string to_toml(const toml::table &t);
+
+}  // namespace tessera::config

@@ -1,0 +1,262 @@
+// Mapping of DeepSpeed JSON onto tessera's config.
+#include "config/deepspeed.hpp"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "config/config.hpp"
+
+namespace tessera::config {
+
+namespace {
+
+using json = nlohmann::json;
+
+struct Mapper {
+  Document &doc;
+  std::string path;
+
+  std::string origin(const std::string &key) const { return path + ": " + key; }
+
+  [[noreturn]] void fail(const std::string &key, const std::string &why) const {
+    throw ConfigError(path + ": " + key + ": " + why);
+  }
+
+  void put(const std::string &dotted, const json &v, const std::string &key) {
+    if (v.is_boolean())
+      doc.set(dotted, toml::value<bool>(v.get<bool>()), origin(key));
+    else if (v.is_number_integer())
+      doc.set(dotted, toml::value<int64_t>(v.get<int64_t>()), origin(key));
+    else if (v.is_number())
+      doc.set(dotted, toml::value<double>(v.get<double>()), origin(key));
+    else if (v.is_string())
+      doc.set(dotted, toml::value<std::string>(v.get<std::string>()), origin(key));
+    else if (v.is_array()) {
+      toml::array arr;
+      for (const auto &e : v) {
+        if (e.is_number_integer())
+          arr.push_back(e.get<int64_t>());
+        else if (e.is_number())
+          arr.push_back(e.get<double>());
+        else if (e.is_string())
+          arr.push_back(e.get<std::string>());
+        else
+          fail(key, "arrays may hold numbers or strings only");
+      }
+      doc.set(dotted, std::move(arr), origin(key));
+    } else {
+      fail(key, "unsupported value " + v.dump());
+    }
+  }
+
+  void need_number(const json &v, const std::string &key) const {
+    if (!v.is_number()) fail(key, "expected a number, got " + v.dump());
+  }
+
+  void batch(const json &j) {
+    bool any = j.contains("train_batch_size") || j.contains("train_micro_batch_size_per_gpu") ||
+               j.contains("gradient_accumulation_steps");
+    if (!any) return;
+    doc.erase("batch");
+    if (j.contains("train_batch_size")) {
+      need_number(j["train_batch_size"], "train_batch_size");
+      put("batch.global", j["train_batch_size"], "train_batch_size");
+    }
+    if (j.contains("train_micro_batch_size_per_gpu")) {
+      need_number(j["train_micro_batch_size_per_gpu"], "train_micro_batch_size_per_gpu");
+      put("batch.micro", j["train_micro_batch_size_per_gpu"], "train_micro_batch_size_per_gpu");
+    }
+    if (j.contains("gradient_accumulation_steps")) {
+      need_number(j["gradient_accumulation_steps"], "gradient_accumulation_steps");
+      put("batch.accumulation", j["gradient_accumulation_steps"], "gradient_accumulation_steps");
+    }
+  }
+
+  void optimizer(const json &o) {
+    if (!o.is_object() || !o.contains("type") || !o["type"].is_string())
+      fail("optimizer", "expected {\"type\": \"Adam\", \"params\": {...}}");
+    std::string type = o["type"];
+    std::string lower;
+    for (char c : type) lower.push_back(static_cast<char>(std::tolower(c)));
+    json params = o.value("params", json::object());
+    if (!params.is_object()) fail("optimizer.params", "expected an object");
+    doc.erase("optimizer");
+    std::set<std::string> keys;
+    if (lower == "sgd") {
+      doc.set("optimizer.plugin", toml::value<std::string>("sgd"), origin("optimizer.type"));
+      keys = {"lr", "momentum", "dampening", "nesterov", "weight_decay"};
+    } else if (lower == "adam" || lower == "adamw") {
+      doc.set("optimizer.plugin", toml::value<std::string>("adam"), origin("optimizer.type"));
+      // DeepSpeed's Adam defaults to decoupled decay (adam_w_mode = true);
+      // torch_adam / adam_w_mode false gives torch.optim.Adam's L2.
+      bool adamw = lower == "adamw" ? true : params.value("adam_w_mode", true);
+      doc.set("optimizer.adamw", toml::value<bool>(adamw), origin("optimizer.params.adam_w_mode"));
+      keys = {"lr", "betas", "eps", "weight_decay"};
+      // DeepSpeed's FusedAdam defaults weight_decay to 0 for both modes.
+      if (!params.contains("weight_decay"))
+        doc.set("optimizer.weight_decay", toml::value<double>(0.0),
+                origin("optimizer (DeepSpeed default weight_decay)"));
+    } else {
+      fail("optimizer.type", "'" + type + "' is not supported (SGD, Adam, AdamW)");
+    }
+    for (const auto &[k, v] : params.items()) {
+      if (k == "adam_w_mode" || k == "torch_adam" || (k == "amsgrad" && v == false)) continue;
+      if (!keys.count(k)) {
+        doc.warn(path + ": optimizer.params." + k + " is not used by tessera's " + lower +
+                 "; ignored");
+        continue;
+      }
+      put("optimizer." + k, v, "optimizer.params." + k);
+    }
+  }
+
+  void scheduler(const json &s) {
+    if (!s.is_object() || !s.contains("type") || !s["type"].is_string())
+      fail("scheduler", "expected {\"type\": \"WarmupLR\", \"params\": {...}}");
+    std::string type = s["type"];
+    json p = s.value("params", json::object());
+    doc.erase("schedule");
+    auto set_if = [&](const char *ds, const char *ours) {
+      if (p.contains(ds))
+        put(std::string("schedule.") + ours, p[ds], std::string("scheduler.params.") + ds);
+    };
+    auto set_str = [&](const std::string &k, const std::string &v) {
+      doc.set("schedule." + k, toml::value<std::string>(v), origin("scheduler.type"));
+    };
+    // DeepSpeed's warmup ramps are logarithmic unless told otherwise.
+    std::string warmup_type = p.value("warmup_type", std::string("log"));
+    if (type == "WarmupLR" || type == "WarmupDecayLR") {
+      set_str("type", type == "WarmupLR" ? "warmup" : "warmup_decay");
+      set_str("warmup_type", warmup_type);
+      set_if("warmup_min_lr", "warmup_min_lr");
+      set_if("warmup_num_steps", "warmup_steps");
+      if (!p.contains("warmup_num_steps"))
+        doc.set("schedule.warmup_steps", toml::value<int64_t>(1000), origin("scheduler default"));
+      if (type == "WarmupDecayLR") set_if("total_num_steps", "total_steps");
+      // The peak of the ramp is the optimizer's lr.
+      double max_lr = p.value("warmup_max_lr", 0.001);
+      doc.set("optimizer.lr", toml::value<double>(max_lr),
+              origin("scheduler.params.warmup_max_lr"));
+    } else if (type == "WarmupCosineLR") {
+      set_str("type", "warmup_cosine");
+      set_str("warmup_type", warmup_type);
+      set_if("warmup_min_ratio", "warmup_min_ratio");
+      set_if("warmup_num_steps", "warmup_steps");
+      if (!p.contains("warmup_num_steps"))
+        doc.set("schedule.warmup_steps", toml::value<int64_t>(1000), origin("scheduler default"));
+      set_if("total_num_steps", "total_steps");
+      double cmin = p.value("cos_min_ratio", 0.0001);
+      doc.set("schedule.cos_min_ratio", toml::value<double>(cmin),
+              origin("scheduler.params.cos_min_ratio"));
+    } else if (type == "OneCycle") {
+      set_str("type", "one_cycle");
+      set_if("cycle_min_lr", "cycle_min_lr");
+      set_if("cycle_max_lr", "cycle_max_lr");
+      set_if("cycle_first_step_size", "cycle_first_step_size");
+      set_if("cycle_second_step_size", "cycle_second_step_size");
+      set_if("decay_lr_rate", "decay_lr_rate");
+      set_if("decay_step_size", "decay_step_size");
+    } else {
+      fail("scheduler.type",
+           "'" + type + "' is not supported (WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle)");
+    }
+  }
+
+  void precision(const json &j) {
+    bool fp16 = j.contains("fp16") && j["fp16"].value("enabled", false);
+    bool bf16 = (j.contains("bf16") && j["bf16"].value("enabled", false)) ||
+                (j.contains("bfloat16") && j["bfloat16"].value("enabled", false));
+    if (fp16 && bf16) fail("fp16/bf16", "both are enabled; pick one");
+    if (fp16) {
+      doc.set("run.precision", toml::value<std::string>("fp16"), origin("fp16.enabled"));
+      const json &f = j["fp16"];
+      if (f.contains("loss_scale")) put("fp16.loss_scale", f["loss_scale"], "fp16.loss_scale");
+      if (f.contains("initial_scale_power"))
+        put("fp16.initial_scale_power", f["initial_scale_power"], "fp16.initial_scale_power");
+      if (f.contains("loss_scale_window"))
+        put("fp16.loss_scale_window", f["loss_scale_window"], "fp16.loss_scale_window");
+      if (f.contains("hysteresis")) put("fp16.hysteresis", f["hysteresis"], "fp16.hysteresis");
+      if (f.contains("min_loss_scale"))
+        put("fp16.min_loss_scale", f["min_loss_scale"], "fp16.min_loss_scale");
+    } else if (bf16) {
+      doc.set("run.precision", toml::value<std::string>("bf16"), origin("bf16.enabled"));
+    }
+  }
+
+  void zero(const json &z) {
+    if (!z.is_object()) fail("zero_optimization", "expected an object");
+    if (z.contains("stage")) {
+      if (!z["stage"].is_number_integer() || z["stage"].get<int64_t>() < 0 ||
+          z["stage"].get<int64_t>() > 3)
+        fail("zero_optimization.stage", "expected 0, 1, 2 or 3, got " + z["stage"].dump());
+      doc.erase("zero");
+      doc.set("zero.plugin",
+              toml::value<std::string>("stage" + std::to_string(z["stage"].get<int64_t>())),
+              origin("zero_optimization.stage"));
+    }
+    if (z.contains("offload_optimizer")) {
+      const json &o = z["offload_optimizer"];
+      std::string dev = o.value("device", std::string("none"));
+      if (dev != "none" && dev != "cpu" && dev != "nvme")
+        fail("zero_optimization.offload_optimizer.device",
+             "expected none, cpu or nvme, got '" + dev + "'");
+      doc.erase("offload");
+      doc.set("offload.plugin", toml::value<std::string>(dev),
+              origin("zero_optimization.offload_optimizer.device"));
+      if (dev == "nvme" && o.contains("nvme_path"))
+        put("offload.path", o["nvme_path"], "zero_optimization.offload_optimizer.nvme_path");
+    }
+    for (const auto &[k, v] : z.items())
+      if (k != "stage" && k != "offload_optimizer")
+        doc.warn(path + ": zero_optimization." + k + " is not used by tessera; ignored");
+  }
+
+  void apply(const json &j) {
+    if (!j.is_object()) throw ConfigError(path + ": a DeepSpeed config must be a JSON object");
+    static const std::set<std::string> handled = {"train_batch_size",
+                                                  "train_micro_batch_size_per_gpu",
+                                                  "gradient_accumulation_steps",
+                                                  "optimizer",
+                                                  "scheduler",
+                                                  "fp16",
+                                                  "bf16",
+                                                  "bfloat16",
+                                                  "gradient_clipping",
+                                                  "zero_optimization",
+                                                  "steps_per_print"};
+    batch(j);
+    if (j.contains("optimizer")) optimizer(j["optimizer"]);
+    if (j.contains("scheduler")) scheduler(j["scheduler"]);
+    precision(j);
+    if (j.contains("gradient_clipping")) {
+      need_number(j["gradient_clipping"], "gradient_clipping");
+      doc.set("run.gradient_clipping", toml::value<double>(j["gradient_clipping"].get<double>()),
+              origin("gradient_clipping"));
+    }
+    if (j.contains("zero_optimization")) zero(j["zero_optimization"]);
+    if (j.contains("steps_per_print")) {
+      if (!j["steps_per_print"].is_number_integer() || j["steps_per_print"].get<int64_t>() < 1)
+        fail("steps_per_print", "expected a positive integer");
+      put("run.log_every", j["steps_per_print"], "steps_per_print");
+    }
+    for (const auto &[k, v] : j.items())
+      if (!handled.count(k)) doc.warn(path + ": '" + k + "' is not used by tessera; ignored");
+  }
+};
+
+}  // namespace
+
+void deepspeed_apply(Document &doc, const std::string &path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError(path + ": cannot open DeepSpeed config");
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::parse_error &e) {
+    throw ConfigError(path + ": invalid JSON: " + e.what());
+  }
+  Mapper{doc, path}.apply(j);
+}
+
+}  // namespace tessera::config

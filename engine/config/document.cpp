@@ -1,0 +1,184 @@
+// Loading and layering of configuration documents.
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include "config/config.hpp"
+#include "config/deepspeed.hpp"
+
+namespace tessera::config {
+
+namespace {
+
+std::vector<std::string> split_dots(const std::string &key) {
+  std::vector<std::string> parts;
+  std::string cur;
+  for (char c : key) {
+    if (c == '.') {
+      parts.push_back(cur);
+      cur.clear();
+    } else {
+      cur.push_back(c);
+    }
+  }
+  parts.push_back(cur);
+  for (const auto &p : parts)
+    if (p.empty()) throw ConfigError("invalid key '" + key + "': empty part between dots");
+  return parts;
+}
+
+}  // namespace
+
+Document Document::load(const std::string &path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError(path + ": cannot open config file");
+  if (path.size() > 5 && path.substr(path.size() - 5) == ".json") {
+    Document d;
+    d.path_ = path;
+    d.apply_deepspeed(path);
+    return d;
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return from_string(ss.str(), path);
+}
+
+Document Document::from_string(const std::string &text, const std::string &name) {
+  Document d;
+  d.path_ = name;
+  try {
+    d.root_ = toml::parse(text, name);
+  } catch (const toml::parse_error &e) {
+    std::ostringstream msg;
+    msg << name << ":" << e.source().begin.line << ":" << e.source().begin.column
+        << ": TOML syntax error: " << e.description();
+    throw ConfigError(msg.str());
+  }
+  return d;
+}
+
+void Document::apply_deepspeed(const std::string &path) {
+  deepspeed_apply(*this, path);
+}
+
+void Document::set_value(const std::string &dotted_key, const toml::node &value,
+                         const std::string &origin) {
+  value.visit([&](const auto &v) {
+    auto copy = v;
+    set(dotted_key, std::move(copy), origin);
+  });
+}
+
+void Document::set(const std::string &dotted_key, toml::node &&value, const std::string &origin) {
+  auto parts = split_dots(dotted_key);
+  toml::table *t = &root_;
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    toml::node *n = t->get(parts[i]);
+    if (!n) {
+      t->insert(parts[i], toml::table{});
+      n = t->get(parts[i]);
+    }
+    if (!n->is_table())
+      throw ConfigError(origin + ": cannot set '" + dotted_key + "': '" + parts[i] +
+                        "' is a value, not a section");
+    t = n->as_table();
+  }
+  value.visit([&](auto &&v) { t->insert_or_assign(parts.back(), std::move(v)); });
+  origins_[dotted_key] = origin;
+}
+
+void Document::erase(const std::string &dotted_key) {
+  auto parts = split_dots(dotted_key);
+  toml::table *t = &root_;
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    toml::node *n = t->get(parts[i]);
+    if (!n || !n->is_table()) return;
+    t = n->as_table();
+  }
+  t->erase(parts.back());
+  for (auto it = origins_.begin(); it != origins_.end();) {
+    if (it->first == dotted_key || it->first.rfind(dotted_key + ".", 0) == 0)
+      it = origins_.erase(it);
+    else
+      ++it;
+  }
+}
+
+void Document::apply_set(const std::string &assignment) {
+  auto eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw ConfigError("--set '" + assignment + "': expected key=value, e.g. optimizer.lr=3e-4");
+  std::string key = assignment.substr(0, eq);
+  std::string text = assignment.substr(eq + 1);
+  std::string origin = "--set " + assignment;
+  toml::table parsed;
+  try {
+    parsed = toml::parse("v = " + text);
+  } catch (const toml::parse_error &) {
+    set(key, toml::value<std::string>(text), origin);
+    return;
+  }
+  set_value(key, *parsed.get("v"), origin);
+}
+
+std::string Document::where(const std::string &dotted_key, const toml::node *node) const {
+  // An override names itself; a value from the file names file:line.
+  for (std::string k = dotted_key;;) {
+    auto it = origins_.find(k);
+    if (it != origins_.end()) return it->second;
+    auto dot = k.rfind('.');
+    if (dot == std::string::npos) break;
+    k = k.substr(0, dot);
+  }
+  if (node && node->source().begin.line > 0)
+    return path_ + ":" + std::to_string(node->source().begin.line);
+  return path_;
+}
+
+const toml::node *find(const toml::table &root, const std::string &dotted_key) {
+  const toml::node *n = &root;
+  size_t start = 0;
+  while (start <= dotted_key.size()) {
+    auto dot = dotted_key.find('.', start);
+    std::string part =
+        dotted_key.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    if (!n->is_table()) return nullptr;
+    n = n->as_table()->get(part);
+    if (!n) return nullptr;
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  return n;
+}
+
+std::string did_you_mean(const std::string &key, const std::vector<std::string> &candidates) {
+  auto distance = [](const std::string &a, const std::string &b) {
+    std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+    for (size_t i = 1; i <= a.size(); ++i) {
+      cur[0] = i;
+      for (size_t j = 1; j <= b.size(); ++j)
+        cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+      std::swap(prev, cur);
+    }
+    return prev[b.size()];
+  };
+  std::string best;
+  size_t best_d = std::max<size_t>(2, key.size() / 3) + 1;
+  for (const auto &c : candidates) {
+    size_t d = distance(key, c);
+    if (d < best_d) {
+      best_d = d;
+      best = c;
+    }
+  }
+  return best;
+}
+
+std::string to_toml(const toml::table &t) {
+  std::ostringstream os;
+  os << toml::toml_formatter(t);
+  return os.str();
+}
+
+}  // namespace tessera::config

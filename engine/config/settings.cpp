@@ -1,0 +1,232 @@
+// The engine's config schema and its resolution into typed settings.
+#include "config/settings.hpp"
+
+#include <tessera/cpp/plugin.hpp>
+
+#include "config/validate.hpp"
+
+namespace tessera::config {
+
+using sdk::param;
+using sdk::param_choice;
+using sdk::param_min;
+using sdk::param_range;
+
+namespace {
+
+const tsr_param_decl kRun[] = {
+    param("name", TSR_PARAM_STRING, "\"tessera\"",
+          "run name; the run directory defaults to runs/<name>"),
+    param_choice("device", "\"auto\"", "where compute runs: auto picks cuda when a GPU is present",
+                 "auto|cpu|cuda"),
+    param_choice("precision", "\"fp32\"",
+                 "compute precision; bf16 and fp16 keep fp32 master weights", "fp32|bf16|fp16"),
+    param_min("seed", TSR_PARAM_INT, "42", "seed for initialisation, shuffling and dropout", 0),
+    param_min("epochs", TSR_PARAM_INT, "0", "epochs to train (used when steps = 0)", 0),
+    param_min("steps", TSR_PARAM_INT, "0", "optimizer steps to train; 0: derive from epochs", 0),
+    param_min("log_every", TSR_PARAM_INT, "50", "print progress and write metrics every N steps",
+              1),
+    param_min("eval_every", TSR_PARAM_INT, "0",
+              "evaluate every N steps; 0: at the end of each epoch", 0),
+    param("dir", TSR_PARAM_STRING, "\"\"", "run directory; empty: runs/<name>"),
+    param("plugin_path", TSR_PARAM_STRING_ARRAY, "[]", "extra directories searched for plugins"),
+    param("deepspeed", TSR_PARAM_STRING, "\"\"",
+          "a DeepSpeed JSON config layered on top of this file"),
+    param_min("threads", TSR_PARAM_INT, "0", "CPU threads per rank; 0: cores / local ranks", 0),
+    param_min("gradient_clipping", TSR_PARAM_FLOAT, "0.0",
+              "clip gradients to this global L2 norm; 0: off", 0),
+};
+const tsr_param_decl kBatch[] = {
+    param_min("global", TSR_PARAM_INT, "0",
+              "samples per optimizer step over all ranks (DeepSpeed train_batch_size); 0: micro x "
+              "accumulation x world",
+              0),
+    param_min("micro", TSR_PARAM_INT, "0",
+              "samples per forward pass per rank (DeepSpeed train_micro_batch_size_per_gpu)", 0),
+    param_min("accumulation", TSR_PARAM_INT, "0",
+              "micro-batches per step (DeepSpeed gradient_accumulation_steps); 0: derived", 0),
+};
+const tsr_param_decl kData[] = {
+    param_min("workers", TSR_PARAM_INT, "1", "loader threads per rank", 0),
+    param_min("prefetch", TSR_PARAM_INT, "2", "batches prepared ahead of the step", 1),
+};
+const tsr_param_decl kSchedule[] = {
+    param_choice("type", "\"constant\"", "learning-rate schedule",
+                 "constant|warmup|warmup_decay|warmup_cosine|one_cycle"),
+    param_min("warmup_steps", TSR_PARAM_INT, "0", "steps of warmup (DeepSpeed warmup_num_steps)",
+              0),
+    param_choice("warmup_type", "\"linear\"", "shape of the warmup ramp", "linear|log"),
+    param_min("warmup_min_lr", TSR_PARAM_FLOAT, "0.0", "lr at step 0 for warmup and warmup_decay",
+              0),
+    param_range("warmup_min_ratio", TSR_PARAM_FLOAT, "0.0",
+                "warmup_cosine: start lr as a fraction of optimizer.lr", 0, 1),
+    param_range("cos_min_ratio", TSR_PARAM_FLOAT, "0.0",
+                "warmup_cosine: final lr as a fraction of optimizer.lr", 0, 1),
+    param_min("total_steps", TSR_PARAM_INT, "0", "steps the decay spans; 0: the run's total", 0),
+    param_min("cycle_min_lr", TSR_PARAM_FLOAT, "0.0", "one_cycle: lowest lr", 0),
+    param_min("cycle_max_lr", TSR_PARAM_FLOAT, "0.0", "one_cycle: peak lr; 0: optimizer.lr", 0),
+    param_min("cycle_first_step_size", TSR_PARAM_INT, "2000", "one_cycle: steps from min to max",
+              1),
+    param_min("cycle_second_step_size", TSR_PARAM_INT, "0",
+              "one_cycle: steps from max back to min; 0: same as first", 0),
+    param_min("decay_lr_rate", TSR_PARAM_FLOAT, "0.0", "one_cycle: decay rate after the cycle", 0),
+    param_min("decay_step_size", TSR_PARAM_INT, "0",
+              "one_cycle: decay interval after the cycle; 0: no decay", 0),
+};
+const tsr_param_decl kFp16[] = {
+    param_range("initial_scale_power", TSR_PARAM_FLOAT, "16", "initial loss scale is 2^this", 0,
+                64),
+    param_min("loss_scale_window", TSR_PARAM_INT, "1000",
+              "steps without overflow before the scale doubles", 1),
+    param_min("hysteresis", TSR_PARAM_INT, "2", "overflows tolerated before the scale halves", 1),
+    param_min("min_loss_scale", TSR_PARAM_FLOAT, "1.0", "the scale never drops below this", 0),
+    param_min("loss_scale", TSR_PARAM_FLOAT, "0.0", "a fixed loss scale; 0: dynamic", 0),
+};
+const tsr_param_decl kCheckpoint[] = {
+    param("dir", TSR_PARAM_STRING, "\"\"", "where checkpoints go; empty: <run dir>/ckpt"),
+    param_min("every", TSR_PARAM_INT, "0", "save every N steps; 0: only at the end", 0),
+    param_min("keep", TSR_PARAM_INT, "3", "checkpoints kept; older ones are removed", 1),
+    param("resume", TSR_PARAM_STRING, "\"\"",
+          "\"auto\" (latest, if any), a checkpoint path, or empty"),
+};
+
+}  // namespace
+
+const std::vector<EngineSection> &engine_sections() {
+  static const std::vector<EngineSection> s = {
+      {"run", kRun, {}},           {"batch", kBatch, {}}, {"data", kData, {"train", "eval"}},
+      {"schedule", kSchedule, {}}, {"fp16", kFp16, {}},   {"checkpoint", kCheckpoint, {}},
+  };
+  return s;
+}
+
+const std::vector<PluginSlot> &plugin_slots() {
+  static const std::vector<PluginSlot> s = {
+      {"model", TSR_KIND_MODEL, "", true},
+      {"data.train", TSR_KIND_DATASET, "", true},
+      {"data.eval", TSR_KIND_DATASET, "", false},
+      {"sampler", TSR_KIND_SAMPLER, "distributed", true},
+      {"optimizer", TSR_KIND_OPTIMIZER, "", true},
+      {"zero", TSR_KIND_ZERO, "stage0", true},
+      {"offload", TSR_KIND_OFFLOAD, "none", true},
+  };
+  return s;
+}
+
+void resolve_batch(int64_t &global, int64_t &micro, int64_t &accum, uint32_t world,
+                   const std::string &where) {
+  const int64_t w = world;
+  auto mismatch = [&](const std::string &why) {
+    throw ConfigError(
+        where + ": batch sizes do not fit: global (train_batch_size) = " + std::to_string(global) +
+        ", micro (train_micro_batch_size_per_gpu) = " + std::to_string(micro) +
+        ", accumulation (gradient_accumulation_steps) = " + std::to_string(accum) +
+        ", world size = " + std::to_string(w) + "; need global = micro x accumulation x world (" +
+        why + ")");
+  };
+  if (global > 0 && micro > 0 && accum > 0) {
+    if (global != micro * accum * w)
+      mismatch(std::to_string(micro * accum * w) + " != " + std::to_string(global));
+  } else if (global > 0 && micro > 0) {
+    if (global % (micro * w) != 0) mismatch("global is not a multiple of micro x world");
+    accum = global / (micro * w);
+  } else if (global > 0 && accum > 0) {
+    if (global % (accum * w) != 0) mismatch("global is not a multiple of accumulation x world");
+    micro = global / (accum * w);
+  } else if (micro > 0) {
+    if (accum == 0) accum = 1;
+    global = micro * accum * w;
+  } else if (global > 0) {
+    accum = 1;
+    if (global % w != 0) mismatch("global is not a multiple of world");
+    micro = global / w;
+  } else {
+    throw ConfigError(where +
+                      ": [batch] needs 'global' or 'micro' (DeepSpeed train_batch_size or "
+                      "train_micro_batch_size_per_gpu)");
+  }
+  if (micro <= 0 || accum <= 0) mismatch("micro and accumulation must be at least 1");
+}
+
+Settings resolve_settings(const Document &doc, uint32_t world, toml::table *resolved_out) {
+  // Top-level names must be engine sections or plugin slots.
+  std::vector<std::string> known;
+  for (const auto &s : engine_sections()) known.push_back(s.name);
+  for (const auto &p : plugin_slots())
+    if (std::string(p.section).find('.') == std::string::npos) known.push_back(p.section);
+  for (const auto &[k, v] : doc.root()) {
+    std::string key(k.str());
+    bool ok = false;
+    for (const auto &n : known) ok |= (n == key);
+    if (!ok) {
+      std::string msg = doc.where(key, &v) + ": unknown section or key '" + key + "'";
+      std::string dym = did_you_mean(key, known);
+      if (!dym.empty()) msg += "; did you mean '" + dym + "'?";
+      throw ConfigError(msg);
+    }
+  }
+  Settings s;
+  toml::table all;
+  for (const auto &sec : engine_sections()) {
+    toml::table t = validate_section(doc, sec.name, sec.decls, sec.passthrough);
+    for (const auto &p : sec.passthrough) t.erase(p);
+    all.insert_or_assign(sec.name, t);
+  }
+  auto str = [&](const char *sec, const char *key) {
+    return std::string(all[sec][key].value_or(std::string()));
+  };
+  auto i64 = [&](const char *sec, const char *key) { return all[sec][key].value_or(int64_t{0}); };
+  auto f64 = [&](const char *sec, const char *key) { return all[sec][key].value_or(0.0); };
+  s.name = str("run", "name");
+  s.device = str("run", "device");
+  s.precision = str("run", "precision");
+  s.dir = str("run", "dir");
+  if (s.dir.empty()) s.dir = "runs/" + s.name;
+  if (auto *arr = all["run"]["plugin_path"].as_array())
+    for (const auto &e : *arr) s.plugin_path.push_back(e.value_or(std::string()));
+  s.seed = i64("run", "seed");
+  s.epochs = i64("run", "epochs");
+  s.steps = i64("run", "steps");
+  s.log_every = i64("run", "log_every");
+  s.eval_every = i64("run", "eval_every");
+  s.threads = i64("run", "threads");
+  s.gradient_clipping = f64("run", "gradient_clipping");
+  s.global_batch = i64("batch", "global");
+  s.micro_batch = i64("batch", "micro");
+  s.accumulation = i64("batch", "accumulation");
+  resolve_batch(s.global_batch, s.micro_batch, s.accumulation, world,
+                doc.where("batch", find(doc.root(), "batch")));
+  all["batch"].as_table()->insert_or_assign("global", s.global_batch);
+  all["batch"].as_table()->insert_or_assign("micro", s.micro_batch);
+  all["batch"].as_table()->insert_or_assign("accumulation", s.accumulation);
+  s.workers = i64("data", "workers");
+  s.prefetch = i64("data", "prefetch");
+  auto &sc = s.schedule;
+  sc.type = str("schedule", "type");
+  sc.warmup_steps = i64("schedule", "warmup_steps");
+  sc.warmup_type = str("schedule", "warmup_type");
+  sc.warmup_min_lr = f64("schedule", "warmup_min_lr");
+  sc.warmup_min_ratio = f64("schedule", "warmup_min_ratio");
+  sc.cos_min_ratio = f64("schedule", "cos_min_ratio");
+  sc.total_steps = i64("schedule", "total_steps");
+  sc.cycle_min_lr = f64("schedule", "cycle_min_lr");
+  sc.cycle_max_lr = f64("schedule", "cycle_max_lr");
+  sc.cycle_first_step_size = i64("schedule", "cycle_first_step_size");
+  sc.cycle_second_step_size = i64("schedule", "cycle_second_step_size");
+  sc.decay_lr_rate = f64("schedule", "decay_lr_rate");
+  sc.decay_step_size = i64("schedule", "decay_step_size");
+  s.fp16.initial_scale_power = f64("fp16", "initial_scale_power");
+  s.fp16.loss_scale_window = i64("fp16", "loss_scale_window");
+  s.fp16.hysteresis = i64("fp16", "hysteresis");
+  s.fp16.min_loss_scale = f64("fp16", "min_loss_scale");
+  s.fp16.loss_scale = f64("fp16", "loss_scale");
+  s.ckpt_dir = str("checkpoint", "dir");
+  if (s.ckpt_dir.empty()) s.ckpt_dir = s.dir + "/ckpt";
+  s.ckpt_every = i64("checkpoint", "every");
+  s.ckpt_keep = i64("checkpoint", "keep");
+  s.resume = str("checkpoint", "resume");
+  if (resolved_out) *resolved_out = std::move(all);
+  return s;
+}
+
+}  // namespace tessera::config

@@ -1,0 +1,81 @@
+// The engine's own config sections, declared with the same tsr_param_decl
+// tables plugins use, and the typed settings resolved from them.
+#pragma once
+
+#include <tessera/abi.h>
+
+#include <span>
+#include <string>
+#include <vector>
+
+#include "config/config.hpp"
+
+namespace tessera::config {
+
+struct ScheduleSettings {
+  std::string type;  // constant | warmup | warmup_decay | warmup_cosine | one_cycle
+  int64_t warmup_steps = 0;
+  std::string warmup_type;  // linear | log
+  double warmup_min_lr = 0;
+  double warmup_min_ratio = 0;
+  double cos_min_ratio = 0;
+  int64_t total_steps = 0;  // 0: the run's total
+  double cycle_min_lr = 0, cycle_max_lr = 0, decay_lr_rate = 0;
+  int64_t cycle_first_step_size = 0, cycle_second_step_size = 0, decay_step_size = 0;
+};
+
+struct Fp16Settings {
+  double initial_scale_power = 16;
+  int64_t loss_scale_window = 1000;
+  int64_t hysteresis = 2;
+  double min_loss_scale = 1;
+  double loss_scale = 0;  // 0: dynamic
+};
+
+struct Settings {
+  // [run]
+  std::string name, device, precision, dir;
+  std::vector<std::string> plugin_path;
+  int64_t seed = 42, epochs = 0, steps = 0, log_every = 50, eval_every = 0, threads = 0;
+  double gradient_clipping = 0;
+  // [batch]
+  int64_t global_batch = 0, micro_batch = 0, accumulation = 0;
+  // [data]
+  int64_t workers = 1, prefetch = 2;
+  ScheduleSettings schedule;
+  Fp16Settings fp16;
+  // [checkpoint]
+  std::string ckpt_dir, resume;
+  int64_t ckpt_every = 0, ckpt_keep = 0;
+};
+
+// Declared keys of each engine section.
+struct EngineSection {
+  const char *name;
+  std::span<const tsr_param_decl> decls;
+  std::vector<std::string> passthrough;  // sub-sections or "plugin"
+};
+const std::vector<EngineSection> &engine_sections();
+
+// Plugin slots: the section name, its kind, the default plugin ("" when
+// the section is required or optional without default) and whether the
+// run needs it.
+struct PluginSlot {
+  const char *section;
+  const char *kind;
+  const char *default_plugin;
+  bool required_for_train;
+};
+const std::vector<PluginSlot> &plugin_slots();
+
+// Validates the engine sections of `doc` and resolves the batch rule for
+// `world_size`. Unknown top-level sections are errors too.
+Settings resolve_settings(const Document &doc, uint32_t world_size, toml::table *resolved_out);
+
+// Derives (global, micro, accumulation) from what was given, with
+// DeepSpeed's rule global = micro * accumulation * world; a mismatch throws
+// with all four numbers.
+void resolve_batch(int64_t &global, int64_t &micro, int64_t &accumulation, uint32_t world_size,
+                   const std::string &where);
+
+}  // namespace tessera::config

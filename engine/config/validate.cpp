@@ -1,0 +1,216 @@
+// Validation of config sections against declared parameters.
+#include "config/validate.hpp"
+
+#include <cmath>
+#include <sstream>
+
+namespace tessera::config {
+
+const char *type_name(tsr_param_type t) {
+  switch (t) {
+    case TSR_PARAM_BOOL:
+      return "a boolean";
+    case TSR_PARAM_INT:
+      return "an integer";
+    case TSR_PARAM_FLOAT:
+      return "a number";
+    case TSR_PARAM_STRING:
+      return "a string";
+    case TSR_PARAM_INT_ARRAY:
+      return "an array of integers";
+    case TSR_PARAM_FLOAT_ARRAY:
+      return "an array of numbers";
+    case TSR_PARAM_STRING_ARRAY:
+      return "an array of strings";
+    default:
+      return "an unknown type";
+  }
+}
+
+namespace {
+
+std::string render(const toml::node &n) {
+  std::ostringstream os;
+  n.visit([&](const auto &v) {
+    if constexpr (toml::is_table<decltype(v)>)
+      os << "a table";
+    else if constexpr (toml::is_array<decltype(v)>)
+      os << toml::toml_formatter(v);
+    else if constexpr (toml::is_string<decltype(v)>)
+      os << '"' << v.get() << '"';
+    else
+      os << v;
+  });
+  return os.str();
+}
+
+std::string fmt_num(double x) {
+  std::ostringstream os;
+  os << x;
+  return os.str();
+}
+
+// Checks a scalar of the declared element type and its range. Integers are
+// accepted where numbers are expected and widened.
+void check_scalar(const tsr_param_decl &d, tsr_param_type elem, const toml::node &n,
+                  const std::string &at, const std::string &key) {
+  auto fail = [&](const std::string &why) { throw ConfigError(at + ": " + key + ": " + why); };
+  switch (elem) {
+    case TSR_PARAM_BOOL:
+      if (!n.is_boolean()) fail("expected a boolean (true or false), got " + render(n));
+      return;
+    case TSR_PARAM_STRING:
+      if (!n.is_string()) fail("expected a string, got " + render(n));
+      if (d.choices) {
+        std::string v = n.as_string()->get(), choices = d.choices;
+        std::string item;
+        std::istringstream is(choices);
+        bool ok = false;
+        while (std::getline(is, item, '|'))
+          if (item == v) ok = true;
+        if (!ok) {
+          std::string msg = "\"" + v + "\" is not one of " + choices;
+          std::vector<std::string> opts;
+          std::istringstream is2(choices);
+          while (std::getline(is2, item, '|')) opts.push_back(item);
+          std::string dym = did_you_mean(v, opts);
+          if (!dym.empty()) msg += "; did you mean \"" + dym + "\"?";
+          fail(msg);
+        }
+      }
+      return;
+    case TSR_PARAM_INT:
+    case TSR_PARAM_FLOAT: {
+      double x;
+      if (n.is_integer()) {
+        x = static_cast<double>(n.as_integer()->get());
+      } else if (n.is_floating_point() && elem == TSR_PARAM_FLOAT) {
+        x = n.as_floating_point()->get();
+      } else {
+        fail(std::string("expected ") + (elem == TSR_PARAM_INT ? "an integer" : "a number") +
+             ", got " + render(n));
+        return;
+      }
+      if (!std::isfinite(x)) fail("expected a finite number, got " + render(n));
+      if (d.has_min && x < d.min) fail("must be >= " + fmt_num(d.min) + ", got " + render(n));
+      if (d.has_max && x > d.max) fail("must be <= " + fmt_num(d.max) + ", got " + render(n));
+      return;
+    }
+    default:
+      fail("internal: bad element type");
+  }
+}
+
+tsr_param_type element_type(tsr_param_type t) {
+  switch (t) {
+    case TSR_PARAM_INT_ARRAY:
+      return TSR_PARAM_INT;
+    case TSR_PARAM_FLOAT_ARRAY:
+      return TSR_PARAM_FLOAT;
+    case TSR_PARAM_STRING_ARRAY:
+      return TSR_PARAM_STRING;
+    default:
+      return t;
+  }
+}
+
+bool is_array_type(tsr_param_type t) {
+  return t == TSR_PARAM_INT_ARRAY || t == TSR_PARAM_FLOAT_ARRAY || t == TSR_PARAM_STRING_ARRAY;
+}
+
+// Validates node `n` of declaration d; returns the normalised node (ints
+// widened to floats where floats are declared).
+void check_value(const tsr_param_decl &d, toml::table &out, const toml::node &n,
+                 const std::string &at, const std::string &key) {
+  tsr_param_type elem = element_type(d.type);
+  if (is_array_type(d.type)) {
+    if (!n.is_array())
+      throw ConfigError(at + ": " + key + ": expected " + type_name(d.type) + ", got " + render(n));
+    toml::array arr;
+    for (const auto &e : *n.as_array()) {
+      if (elem == TSR_PARAM_FLOAT && e.is_integer())
+        arr.push_back(static_cast<double>(e.as_integer()->get()));
+      else
+        e.visit([&](const auto &v) { arr.push_back(v); });
+      check_scalar(d, elem, arr.back(), at, key);
+    }
+    out.insert_or_assign(d.name, std::move(arr));
+    return;
+  }
+  if (elem == TSR_PARAM_FLOAT && n.is_integer()) {
+    toml::value<double> v(static_cast<double>(n.as_integer()->get()));
+    check_scalar(d, elem, v, at, key);
+    out.insert_or_assign(d.name, v);
+    return;
+  }
+  n.visit([&](const auto &v) {
+    auto copy = v;
+    check_scalar(d, elem, copy, at, key);
+    out.insert_or_assign(d.name, std::move(copy));
+  });
+}
+
+}  // namespace
+
+toml::table parse_default(const tsr_param_decl &d, const std::string &owner) {
+  try {
+    return toml::parse(std::string("v = ") + (d.default_value ? d.default_value : ""));
+  } catch (const toml::parse_error &e) {
+    throw ConfigError(owner + ": declared default of '" + d.name +
+                      "' is not valid TOML: " + std::string(e.description()));
+  }
+}
+
+toml::table validate_section(const Document &doc, const std::string &section,
+                             std::span<const tsr_param_decl> decls,
+                             const std::vector<std::string> &passthrough) {
+  const toml::node *node = find(doc.root(), section);
+  const toml::table *user = nullptr;
+  if (node) {
+    if (!node->is_table())
+      throw ConfigError(doc.where(section, node) + ": '" + section + "' must be a section (table)");
+    user = node->as_table();
+  }
+  toml::table out;
+  if (user) {
+    for (const auto &[k, v] : *user) {
+      std::string key(k.str());
+      bool pass = false;
+      for (const auto &p : passthrough) pass |= (p == key);
+      if (pass) {
+        v.visit([&](const auto &x) { out.insert_or_assign(key, x); });
+        continue;
+      }
+      const tsr_param_decl *d = nullptr;
+      for (const auto &c : decls)
+        if (key == c.name) d = &c;
+      std::string dotted = section + "." + key;
+      std::string at = doc.where(dotted, &v);
+      if (!d) {
+        std::vector<std::string> names(passthrough.begin(), passthrough.end());
+        for (const auto &c : decls) names.push_back(c.name);
+        std::string msg = at + ": unknown key '" + key + "' in [" + section + "]";
+        std::string dym = did_you_mean(key, names);
+        if (!dym.empty())
+          msg += "; did you mean '" + dym + "'?";
+        else if (!names.empty()) {
+          msg += "; known keys:";
+          for (const auto &nm : names) msg += " " + nm;
+        }
+        throw ConfigError(msg);
+      }
+      check_value(*d, out, v, at, dotted);
+    }
+  }
+  for (const auto &d : decls) {
+    if (out.contains(d.name)) continue;
+    if (!d.default_value)
+      throw ConfigError(doc.where(section, node) + ": [" + section + "] needs '" + d.name + "' (" +
+                        type_name(d.type) + "): " + (d.doc ? d.doc : ""));
+    toml::table def = parse_default(d, "[" + section + "]");
+    check_value(d, out, *def.get("v"), "default of [" + section + "]", section + "." + d.name);
+  }
+  return out;
+}
+
+}  // namespace tessera::config

@@ -1,0 +1,140 @@
+#include "data/loader.hpp"
+
+#include <cstring>
+
+#include "util/error.hpp"
+
+namespace tessera {
+
+size_t dtype_bytes(const DLDataType &t) {
+  return (t.bits * t.lanes + 7) / 8;
+}
+
+Loader::Loader(Host &host, const tsr_dataset_vtable *vt, void *dataset, const tsr_data_info &info,
+               std::vector<int64_t> indices, int64_t batch_size, bool keep_partial, int workers,
+               int prefetch, std::string name)
+    : host_(host),
+      vt_(vt),
+      dataset_(dataset),
+      info_(info),
+      indices_(std::move(indices)),
+      batch_size_(batch_size),
+      name_(std::move(name)) {
+  TSR_CHECK(batch_size_ > 0, TSR_ERR_INVALID, "loader: batch size must be positive");
+  int64_t n = static_cast<int64_t>(indices_.size());
+  num_batches_ = keep_partial ? (n + batch_size_ - 1) / batch_size_ : n / batch_size_;
+  size_t in_elems = 1, tgt_elems = 1;
+  for (int i = 0; i < info_.input_ndim; ++i) in_elems *= static_cast<size_t>(info_.input_shape[i]);
+  for (int i = 0; i < info_.target_ndim; ++i)
+    tgt_elems *= static_cast<size_t>(info_.target_shape[i]);
+  in_bytes_ = in_elems * dtype_bytes(info_.input_dtype);
+  tgt_bytes_ = tgt_elems * dtype_bytes(info_.target_dtype);
+  // workers == 0 reads on the calling thread, inside next().
+  int nslots = std::max(1, prefetch + std::max(workers, 0));
+  slots_.resize(static_cast<size_t>(nslots));
+  DLDevice cpu{kDLCPU, 0};
+  for (auto &s : slots_) {
+    s.inputs = host_.alloc(cpu, in_bytes_ * static_cast<size_t>(batch_size_), TSR_MEM_OTHER);
+    s.targets = host_.alloc(cpu, tgt_bytes_ * static_cast<size_t>(batch_size_), TSR_MEM_OTHER);
+    s.in_shape.assign(1, batch_size_);
+    for (int i = 0; i < info_.input_ndim; ++i) s.in_shape.push_back(info_.input_shape[i]);
+    s.tgt_shape.assign(1, batch_size_);
+    for (int i = 0; i < info_.target_ndim; ++i) s.tgt_shape.push_back(info_.target_shape[i]);
+  }
+  for (int w = 0; w < workers; ++w) threads_.emplace_back([this, w] { worker(w); });
+}
+
+Loader::~Loader() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (auto &t : threads_) t.join();
+  for (auto &s : slots_) {
+    host_.free(s.inputs);
+    host_.free(s.targets);
+  }
+}
+
+void Loader::fill(Slot &s, int64_t seq) {
+  int64_t begin = seq * batch_size_;
+  int64_t n = std::min<int64_t>(batch_size_, static_cast<int64_t>(indices_.size()) - begin);
+  s.in_shape[0] = n;
+  s.tgt_shape[0] = n;
+  tsr_batch &b = s.batch;
+  std::memset(&b, 0, sizeof b);
+  b.struct_size = sizeof b;
+  b.size = n;
+  b.inputs.data = s.inputs;
+  b.inputs.device = DLDevice{kDLCPU, 0};
+  b.inputs.ndim = static_cast<int32_t>(s.in_shape.size());
+  b.inputs.dtype = info_.input_dtype;
+  b.inputs.shape = s.in_shape.data();
+  b.targets.data = s.targets;
+  b.targets.device = DLDevice{kDLCPU, 0};
+  b.targets.ndim = static_cast<int32_t>(s.tgt_shape.size());
+  b.targets.dtype = info_.target_dtype;
+  b.targets.shape = s.tgt_shape.data();
+  tsr_status st = vt_->read(dataset_, indices_.data() + begin, &b);
+  if (st != TSR_OK)
+    throw Error(st, "dataset [" + name_ + "] failed to read a batch: " + host_.last_error());
+}
+
+void Loader::worker(int) {
+  for (;;) {
+    int64_t seq;
+    Slot *slot;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      // Claim the next batch once its slot has been released by the consumer.
+      cv_.wait(lk, [&] {
+        if (stop_ || next_claim_ >= num_batches_) return true;
+        Slot &s = slots_[static_cast<size_t>(next_claim_ % static_cast<int64_t>(slots_.size()))];
+        return s.seq == -1;
+      });
+      if (stop_ || next_claim_ >= num_batches_) return;
+      seq = next_claim_++;
+      slot = &slots_[static_cast<size_t>(seq % static_cast<int64_t>(slots_.size()))];
+      slot->seq = seq;
+      slot->ready = false;
+    }
+    std::string err;
+    try {
+      fill(*slot, seq);
+    } catch (const std::exception &e) {
+      err = e.what();
+    }
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      slot->ready = true;
+      if (!err.empty() && error_.empty()) error_ = err;
+    }
+    cv_.notify_all();
+  }
+}
+
+const tsr_batch *Loader::next() {
+  std::unique_lock<std::mutex> lk(mu_);
+  // Release the slot handed out by the previous call.
+  if (next_seq_ > 0) {
+    Slot &prev = slots_[static_cast<size_t>((next_seq_ - 1) % static_cast<int64_t>(slots_.size()))];
+    prev.seq = -1;
+    prev.ready = false;
+    cv_.notify_all();
+  }
+  if (next_seq_ >= num_batches_) return nullptr;
+  int64_t seq = next_seq_++;
+  Slot &s = slots_[static_cast<size_t>(seq % static_cast<int64_t>(slots_.size()))];
+  if (threads_.empty()) {
+    s.seq = seq;
+    lk.unlock();
+    fill(s, seq);
+    return &s.batch;
+  }
+  cv_.wait(lk, [&] { return (s.seq == seq && s.ready) || !error_.empty(); });
+  if (!error_.empty()) throw Error(TSR_ERR_IO, error_);
+  return &s.batch;
+}
+
+}  // namespace tessera

@@ -1,0 +1,339 @@
+// The host table handed to plugins, and its engine-side state.
+#include "host/host.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+
+#include "host/comm_local.hpp"
+#include "ops/cpu_ops.hpp"
+#include "util/error.hpp"
+
+namespace tessera {
+
+const char *purpose_name(tsr_mem_purpose p) {
+  static const char *names[] = {"parameters",  "gradients",     "optimizer state",
+                                "activations", "communication", "other"};
+  return (p >= 0 && p < TSR_MEM_PURPOSE_COUNT) ? names[p] : "unknown";
+}
+
+struct Host::Impl {
+  Host *self = nullptr;
+  mutable std::mutex mu;
+  std::string last_error;
+  struct Block {
+    size_t bytes;
+    tsr_mem_purpose purpose;
+  };
+  std::unordered_map<void *, Block> blocks;
+  MemoryStats stats;
+  std::deque<std::unique_ptr<tsr_config>> configs;
+};
+
+Host *host_from_ctx(tsr_host_ctx *ctx) {
+  return ctx ? reinterpret_cast<Host::Impl *>(ctx)->self : nullptr;
+}
+
+tsr_status report_error(tsr_host_ctx *ctx, tsr_status code, const std::string &message) {
+  if (Host *h = host_from_ctx(ctx)) h->set_error(message);
+  return code;
+}
+
+namespace {
+
+tsr_status cb_error(tsr_host_ctx *ctx, tsr_status code, const char *message) {
+  return report_error(ctx, code == TSR_OK ? TSR_ERR_INTERNAL : code,
+                      message ? message : "(no message)");
+}
+
+void cb_log(tsr_host_ctx *, int32_t level, const char *message) {
+  const char *m = message ? message : "";
+  switch (level) {
+    case TSR_LOG_DEBUG:
+      spdlog::debug("{}", m);
+      break;
+    case TSR_LOG_INFO:
+      spdlog::info("{}", m);
+      break;
+    case TSR_LOG_WARN:
+      spdlog::warn("{}", m);
+      break;
+    default:
+      spdlog::error("{}", m);
+      break;
+  }
+}
+
+// Config reads: the config pointer is a tsr_config; errors go to no host
+// (a config outlives no particular ctx), so they are reported through the
+// config's own message path: we name the key in the message via a
+// thread-safe static host pointer set at Host construction.
+Host *g_config_host = nullptr;
+
+tsr_status config_fail(const tsr_config *cfg, const char *key, const std::string &why) {
+  std::string msg = "config [" + (cfg ? cfg->section : std::string("?")) + "] key '" +
+                    (key ? key : "(null)") + "': " + why;
+  if (g_config_host) g_config_host->set_error(msg);
+  return TSR_ERR_CONFIG;
+}
+
+const toml::node *config_node(const tsr_config *cfg, const char *key) {
+  if (!cfg || !key) return nullptr;
+  return cfg->values.get(key);
+}
+
+tsr_status cb_config_bool(const tsr_config *cfg, const char *key, int32_t *out) {
+  const toml::node *n = config_node(cfg, key);
+  if (!n) return config_fail(cfg, key, "not declared by the plugin");
+  if (!n->is_boolean()) return config_fail(cfg, key, "is not a boolean");
+  *out = n->as_boolean()->get() ? 1 : 0;
+  return TSR_OK;
+}
+
+tsr_status cb_config_int(const tsr_config *cfg, const char *key, int64_t *out) {
+  const toml::node *n = config_node(cfg, key);
+  if (!n) return config_fail(cfg, key, "not declared by the plugin");
+  if (!n->is_integer()) return config_fail(cfg, key, "is not an integer");
+  *out = n->as_integer()->get();
+  return TSR_OK;
+}
+
+tsr_status cb_config_float(const tsr_config *cfg, const char *key, double *out) {
+  const toml::node *n = config_node(cfg, key);
+  if (!n) return config_fail(cfg, key, "not declared by the plugin");
+  if (n->is_floating_point())
+    *out = n->as_floating_point()->get();
+  else if (n->is_integer())
+    *out = static_cast<double>(n->as_integer()->get());
+  else
+    return config_fail(cfg, key, "is not a number");
+  return TSR_OK;
+}
+
+tsr_status cb_config_string(const tsr_config *cfg, const char *key, const char **out) {
+  const toml::node *n = config_node(cfg, key);
+  if (!n) return config_fail(cfg, key, "not declared by the plugin");
+  if (!n->is_string()) return config_fail(cfg, key, "is not a string");
+  *out = n->as_string()->get().c_str();
+  return TSR_OK;
+}
+
+tsr_status cb_config_array_size(const tsr_config *cfg, const char *key, size_t *out) {
+  const toml::node *n = config_node(cfg, key);
+  if (!n) return config_fail(cfg, key, "not declared by the plugin");
+  if (!n->is_array()) return config_fail(cfg, key, "is not an array");
+  *out = n->as_array()->size();
+  return TSR_OK;
+}
+
+const toml::node *array_at(const tsr_config *cfg, const char *key, size_t i, tsr_status *st) {
+  const toml::node *n = config_node(cfg, key);
+  if (!n || !n->is_array()) {
+    *st = config_fail(cfg, key, "is not a declared array");
+    return nullptr;
+  }
+  if (i >= n->as_array()->size()) {
+    *st = config_fail(cfg, key, "index " + std::to_string(i) + " is past the end");
+    return nullptr;
+  }
+  return n->as_array()->get(i);
+}
+
+tsr_status cb_config_int_at(const tsr_config *cfg, const char *key, size_t i, int64_t *out) {
+  tsr_status st = TSR_OK;
+  const toml::node *e = array_at(cfg, key, i, &st);
+  if (!e) return st;
+  if (!e->is_integer()) return config_fail(cfg, key, "element is not an integer");
+  *out = e->as_integer()->get();
+  return TSR_OK;
+}
+
+tsr_status cb_config_float_at(const tsr_config *cfg, const char *key, size_t i, double *out) {
+  tsr_status st = TSR_OK;
+  const toml::node *e = array_at(cfg, key, i, &st);
+  if (!e) return st;
+  if (e->is_floating_point())
+    *out = e->as_floating_point()->get();
+  else if (e->is_integer())
+    *out = static_cast<double>(e->as_integer()->get());
+  else
+    return config_fail(cfg, key, "element is not a number");
+  return TSR_OK;
+}
+
+tsr_status cb_config_string_at(const tsr_config *cfg, const char *key, size_t i, const char **out) {
+  tsr_status st = TSR_OK;
+  const toml::node *e = array_at(cfg, key, i, &st);
+  if (!e) return st;
+  if (!e->is_string()) return config_fail(cfg, key, "element is not a string");
+  *out = e->as_string()->get().c_str();
+  return TSR_OK;
+}
+
+tsr_status cb_alloc(tsr_host_ctx *ctx, DLDevice device, size_t bytes, tsr_mem_purpose purpose,
+                    void **out) {
+  return guarded(ctx, [&] {
+    TSR_CHECK(out != nullptr, TSR_ERR_INVALID, "alloc: out is NULL");
+    *out = host_from_ctx(ctx)->alloc(device, bytes, purpose);
+  });
+}
+
+void cb_free(tsr_host_ctx *ctx, void *ptr) {
+  host_from_ctx(ctx)->free(ptr);
+}
+
+// splitmix64: a well-mixed 64-bit hash step.
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+uint64_t cb_seed_for(tsr_host_ctx *ctx, const char *stream, int32_t per_rank) {
+  const auto &f = host_from_ctx(ctx)->facts();
+  uint64_t h = mix(f.seed);
+  for (const char *p = stream ? stream : ""; *p; ++p) h = mix(h ^ static_cast<uint8_t>(*p));
+  if (per_rank) h = mix(h ^ (0x1000000ULL + f.rank));
+  return h;
+}
+
+StepHooks *hooks_of(tsr_step *s) {
+  return reinterpret_cast<StepHooks *>(s);
+}
+
+tsr_status cb_param(tsr_step *s, uint32_t index, DLTensor *out) {
+  if (!s || !out) return TSR_ERR_INVALID;
+  return hooks_of(s)->param(index, out);
+}
+tsr_status cb_grad(tsr_step *s, uint32_t index, DLTensor *out) {
+  if (!s || !out) return TSR_ERR_INVALID;
+  return hooks_of(s)->grad(index, out);
+}
+tsr_status cb_grads_done(tsr_step *s, uint32_t group) {
+  if (!s) return TSR_ERR_INVALID;
+  return hooks_of(s)->grads_done ? hooks_of(s)->grads_done(group) : TSR_OK;
+}
+
+}  // namespace
+
+Host::Host(RunFacts facts) : facts_(std::move(facts)), impl_(std::make_unique<Impl>()) {
+  impl_->self = this;
+  g_config_host = this;
+  run_info_.struct_size = sizeof(run_info_);
+  run_info_.rank = facts_.rank;
+  run_info_.world_size = facts_.world_size;
+  run_info_.local_rank = facts_.local_rank;
+  run_info_.local_world_size = facts_.local_world_size;
+  run_info_.device = facts_.device;
+  run_info_.precision = facts_.precision;
+  run_info_.seed = facts_.seed;
+  run_info_.run_dir = facts_.run_dir.c_str();
+
+  table_.struct_size = sizeof(table_);
+  table_.abi_major = TSR_ABI_MAJOR;
+  table_.abi_minor = TSR_ABI_MINOR;
+  table_.ctx = ctx();
+  table_.error = cb_error;
+  table_.log = cb_log;
+  table_.config_bool = cb_config_bool;
+  table_.config_int = cb_config_int;
+  table_.config_float = cb_config_float;
+  table_.config_string = cb_config_string;
+  table_.config_array_size = cb_config_array_size;
+  table_.config_int_at = cb_config_int_at;
+  table_.config_float_at = cb_config_float_at;
+  table_.config_string_at = cb_config_string_at;
+  table_.alloc = cb_alloc;
+  table_.free = cb_free;
+  table_.run = &run_info_;
+  table_.ops = cpu_ops();
+  table_.comm = local_comm();
+  table_.seed_for = cb_seed_for;
+  table_.param = cb_param;
+  table_.grad = cb_grad;
+  table_.grads_done = cb_grads_done;
+}
+
+Host::~Host() {
+  if (g_config_host == this) g_config_host = nullptr;
+  for (auto &[p, b] : impl_->blocks) std::free(p);
+}
+
+tsr_host_ctx *Host::ctx() const {
+  return reinterpret_cast<tsr_host_ctx *>(impl_.get());
+}
+
+std::string Host::last_error() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  return impl_->last_error;
+}
+
+void Host::clear_error() {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  impl_->last_error.clear();
+}
+
+void Host::set_error(const std::string &message) {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  impl_->last_error = message;
+}
+
+tsr_config *Host::make_config(const std::string &section, const std::string &plugin,
+                              toml::table values) {
+  auto c = std::make_unique<tsr_config>();
+  c->section = section;
+  c->plugin = plugin;
+  c->values = std::move(values);
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  impl_->configs.push_back(std::move(c));
+  return impl_->configs.back().get();
+}
+
+MemoryStats Host::memory() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  return impl_->stats;
+}
+
+void *Host::alloc(DLDevice device, size_t bytes, tsr_mem_purpose purpose) {
+  if (bytes == 0) return nullptr;
+  if (purpose < 0 || purpose >= TSR_MEM_PURPOSE_COUNT)
+    throw Error(TSR_ERR_INVALID, "alloc: unknown purpose " + std::to_string(purpose));
+  if (device.device_type != kDLCPU && device.device_type != kDLCUDAHost)
+    throw Error(TSR_ERR_UNSUPPORTED, "alloc: device type " + std::to_string(device.device_type) +
+                                         " is not available in this build (CPU only)");
+  // 64-byte alignment for vector loads; zeroed so fresh buffers are
+  // deterministic.
+  size_t rounded = (bytes + 63) / 64 * 64;
+  void *p = std::aligned_alloc(64, rounded);
+  if (!p)
+    throw Error(TSR_ERR_NO_MEMORY,
+                "cannot allocate " + std::to_string(bytes) + " bytes for " + purpose_name(purpose));
+  std::memset(p, 0, rounded);
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  impl_->blocks[p] = {bytes, purpose};
+  auto &s = impl_->stats;
+  s.current[purpose] += bytes;
+  s.peak[purpose] = std::max(s.peak[purpose], s.current[purpose]);
+  s.current_total += bytes;
+  s.peak_total = std::max(s.peak_total, s.current_total);
+  return p;
+}
+
+void Host::free(void *ptr) {
+  if (!ptr) return;
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  auto it = impl_->blocks.find(ptr);
+  if (it == impl_->blocks.end()) {
+    spdlog::error("free of a pointer the host did not allocate ({})", ptr);
+    return;
+  }
+  impl_->stats.current[it->second.purpose] -= it->second.bytes;
+  impl_->stats.current_total -= it->second.bytes;
+  impl_->blocks.erase(it);
+  std::free(ptr);
+}
+
+}  // namespace tessera

@@ -1,0 +1,93 @@
+// The engine side of the host table: errors, logging, config handles,
+// memory with statistics by purpose, the run facts, ops and collectives.
+#pragma once
+
+#include <tessera/host.h>
+#include <toml++/toml.h>
+
+#include <array>
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+// A plugin's validated config section, opaque to plugins.
+struct tsr_config {
+  std::string section;  // "optimizer", "data.train", ...
+  std::string plugin;   // plugin name
+  toml::table values;   // every declared key, defaults filled in
+};
+
+namespace tessera {
+
+struct MemoryStats {
+  std::array<size_t, TSR_MEM_PURPOSE_COUNT> current{};
+  std::array<size_t, TSR_MEM_PURPOSE_COUNT> peak{};
+  size_t current_total = 0;
+  size_t peak_total = 0;
+};
+
+const char *purpose_name(tsr_mem_purpose p);
+
+// The step context handed to models (tsr_step is opaque to plugins).
+struct StepHooks {
+  std::function<tsr_status(uint32_t, DLTensor *)> param;
+  std::function<tsr_status(uint32_t, DLTensor *)> grad;
+  std::function<tsr_status(uint32_t)> grads_done;
+};
+
+class Host {
+ public:
+  struct RunFacts {
+    uint32_t rank = 0, world_size = 1, local_rank = 0, local_world_size = 1;
+    DLDevice device{kDLCPU, 0};
+    tsr_precision precision = TSR_PRECISION_FP32;
+    uint64_t seed = 42;
+    std::string run_dir;
+  };
+
+  explicit Host(RunFacts facts);
+  ~Host();
+  Host(const Host &) = delete;
+  Host &operator=(const Host &) = delete;
+
+  const tsr_host *table() const { return &table_; }
+  tsr_host_ctx *ctx() const;
+
+  // The message of the last error a plugin or host call reported.
+  std::string last_error() const;
+  void clear_error();
+  void set_error(const std::string &message);
+
+  // A config handle for a plugin; lives as long as the Host.
+  tsr_config *make_config(const std::string &section, const std::string &plugin,
+                          toml::table values);
+
+  MemoryStats memory() const;
+  const RunFacts &facts() const { return facts_; }
+
+  // Installs the collectives (default: a single-process world).
+  void set_comm(const tsr_comm *comm) { table_.comm = comm; }
+  // Step hooks used while a model runs forward/backward.
+  tsr_step *step_handle(StepHooks *hooks) { return reinterpret_cast<tsr_step *>(hooks); }
+
+  // Engine-internal allocation with the same accounting as plugins'.
+  void *alloc(DLDevice device, size_t bytes, tsr_mem_purpose purpose);
+  void free(void *ptr);
+
+  struct Impl;
+
+ private:
+  RunFacts facts_;
+  tsr_run_info run_info_{};
+  tsr_host table_{};
+  std::unique_ptr<Impl> impl_;
+};
+
+// The host behind a ctx pointer (the ctx is the Host's Impl).
+Host *host_from_ctx(tsr_host_ctx *ctx);
+
+}  // namespace tessera

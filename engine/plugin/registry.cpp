@@ -1,0 +1,214 @@
+// Plugin discovery and loading with Boost.DLL. Each refusal names the file
+// and the reason; libraries stay loaded for the life of the process because
+// plugin code and static descriptors must outlive every instance.
+#include "plugin/registry.hpp"
+
+#include <dlfcn.h>
+#include <tessera/tessera.h>
+
+#include <algorithm>
+#include <boost/dll/shared_library.hpp>
+#include <cstdlib>
+#include <filesystem>
+
+#include "config/config.hpp"
+#include "util/error.hpp"
+
+namespace fs = std::filesystem;
+
+namespace tessera {
+
+struct Registry::Libs {
+  std::vector<boost::dll::shared_library> libs;
+};
+
+namespace {
+
+// Libraries outlive their registry: never unloaded while the process runs.
+std::vector<boost::dll::shared_library> &kept_libraries() {
+  static auto *libs = new std::vector<boost::dll::shared_library>();
+  return *libs;
+}
+
+struct KindInfo {
+  const char *id;
+  const char *short_name;
+  size_t vtable_min;
+};
+
+const KindInfo kKinds[] = {
+    {TSR_KIND_MODEL, "model", sizeof(tsr_model_vtable)},
+    {TSR_KIND_DATASET, "dataset", sizeof(tsr_dataset_vtable)},
+    {TSR_KIND_SAMPLER, "sampler", sizeof(tsr_sampler_vtable)},
+    {TSR_KIND_OPTIMIZER, "optimizer", sizeof(tsr_optimizer_vtable)},
+    {TSR_KIND_ZERO, "zero", sizeof(tsr_zero_vtable)},
+    {TSR_KIND_OFFLOAD, "offload", sizeof(tsr_offload_vtable)},
+};
+
+// Size of the 1.0 descriptor and library structs: the minimum we accept.
+constexpr size_t kLibraryMin = offsetof(tsr_plugin_library, num_plugins) + sizeof(size_t);
+constexpr size_t kDescriptorMin = offsetof(tsr_plugin_descriptor, vtable) + sizeof(void *);
+
+bool is_shared_library(const fs::path &p) {
+  std::string name = p.filename().string();
+  return p.extension() == ".so" || name.find(".so.") != std::string::npos ||
+         p.extension() == ".dylib";
+}
+
+}  // namespace
+
+std::string kind_short_name(const char *kind_id) {
+  if (!kind_id) return "";
+  for (const auto &k : kKinds)
+    if (std::string(kind_id) == k.id) return k.short_name;
+  return "";
+}
+
+size_t kind_vtable_min_size(const std::string &kind) {
+  for (const auto &k : kKinds)
+    if (kind == k.short_name) return k.vtable_min;
+  return 0;
+}
+
+Registry::Registry() : libs_(std::make_unique<Libs>()) {}
+
+Registry::~Registry() {
+  auto &kept = kept_libraries();
+  for (auto &l : libs_->libs) kept.push_back(std::move(l));
+}
+
+void Registry::load_file(const std::string &path) {
+  boost::dll::shared_library lib;
+  std::error_code ec;
+  lib.load(path, ec, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
+  if (ec) {
+    const char *why = dlerror();
+    throw Error(TSR_ERR_IO, path + ": cannot load library: " + (why ? why : ec.message()));
+  }
+  if (!lib.has(TSR_ENTRY_SYMBOL))
+    throw Error(TSR_ERR_INVALID,
+                path + ": not a tessera plugin (no '" TSR_ENTRY_SYMBOL "' symbol exported)");
+  auto entry = lib.get<const tsr_plugin_library *()>(TSR_ENTRY_SYMBOL);
+  const tsr_plugin_library *l = entry();
+  if (!l) throw Error(TSR_ERR_INVALID, path + ": " TSR_ENTRY_SYMBOL "() returned NULL");
+  if (l->struct_size < kLibraryMin)
+    throw Error(TSR_ERR_INVALID, path + ": library descriptor is " +
+                                     std::to_string(l->struct_size) + " bytes, smaller than the " +
+                                     std::to_string(kLibraryMin) + " bytes ABI 1.0 requires");
+  if (l->abi_major != TSR_ABI_MAJOR)
+    throw Error(TSR_ERR_UNSUPPORTED,
+                path + ": built for tessera ABI " + std::to_string(l->abi_major) + "." +
+                    std::to_string(l->abi_minor) + ", but this tessera speaks ABI " +
+                    std::to_string(TSR_ABI_MAJOR) + "." + std::to_string(TSR_ABI_MINOR) +
+                    "; rebuild the plugin against this SDK");
+  if (l->num_plugins > 0 && !l->plugins)
+    throw Error(TSR_ERR_INVALID, path + ": library lists plugins but the list is NULL");
+  std::vector<PluginEntry> found;
+  for (size_t i = 0; i < l->num_plugins; ++i) {
+    const tsr_plugin_descriptor *d = l->plugins[i];
+    std::string at = path + ": plugin #" + std::to_string(i);
+    if (!d) throw Error(TSR_ERR_INVALID, at + " is NULL");
+    if (d->struct_size < kDescriptorMin)
+      throw Error(TSR_ERR_INVALID, at + ": descriptor is " + std::to_string(d->struct_size) +
+                                       " bytes, smaller than the " +
+                                       std::to_string(kDescriptorMin) + " bytes ABI 1.0 requires");
+    if (!d->name || !*d->name) throw Error(TSR_ERR_INVALID, at + " has no name");
+    at = path + ": plugin '" + d->name + "'";
+    std::string kind = kind_short_name(d->kind);
+    if (kind.empty())
+      throw Error(TSR_ERR_UNSUPPORTED,
+                  at + " has unknown kind '" + (d->kind ? d->kind : "(null)") + "'");
+    if (!d->vtable) throw Error(TSR_ERR_INVALID, at + " has no function table");
+    size_t vt_size = *static_cast<const size_t *>(d->vtable);
+    if (vt_size < kind_vtable_min_size(kind))
+      throw Error(TSR_ERR_INVALID, at + ": " + kind + " function table is " +
+                                       std::to_string(vt_size) + " bytes, smaller than the " +
+                                       std::to_string(kind_vtable_min_size(kind)) +
+                                       " bytes ABI 1.0 requires");
+    if (d->num_params > 0 && !d->params)
+      throw Error(TSR_ERR_INVALID, at + " has a NULL params list");
+    for (size_t k = 0; k < d->num_params; ++k)
+      if (d->params[k].struct_size < sizeof(tsr_param_decl) || !d->params[k].name)
+        throw Error(TSR_ERR_INVALID, at + ": parameter #" + std::to_string(k) +
+                                         " is malformed (struct_size or name)");
+    for (const auto &e : entries_)
+      if (e.kind == kind && std::string(e.desc->name) == d->name)
+        throw Error(TSR_ERR_INVALID, "two " + kind + " plugins named '" + d->name + "': " + e.file +
+                                         " and " + path + " (the second is ignored)");
+    for (const auto &e : found)
+      if (e.kind == kind && std::string(e.desc->name) == d->name)
+        throw Error(TSR_ERR_INVALID,
+                    path + " declares two " + kind + " plugins named '" + d->name + "'");
+    found.push_back(PluginEntry{d, kind, path});
+  }
+  for (auto &e : found) entries_.push_back(std::move(e));
+  libs_->libs.push_back(std::move(lib));
+}
+
+void Registry::scan(const std::vector<std::string> &dirs) {
+  std::vector<std::string> seen;
+  for (const auto &dir : dirs) {
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec)) continue;
+    std::vector<fs::path> files;
+    for (const auto &ent : fs::directory_iterator(dir, ec))
+      if (ent.is_regular_file() && is_shared_library(ent.path())) files.push_back(ent.path());
+    std::sort(files.begin(), files.end());
+    for (const auto &f : files) {
+      std::string canon = fs::weakly_canonical(f, ec).string();
+      if (std::find(seen.begin(), seen.end(), canon) != seen.end()) continue;
+      seen.push_back(canon);
+      try {
+        load_file(f.string());
+      } catch (const Error &e) {
+        refusals_.push_back(e.what());
+      }
+    }
+  }
+}
+
+const PluginEntry *Registry::find(const std::string &kind, const std::string &name) const {
+  for (const auto &e : entries_)
+    if (e.kind == kind && name == e.desc->name) return &e;
+  return nullptr;
+}
+
+const PluginEntry &Registry::get(const std::string &kind, const std::string &name) const {
+  if (const auto *e = find(kind, name)) return *e;
+  std::vector<std::string> names;
+  for (const auto &e : entries_)
+    if (e.kind == kind) names.push_back(e.desc->name);
+  std::string msg = "no " + kind + " plugin named '" + name + "'";
+  std::string dym = config::did_you_mean(name, names);
+  if (!dym.empty()) msg += "; did you mean '" + dym + "'?";
+  msg += " (known " + kind + " plugins:";
+  for (const auto &n : names) msg += " " + n;
+  if (names.empty()) msg += " none; check --plugin-path or TESSERA_PLUGIN_PATH";
+  msg += ")";
+  throw config::ConfigError(msg);
+}
+
+std::vector<std::string> Registry::search_dirs(const std::vector<std::string> &explicit_dirs) {
+  std::vector<std::string> dirs = explicit_dirs;
+  if (const char *env = std::getenv("TESSERA_PLUGIN_PATH")) {
+    std::string s = env, cur;
+    for (char c : s + ":") {
+      if (c == ':') {
+        if (!cur.empty()) dirs.push_back(cur);
+        cur.clear();
+      } else {
+        cur.push_back(c);
+      }
+    }
+  }
+  std::error_code ec;
+  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec)
+    dirs.push_back((exe.parent_path().parent_path() / "lib" / "tessera" / "plugins").string());
+#ifdef TESSERA_INSTALL_PLUGIN_DIR
+  dirs.push_back(TESSERA_INSTALL_PLUGIN_DIR);
+#endif
+  return dirs;
+}
+
+}  // namespace tessera

@@ -1,0 +1,57 @@
+// Finding, loading and registering plugin libraries.
+#pragma once
+
+#include <tessera/abi.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace tessera {
+
+struct PluginEntry {
+  const tsr_plugin_descriptor *desc = nullptr;
+  std::string kind;  // short kind name: "model", "optimizer", ...
+  std::string file;  // the library it came from
+};
+
+class Registry {
+ public:
+  Registry();
+  ~Registry();
+  Registry(const Registry &) = delete;
+  Registry &operator=(const Registry &) = delete;
+
+  // Loads every shared library in each directory (missing directories are
+  // skipped). Libraries that cannot be used are recorded in refusals().
+  void scan(const std::vector<std::string> &dirs);
+  // Loads one library; throws tessera::Error with the reason when it is
+  // refused (the message names the file).
+  void load_file(const std::string &path);
+
+  // The plugin of `kind` (short name, "optimizer") called `name`, or nullptr.
+  const PluginEntry *find(const std::string &kind, const std::string &name) const;
+  // Same, but throws a ConfigError naming the known plugins of that kind.
+  const PluginEntry &get(const std::string &kind, const std::string &name) const;
+  const std::vector<PluginEntry> &plugins() const { return entries_; }
+  const std::vector<std::string> &refusals() const { return refusals_; }
+
+  // Where plugins are searched, in order: explicit dirs (--plugin-path,
+  // run.plugin_path), TESSERA_PLUGIN_PATH, then the directory next to the
+  // running binary (../lib/tessera/plugins: the build tree and the install
+  // prefix alike).
+  static std::vector<std::string> search_dirs(const std::vector<std::string> &explicit_dirs);
+
+ private:
+  struct Libs;
+  std::unique_ptr<Libs> libs_;
+  std::vector<PluginEntry> entries_;
+  std::vector<std::string> refusals_;
+};
+
+// "tessera.model/1" -> "model"; "" when the id is not a known kind.
+std::string kind_short_name(const char *kind_id);
+// Minimum struct_size of each kind's 1.0 vtable.
+size_t kind_vtable_min_size(const std::string &kind);
+
+}  // namespace tessera

@@ -1,0 +1,114 @@
+#include "train/job.hpp"
+
+#include <filesystem>
+
+#include "config/validate.hpp"
+
+namespace fs = std::filesystem;
+
+namespace tessera {
+
+config::Document load_document(const JobOptions &opts) {
+  if (opts.config_path.empty()) throw config::ConfigError("no config file given");
+  config::Document doc = config::Document::load(opts.config_path);
+  // run.deepspeed names a JSON relative to the config file.
+  if (const toml::node *ds = config::find(doc.root(), "run.deepspeed")) {
+    if (!ds->is_string())
+      throw config::ConfigError(doc.where("run.deepspeed", ds) +
+                                ": run.deepspeed: expected a string path");
+    std::string p = ds->as_string()->get();
+    if (!p.empty()) {
+      fs::path full =
+          fs::path(p).is_absolute() ? fs::path(p) : fs::path(opts.config_path).parent_path() / p;
+      doc.apply_deepspeed(full.string());
+    }
+  }
+  if (!opts.deepspeed_path.empty()) doc.apply_deepspeed(opts.deepspeed_path);
+  for (const auto &s : opts.sets) doc.apply_set(s);
+  return doc;
+}
+
+const PluginChoice &Job::plugin(const std::string &section) const {
+  auto it = plugins.find(section);
+  if (it == plugins.end()) throw config::ConfigError("config has no [" + section + "] section");
+  return it->second;
+}
+
+Job load_job(const JobOptions &opts, uint32_t world_size, bool training) {
+  Job job;
+  job.world_size = world_size;
+  job.doc = load_document(opts);
+  job.settings = config::resolve_settings(job.doc, world_size, &job.engine);
+
+  std::vector<std::string> dirs = opts.plugin_paths;
+  for (const auto &p : job.settings.plugin_path) dirs.push_back(p);
+  job.registry = std::make_unique<Registry>();
+  job.registry->scan(Registry::search_dirs(dirs));
+
+  for (const auto &slot : config::plugin_slots()) {
+    std::string section = slot.section;
+    const toml::node *node = config::find(job.doc.root(), section);
+    bool needed =
+        training ? slot.required_for_train : (section == "model" || section == "data.train");
+    std::string name = slot.default_plugin;
+    if (node) {
+      if (!node->is_table())
+        throw config::ConfigError(job.doc.where(section, node) + ": '" + section +
+                                  "' must be a section");
+      if (const toml::node *p = node->as_table()->get("plugin")) {
+        if (!p->is_string())
+          throw config::ConfigError(job.doc.where(section + ".plugin", p) + ": " + section +
+                                    ".plugin: expected a string (a plugin name)");
+        name = p->as_string()->get();
+      }
+    }
+    if (name.empty()) {
+      if (!node && !needed) continue;
+      std::string kind = kind_short_name(slot.kind);
+      std::string known;
+      for (const auto &e : job.registry->plugins())
+        if (e.kind == kind) known += std::string(" ") + e.desc->name;
+      throw config::ConfigError(job.doc.where(section, node) + ": [" + section +
+                                "] needs 'plugin' (a " + kind +
+                                " plugin; known:" + (known.empty() ? " none" : known) + ")");
+    }
+    if (!node && !needed && slot.default_plugin[0] == '\0') continue;
+    std::string kind = kind_short_name(slot.kind);
+    const PluginEntry *entry = nullptr;
+    try {
+      entry = &job.registry->get(kind, name);
+    } catch (const config::ConfigError &e) {
+      throw config::ConfigError(job.doc.where(section + ".plugin", node) + ": [" + section + "] " +
+                                e.what());
+    }
+    PluginChoice choice;
+    choice.entry = entry;
+    choice.values = config::validate_section(
+        job.doc, section,
+        std::span<const tsr_param_decl>(entry->desc->params, entry->desc->num_params), {"plugin"});
+    choice.values.erase("plugin");
+    job.plugins[section] = std::move(choice);
+  }
+  return job;
+}
+
+std::string Job::resolved_toml() const {
+  toml::table all = engine;
+  for (const auto &[section, choice] : plugins) {
+    toml::table t = choice.values;
+    t.insert_or_assign("plugin", std::string(choice.entry->desc->name));
+    if (section.rfind("data.", 0) == 0) {
+      toml::table *data = all["data"].as_table();
+      if (!data) {
+        all.insert_or_assign("data", toml::table{});
+        data = all["data"].as_table();
+      }
+      data->insert_or_assign(section.substr(5), std::move(t));
+    } else {
+      all.insert_or_assign(section, std::move(t));
+    }
+  }
+  return config::to_toml(all);
+}
+
+}  // namespace tessera

@@ -1,0 +1,50 @@
+// A job: the config layered from its sources, validated against the
+// engine's schema and each chosen plugin's declared parameters.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config/config.hpp"
+#include "config/settings.hpp"
+#include "plugin/registry.hpp"
+
+namespace tessera {
+
+struct JobOptions {
+  std::string config_path;
+  std::string deepspeed_path;             // --deepspeed_config
+  std::vector<std::string> sets;          // --set key=value, in order
+  std::vector<std::string> plugin_paths;  // --plugin-path
+};
+
+struct PluginChoice {
+  const PluginEntry *entry = nullptr;
+  toml::table values;  // validated, defaults filled, without "plugin"
+};
+
+struct Job {
+  config::Document doc;
+  config::Settings settings;
+  toml::table engine;  // resolved engine sections
+  std::unique_ptr<Registry> registry;
+  std::map<std::string, PluginChoice> plugins;  // by section ("model", "data.train", ...)
+  uint32_t world_size = 1;
+
+  bool has(const std::string &section) const { return plugins.count(section) != 0; }
+  const PluginChoice &plugin(const std::string &section) const;
+  // The whole resolved config as TOML (engine sections, then plugin sections
+  // with their plugin names and every parameter).
+  std::string resolved_toml() const;
+};
+
+// Loads and validates. `training` requires the training slots (optimizer
+// and the rest); eval needs only model and data.
+Job load_job(const JobOptions &opts, uint32_t world_size, bool training);
+
+// Reads the layered document only (no plugins), e.g. for config convert.
+config::Document load_document(const JobOptions &opts);
+
+}  // namespace tessera

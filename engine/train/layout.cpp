@@ -1,0 +1,135 @@
+#include "train/layout.hpp"
+
+#include <cmath>
+#include <random>
+
+#include "util/error.hpp"
+
+namespace tessera {
+
+Layout make_layout(const tsr_model_vtable *vt, void *model, uint32_t world,
+                   const std::string &model_name) {
+  Layout L;
+  L.world = world;
+  size_t n = vt->num_params(model);
+  TSR_CHECK(n > 0, TSR_ERR_INVALID, "model '" + model_name + "' declares no parameters");
+  int64_t last_group = -1;
+  size_t cursor = 0;
+  auto close_group = [&]() {
+    if (last_group < 0) return;
+    size_t begin = L.group_offset.back();
+    size_t size = cursor - begin;
+    size_t padded = (size + world - 1) / world * world;
+    L.group_size.push_back(padded);
+    cursor = begin + padded;
+  };
+  for (size_t i = 0; i < n; ++i) {
+    tsr_param_info info{};
+    info.struct_size = sizeof(info);
+    tsr_status st = vt->param_info(model, i, &info);
+    TSR_CHECK(st == TSR_OK, st,
+              "model '" + model_name + "': param_info(" + std::to_string(i) + ") failed");
+    TSR_CHECK(info.name && *info.name, TSR_ERR_INVALID,
+              "model '" + model_name + "': parameter " + std::to_string(i) + " has no name");
+    TSR_CHECK(info.ndim >= 0 && info.ndim <= TSR_MAX_DIMS, TSR_ERR_INVALID,
+              "model '" + model_name + "': parameter '" + info.name + "' has ndim " +
+                  std::to_string(info.ndim));
+    ParamSlot p;
+    p.name = info.name;
+    p.numel = 1;
+    for (int d = 0; d < info.ndim; ++d) {
+      TSR_CHECK(info.shape[d] > 0, TSR_ERR_INVALID,
+                "model '" + model_name + "': parameter '" + p.name + "' has a dimension <= 0");
+      p.shape.push_back(info.shape[d]);
+      p.numel *= static_cast<size_t>(info.shape[d]);
+    }
+    for (const auto &q : L.params)
+      TSR_CHECK(q.name != p.name, TSR_ERR_INVALID,
+                "model '" + model_name + "': two parameters named '" + p.name + "'");
+    TSR_CHECK(static_cast<int64_t>(info.group) >= last_group, TSR_ERR_INVALID,
+              "model '" + model_name + "': parameter '" + p.name +
+                  "' goes back to an earlier group; groups must not decrease");
+    if (static_cast<int64_t>(info.group) != last_group) {
+      close_group();
+      L.group_offset.push_back(cursor);
+      last_group = info.group;
+    }
+    p.group = static_cast<uint32_t>(L.group_offset.size() - 1);
+    p.offset = cursor;
+    p.init = info.init;
+    p.init_a = info.init_a;
+    p.init_b = info.init_b;
+    p.trainable = info.trainable != 0;
+    p.decay = info.decay != 0;
+    cursor += p.numel;
+    L.numel += p.numel;
+    if (p.trainable) L.trainable_numel += p.numel;
+    L.params.push_back(std::move(p));
+  }
+  close_group();
+  L.total = cursor;
+  return L;
+}
+
+std::vector<tsr_segment> Layout::segments(size_t begin, size_t count) const {
+  std::vector<tsr_segment> out;
+  auto push = [&](size_t off, size_t cnt, int32_t decay) {
+    if (cnt == 0) return;
+    if (!out.empty() && out.back().decay == decay && out.back().offset + out.back().count == off) {
+      out.back().count += cnt;
+      return;
+    }
+    out.push_back(tsr_segment{off, cnt, decay});
+  };
+  size_t end = begin + count, pos = begin;
+  for (const auto &p : params) {
+    size_t pb = p.offset, pe = p.offset + p.numel;
+    if (pe <= pos || pb >= end) continue;
+    if (pb > pos) push(pos - begin, pb - pos, 0);  // padding before
+    size_t b = std::max(pb, pos), e = std::min(pe, end);
+    push(b - begin, e - b, (p.decay && p.trainable) ? 1 : 0);
+    pos = e;
+  }
+  if (pos < end) push(pos - begin, end - pos, 0);
+  return out;
+}
+
+void Layout::owned_slice(size_t g, uint32_t rank, size_t *offset, size_t *count) const {
+  size_t per = group_size[g] / world;
+  *offset = group_offset[g] + per * rank;
+  *count = per;
+}
+
+void init_params(const Layout &layout, float *flat, uint64_t seed) {
+  for (const auto &p : layout.params) {
+    // Seed from the name so a parameter's initial value is independent of
+    // layout and world size.
+    uint64_t h = seed ^ 0xcbf29ce484222325ULL;
+    for (char c : p.name) h = (h ^ static_cast<uint8_t>(c)) * 0x100000001b3ULL;
+    std::mt19937_64 gen(h);
+    float *x = flat + p.offset;
+    switch (p.init) {
+      case TSR_INIT_ZEROS:
+        for (size_t i = 0; i < p.numel; ++i) x[i] = 0.f;
+        break;
+      case TSR_INIT_ONES:
+        for (size_t i = 0; i < p.numel; ++i) x[i] = 1.f;
+        break;
+      case TSR_INIT_NORMAL: {
+        std::normal_distribution<float> d(p.init_a, p.init_b);
+        for (size_t i = 0; i < p.numel; ++i) x[i] = d(gen);
+        break;
+      }
+      case TSR_INIT_UNIFORM: {
+        std::uniform_real_distribution<float> d(p.init_a, p.init_b);
+        for (size_t i = 0; i < p.numel; ++i) x[i] = d(gen);
+        break;
+      }
+      default:
+        throw Error(TSR_ERR_INVALID,
+                    "parameter '" + p.name + "': unknown initialiser " + std::to_string(p.init));
+    }
+  }
+}
+
+}  // namespace tessera

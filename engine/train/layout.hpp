@@ -1,0 +1,49 @@
+// The flat layout of a model's parameters: one buffer, group after group,
+// each group padded to a multiple of the world size so rank r can own
+// slice r of every group (DESIGN.md, "State").
+#pragma once
+
+#include <tessera/model.h>
+#include <tessera/optimizer.h>
+
+#include <string>
+#include <vector>
+
+namespace tessera {
+
+struct ParamSlot {
+  std::string name;
+  std::vector<int64_t> shape;
+  uint32_t group = 0;
+  size_t offset = 0;  // element offset in the flat buffer
+  size_t numel = 0;
+  tsr_init init = TSR_INIT_ZEROS;
+  float init_a = 0, init_b = 0;
+  bool trainable = true, decay = true;
+};
+
+struct Layout {
+  std::vector<ParamSlot> params;
+  std::vector<size_t> group_offset, group_size;  // padded sizes
+  size_t total = 0;                              // padded elements
+  size_t numel = 0;                              // real parameters
+  size_t trainable_numel = 0;
+  uint32_t world = 1;
+
+  // Runs of equal decay flag inside [begin, begin + count), relative to
+  // begin. Padding and frozen parameters get decay 0 (their gradient is 0).
+  std::vector<tsr_segment> segments(size_t begin, size_t count) const;
+  // Rank r's slice of group g: [offset, offset + count).
+  void owned_slice(size_t g, uint32_t rank, size_t *offset, size_t *count) const;
+};
+
+// Reads the model's declared parameters and lays them out for `world` ranks.
+Layout make_layout(const tsr_model_vtable *vt, void *model, uint32_t world,
+                   const std::string &model_name);
+
+// Fills the flat fp32 buffer with each parameter's initialiser, from a
+// generator seeded per parameter name so the result does not depend on the
+// layout or the world size.
+void init_params(const Layout &layout, float *flat, uint64_t seed);
+
+}  // namespace tessera

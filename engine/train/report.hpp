@@ -1,0 +1,41 @@
+// What the user sees of a run: progress lines, eval lines, metrics.jsonl,
+// summary.json and the closing summary.
+#pragma once
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace tessera {
+
+struct EvalResult {
+  double loss = 0;
+  double accuracy = -1;  // -1 when the model does not classify
+  int64_t count = 0;
+};
+
+class Reporter {
+ public:
+  // Only rank 0 writes files and progress; other ranks stay quiet.
+  Reporter(const std::string &run_dir, bool primary, int64_t total_steps);
+
+  void progress(int64_t step, int64_t epoch, double loss, double lr, double samples_per_s,
+                double elapsed_s);
+  void eval(int64_t step, int64_t epoch, const EvalResult &r);
+  void write_summary(const nlohmann::json &summary);
+  void print_summary(const nlohmann::json &summary);
+  bool primary() const { return primary_; }
+
+ private:
+  void append(const nlohmann::json &line);
+  std::string dir_;
+  bool primary_;
+  int64_t total_;
+  std::ofstream metrics_;
+};
+
+std::string format_duration(double seconds);
+
+}  // namespace tessera

@@ -1,0 +1,31 @@
+// The training loop and evaluation (DESIGN.md, "The step").
+#pragma once
+
+#include <string>
+
+#include "train/job.hpp"
+#include "train/report.hpp"
+#include "train/session.hpp"
+
+namespace tessera {
+
+struct ProcessInfo {
+  uint32_t rank = 0, world_size = 1, local_rank = 0, local_world_size = 1;
+};
+
+// Where this process sits in the job, from the launcher's variables
+// (RANK/WORLD_SIZE/LOCAL_RANK..., torchrun, mpirun, Slurm) and --local_rank.
+ProcessInfo process_info(int cli_local_rank);
+
+// Trains the job; returns the summary (also written to summary.json).
+nlohmann::json train(const Job &job, const ProcessInfo &proc);
+
+// Evaluates `session`'s model on its eval data (or train data when there is
+// none), every rank a share, summed over ranks.
+EvalResult evaluate(Session &s, int64_t batch_size);
+
+// Loads a checkpoint into a frozen model and evaluates it.
+nlohmann::json evaluate_checkpoint(const Job &job, const ProcessInfo &proc,
+                                   const std::string &ckpt);
+
+}  // namespace tessera

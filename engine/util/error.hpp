@@ -1,0 +1,51 @@
+// Engine errors: an exception carrying a tsr_status, and the bridge that
+// records a message for the host's error callback.
+#pragma once
+
+#include <tessera/abi.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace tessera {
+
+class Error : public std::runtime_error {
+ public:
+  Error(tsr_status code, const std::string &message) : std::runtime_error(message), code_(code) {}
+  explicit Error(const std::string &message) : Error(TSR_ERR_INVALID, message) {}
+  tsr_status code() const noexcept { return code_; }
+
+ private:
+  tsr_status code_;
+};
+
+// Records `message` as the last error of the host behind `ctx` (if any) and
+// returns `code`. Safe with ctx == nullptr (the message is then dropped).
+tsr_status report_error(tsr_host_ctx *ctx, tsr_status code, const std::string &message);
+
+// Runs fn, converting exceptions to a reported status.
+template <typename Fn>
+tsr_status guarded(tsr_host_ctx *ctx, Fn &&fn) noexcept {
+  try {
+    fn();
+    return TSR_OK;
+  } catch (const Error &e) {
+    return report_error(ctx, e.code(), e.what());
+  } catch (const std::bad_alloc &) {
+    return report_error(ctx, TSR_ERR_NO_MEMORY, "out of host memory");
+  } catch (const std::exception &e) {
+    return report_error(ctx, TSR_ERR_INTERNAL, e.what());
+  } catch (...) {
+    return report_error(ctx, TSR_ERR_INTERNAL, "unknown exception");
+  }
+}
+
+}  // namespace tessera
+
+// Check macro for engine code: throws tessera::Error naming file and line.
+#define TSR_CHECK(cond, code, msg)                                                            \
+  do {                                                                                        \
+    if (!(cond))                                                                              \
+      throw ::tessera::Error(                                                                 \
+          (code), std::string(msg) + " (" + __FILE__ + ":" + std::to_string(__LINE__) + ")"); \
+  } while (0)

@@ -1,0 +1,133 @@
+#include "util/safetensors.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "util/error.hpp"
+
+namespace tessera {
+
+size_t st_dtype_size(const std::string &d) {
+  if (d == "F64" || d == "I64" || d == "U64") return 8;
+  if (d == "F32" || d == "I32" || d == "U32") return 4;
+  if (d == "F16" || d == "BF16" || d == "I16" || d == "U16") return 2;
+  if (d == "U8" || d == "I8" || d == "BOOL") return 1;
+  return 0;
+}
+
+void safetensors_write(const std::string &path, const std::vector<StTensor> &tensors,
+                       const std::map<std::string, std::string> &metadata) {
+  nlohmann::ordered_json header;
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  size_t offset = 0;
+  for (const auto &t : tensors) {
+    header[t.name] = {
+        {"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes}}};
+    offset += t.bytes;
+  }
+  std::string h = header.dump();
+  while ((h.size() + 8) % 8 != 0) h.push_back(' ');  // keep the data 8-byte aligned
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw Error(TSR_ERR_IO, tmp + ": cannot open for writing");
+    uint64_t n = h.size();
+    out.write(reinterpret_cast<const char *>(&n), 8);
+    out.write(h.data(), static_cast<std::streamsize>(h.size()));
+    for (const auto &t : tensors)
+      out.write(static_cast<const char *>(t.data), static_cast<std::streamsize>(t.bytes));
+    out.flush();
+    if (!out) throw Error(TSR_ERR_IO, tmp + ": write failed (disk full?)");
+  }
+  int fd = ::open(tmp.c_str(), O_RDONLY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) throw Error(TSR_ERR_IO, path + ": cannot rename into place: " + ec.message());
+}
+
+SafetensorsFile::SafetensorsFile(const std::string &path) : path_(path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) throw Error(TSR_ERR_IO, path + ": cannot open");
+  auto size = static_cast<size_t>(in.tellg());
+  in.seekg(0);
+  if (size < 8) throw Error(TSR_ERR_INVALID, path + ": too short for a safetensors file");
+  bytes_.resize(size);
+  in.read(bytes_.data(), static_cast<std::streamsize>(size));
+  if (!in) throw Error(TSR_ERR_IO, path + ": read failed");
+  uint64_t hlen;
+  std::memcpy(&hlen, bytes_.data(), 8);
+  if (hlen > size - 8 || hlen > (100u << 20))
+    throw Error(TSR_ERR_INVALID, path + ": header length " + std::to_string(hlen) +
+                                     " exceeds the file (" + std::to_string(size) + " bytes)");
+  const size_t data_start = 8 + hlen, data_len = size - data_start;
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(bytes_.begin() + 8,
+                              bytes_.begin() + static_cast<ptrdiff_t>(data_start));
+  } catch (const nlohmann::json::exception &e) {
+    throw Error(TSR_ERR_INVALID, path + ": header is not valid JSON: " + e.what());
+  }
+  if (!j.is_object()) throw Error(TSR_ERR_INVALID, path + ": header is not a JSON object");
+  for (auto &[name, t] : j.items()) {
+    if (name == "__metadata__") {
+      if (t.is_object())
+        for (auto &[k, v] : t.items())
+          if (v.is_string()) metadata_[k] = v.get<std::string>();
+      continue;
+    }
+    auto bad = [&](const std::string &why) {
+      throw Error(TSR_ERR_INVALID, path + ": tensor '" + name + "': " + why);
+    };
+    if (!t.is_object() || !t.contains("dtype") || !t.contains("shape") ||
+        !t.contains("data_offsets"))
+      bad("needs dtype, shape and data_offsets");
+    StTensor st;
+    st.name = name;
+    if (!t["dtype"].is_string()) bad("dtype is not a string");
+    st.dtype = t["dtype"].get<std::string>();
+    size_t esize = st_dtype_size(st.dtype);
+    if (esize == 0) bad("unknown dtype " + st.dtype);
+    if (!t["shape"].is_array() || t["shape"].size() > 16)
+      bad("shape must be an array of at most 16 dims");
+    size_t numel = 1;
+    for (const auto &d : t["shape"]) {
+      if (!d.is_number_unsigned() && !(d.is_number_integer() && d.get<int64_t>() >= 0))
+        bad("bad dimension");
+      int64_t v = d.get<int64_t>();
+      if (v > 0 && numel > data_len / static_cast<size_t>(v)) bad("shape larger than the file");
+      numel *= static_cast<size_t>(v);
+      st.shape.push_back(v);
+    }
+    const auto &off = t["data_offsets"];
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
+        !off[1].is_number_unsigned())
+      bad("data_offsets must be two non-negative integers");
+    size_t b = off[0].get<size_t>(), e = off[1].get<size_t>();
+    if (b > e || e > data_len)
+      bad("data_offsets [" + std::to_string(b) + ", " + std::to_string(e) +
+          ") fall outside the data (" + std::to_string(data_len) + " bytes)");
+    if (e - b != numel * esize) bad("byte range does not match shape and dtype");
+    st.bytes = e - b;
+    st.data = bytes_.data() + data_start + b;
+    tensors_[name] = std::move(st);
+  }
+}
+
+const StTensor &SafetensorsFile::get(const std::string &name) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end())
+    throw Error(TSR_ERR_INVALID, path_ + ": no tensor named '" + name + "'");
+  return it->second;
+}
+
+}  // namespace tessera
