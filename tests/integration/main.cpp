@@ -1,0 +1,3 @@
+// The integration tests' Catch2 main.
+#define CATCH_CONFIG_MAIN
+#include <catch2/catch.hpp>
