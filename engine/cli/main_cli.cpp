@@ -1,4 +1,6 @@
 // Command dispatch and the top-level help.
+#include <spdlog/spdlog.h>
+
 #include <cstdio>
 #include <string>
 
@@ -26,6 +28,7 @@ Run 'tessera <command> --help' for a command's options.
 }  // namespace
 
 int main(int argc, char **argv) {
+  spdlog::set_pattern("[%H:%M:%S] %^%l%$: %v");
   Args args(argv + 1, argv + argc);
   if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
     std::fputs(kUsage, args.empty() ? stderr : stdout);

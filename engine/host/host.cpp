@@ -66,16 +66,11 @@ void cb_log(tsr_host_ctx *, int32_t level, const char *message) {
   }
 }
 
-// Config reads: the config pointer is a tsr_config; errors go to no host
-// (a config outlives no particular ctx), so they are reported through the
-// config's own message path: we name the key in the message via a
-// thread-safe static host pointer set at Host construction.
-Host *g_config_host = nullptr;
-
+// Config reads report errors to the host that made the config.
 tsr_status config_fail(const tsr_config *cfg, const char *key, const std::string &why) {
   std::string msg = "config [" + (cfg ? cfg->section : std::string("?")) + "] key '" +
                     (key ? key : "(null)") + "': " + why;
-  if (g_config_host) g_config_host->set_error(msg);
+  if (cfg && cfg->host) cfg->host->set_error(msg);
   return TSR_ERR_CONFIG;
 }
 
@@ -221,7 +216,6 @@ tsr_status cb_grads_done(tsr_step *s, uint32_t group) {
 
 Host::Host(RunFacts facts) : facts_(std::move(facts)), impl_(std::make_unique<Impl>()) {
   impl_->self = this;
-  g_config_host = this;
   run_info_.struct_size = sizeof(run_info_);
   run_info_.rank = facts_.rank;
   run_info_.world_size = facts_.world_size;
@@ -258,7 +252,6 @@ Host::Host(RunFacts facts) : facts_(std::move(facts)), impl_(std::make_unique<Im
 }
 
 Host::~Host() {
-  if (g_config_host == this) g_config_host = nullptr;
   for (auto &[p, b] : impl_->blocks) std::free(p);
 }
 
@@ -284,6 +277,7 @@ void Host::set_error(const std::string &message) {
 tsr_config *Host::make_config(const std::string &section, const std::string &plugin,
                               toml::table values) {
   auto c = std::make_unique<tsr_config>();
+  c->host = this;
   c->section = section;
   c->plugin = plugin;
   c->values = std::move(values);

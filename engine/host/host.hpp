@@ -15,7 +15,11 @@
 #include <vector>
 
 // A plugin's validated config section, opaque to plugins.
+namespace tessera {
+class Host;
+}
 struct tsr_config {
+  tessera::Host *host = nullptr;  // receives error messages of config reads
   std::string section;  // "optimizer", "data.train", ...
   std::string plugin;   // plugin name
   toml::table values;   // every declared key, defaults filled in

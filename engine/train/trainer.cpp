@@ -213,6 +213,12 @@ nlohmann::json train(const Job &job, const ProcessInfo &proc) {
         static_cast<long long>(total), static_cast<long long>(st.global_batch),
         static_cast<long long>(st.micro_batch), static_cast<long long>(st.accumulation),
         proc.world_size, static_cast<long long>(steps_per_epoch));
+    // Memory by purpose, measured from the allocator (DESIGN.md, "State").
+    MemoryStats m = s.host.memory();
+    std::printf("tessera: memory on rank 0: parameters %.2f MiB, gradients %.2f MiB, optimizer state "
+                "%.2f MiB\n",
+                m.current[TSR_MEM_PARAMS] / 1048576.0, m.current[TSR_MEM_GRADS] / 1048576.0,
+                m.current[TSR_MEM_OPTIMIZER] / 1048576.0);
     std::fflush(stdout);
   }
 
