@@ -3,9 +3,12 @@
 
 #include <cstdio>
 #include <iostream>
+#include <memory>
 
 #include "cli/args.hpp"
 #include "config/config.hpp"
+#include "dist/dist_context.hpp"
+#include "launch/launcher.hpp"
 #include "train/job.hpp"
 #include "train/trainer.hpp"
 
@@ -13,9 +16,23 @@ namespace tessera::cli {
 
 namespace {
 
-const char *kRunUsage = R"(usage: tessera run CONFIG [options]
+const char *kRunUsage = R"(usage: tessera run [-n N] CONFIG [options]
 
 Trains the job in CONFIG (TOML, or a DeepSpeed JSON on top of one).
+Without -n (or with -n 1) training runs in this process, so a debugger can
+start it directly. With -n N, N workers of this binary start with RANK,
+LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set;
+their output is prefixed with the rank, and if one fails the others are
+stopped and the launcher exits non-zero naming it.
+
+launcher:
+  -n, --nproc N             workers on this node
+  --nnodes M                nodes in the job (default 1)
+  --node-rank R             this node's index (0 serves the rendezvous store)
+  --master HOST:PORT        where node 0's launcher serves (needed with --nnodes > 1)
+
+A worker started by another launcher (torchrun's RANK/WORLD_SIZE/...,
+mpirun's OMPI_COMM_WORLD_*, Slurm's SLURM_PROCID/...) runs without ours.
 
 options:
   --set KEY=VALUE           override a config key, e.g. --set optimizer.lr=3e-4 (repeatable)
@@ -82,13 +99,78 @@ void print_warnings(const Job &job) {
   for (const auto &r : job.registry->refusals()) spdlog::warn("plugin refused: {}", r);
 }
 
-int run_body(const Parsed &p) {
+int int_option(const Parsed &p, const std::string &name, int fallback) {
+  std::string v = p.get(name);
+  if (v.empty()) return fallback;
+  char *end = nullptr;
+  long x = std::strtol(v.c_str(), &end, 10);
+  if (*end != '\0' || x < 0 || x > 1 << 20)
+    throw UsageError(name + " '" + v + "' is not a valid count");
+  return static_cast<int>(x);
+}
+
+// The arguments a worker gets: ours minus the launcher's own options.
+std::vector<std::string> worker_args(const Args &args) {
+  std::vector<std::string> out = {"run"};
+  static const char *launcher_opts[] = {"-n", "--nproc", "--nnodes", "--node-rank", "--master"};
+  for (size_t i = 0; i < args.size(); ++i) {
+    bool skip = false;
+    for (const char *o : launcher_opts) {
+      std::string opt = o;
+      if (args[i] == opt) {
+        skip = true;
+        ++i;  // and its value
+        break;
+      }
+      if (args[i].rfind(opt + "=", 0) == 0) {
+        skip = true;
+        break;
+      }
+    }
+    if (!skip) out.push_back(args[i]);
+  }
+  return out;
+}
+
+const Args *g_run_args = nullptr;
+
+// Runs the training in this process, joining a multi-process job when the
+// environment says so.
+int train_here(const Parsed &p) {
   JobOptions o = job_options(p, "run");
   ProcessInfo proc = process_info(local_rank_of(p));
+  if (proc.rank != 0) spdlog::set_level(spdlog::level::warn);  // rank 0 speaks for the job
   Job job = load_job(o, proc.world_size, true);
   print_warnings(job);
-  train(job, proc);
+  std::unique_ptr<DistContext> dist;
+  if (proc.world_size > 1) {
+    dist = std::make_unique<DistContext>(dist_options_from_env(
+        proc.rank, proc.world_size, static_cast<int>(job.settings.comm_timeout_s),
+        job.settings.comm_interface));
+    proc.comm = dist->comm();
+    proc.comm_state = dist->comm_state();
+  }
+  try {
+    train(job, proc);
+  } catch (const std::exception &e) {
+    // Tell the other ranks at once, instead of leaving them in a collective.
+    if (dist) dist->post_abort(e.what());
+    throw;
+  }
   return 0;
+}
+
+int run_body(const Parsed &p) {
+  int n = int_option(p, "-n", int_option(p, "--nproc", 1));
+  int nnodes = int_option(p, "--nnodes", 1);
+  if (n <= 1 && nnodes <= 1) return train_here(p);
+  if (p.positional.size() != 1) throw UsageError("tessera run: expected exactly one CONFIG file");
+  LaunchOptions lo;
+  lo.nproc = n;
+  lo.nnodes = nnodes;
+  lo.node_rank = int_option(p, "--node-rank", 0);
+  lo.master = p.get("--master");
+  return launch(lo, worker_args(*g_run_args));
 }
 
 int eval_body(const Parsed &p) {
@@ -137,7 +219,11 @@ int config_body(const Parsed &p) {
 }  // namespace
 
 int cmd_run(const Args &args) {
-  return run_command("run", kRunUsage, run_body, args, config_options());
+  auto specs = config_options();
+  for (const char *o : {"-n", "--nproc", "--nnodes", "--node-rank", "--master"})
+    specs.push_back({o, true, false});
+  g_run_args = &args;
+  return run_command("run", kRunUsage, run_body, args, specs);
 }
 
 int cmd_eval(const Args &args) {

@@ -91,7 +91,9 @@ int plugins_body(const Parsed &p) {
   return 0;
 }
 
-int version_body(const Parsed &) {
+int version_body(const Parsed &p) {
+  if (!p.positional.empty())
+    throw UsageError("tessera version: unexpected argument '" + p.positional[0] + "'");
   std::printf("tessera %s (plugin ABI %d.%d)\n", TESSERA_VERSION, TSR_ABI_MAJOR, TSR_ABI_MINOR);
   return 0;
 }

@@ -90,6 +90,9 @@ struct Mapper {
       doc.set("optimizer.plugin", toml::value<std::string>("adam"), origin("optimizer.type"));
       // DeepSpeed's Adam defaults to decoupled decay (adam_w_mode = true);
       // torch_adam / adam_w_mode false gives torch.optim.Adam's L2.
+      if (params.contains("adam_w_mode") && !params["adam_w_mode"].is_boolean())
+        fail("optimizer.params.adam_w_mode",
+             "expected true or false, got " + params["adam_w_mode"].dump());
       bool adamw = lower == "adamw" ? true : params.value("adam_w_mode", true);
       doc.set("optimizer.adamw", toml::value<bool>(adamw), origin("optimizer.params.adam_w_mode"));
       keys = {"lr", "betas", "eps", "weight_decay"};
@@ -116,8 +119,11 @@ struct Mapper {
       fail("scheduler", "expected {\"type\": \"WarmupLR\", \"params\": {...}}");
     std::string type = s["type"];
     json p = s.value("params", json::object());
+    if (!p.is_object()) fail("scheduler.params", "expected an object");
     doc.erase("schedule");
+    std::set<std::string> used;
     auto set_if = [&](const char *ds, const char *ours) {
+      used.insert(ds);
       if (p.contains(ds))
         put(std::string("schedule.") + ours, p[ds], std::string("scheduler.params.") + ds);
     };
@@ -125,30 +131,43 @@ struct Mapper {
       doc.set("schedule." + k, toml::value<std::string>(v), origin("scheduler.type"));
     };
     // DeepSpeed's warmup ramps are logarithmic unless told otherwise.
-    std::string warmup_type = p.value("warmup_type", std::string("log"));
+    auto set_warmup_type = [&]() {
+      if (p.contains("warmup_type"))
+        set_if("warmup_type", "warmup_type");
+      else
+        doc.set("schedule.warmup_type", toml::value<std::string>("log"),
+                origin("scheduler default warmup_type"));
+    };
     if (type == "WarmupLR" || type == "WarmupDecayLR") {
       set_str("type", type == "WarmupLR" ? "warmup" : "warmup_decay");
-      set_str("warmup_type", warmup_type);
+      set_warmup_type();
       set_if("warmup_min_lr", "warmup_min_lr");
       set_if("warmup_num_steps", "warmup_steps");
       if (!p.contains("warmup_num_steps"))
         doc.set("schedule.warmup_steps", toml::value<int64_t>(1000), origin("scheduler default"));
       if (type == "WarmupDecayLR") set_if("total_num_steps", "total_steps");
-      // The peak of the ramp is the optimizer's lr.
-      double max_lr = p.value("warmup_max_lr", 0.001);
-      doc.set("optimizer.lr", toml::value<double>(max_lr),
-              origin("scheduler.params.warmup_max_lr"));
+      // The peak of the ramp is the optimizer's lr. Without warmup_max_lr,
+      // WarmupLR keeps the optimizer's lr and WarmupDecayLR peaks at 0.001.
+      used.insert("warmup_max_lr");
+      if (p.contains("warmup_max_lr")) {
+        need_number(p["warmup_max_lr"], "scheduler.params.warmup_max_lr");
+        put("optimizer.lr", p["warmup_max_lr"], "scheduler.params.warmup_max_lr");
+      } else if (type == "WarmupDecayLR") {
+        doc.set("optimizer.lr", toml::value<double>(0.001),
+                origin("scheduler (DeepSpeed default warmup_max_lr)"));
+      }
     } else if (type == "WarmupCosineLR") {
       set_str("type", "warmup_cosine");
-      set_str("warmup_type", warmup_type);
+      set_warmup_type();
       set_if("warmup_min_ratio", "warmup_min_ratio");
       set_if("warmup_num_steps", "warmup_steps");
       if (!p.contains("warmup_num_steps"))
         doc.set("schedule.warmup_steps", toml::value<int64_t>(1000), origin("scheduler default"));
       set_if("total_num_steps", "total_steps");
-      double cmin = p.value("cos_min_ratio", 0.0001);
-      doc.set("schedule.cos_min_ratio", toml::value<double>(cmin),
-              origin("scheduler.params.cos_min_ratio"));
+      set_if("cos_min_ratio", "cos_min_ratio");
+      if (!p.contains("cos_min_ratio"))
+        doc.set("schedule.cos_min_ratio", toml::value<double>(0.0001),
+                origin("scheduler default cos_min_ratio"));
     } else if (type == "OneCycle") {
       set_str("type", "one_cycle");
       set_if("cycle_min_lr", "cycle_min_lr");
@@ -161,12 +180,25 @@ struct Mapper {
       fail("scheduler.type",
            "'" + type + "' is not supported (WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle)");
     }
+    used.insert("last_batch_iteration");
+    for (const auto &[k, v] : p.items())
+      if (!used.count(k))
+        doc.warn(path + ": scheduler.params." + k + " is not used by tessera's " + type +
+                 "; ignored");
   }
 
   void precision(const json &j) {
-    bool fp16 = j.contains("fp16") && j["fp16"].value("enabled", false);
-    bool bf16 = (j.contains("bf16") && j["bf16"].value("enabled", false)) ||
-                (j.contains("bfloat16") && j["bfloat16"].value("enabled", false));
+    auto enabled = [&](const std::string &sec) {
+      if (!j.contains(sec)) return false;
+      const json &o = j[sec];
+      if (!o.is_object()) fail(sec, "expected an object like {\"enabled\": true}");
+      if (!o.contains("enabled")) return false;
+      if (!o["enabled"].is_boolean())
+        fail(sec + ".enabled", "expected true or false, got " + o["enabled"].dump());
+      return o["enabled"].get<bool>();
+    };
+    bool fp16 = enabled("fp16");
+    bool bf16 = enabled("bf16") || enabled("bfloat16");
     if (fp16 && bf16) fail("fp16/bf16", "both are enabled; pick one");
     if (fp16) {
       doc.set("run.precision", toml::value<std::string>("fp16"), origin("fp16.enabled"));
@@ -179,6 +211,12 @@ struct Mapper {
       if (f.contains("hysteresis")) put("fp16.hysteresis", f["hysteresis"], "fp16.hysteresis");
       if (f.contains("min_loss_scale"))
         put("fp16.min_loss_scale", f["min_loss_scale"], "fp16.min_loss_scale");
+      static const std::set<std::string> fp16_keys = {
+          "enabled",           "loss_scale", "initial_scale_power",
+          "loss_scale_window", "hysteresis", "min_loss_scale"};
+      for (const auto &[k, v] : f.items())
+        if (!fp16_keys.count(k))
+          doc.warn(path + ": fp16." + k + " is not used by tessera; ignored");
     } else if (bf16) {
       doc.set("run.precision", toml::value<std::string>("bf16"), origin("bf16.enabled"));
     }
@@ -197,6 +235,10 @@ struct Mapper {
     }
     if (z.contains("offload_optimizer")) {
       const json &o = z["offload_optimizer"];
+      if (!o.is_object()) fail("zero_optimization.offload_optimizer", "expected an object");
+      if (o.contains("device") && !o["device"].is_string())
+        fail("zero_optimization.offload_optimizer.device",
+             "expected \"none\", \"cpu\" or \"nvme\", got " + o["device"].dump());
       std::string dev = o.value("device", std::string("none"));
       if (dev != "none" && dev != "cpu" && dev != "nvme")
         fail("zero_optimization.offload_optimizer.device",
@@ -206,6 +248,10 @@ struct Mapper {
               origin("zero_optimization.offload_optimizer.device"));
       if (dev == "nvme" && o.contains("nvme_path"))
         put("offload.path", o["nvme_path"], "zero_optimization.offload_optimizer.nvme_path");
+      for (const auto &[k, v] : o.items())
+        if (k != "device" && k != "nvme_path")
+          doc.warn(path + ": zero_optimization.offload_optimizer." + k +
+                   " is not used by tessera; ignored");
     }
     for (const auto &[k, v] : z.items())
       if (k != "stage" && k != "offload_optimizer")
@@ -225,16 +271,26 @@ struct Mapper {
                                                   "gradient_clipping",
                                                   "zero_optimization",
                                                   "steps_per_print"};
+    // A value of the wrong JSON type deep inside a section (e.g. "enabled":
+    // "auto") surfaces as nlohmann's type_error: name the file and section.
+    auto guarded = [&](const char *key, auto &&fn) {
+      try {
+        fn();
+      } catch (const json::exception &e) {
+        fail(key, std::string("unexpected value: ") + e.what());
+      }
+    };
     batch(j);
-    if (j.contains("optimizer")) optimizer(j["optimizer"]);
-    if (j.contains("scheduler")) scheduler(j["scheduler"]);
-    precision(j);
+    if (j.contains("optimizer")) guarded("optimizer", [&] { optimizer(j["optimizer"]); });
+    if (j.contains("scheduler")) guarded("scheduler", [&] { scheduler(j["scheduler"]); });
+    guarded("fp16/bf16", [&] { precision(j); });
     if (j.contains("gradient_clipping")) {
       need_number(j["gradient_clipping"], "gradient_clipping");
       doc.set("run.gradient_clipping", toml::value<double>(j["gradient_clipping"].get<double>()),
               origin("gradient_clipping"));
     }
-    if (j.contains("zero_optimization")) zero(j["zero_optimization"]);
+    if (j.contains("zero_optimization"))
+      guarded("zero_optimization", [&] { zero(j["zero_optimization"]); });
     if (j.contains("steps_per_print")) {
       if (!j["steps_per_print"].is_number_integer() || j["steps_per_print"].get<int64_t>() < 1)
         fail("steps_per_print", "expected a positive integer");

@@ -132,6 +132,10 @@ std::string Document::where(const std::string &dotted_key, const toml::node *nod
   }
   if (node && node->source().begin.line > 0)
     return path_ + ":" + std::to_string(node->source().begin.line);
+  // A section rebuilt by a DeepSpeed JSON or --set has no line in the file:
+  // name where its keys came from.
+  for (const auto &[k, origin] : origins_)
+    if (k.rfind(dotted_key + ".", 0) == 0) return origin;
   return path_;
 }
 

@@ -1,6 +1,7 @@
 // The engine's config schema and its resolution into typed settings.
 #include "config/settings.hpp"
 
+#include <cstdlib>
 #include <tessera/cpp/plugin.hpp>
 
 #include "config/validate.hpp"
@@ -90,12 +91,21 @@ const tsr_param_decl kCheckpoint[] = {
           "\"auto\" (latest, if any), a checkpoint path, or empty"),
 };
 
+const tsr_param_decl kComm[] = {
+    param_min("timeout_s", TSR_PARAM_INT, "300",
+              "seconds a collective or the rendezvous may wait before the job fails", 1),
+    param("interface", TSR_PARAM_STRING, "\"\"",
+          "network interface Gloo binds to (also GLOO_SOCKET_IFNAME); empty: the route to the "
+          "master"),
+};
+
 }  // namespace
 
 const std::vector<EngineSection> &engine_sections() {
   static const std::vector<EngineSection> s = {
       {"run", kRun, {}},           {"batch", kBatch, {}}, {"data", kData, {"train", "eval"}},
       {"schedule", kSchedule, {}}, {"fp16", kFp16, {}},   {"checkpoint", kCheckpoint, {}},
+      {"comm", kComm, {}},
   };
   return s;
 }
@@ -220,6 +230,10 @@ Settings resolve_settings(const Document &doc, uint32_t world, toml::table *reso
   s.fp16.hysteresis = i64("fp16", "hysteresis");
   s.fp16.min_loss_scale = f64("fp16", "min_loss_scale");
   s.fp16.loss_scale = f64("fp16", "loss_scale");
+  s.comm_timeout_s = i64("comm", "timeout_s");
+  s.comm_interface = str("comm", "interface");
+  if (s.comm_interface.empty())
+    if (const char *e = std::getenv("GLOO_SOCKET_IFNAME")) s.comm_interface = e;
   s.ckpt_dir = str("checkpoint", "dir");
   if (s.ckpt_dir.empty()) s.ckpt_dir = s.dir + "/ckpt";
   s.ckpt_every = i64("checkpoint", "every");

@@ -44,6 +44,9 @@ struct Settings {
   int64_t workers = 1, prefetch = 2;
   ScheduleSettings schedule;
   Fp16Settings fp16;
+  // [comm]
+  int64_t comm_timeout_s = 300;
+  std::string comm_interface;
   // [checkpoint]
   std::string ckpt_dir, resume;
   int64_t ckpt_every = 0, ckpt_keep = 0;

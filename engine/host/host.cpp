@@ -212,6 +212,11 @@ tsr_status cb_grads_done(tsr_step *s, uint32_t group) {
   return hooks_of(s)->grads_done ? hooks_of(s)->grads_done(group) : TSR_OK;
 }
 
+tsr_status cb_params_done(tsr_step *s, uint32_t group) {
+  if (!s) return TSR_ERR_INVALID;
+  return hooks_of(s)->params_done ? hooks_of(s)->params_done(group) : TSR_OK;
+}
+
 }  // namespace
 
 Host::Host(RunFacts facts) : facts_(std::move(facts)), impl_(std::make_unique<Impl>()) {
@@ -244,11 +249,12 @@ Host::Host(RunFacts facts) : facts_(std::move(facts)), impl_(std::make_unique<Im
   table_.free = cb_free;
   table_.run = &run_info_;
   table_.ops = cpu_ops();
-  table_.comm = local_comm();
+  table_.comm = facts_.comm ? facts_.comm : local_comm();
   table_.seed_for = cb_seed_for;
   table_.param = cb_param;
   table_.grad = cb_grad;
   table_.grads_done = cb_grads_done;
+  table_.params_done = cb_params_done;
 }
 
 Host::~Host() {

@@ -20,9 +20,9 @@ class Host;
 }
 struct tsr_config {
   tessera::Host *host = nullptr;  // receives error messages of config reads
-  std::string section;  // "optimizer", "data.train", ...
-  std::string plugin;   // plugin name
-  toml::table values;   // every declared key, defaults filled in
+  std::string section;            // "optimizer", "data.train", ...
+  std::string plugin;             // plugin name
+  toml::table values;             // every declared key, defaults filled in
 };
 
 namespace tessera {
@@ -41,6 +41,7 @@ struct StepHooks {
   std::function<tsr_status(uint32_t, DLTensor *)> param;
   std::function<tsr_status(uint32_t, DLTensor *)> grad;
   std::function<tsr_status(uint32_t)> grads_done;
+  std::function<tsr_status(uint32_t)> params_done;
 };
 
 class Host {
@@ -51,6 +52,10 @@ class Host {
     tsr_precision precision = TSR_PRECISION_FP32;
     uint64_t seed = 42;
     std::string run_dir;
+    // Collectives (default: a world of one) and their implementation's
+    // state, which the table's functions find through the host ctx.
+    const tsr_comm *comm = nullptr;
+    void *comm_state = nullptr;
   };
 
   explicit Host(RunFacts facts);

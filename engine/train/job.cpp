@@ -11,15 +11,20 @@ namespace tessera {
 config::Document load_document(const JobOptions &opts) {
   if (opts.config_path.empty()) throw config::ConfigError("no config file given");
   config::Document doc = config::Document::load(opts.config_path);
-  // run.deepspeed names a JSON relative to the config file.
-  if (const toml::node *ds = config::find(doc.root(), "run.deepspeed")) {
-    if (!ds->is_string())
-      throw config::ConfigError(doc.where("run.deepspeed", ds) +
-                                ": run.deepspeed: expected a string path");
+  // run.deepspeed names a JSON relative to the config file (or to the
+  // working directory when --set gives it). The overrides are applied to a
+  // copy first so that --set run.deepspeed=F counts too.
+  config::Document probe = doc;
+  for (const auto &s : opts.sets) probe.apply_set(s);
+  if (const toml::node *ds = config::find(probe.root(), "run.deepspeed")) {
+    std::string at = probe.where("run.deepspeed", ds);
+    if (!ds->is_string()) throw config::ConfigError(at + ": run.deepspeed: expected a string path");
     std::string p = ds->as_string()->get();
     if (!p.empty()) {
-      fs::path full =
-          fs::path(p).is_absolute() ? fs::path(p) : fs::path(opts.config_path).parent_path() / p;
+      bool from_set = at.rfind("--set", 0) == 0;
+      fs::path full = fs::path(p).is_absolute() || from_set
+                          ? fs::path(p)
+                          : fs::path(opts.config_path).parent_path() / p;
       doc.apply_deepspeed(full.string());
     }
   }
@@ -51,6 +56,7 @@ Job load_job(const JobOptions &opts, uint32_t world_size, bool training) {
     bool needed =
         training ? slot.required_for_train : (section == "model" || section == "data.train");
     std::string name = slot.default_plugin;
+    const toml::node *plugin_node = node;
     if (node) {
       if (!node->is_table())
         throw config::ConfigError(job.doc.where(section, node) + ": '" + section +
@@ -60,6 +66,7 @@ Job load_job(const JobOptions &opts, uint32_t world_size, bool training) {
           throw config::ConfigError(job.doc.where(section + ".plugin", p) + ": " + section +
                                     ".plugin: expected a string (a plugin name)");
         name = p->as_string()->get();
+        plugin_node = p;
       }
     }
     if (name.empty()) {
@@ -78,8 +85,8 @@ Job load_job(const JobOptions &opts, uint32_t world_size, bool training) {
     try {
       entry = &job.registry->get(kind, name);
     } catch (const config::ConfigError &e) {
-      throw config::ConfigError(job.doc.where(section + ".plugin", node) + ": [" + section + "] " +
-                                e.what());
+      throw config::ConfigError(job.doc.where(section + ".plugin", plugin_node) + ": [" + section +
+                                "] " + e.what());
     }
     PluginChoice choice;
     choice.entry = entry;

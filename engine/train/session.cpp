@@ -43,7 +43,7 @@ void create_dataset(Session &s, Instance<tsr_dataset_vtable> &inst, tsr_data_inf
 
 }  // namespace
 
-Session::Session(const Job &j, Host::RunFacts facts, bool train)
+Session::Session(const Job &j, Host::RunFacts facts, bool train, ParamInitializer initializer)
     : job(j), host(std::move(facts)), training(train) {
   const auto &st = job.settings;
   create_dataset(*this, train_data, train_info, "data.train", "train");
@@ -64,76 +64,116 @@ Session::Session(const Job &j, Host::RunFacts facts, bool train)
               "[model] plugin '" + model.name + "'");
   }
   layout = make_layout(model.vt, model.self, host.facts().world_size, model.name);
-  DLDevice cpu{kDLCPU, 0};
-  params = static_cast<float *>(host.alloc(cpu, layout.total * sizeof(float), TSR_MEM_PARAMS));
-  init_params(layout, params, host.table()->seed_for(host.ctx(), "init", 0));
-  flat_shape = {static_cast<int64_t>(layout.total)};
   shapes_.resize(layout.params.size());
   for (size_t i = 0; i < layout.params.size(); ++i) shapes_[i] = layout.params[i].shape;
-  if (!training) return;
 
-  grads = static_cast<float *>(host.alloc(cpu, layout.total * sizeof(float), TSR_MEM_GRADS));
-  create_simple(*this, optimizer, "optimizer");
-  state_count = optimizer.vt->state_count(optimizer.self);
+  // Initial values, the same on every rank (seeded per parameter name).
+  std::vector<float> initial(layout.total, 0.f);
+  if (initializer)
+    initializer(layout, initial.data());
+  else
+    init_params(layout, initial.data(), host.table()->seed_for(host.ctx(), "init", 0));
+
   create_simple(*this, zero, "zero");
   plan = tsr_zero_plan{};
   plan.struct_size = sizeof plan;
   plugin_ok(host, zero.vt->plan(zero.self, &plan), "[zero] plugin '" + zero.name + "' plan");
-  if (plan.partition_optimizer || plan.partition_grads || plan.partition_params)
-    throw Error(TSR_ERR_UNSUPPORTED,
-                "[zero] plugin '" + zero.name +
-                    "' partitions state; this engine build runs ZeRO stage 0 only");
   tsr_zero_setup zs{};
   zs.struct_size = sizeof zs;
   zs.num_groups = layout.group_offset.size();
   zs.group_offset = layout.group_offset.data();
   zs.group_size = layout.group_size.data();
   zs.total = layout.total;
-  zs.params = flat_view(params);
-  zs.grads = flat_view(grads);
+  zs.device = host.facts().device;
+  zs.dtype = DLDataType{kDLFloat, 32, 1};
+  zs.initial_params = initial.data();
+  zs.training = training ? 1 : 0;
   plugin_ok(host, zero.vt->setup(zero.self, &zs), "[zero] plugin '" + zero.name + "' setup");
 
+  // Views through the zero plugin: it knows where each group lives now.
+  auto group_ptr = [this](uint32_t i, bool grad, DLTensor *out) -> tsr_status {
+    if (i >= layout.params.size())
+      return host.table()->error(
+          host.ctx(), TSR_ERR_INVALID,
+          ("parameter index " + std::to_string(i) + " out of range").c_str());
+    const ParamSlot &p = layout.params[i];
+    void *base = nullptr;
+    tsr_status s = grad ? zero.vt->grads(zero.self, p.group, &base)
+                        : zero.vt->params(zero.self, p.group, backward ? 1 : 0, &base);
+    if (s != TSR_OK) return s;
+    std::memset(out, 0, sizeof *out);
+    out->data = static_cast<float *>(base) + (p.offset - layout.group_offset[p.group]);
+    out->device = host.facts().device;
+    out->ndim = static_cast<int32_t>(p.shape.size());
+    out->dtype = DLDataType{kDLFloat, 32, 1};
+    out->shape = shapes_[i].data();
+    return TSR_OK;
+  };
+  hooks.param = [group_ptr](uint32_t i, DLTensor *out) { return group_ptr(i, false, out); };
+  hooks.grad = [this, group_ptr](uint32_t i, DLTensor *out) {
+    if (!training)
+      return host.table()->error(host.ctx(), TSR_ERR_INVALID, "no gradients: the model is frozen");
+    return group_ptr(i, true, out);
+  };
+  hooks.grads_done = [this](uint32_t g) { return zero.vt->grads_done(zero.self, g, last_micro); };
+  hooks.params_done = [this](uint32_t g) { return zero.vt->params_done(zero.self, g); };
+  if (!training) return;
+
+  create_simple(*this, optimizer, "optimizer");
+  state_count = optimizer.vt->state_count(optimizer.self);
   create_simple(*this, offload, "offload");
   tsr_offload_setup os{};
   os.struct_size = sizeof os;
-  os.n = layout.total;
+  os.n = zero.vt->owned_count(zero.self);
   os.optimizer = optimizer.vt;
   os.optimizer_self = optimizer.self;
   os.state_count = state_count;
-  os.params = flat_view(params);
+  os.device = host.facts().device;
+  os.compute_dtype = DLDataType{kDLFloat, 32, 1};
   plugin_ok(host, offload.vt->setup(offload.self, &os),
             "[offload] plugin '" + offload.name + "' setup");
+  // The fp32 master copy starts from the initial values of what we own.
+  struct Init {
+    Session *s;
+    const float *initial;
+  } init{this, initial.data()};
+  auto write_master = [](void *ctx, const tsr_owned_range *r) -> tsr_status {
+    auto *in = static_cast<Init *>(ctx);
+    return in->s->offload.vt->write_state(in->s->offload.self, 0, r->owned_offset, r->count,
+                                          in->initial + r->flat_offset);
+  };
+  plugin_ok(host, zero.vt->ranges(zero.self, write_master, &init),
+            "[offload] initial master weights");
 }
 
 Session::~Session() {
-  // Plugins go first (they may free host memory), then our buffers.
+  // Plugins that hold host memory go first, in reverse order of creation.
   offload.reset();
-  zero.reset();
   optimizer.reset();
+  zero.reset();
   model.reset();
-  host.free(params);
-  host.free(grads);
 }
 
-DLTensor Session::flat_view(float *base) {
-  DLTensor t{};
-  t.data = base;
-  t.device = DLDevice{kDLCPU, 0};
-  t.ndim = 1;
-  t.dtype = DLDataType{kDLFloat, 32, 1};
-  t.shape = flat_shape.data();
-  return t;
-}
-
-DLTensor Session::param_view(size_t i, bool grad) {
-  const ParamSlot &p = layout.params[i];
-  DLTensor t{};
-  t.data = (grad ? grads : params) + p.offset;
-  t.device = DLDevice{kDLCPU, 0};
-  t.ndim = static_cast<int32_t>(p.shape.size());
-  t.dtype = DLDataType{kDLFloat, 32, 1};
-  t.shape = shapes_[i].data();
-  return t;
+std::vector<float> Session::gather_params() {
+  std::vector<float> flat(layout.total, 0.f);
+  for (uint32_t g = 0; g < layout.group_offset.size(); ++g) {
+    void *base = nullptr;
+    plugin_ok(host, zero.vt->params(zero.self, g, 0, &base), "[zero] params");
+    // Parameters may live on a device: copy through the ops.
+    int64_t n = static_cast<int64_t>(layout.group_size[g]);
+    DLTensor src{base, host.facts().device, 1, DLDataType{kDLFloat, 32, 1}, &n, nullptr, 0};
+    DLTensor dst{flat.data() + layout.group_offset[g],
+                 DLDevice{kDLCPU, 0},
+                 1,
+                 DLDataType{kDLFloat, 32, 1},
+                 &n,
+                 nullptr,
+                 0};
+    plugin_ok(host, host.table()->ops->copy(host.ctx(), &src, &dst), "copy parameters");
+    plugin_ok(host, zero.vt->params_done(zero.self, g), "[zero] params_done");
+  }
+  plugin_ok(host, zero.vt->end_pass(zero.self), "[zero] end_pass");
+  return flat;
 }
 
 }  // namespace tessera

@@ -1,9 +1,11 @@
-// The plugins of a job, instantiated on one host, with the model's
-// parameters laid out in flat buffers.
+// The plugins of a job, instantiated on one host: data, sampler, model, and
+// the zero plugin that holds parameters and gradients, with the optimizer
+// and offload backend behind it when training.
 #pragma once
 
 #include <tessera/tessera.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,8 +35,12 @@ struct Instance {
   }
 };
 
+// Fills the flat fp32 parameters at start-up (default: each parameter's
+// declared initialiser; evaluation loads a checkpoint instead).
+using ParamInitializer = std::function<void(const Layout &, float *)>;
+
 struct Session {
-  Session(const Job &job, Host::RunFacts facts, bool training);
+  Session(const Job &job, Host::RunFacts facts, bool training, ParamInitializer init = nullptr);
   ~Session();
 
   const Job &job;
@@ -45,22 +51,26 @@ struct Session {
   tsr_data_info train_info{}, eval_info{};
   Instance<tsr_sampler_vtable> sampler;
   Instance<tsr_model_vtable> model;
-  Instance<tsr_optimizer_vtable> optimizer;
   Instance<tsr_zero_vtable> zero;
+  Instance<tsr_optimizer_vtable> optimizer;
   Instance<tsr_offload_vtable> offload;
   tsr_zero_plan plan{};
-
+  uint32_t state_count = 0;
   Layout layout;
-  float *params = nullptr;  // flat [layout.total], fp32 on CPU
-  float *grads = nullptr;   // flat [layout.total]; NULL for a frozen model
-  std::vector<int64_t> flat_shape;
 
-  // A DLTensor view of parameter i (or its gradient).
-  DLTensor param_view(size_t i, bool grad);
-  DLTensor flat_view(float *base);
+  // Step hooks: views of parameter i / its gradient through the zero plugin.
+  // `backward` tells stage 3 which way to prefetch.
+  bool backward = false;
+  StepHooks hooks;
+  tsr_step *step_handle() { return host.step_handle(&hooks); }
+  // Set by the trainer: 1 on the last micro-batch of a step.
+  int32_t last_micro = 1;
+
+  // The full fp32 parameters in flat layout (gathers under stage 3; every
+  // rank must call it).
+  std::vector<float> gather_params();
 
   bool has_eval() const { return eval_data.self != nullptr; }
-  uint32_t state_count = 0;
 
  private:
   std::vector<std::vector<int64_t>> shapes_;

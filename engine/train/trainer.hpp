@@ -11,11 +11,19 @@ namespace tessera {
 
 struct ProcessInfo {
   uint32_t rank = 0, world_size = 1, local_rank = 0, local_world_size = 1;
+  // The collectives of a multi-process job (null: a world of one).
+  const tsr_comm *comm = nullptr;
+  void *comm_state = nullptr;
 };
 
 // Where this process sits in the job, from the launcher's variables
 // (RANK/WORLD_SIZE/LOCAL_RANK..., torchrun, mpirun, Slurm) and --local_rank.
 ProcessInfo process_info(int cli_local_rank);
+
+// The host facts for this process, checked against the config.
+Host::RunFacts run_facts(const Job &job, const ProcessInfo &proc);
+// Per-process set-up before a session: CPU threads per rank.
+void prepare_process(const Job &job, const ProcessInfo &proc);
 
 // Trains the job; returns the summary (also written to summary.json).
 nlohmann::json train(const Job &job, const ProcessInfo &proc);

@@ -6,7 +6,9 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -23,10 +25,18 @@ namespace {
 // Variables that would make the binary a worker of some launcher, or point
 // it at other plugins.
 const char *const kDefaultUnset[] = {
-    "RANK",          "WORLD_SIZE",           "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE", "MASTER_ADDR",       "MASTER_PORT",
-    "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-    "SLURM_PROCID",  "SLURM_NTASKS",         "SLURM_LOCALID",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_LOCALID",
     "TESSERA_PLUGIN_PATH",
 };
 
@@ -46,7 +56,8 @@ void write_bytes(const fs::path &p, const std::vector<uint8_t> &bytes, bool gzip
     return;
   }
   std::ofstream out(p, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char *>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  out.write(reinterpret_cast<const char *>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
   if (!out) throw std::runtime_error("write failed: " + p.string());
 }
 
@@ -82,7 +93,7 @@ void make_split(uint32_t n, uint32_t seed, std::vector<uint8_t> &images,
 
 }  // namespace
 
-RunResult tessera(const std::vector<std::string> &args, const RunOptions &opts) {
+RunResult run_cli(const std::vector<std::string> &args, const RunOptions &opts) {
   const fs::path dir = scratch() / "proc";
   fs::create_directories(dir);
   static int counter = 0;
@@ -122,7 +133,8 @@ RunResult tessera(const std::vector<std::string> &args, const RunOptions &opts) 
   for (;;) {
     pid_t r = waitpid(pid, &wstatus, WNOHANG);
     if (r == pid) break;
-    if (r < 0 && errno != EINTR) throw std::runtime_error(std::string("waitpid: ") + strerror(errno));
+    if (r < 0 && errno != EINTR)
+      throw std::runtime_error(std::string("waitpid: ") + strerror(errno));
     if (std::chrono::steady_clock::now() > deadline && !timed_out) {
       kill(pid, SIGKILL);
       timed_out = true;
@@ -138,8 +150,8 @@ RunResult tessera(const std::vector<std::string> &args, const RunOptions &opts) 
     res.status = 128 + WTERMSIG(wstatus);
   if (timed_out) res.err += "\n[harness] killed after " + std::to_string(opts.timeout_s) + " s\n";
   if (res.status == 125 || res.status == 126 || res.status == 127)
-    res.err += "\n[harness] could not start " + std::string(TESSERA_BINARY) + " in " +
-               cwd.string() + "\n";
+    res.err +=
+        "\n[harness] could not start " + std::string(TESSERA_BINARY) + " in " + cwd.string() + "\n";
   return res;
 }
 
@@ -175,7 +187,9 @@ void write_text(const fs::path &p, const std::string &text) {
   if (!out) throw std::runtime_error("cannot write " + p.string());
 }
 
-nlohmann::json read_json(const fs::path &p) { return nlohmann::json::parse(read_text(p)); }
+nlohmann::json read_json(const fs::path &p) {
+  return nlohmann::json::parse(read_text(p));
+}
 
 std::vector<nlohmann::json> read_jsonl(const fs::path &p) {
   std::vector<nlohmann::json> v;

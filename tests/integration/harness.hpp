@@ -20,16 +20,16 @@ struct RunResult {
 };
 
 struct RunOptions {
-  fs::path cwd;                               // empty: the test's scratch directory
-  std::map<std::string, std::string> env;     // set in the child
-  std::vector<std::string> unset_env;         // removed in the child (besides the defaults)
-  double timeout_s = 60;                      // the child is killed after this
+  fs::path cwd;                            // empty: the test's scratch directory
+  std::map<std::string, std::string> env;  // set in the child
+  std::vector<std::string> unset_env;      // removed in the child (besides the defaults)
+  double timeout_s = 60;                   // the child is killed after this
 };
 
 // Runs TESSERA_BINARY with `args`. The child's environment drops the
 // launcher variables (RANK, WORLD_SIZE, LOCAL_RANK, ...) and
 // TESSERA_PLUGIN_PATH so that every test starts from the same place.
-RunResult tessera(const std::vector<std::string> &args, const RunOptions &opts = {});
+RunResult run_cli(const std::vector<std::string> &args, const RunOptions &opts = {});
 
 // A message for REQUIRE/INFO: the command's exit status and output.
 std::string describe(const RunResult &r);
@@ -56,7 +56,8 @@ Dataset write_dataset(const fs::path &dir);
 
 // A complete test config (TOML text) training an MLP on `data` with its
 // run directory at `run_dir`. `extra` is appended verbatim.
-std::string config_text(const Dataset &data, const fs::path &run_dir, const std::string &extra = "");
+std::string config_text(const Dataset &data, const fs::path &run_dir,
+                        const std::string &extra = "");
 
 // Writes data + config under scratch(); returns the config path. The run
 // directory is scratch()/"run" unless given.
@@ -67,7 +68,7 @@ struct Setup {
 };
 Setup setup(const std::string &extra = "", const std::string &name = "run");
 
-// The train and eval lines of a metrics.jsonl.
+// The loss of every train line of a metrics.jsonl, in order.
 std::vector<double> train_losses(const std::vector<nlohmann::json> &metrics);
 
 // Lines of `text`.

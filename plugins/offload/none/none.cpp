@@ -1,7 +1,8 @@
 // Offload "none": the fp32 master weights and optimizer state live on the
-// device where compute runs, and the optimizer step runs there too. With
-// fp32 compute the master copy is the compute parameters themselves.
+// device where compute runs, and the optimizer step runs there too. The
+// optimizer writes the updated compute parameters in the same pass.
 #include <cstring>
+#include <string>
 #include <tessera/cpp/plugin.hpp>
 #include <vector>
 
@@ -14,17 +15,13 @@ struct None {
   size_t n = 0;
   const tsr_optimizer_vtable *opt = nullptr;
   void *opt_self = nullptr;
-  DLTensor params{};
-  float *master = nullptr;  // aliases params when they are fp32
-  Buffer master_buf;
+  DLDevice device{};
+  DLDataType compute_dtype{};
+  Buffer master;
   std::vector<Buffer> state_bufs;
   std::vector<float *> state;
   std::vector<float *> state_at;  // per-step offsets into state
 };
-
-bool is_f32(const DLDataType &t) {
-  return t.code == kDLFloat && t.bits == 32 && t.lanes == 1;
-}
 
 tsr_status create(const tsr_host *host, const tsr_config *, void **out) {
   return guard(host, [&] {
@@ -41,20 +38,16 @@ void destroy(void *self) {
 tsr_status setup(void *self, const tsr_offload_setup *st) {
   auto *s = static_cast<None *>(self);
   return guard(s->host, [&] {
-    if (st->params.device.device_type != kDLCPU)
-      throw Error(TSR_ERR_UNSUPPORTED, "offload none: only CPU parameters in this build");
-    if (!is_f32(st->params.dtype))
-      throw Error(TSR_ERR_UNSUPPORTED,
-                  "offload none: the CPU path keeps fp32 parameters (run.precision = \"fp32\")");
+    if (st->device.device_type != kDLCPU)
+      throw Error(TSR_ERR_UNSUPPORTED, "offload none: only CPU devices in this build");
     s->n = st->n;
     s->opt = st->optimizer;
     s->opt_self = st->optimizer_self;
-    s->params = st->params;
-    s->master =
-        reinterpret_cast<float *>(static_cast<char *>(st->params.data) + st->params.byte_offset);
+    s->device = st->device;
+    s->compute_dtype = st->compute_dtype;
+    s->master = Buffer(s->host, s->device, s->n * sizeof(float), TSR_MEM_OPTIMIZER);
     for (uint32_t i = 0; i < st->state_count; ++i) {
-      s->state_bufs.emplace_back(s->host, st->params.device, s->n * sizeof(float),
-                                 TSR_MEM_OPTIMIZER);
+      s->state_bufs.emplace_back(s->host, s->device, s->n * sizeof(float), TSR_MEM_OPTIMIZER);
       s->state.push_back(s->state_bufs.back().as<float>());
     }
     s->state_at.resize(st->state_count);
@@ -64,17 +57,15 @@ tsr_status setup(void *self, const tsr_offload_setup *st) {
 tsr_status step(void *self, const tsr_offload_step *st) {
   auto *s = static_cast<None *>(self);
   return guard(s->host, [&] {
-    if (st->offset + st->count > s->n)
+    if (st->offset > s->n || st->count > s->n - st->offset)
       throw Error(TSR_ERR_INVALID, "offload none: step range past the owned elements");
-    if (!is_f32(st->grads->dtype))
-      throw Error(TSR_ERR_UNSUPPORTED, "offload none: gradients must be fp32 on CPU");
-    const float *g = reinterpret_cast<const float *>(static_cast<const char *>(st->grads->data) +
-                                                     st->grads->byte_offset);
+    if (s->compute_dtype.code != kDLFloat || s->compute_dtype.bits != 32)
+      throw Error(TSR_ERR_UNSUPPORTED, "offload none: CPU gradients must be fp32");
     for (size_t i = 0; i < s->state.size(); ++i) s->state_at[i] = s->state[i] + st->offset;
     auto a = make<tsr_optimizer_step_args>();
-    a.device = s->params.device;
-    a.params = s->master + st->offset;
-    a.grads = g + st->offset;
+    a.device = s->device;
+    a.params = s->master.as<float>() + st->offset;
+    a.grads = static_cast<const float *>(st->grads);
     a.state = s->state_at.data();
     a.n = st->count;
     a.segments = st->segments;
@@ -82,19 +73,23 @@ tsr_status step(void *self, const tsr_offload_step *st) {
     a.lr = st->lr;
     a.grad_scale = st->grad_scale;
     a.step = st->step;
-    a.stream = nullptr;
-    a.compute_params = nullptr;  // master is the compute copy
+    a.compute_params = st->params;  // written in the same pass as the master
+    a.compute_dtype = s->compute_dtype;
     check(s->opt->step(s->opt_self, &a));
   });
 }
 
+tsr_status flush(void *) {
+  return TSR_OK;
+}  // every step completes before returning
+
 tsr_status copy_state(None *s, uint32_t slot, size_t offset, size_t count, float *dst,
                       const float *src) {
   return guard(s->host, [&] {
-    if (offset + count > s->n)
+    if (offset > s->n || count > s->n - offset)
       throw Error(TSR_ERR_INVALID, "offload none: state range past the owned elements");
-    float *base =
-        slot == 0 ? s->master : (slot - 1 < s->state.size() ? s->state[slot - 1] : nullptr);
+    float *base = slot == 0 ? s->master.as<float>()
+                            : (slot - 1 < s->state.size() ? s->state[slot - 1] : nullptr);
     if (!base) throw Error(TSR_ERR_INVALID, "offload none: no state slot " + std::to_string(slot));
     if (dst)
       std::memcpy(dst, base + offset, count * sizeof(float));
@@ -112,7 +107,7 @@ tsr_status write_state(void *self, uint32_t slot, size_t offset, size_t count, c
 }
 
 const tsr_offload_vtable kVtable = {
-    sizeof(tsr_offload_vtable), create, destroy, setup, step, read_state, write_state};
+    sizeof(tsr_offload_vtable), create, destroy, setup, step, flush, read_state, write_state};
 
 const tsr_plugin_descriptor kNone = {sizeof(tsr_plugin_descriptor),
                                      TSR_KIND_OFFLOAD,

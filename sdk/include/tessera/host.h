@@ -115,15 +115,20 @@ typedef struct tsr_host {
    * the rank when `per_rank` is non-zero, and the name. */
   uint64_t (*seed_for)(tsr_host_ctx *ctx, const char *stream, int32_t per_rank);
 
-  /* The step context, valid inside model forward/backward: views of a
-   * declared parameter (by index) and of its gradient, in compute precision,
-   * on the run's device. Gradients accumulate: the model adds into them
-   * (the host zeroes them at the start of each optimizer step).
-   * grads_done(g) tells the engine that group g's gradients for this
-   * micro-batch are final, so their reduction may start. */
+  /* The step context, valid inside model forward/backward. param gives a
+   * view of declared parameter `index` in compute precision on the run's
+   * device; grad gives its gradient buffer, which the model adds into.
+   * Views stay valid until the model says it is done with the parameter's
+   * group (params_done in forward, grads_done in backward) or the pass
+   * ends; under ZeRO stage 3 the group is gathered on demand and released
+   * then, so take views just before use.
+   * grads_done(g): group g's gradients for this micro-batch are final, so
+   * their reduction may start. params_done(g): the model needs group g's
+   * parameters no more in this forward pass. */
   tsr_status (*param)(tsr_step *step, uint32_t index, DLTensor *out);
   tsr_status (*grad)(tsr_step *step, uint32_t index, DLTensor *out);
   tsr_status (*grads_done)(tsr_step *step, uint32_t group);
+  tsr_status (*params_done)(tsr_step *step, uint32_t group);
 } tsr_host;
 
 #endif /* TESSERA_HOST_H */

@@ -1,0 +1,55 @@
+// A worker's place in a multi-process job: the rendezvous store (served here
+// when rank 0 runs under another launcher), the abort watch, and the Gloo
+// communicator.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "dist/gloo_comm.hpp"
+#include "dist/store.hpp"
+
+namespace tessera {
+
+struct DistOptions {
+  uint32_t rank = 0, world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  uint16_t master_port = 29500;
+  bool serve_store = false;  // rank 0 without our launcher
+  int timeout_s = 300;
+  std::string interface;
+};
+
+// Reads MASTER_ADDR/MASTER_PORT and whether our launcher serves the store.
+DistOptions dist_options_from_env(uint32_t rank, uint32_t world, int timeout_s,
+                                  const std::string &iface);
+
+class DistContext {
+ public:
+  explicit DistContext(const DistOptions &opt);
+  ~DistContext();
+  DistContext(const DistContext &) = delete;
+  DistContext &operator=(const DistContext &) = delete;
+
+  const tsr_comm *comm() const { return GlooComm::table(); }
+  void *comm_state() { return gloo_.get(); }
+  // Tells every rank this one failed; they stop with "rank r failed: reason".
+  void post_abort(const std::string &reason);
+
+  // The context of this process, if any (for the fatal-error path).
+  static DistContext *current();
+
+ private:
+  void watch();
+
+  DistOptions opt_;
+  std::unique_ptr<StoreServer> server_;
+  std::unique_ptr<StoreClient> client_, watch_client_;
+  std::unique_ptr<GlooComm> gloo_;
+  std::atomic<bool> stopping_{false};
+  std::thread watcher_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,72 @@
+// Collectives across CPU ranks on Gloo (TCP transport), behind the ABI's
+// tsr_comm table. Every collective runs on one communication thread, in
+// the order it was issued, so reductions overlap the caller's compute; each
+// has a timeout whose error names the operation and the ranks that had not
+// reached it.
+#pragma once
+
+#include <tessera/host.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "dist/store.hpp"
+
+namespace gloo {
+class Context;
+}
+
+namespace tessera {
+
+class GlooComm {
+ public:
+  // Connects every rank through the store (keys under `prefix`). `iface`
+  // names the network interface to bind ("" for the store's route).
+  GlooComm(StoreClient &store, uint32_t rank, uint32_t world, std::chrono::seconds timeout,
+           const std::string &iface, const std::string &hostname, const std::string &prefix);
+  ~GlooComm();
+
+  // The ABI table; its functions find this object through the host ctx.
+  static const tsr_comm *table();
+
+  // Queues a collective; returns its work item (nullptr when `blocking`
+  // ran it to completion already). `name` names it in errors.
+  tsr_status submit(tsr_host_ctx *ctx, const char *name, std::function<void()> fn,
+                    tsr_comm_work **work);
+  tsr_status wait(tsr_host_ctx *ctx, tsr_comm_work *work);
+
+  std::shared_ptr<gloo::Context> context() const { return context_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  uint32_t rank() const { return rank_; }
+  uint32_t world() const { return world_; }
+  // Scratch for reduce-scatter, grown on demand (communication thread only).
+  void *scratch(size_t bytes);
+
+ private:
+  struct Work;
+  void loop();
+  std::string missing_ranks(int64_t seq);
+
+  StoreClient &store_;
+  uint32_t rank_, world_;
+  std::chrono::milliseconds timeout_;
+  std::string prefix_;
+  std::shared_ptr<gloo::Context> context_;
+  std::vector<char> scratch_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Work>> queue_;
+  bool stop_ = false;
+  int64_t seq_ = 0;     // collectives issued by this rank
+  std::string broken_;  // the first failure; every later collective fails with it
+  std::thread thread_;
+};
+
+}  // namespace tessera

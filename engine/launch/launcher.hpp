@@ -1,0 +1,22 @@
+// `tessera run -n N`: starts N workers of this binary, prefixes their
+// output with the rank, serves the rendezvous store, and supervises them.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace tessera {
+
+struct LaunchOptions {
+  int nproc = 1;       // workers on this node (-n)
+  int nnodes = 1;      // --nnodes
+  int node_rank = 0;   // --node-rank
+  std::string master;  // --master host:port ("" on one node: loopback, a free port)
+  double grace_s = 5;  // SIGTERM to SIGKILL
+};
+
+// Runs the job; returns the launcher's exit status (0 when every worker
+// succeeded). `worker_args` are the arguments after `tessera`.
+int launch(const LaunchOptions &opt, const std::vector<std::string> &worker_args);
+
+}  // namespace tessera

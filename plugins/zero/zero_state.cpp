@@ -1,0 +1,298 @@
+#include "zero_state.hpp"
+
+#include <algorithm>
+#include <string>
+
+namespace tessera::zero {
+
+using sdk::check;
+using sdk::Error;
+
+ZeroState::~ZeroState() {
+  // Reductions still in flight reference our buffers: let them land.
+  for (auto &p : pending_)
+    if (p.work) host_->comm->wait(host_->ctx, p.work);
+  for (auto &[g, l] : live_)
+    if (l.work) host_->comm->wait(host_->ctx, l.work);
+}
+
+void ZeroState::plan(tsr_zero_plan *out) const {
+  *out = sdk::make<tsr_zero_plan>();
+  out->partition_optimizer = opt_.stage >= 1;
+  out->partition_grads = opt_.stage >= 2;
+  out->partition_params = opt_.stage >= 3;
+}
+
+DLTensor ZeroState::view(void *data, size_t count) {
+  int64_t *shape = &shapes_[next_shape_++ % 8];
+  *shape = static_cast<int64_t>(count);
+  return sdk::view(data, device_, dtype_, 1, shape);
+}
+
+void ZeroState::setup(const tsr_zero_setup *s) {
+  rank_ = host_->run->rank;
+  world_ = host_->run->world_size;
+  device_ = s->device;
+  dtype_ = s->dtype;
+  esize_ = (dtype_.bits * dtype_.lanes + 7) / 8;
+  offset_.assign(s->group_offset, s->group_offset + s->num_groups);
+  size_.assign(s->group_size, s->group_size + s->num_groups);
+  total_ = s->total;
+  for (size_t g = 0; g < size_.size(); ++g)
+    if (size_[g] % world_ != 0)
+      throw Error(TSR_ERR_INVALID, "zero: group " + std::to_string(g) + " size " +
+                                       std::to_string(size_[g]) +
+                                       " is not a multiple of the world size");
+  // Owned elements: everything for stage 0, slice `rank` of each group otherwise.
+  owned_offset_.resize(size_.size());
+  owned_total_ = 0;
+  for (size_t g = 0; g < size_.size(); ++g) {
+    owned_offset_[g] = owned_total_;
+    owned_total_ += opt_.stage == 0 ? size_[g] : per(static_cast<uint32_t>(g));
+  }
+  DLDevice host_mem{kDLCPU, 0};
+  auto upload = [&](void *dst, const void *src, size_t count) {
+    // Initial values come from host memory; copy through the ops so the
+    // destination may live on a device.
+    int64_t n = static_cast<int64_t>(count);
+    DLTensor from = sdk::view(const_cast<void *>(src), host_mem, dtype_, 1, &n);
+    DLTensor to = view(dst, count);
+    check(host_->ops->copy(host_->ctx, &from, &to));
+  };
+  if (opt_.stage < 3) {
+    params_ = sdk::Buffer(host_, device_, total_ * esize_, TSR_MEM_PARAMS);
+    upload(params_.get(), s->initial_params, total_);
+  } else {
+    params_ = sdk::Buffer(host_, device_, owned_total_ * esize_, TSR_MEM_PARAMS);
+    for (uint32_t g = 0; g < size_.size(); ++g)
+      upload(at(params_.get(), owned_offset_[g]),
+             static_cast<const char *>(s->initial_params) + (offset_[g] + rank_ * per(g)) * esize_,
+             per(g));
+  }
+  if (!s->training) return;  // a frozen model keeps no gradients
+  size_t grad_elems = opt_.stage < 2 ? total_ : owned_total_;
+  grads_ = sdk::Buffer(host_, device_, grad_elems * esize_, TSR_MEM_GRADS);
+  DLTensor gv = view(grads_.get(), grad_elems);
+  check(host_->ops->fill(host_->ctx, &gv, 0.f));
+}
+
+void ZeroState::ranges(tsr_range_fn fn, void *ctx) {
+  for (uint32_t g = 0; g < size_.size(); ++g) {
+    tsr_owned_range r = sdk::make<tsr_owned_range>();
+    r.owned_offset = owned_offset_[g];
+    r.flat_offset = opt_.stage == 0 ? offset_[g] : offset_[g] + rank_ * per(g);
+    r.count = opt_.stage == 0 ? size_[g] : per(g);
+    switch (opt_.stage) {
+      case 0:
+        r.grads = at(grads_.get(), offset_[g]);
+        break;
+      case 1:
+        r.grads = at(grads_.get(), r.flat_offset);
+        break;
+      default:
+        r.grads = at(grads_.get(), r.owned_offset);
+        break;
+    }
+    r.params =
+        opt_.stage < 3 ? at(params_.get(), r.flat_offset) : at(params_.get(), r.owned_offset);
+    check(fn(ctx, &r));
+  }
+}
+
+// ---- parameters -----------------------------------------------------------
+
+void ZeroState::gather(uint32_t g) {
+  // Stage 3: all-gather group g's slices into a full-size buffer.
+  Live &l = live_[g];
+  if (!spare_.empty() && spare_.back().bytes() >= size_[g] * esize_) {
+    l.buf = std::move(spare_.back());
+    spare_.pop_back();
+  } else {
+    size_t biggest = *std::max_element(size_.begin(), size_.end());
+    l.buf = sdk::Buffer(host_, device_, biggest * esize_, TSR_MEM_PARAMS);
+  }
+  DLTensor in = view(at(params_.get(), owned_offset_[g]), per(g));
+  DLTensor out = view(l.buf.get(), size_[g]);
+  check(host_->comm->all_gather(host_->ctx, &in, &out, opt_.prefetch ? &l.work : nullptr));
+}
+
+void ZeroState::wait_live(Live &l) {
+  if (!l.work) return;
+  tsr_comm_work *w = l.work;
+  l.work = nullptr;
+  check(host_->comm->wait(host_->ctx, w));
+}
+
+void *ZeroState::params(uint32_t g, bool backward) {
+  if (g >= size_.size())
+    throw Error(TSR_ERR_INVALID, "zero: group " + std::to_string(g) + " out of range");
+  if (opt_.stage < 3) return at(params_.get(), offset_[g]);
+  if (!live_.count(g)) gather(g);
+  Live &l = live_[g];
+  wait_live(l);
+  l.in_use = true;
+  // Prefetch the group the pass needs next while this one computes.
+  if (opt_.prefetch) {
+    int64_t next = backward ? static_cast<int64_t>(g) - 1 : static_cast<int64_t>(g) + 1;
+    if (next >= 0 && next < static_cast<int64_t>(size_.size()) &&
+        !live_.count(static_cast<uint32_t>(next)))
+      gather(static_cast<uint32_t>(next));
+  }
+  return l.buf.get();
+}
+
+void ZeroState::params_done(uint32_t g) {
+  if (opt_.stage < 3) return;
+  auto it = live_.find(g);
+  if (it == live_.end()) return;
+  wait_live(it->second);
+  spare_.push_back(std::move(it->second.buf));
+  live_.erase(it);
+}
+
+void ZeroState::end_pass() {
+  if (opt_.stage < 3) return;
+  for (auto &[g, l] : live_) {
+    wait_live(l);
+    spare_.push_back(std::move(l.buf));
+  }
+  live_.clear();
+  // Keep at most two spare buffers: the current group and the prefetch.
+  while (spare_.size() > 2) spare_.pop_back();
+}
+
+// ---- gradients ------------------------------------------------------------
+
+void *ZeroState::grads(uint32_t g) {
+  if (g >= size_.size())
+    throw Error(TSR_ERR_INVALID, "zero: group " + std::to_string(g) + " out of range");
+  if (!grads_.get()) throw Error(TSR_ERR_INVALID, "zero: no gradients for a frozen model");
+  if (opt_.stage < 2) return at(grads_.get(), offset_[g]);
+  auto it = active_grads_.find(g);
+  if (it != active_grads_.end()) return it->second.get();
+  sdk::Buffer b(host_, device_, size_[g] * esize_, TSR_MEM_COMM);
+  DLTensor v = view(b.get(), size_[g]);
+  check(host_->ops->fill(host_->ctx, &v, 0.f));
+  void *p = b.get();
+  active_grads_.emplace(g, std::move(b));
+  return p;
+}
+
+void ZeroState::launch_bucket() {
+  if (bucket_lo_ < 0) return;
+  size_t lo = offset_[static_cast<size_t>(bucket_lo_)];
+  size_t hi = offset_[static_cast<size_t>(bucket_hi_)] + size_[static_cast<size_t>(bucket_hi_)];
+  DLTensor t = view(at(grads_.get(), lo), hi - lo);
+  Pending p;
+  check(host_->comm->all_reduce(host_->ctx, &t, TSR_REDUCE_AVG, opt_.overlap ? &p.work : nullptr));
+  if (p.work) pending_.push_back(std::move(p));
+  bucket_lo_ = bucket_hi_ = -1;
+}
+
+void ZeroState::grads_done(uint32_t g, bool last_micro) {
+  if (g >= size_.size())
+    throw Error(TSR_ERR_INVALID, "zero: group " + std::to_string(g) + " out of range");
+  if (opt_.stage < 2) {
+    // Gradients accumulate locally over micro-batches; the sum crosses the
+    // network once, in buckets of neighbouring groups.
+    if (!last_micro || world_ == 1) return;
+    if (bucket_lo_ >= 0 && static_cast<int64_t>(g) + 1 != bucket_lo_) launch_bucket();
+    if (bucket_lo_ < 0) bucket_hi_ = g;
+    bucket_lo_ = g;
+    size_t lo = offset_[static_cast<size_t>(bucket_lo_)];
+    size_t hi = offset_[static_cast<size_t>(bucket_hi_)] + size_[static_cast<size_t>(bucket_hi_)];
+    if (static_cast<double>((hi - lo) * esize_) >= opt_.bucket_mb * 1048576.0) launch_bucket();
+    return;
+  }
+  // Backward is done with group g's parameters.
+  if (opt_.stage == 3) params_done(g);
+  // Stages 2-3: reduce-scatter this micro-batch's group gradients now, so
+  // only this rank's slice is kept.
+  auto it = active_grads_.find(g);
+  if (it == active_grads_.end()) return;  // the model produced no gradient for g
+  Pending p;
+  p.group = g;
+  p.bucket = std::move(it->second);
+  active_grads_.erase(it);
+  p.scratch = sdk::Buffer(host_, device_, per(g) * esize_, TSR_MEM_COMM);
+  DLTensor in = view(p.bucket.get(), size_[g]);
+  DLTensor out = view(p.scratch.get(), per(g));
+  check(host_->comm->reduce_scatter(host_->ctx, &in, &out, TSR_REDUCE_AVG,
+                                    opt_.overlap ? &p.work : nullptr));
+  if (p.work) {
+    pending_.push_back(std::move(p));
+  } else {
+    complete(p);
+  }
+}
+
+void ZeroState::complete(Pending &p) {
+  if (p.work) {
+    tsr_comm_work *w = p.work;
+    p.work = nullptr;
+    check(host_->comm->wait(host_->ctx, w));
+  }
+  if (opt_.stage >= 2 && p.scratch.get()) {
+    DLTensor src = view(p.scratch.get(), per(p.group));
+    DLTensor dst = view(at(grads_.get(), owned_offset_[p.group]), per(p.group));
+    check(host_->ops->axpy(host_->ctx, 1.f, &src, &dst));
+  }
+}
+
+void ZeroState::finish_grads() {
+  launch_bucket();
+  std::vector<Pending> pending;
+  pending.swap(pending_);
+  for (auto &p : pending) complete(p);
+  // Groups the model touched but never declared done are reduced now.
+  if (opt_.stage >= 2 && !active_grads_.empty()) {
+    std::vector<uint32_t> left;
+    for (auto &[g, b] : active_grads_) left.push_back(g);
+    for (uint32_t g : left) grads_done(g, true);
+    pending.clear();
+    pending.swap(pending_);
+    for (auto &p : pending) complete(p);
+  }
+}
+
+double ZeroState::grad_norm_sq() {
+  double sq = 0;
+  if (opt_.stage < 2) {
+    // Every rank holds the whole averaged gradient: no communication.
+    DLTensor t = view(grads_.get(), total_);
+    check(host_->ops->sum_squares(host_->ctx, &t, &sq));
+    return sq;
+  }
+  DLTensor t = view(grads_.get(), owned_total_);
+  check(host_->ops->sum_squares(host_->ctx, &t, &sq));
+  if (world_ == 1) return sq;
+  double buf = sq;
+  int64_t one = 1;
+  DLTensor d = sdk::view(&buf, DLDevice{kDLCPU, 0}, DLDataType{kDLFloat, 64, 1}, 1, &one);
+  check(host_->comm->all_reduce(host_->ctx, &d, TSR_REDUCE_SUM, nullptr));
+  return buf;
+}
+
+void ZeroState::step(const tsr_zero_step *st) {
+  ranges(st->update, st->ctx);
+  check(st->flush(st->ctx));
+  // Re-share: stages 1-2 hold full parameters but updated only their slice.
+  if ((opt_.stage == 1 || opt_.stage == 2) && world_ > 1) {
+    sdk::Buffer scratch;
+    for (uint32_t g = 0; g < size_.size(); ++g) {
+      if (scratch.bytes() < per(g) * esize_)
+        scratch = sdk::Buffer(host_, device_, per(g) * esize_, TSR_MEM_COMM);
+      DLTensor mine = view(at(params_.get(), offset_[g] + rank_ * per(g)), per(g));
+      DLTensor tmp = view(scratch.get(), per(g));
+      check(host_->ops->copy(host_->ctx, &mine, &tmp));
+      DLTensor full = view(at(params_.get(), offset_[g]), size_[g]);
+      check(host_->comm->all_gather(host_->ctx, &tmp, &full, nullptr));
+    }
+  }
+  // Fresh gradients for the next step.
+  size_t grad_elems = opt_.stage < 2 ? total_ : owned_total_;
+  DLTensor gv = view(grads_.get(), grad_elems);
+  check(host_->ops->fill(host_->ctx, &gv, 0.f));
+}
+
+}  // namespace tessera::zero

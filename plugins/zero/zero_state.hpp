@@ -1,0 +1,90 @@
+// The state behind the four ZeRO stages: one implementation, configured by
+// the stage number, because the stages differ only in what they partition.
+//
+//   stage 0: full parameters, full gradients (all-reduced in buckets)
+//   stage 1: + optimizer state partitioned (each rank updates its slice,
+//              then all-gathers parameters)
+//   stage 2: + gradients partitioned (reduce-scatter per group as backward
+//              finishes it; each rank keeps only its slice)
+//   stage 3: + parameters partitioned (each rank keeps its slice; a group is
+//              all-gathered when the model asks for it, released after use,
+//              and the next one prefetched)
+//
+// Everything numeric goes through the host's ops and collectives, so the
+// same code serves CPU (Gloo) and GPU (NCCL) runs.
+#pragma once
+
+#include <map>
+#include <tessera/cpp/plugin.hpp>
+#include <vector>
+
+namespace tessera::zero {
+
+struct Options {
+  int stage = 0;
+  double bucket_mb = 25;  // stage 0/1 all-reduce bucket (DeepSpeed reduce_bucket_size)
+  bool overlap = true;    // start reductions during backward (DeepSpeed overlap_comm)
+  bool prefetch = true;   // stage 3: gather the next group ahead of use
+};
+
+class ZeroState {
+ public:
+  ZeroState(const tsr_host *host, Options opt) : host_(host), opt_(opt) {}
+  ~ZeroState();
+
+  void plan(tsr_zero_plan *out) const;
+  void setup(const tsr_zero_setup *s);
+  size_t owned_count() const { return owned_total_; }
+  void ranges(tsr_range_fn fn, void *ctx);
+  void *params(uint32_t g, bool backward);
+  void params_done(uint32_t g);
+  void *grads(uint32_t g);
+  void grads_done(uint32_t g, bool last_micro);
+  void end_pass();
+  void finish_grads();
+  double grad_norm_sq();
+  void step(const tsr_zero_step *st);
+
+ private:
+  struct Live {  // a gathered group (stage 3)
+    sdk::Buffer buf;
+    tsr_comm_work *work = nullptr;  // pending gather
+    bool in_use = false;
+  };
+  struct Pending {  // a reduction in flight
+    tsr_comm_work *work = nullptr;
+    uint32_t group = 0;
+    sdk::Buffer bucket;   // stage 2/3: the group's full gradients
+    sdk::Buffer scratch;  // stage 2/3: this rank's reduced slice
+  };
+
+  DLTensor view(void *data, size_t count);
+  size_t per(uint32_t g) const { return size_[g] / world_; }
+  void *at(void *base, size_t elems) const { return static_cast<char *>(base) + elems * esize_; }
+  void launch_bucket();
+  void complete(Pending &p);
+  void gather(uint32_t g);
+  void wait_live(Live &l);
+
+  const tsr_host *host_;
+  Options opt_;
+  uint32_t rank_ = 0, world_ = 1;
+  DLDevice device_{};
+  DLDataType dtype_{};
+  size_t esize_ = 4;
+  std::vector<size_t> offset_, size_, owned_offset_;
+  size_t total_ = 0, owned_total_ = 0;
+
+  sdk::Buffer params_;                            // stage 0-2: full; stage 3: this rank's slices
+  sdk::Buffer grads_;                             // stage 0-1: full; stage 2-3: this rank's slices
+  std::map<uint32_t, sdk::Buffer> active_grads_;  // stage 2-3: groups being accumulated
+  std::map<uint32_t, Live> live_;                 // stage 3: gathered groups
+  std::vector<sdk::Buffer> spare_;                // stage 3: released gather buffers
+  std::vector<Pending> pending_;
+  // stage 0-1 bucket being filled: groups [bucket_lo_, bucket_hi_]
+  int64_t bucket_lo_ = -1, bucket_hi_ = -1;
+  int64_t shapes_[8] = {};  // a ring: views live only for one call
+  unsigned next_shape_ = 0;
+};
+
+}  // namespace tessera::zero
