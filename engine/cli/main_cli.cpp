@@ -1,4 +1,5 @@
 // Command dispatch and the top-level help.
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <cstdio>
@@ -28,6 +29,9 @@ Run 'tessera <command> --help' for a command's options.
 }  // namespace
 
 int main(int argc, char **argv) {
+  // Logs go to stderr: stdout carries progress and command output (so
+  // `tessera config convert ds.json > ds.toml` writes clean TOML).
+  spdlog::set_default_logger(spdlog::stderr_color_mt("tessera"));
   spdlog::set_pattern("[%H:%M:%S] %^%l%$: %v");
   Args args(argv + 1, argv + argc);
   if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {

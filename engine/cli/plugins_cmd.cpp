@@ -18,8 +18,10 @@ devices and the library it lives in, then any library that was refused
 and why. 'show' prints one plugin's summary and every parameter with its
 type, default and documentation.
 
-Plugins are searched in --plugin-path, TESSERA_PLUGIN_PATH (colon-separated),
-run.plugin_path, and lib/tessera/plugins next to the binary.
+Plugins are searched in --plugin-path, then TESSERA_PLUGIN_PATH
+(colon-separated), then lib/tessera/plugins next to the binary, then the
+install prefix. (A run also searches its config's run.plugin_path, after
+--plugin-path.)
 )";
 
 const char *kVersionUsage =
@@ -55,12 +57,11 @@ int plugins_body(const Parsed &p) {
       std::printf("%s %s %s: %s\n  devices: %s\n  file: %s\n", e->kind.c_str(), d->name,
                   d->version ? d->version : "?", d->summary ? d->summary : "",
                   devices_of(d->devices).c_str(), e->file.c_str());
-      if (d->num_params == 0)
+      if (e->params.empty())
         std::printf("  parameters: none\n");
       else
         std::printf("  parameters:\n");
-      for (size_t i = 0; i < d->num_params; ++i) {
-        const auto &pd = d->params[i];
+      for (const auto &pd : e->params) {
         std::string range;
         if (pd.has_min || pd.has_max) {
           char buf[96];

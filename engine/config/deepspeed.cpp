@@ -104,6 +104,9 @@ struct Mapper {
       fail("optimizer.type", "'" + type + "' is not supported (SGD, Adam, AdamW)");
     }
     for (const auto &[k, v] : params.items()) {
+      if (k == "amsgrad" && v == true)
+        fail("optimizer.params.amsgrad",
+             "AMSGrad is not supported by tessera's adam; remove it or set false");
       if (k == "adam_w_mode" || k == "torch_adam" || (k == "amsgrad" && v == false)) continue;
       if (!keys.count(k)) {
         doc.warn(path + ": optimizer.params." + k + " is not used by tessera's " + lower +
@@ -253,8 +256,28 @@ struct Mapper {
           doc.warn(path + ": zero_optimization.offload_optimizer." + k +
                    " is not used by tessera; ignored");
     }
+    // Bucket size: DeepSpeed counts elements; ours is MiB of fp32 gradients.
+    if (z.contains("reduce_bucket_size")) {
+      const json &b = z["reduce_bucket_size"];
+      if (!b.is_number() || b.get<double>() <= 0)
+        fail("zero_optimization.reduce_bucket_size", "expected a positive number of elements");
+      doc.set("zero.bucket_mb", toml::value<double>(b.get<double>() * 4.0 / 1048576.0),
+              origin("zero_optimization.reduce_bucket_size"));
+    }
+    if (z.contains("overlap_comm")) {
+      if (!z["overlap_comm"].is_boolean())
+        fail("zero_optimization.overlap_comm", "expected true or false");
+      doc.set("zero.overlap_comm", toml::value<bool>(z["overlap_comm"].get<bool>()),
+              origin("zero_optimization.overlap_comm"));
+    }
+    if (z.contains("stage3_prefetch_bucket_size") && z["stage3_prefetch_bucket_size"].is_number() &&
+        z.value("stage", 0) == 3)
+      doc.set("zero.prefetch",
+              toml::value<bool>(z["stage3_prefetch_bucket_size"].get<double>() > 0),
+              origin("zero_optimization.stage3_prefetch_bucket_size"));
     for (const auto &[k, v] : z.items())
-      if (k != "stage" && k != "offload_optimizer")
+      if (k != "stage" && k != "offload_optimizer" && k != "reduce_bucket_size" &&
+          k != "overlap_comm" && k != "stage3_prefetch_bucket_size")
         doc.warn(path + ": zero_optimization." + k + " is not used by tessera; ignored");
   }
 

@@ -179,10 +179,4 @@ std::string did_you_mean(const std::string &key, const std::vector<std::string> 
   return best;
 }
 
-std::string to_toml(const toml::table &t) {
-  std::ostringstream os;
-  os << toml::toml_formatter(t);
-  return os.str();
-}
-
 }  // namespace tessera::config

@@ -87,8 +87,6 @@ const tsr_param_decl kCheckpoint[] = {
     param("dir", TSR_PARAM_STRING, "\"\"", "where checkpoints go; empty: <run dir>/ckpt"),
     param_min("every", TSR_PARAM_INT, "0", "save every N steps; 0: only at the end", 0),
     param_min("keep", TSR_PARAM_INT, "3", "checkpoints kept; older ones are removed", 1),
-    param("resume", TSR_PARAM_STRING, "\"\"",
-          "\"auto\" (latest, if any), a checkpoint path, or empty"),
 };
 
 const tsr_param_decl kComm[] = {
@@ -236,9 +234,11 @@ Settings resolve_settings(const Document &doc, uint32_t world, toml::table *reso
     if (const char *e = std::getenv("GLOO_SOCKET_IFNAME")) s.comm_interface = e;
   s.ckpt_dir = str("checkpoint", "dir");
   if (s.ckpt_dir.empty()) s.ckpt_dir = s.dir + "/ckpt";
+  // The resolved config shows where things actually go.
+  all["run"].as_table()->insert_or_assign("dir", s.dir);
+  all["checkpoint"].as_table()->insert_or_assign("dir", s.ckpt_dir);
   s.ckpt_every = i64("checkpoint", "every");
   s.ckpt_keep = i64("checkpoint", "keep");
-  s.resume = str("checkpoint", "resume");
   if (resolved_out) *resolved_out = std::move(all);
   return s;
 }

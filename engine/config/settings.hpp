@@ -48,7 +48,7 @@ struct Settings {
   int64_t comm_timeout_s = 300;
   std::string comm_interface;
   // [checkpoint]
-  std::string ckpt_dir, resume;
+  std::string ckpt_dir;
   int64_t ckpt_every = 0, ckpt_keep = 0;
 };
 

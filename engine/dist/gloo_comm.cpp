@@ -265,6 +265,29 @@ GlooComm::GlooComm(StoreClient &store, uint32_t rank, uint32_t world, std::chron
                                   ": Gloo could not connect the ranks: " + e.what());
   }
   thread_ = std::thread([this] { loop(); });
+  heartbeat_ = std::thread([this] { heartbeat(); });
+}
+
+void GlooComm::heartbeat() {
+  // Publishes which collective this rank has reached, twice a second, so a
+  // timed-out rank can name the peers that never arrived. Off the hot path:
+  // a store round trip per collective would cost more than small ones.
+  int64_t posted = -1;
+  std::unique_lock<std::mutex> lk(mu_);
+  while (!stop_) {
+    int64_t now = current_seq_;
+    if (now != posted) {
+      lk.unlock();
+      try {
+        store_.set(prefix_ + "/seq/" + std::to_string(rank_), std::to_string(now));
+        posted = now;
+      } catch (const std::exception &) {
+        return;  // the store is gone: the abort watch reports it
+      }
+      lk.lock();
+    }
+    cv_.wait_for(lk, std::chrono::milliseconds(500), [&] { return stop_; });
+  }
 }
 
 GlooComm::~GlooComm() {
@@ -274,6 +297,7 @@ GlooComm::~GlooComm() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  if (heartbeat_.joinable()) heartbeat_.join();
 }
 
 void *GlooComm::scratch(size_t bytes) {

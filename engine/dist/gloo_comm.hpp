@@ -7,6 +7,7 @@
 
 #include <tessera/host.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -51,6 +52,7 @@ class GlooComm {
  private:
   struct Work;
   void loop();
+  void heartbeat();
   std::string missing_ranks(int64_t seq);
 
   StoreClient &store_;
@@ -64,9 +66,10 @@ class GlooComm {
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Work>> queue_;
   bool stop_ = false;
-  int64_t seq_ = 0;     // collectives issued by this rank
-  std::string broken_;  // the first failure; every later collective fails with it
-  std::thread thread_;
+  int64_t seq_ = 0;                      // collectives issued by this rank
+  std::string broken_;                   // the first failure; every later collective fails with it
+  std::atomic<int64_t> current_seq_{0};  // the collective running now
+  std::thread thread_, heartbeat_;
 };
 
 }  // namespace tessera

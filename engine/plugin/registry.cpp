@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <boost/dll/shared_library.hpp>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 
 #include "config/config.hpp"
@@ -127,19 +128,36 @@ void Registry::load_file(const std::string &path) {
                                        " bytes ABI 1.0 requires");
     if (d->num_params > 0 && !d->params)
       throw Error(TSR_ERR_INVALID, at + " has a NULL params list");
-    for (size_t k = 0; k < d->num_params; ++k)
-      if (d->params[k].struct_size < sizeof(tsr_param_decl) || !d->params[k].name)
-        throw Error(TSR_ERR_INVALID, at + ": parameter #" + std::to_string(k) +
-                                         " is malformed (struct_size or name)");
+    std::vector<tsr_param_decl> params;
+    if (d->num_params > 0) {
+      // Elements are d->params[0].struct_size apart (append-only growth).
+      const size_t stride = d->params[0].struct_size;
+      if (stride < sizeof(tsr_param_decl) || stride > 4096)
+        throw Error(TSR_ERR_INVALID, at + ": parameter declarations are " + std::to_string(stride) +
+                                         " bytes; ABI 1.0 needs at least " +
+                                         std::to_string(sizeof(tsr_param_decl)));
+      const char *base = reinterpret_cast<const char *>(d->params);
+      for (size_t k = 0; k < d->num_params; ++k) {
+        tsr_param_decl pd;
+        std::memcpy(&pd, base + k * stride, sizeof pd);
+        if (pd.struct_size != stride || !pd.name || !*pd.name)
+          throw Error(TSR_ERR_INVALID,
+                      at + ": parameter #" + std::to_string(k) +
+                          " is malformed (struct_size differs from the first, or no name)");
+        pd.struct_size = sizeof pd;
+        params.push_back(pd);
+      }
+    }
     for (const auto &e : entries_)
       if (e.kind == kind && std::string(e.desc->name) == d->name)
         throw Error(TSR_ERR_INVALID, "two " + kind + " plugins named '" + d->name + "': " + e.file +
-                                         " and " + path + " (the second is ignored)");
+                                         " and " + path +
+                                         " (the library loaded second is refused)");
     for (const auto &e : found)
       if (e.kind == kind && std::string(e.desc->name) == d->name)
         throw Error(TSR_ERR_INVALID,
                     path + " declares two " + kind + " plugins named '" + d->name + "'");
-    found.push_back(PluginEntry{d, kind, path});
+    found.push_back(PluginEntry{d, std::move(params), kind, path});
   }
   for (auto &e : found) entries_.push_back(std::move(e));
   libs_->libs.push_back(std::move(lib));

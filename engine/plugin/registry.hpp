@@ -11,6 +11,10 @@ namespace tessera {
 
 struct PluginEntry {
   const tsr_plugin_descriptor *desc = nullptr;
+  // The declared parameters as this host's struct: a plugin built against a
+  // later minor version may declare larger structs, so the host steps
+  // through its array by the plugin's struct_size and keeps the 1.0 fields.
+  std::vector<tsr_param_decl> params;
   std::string kind;  // short kind name: "model", "optimizer", ...
   std::string file;  // the library it came from
 };

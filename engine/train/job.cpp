@@ -76,7 +76,8 @@ Job load_job(const JobOptions &opts, uint32_t world_size, bool training) {
       for (const auto &e : job.registry->plugins())
         if (e.kind == kind) known += std::string(" ") + e.desc->name;
       throw config::ConfigError(job.doc.where(section, node) + ": [" + section +
-                                "] needs 'plugin' (a " + kind +
+                                "] needs 'plugin' (" +
+                                (kind == "optimizer" || kind == "offload" ? "an " : "a ") + kind +
                                 " plugin; known:" + (known.empty() ? " none" : known) + ")");
     }
     if (!node && !needed && slot.default_plugin[0] == '\0') continue;
@@ -91,8 +92,7 @@ Job load_job(const JobOptions &opts, uint32_t world_size, bool training) {
     PluginChoice choice;
     choice.entry = entry;
     choice.values = config::validate_section(
-        job.doc, section,
-        std::span<const tsr_param_decl>(entry->desc->params, entry->desc->num_params), {"plugin"});
+        job.doc, section, std::span<const tsr_param_decl>(entry->params), {"plugin"});
     choice.values.erase("plugin");
     job.plugins[section] = std::move(choice);
   }

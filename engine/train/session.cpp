@@ -15,9 +15,20 @@ void plugin_ok(Host &host, tsr_status s, const std::string &what) {
 
 namespace {
 
+// A plugin must declare the device the run computes on.
+void check_device(Session &s, const PluginChoice &c, const std::string &section) {
+  const bool cuda = s.host.facts().device.device_type == kDLCUDA;
+  const uint32_t need = cuda ? TSR_DEVICE_CUDA : TSR_DEVICE_CPU;
+  if (!(c.entry->desc->devices & need))
+    throw Error(TSR_ERR_UNSUPPORTED, "[" + section + "] plugin '" + c.entry->desc->name + "' (" +
+                                         c.entry->file + ") does not run on " +
+                                         (cuda ? "CUDA" : "the CPU"));
+}
+
 template <typename VTable>
 void create_simple(Session &s, Instance<VTable> &inst, const std::string &section) {
   const PluginChoice &c = s.job.plugin(section);
+  check_device(s, c, section);
   inst.vt = static_cast<const VTable *>(c.entry->desc->vtable);
   inst.name = c.entry->desc->name;
   tsr_config *cfg = s.host.make_config(section, inst.name, c.values);
@@ -28,6 +39,7 @@ void create_simple(Session &s, Instance<VTable> &inst, const std::string &sectio
 void create_dataset(Session &s, Instance<tsr_dataset_vtable> &inst, tsr_data_info &info,
                     const std::string &section, const char *split) {
   const PluginChoice &c = s.job.plugin(section);
+  check_device(s, c, section);
   inst.vt = static_cast<const tsr_dataset_vtable *>(c.entry->desc->vtable);
   inst.name = c.entry->desc->name;
   tsr_config *cfg = s.host.make_config(section, inst.name, c.values);
@@ -53,6 +65,7 @@ Session::Session(const Job &j, Host::RunFacts facts, bool train, ParamInitialize
   // The model, built for the training data's sample shape.
   {
     const PluginChoice &c = job.plugin("model");
+    check_device(*this, c, "model");
     model.vt = static_cast<const tsr_model_vtable *>(c.entry->desc->vtable);
     model.name = c.entry->desc->name;
     tsr_config *cfg = host.make_config("model", model.name, c.values);

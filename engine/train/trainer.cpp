@@ -261,10 +261,10 @@ nlohmann::json train(const Job &job, const ProcessInfo &proc) {
       ++step;
       interval_loss += step_loss;
       ++interval_steps;
-      last_loss = step_loss;
       if (step % st.log_every == 0 || step == total) {
         double dt = seconds_since(interval_start);
-        rep.progress(step, epoch, interval_loss / static_cast<double>(interval_steps), uctx.lr,
+        last_loss = interval_loss / static_cast<double>(interval_steps);
+        rep.progress(step, epoch, last_loss, uctx.lr,
                      dt > 0 ? static_cast<double>(interval_samples) / dt : 0,
                      seconds_since(train_start));
         interval_loss = 0;
@@ -275,8 +275,8 @@ nlohmann::json train(const Job &job, const ProcessInfo &proc) {
       if (st.eval_every > 0 && step % st.eval_every == 0) run_eval(step);
       if (st.ckpt_every > 0 && step % st.ckpt_every == 0 && step < total) save(step);
     }
+    if (st.eval_every == 0) run_eval(step);  // at the end of every epoch
     ++epoch;
-    if (st.eval_every == 0) run_eval(step);
   }
   const double train_s = seconds_since(train_start);
   if (last_eval_step != step) run_eval(step);

@@ -17,10 +17,11 @@ ZeroState::~ZeroState() {
 }
 
 void ZeroState::plan(tsr_zero_plan *out) const {
-  *out = sdk::make<tsr_zero_plan>();
-  out->partition_optimizer = opt_.stage >= 1;
-  out->partition_grads = opt_.stage >= 2;
-  out->partition_params = opt_.stage >= 3;
+  // The host sized the struct; fill only what it has room for.
+  if (TSR_HAS_FIELD(out, tsr_zero_plan, partition_optimizer))
+    out->partition_optimizer = opt_.stage >= 1;
+  if (TSR_HAS_FIELD(out, tsr_zero_plan, partition_grads)) out->partition_grads = opt_.stage >= 2;
+  if (TSR_HAS_FIELD(out, tsr_zero_plan, partition_params)) out->partition_params = opt_.stage >= 3;
 }
 
 DLTensor ZeroState::view(void *data, size_t count) {

@@ -15,10 +15,10 @@ const tsr_plugin_descriptor &Fixture::desc(const std::string &kind, const std::s
 
 tsr_config *Fixture::config(const std::string &kind, const std::string &name,
                             const std::string &toml_body) {
-  const tsr_plugin_descriptor &d = desc(kind, name);
+  const PluginEntry &e = registry.get(kind, name);
   auto doc = config::Document::from_string("[" + kind + "]\n" + toml_body, "test.toml");
-  toml::table values = config::validate_section(
-      doc, kind, std::span<const tsr_param_decl>(d.params, d.num_params), {"plugin"});
+  toml::table values =
+      config::validate_section(doc, kind, std::span<const tsr_param_decl>(e.params), {"plugin"});
   return host.make_config(kind, name, std::move(values));
 }
 

@@ -605,13 +605,17 @@ TEST_CASE("DeepSpeed zero_optimization picks the zero and offload plugins", "[co
         "offload_optimizer": {"device": "none"}}})");
     CHECK(none.plugin("offload").entry->desc->name == std::string("none"));
   }
-  SECTION("unused zero keys are warnings") {
-    Document d = q.doc(R"({"zero_optimization": {"stage": 0, "overlap_comm": true,
-        "reduce_bucket_size": 5e8}})");
-    CHECK(any_warning(d, "zero_optimization.overlap_comm is not used"));
-    CHECK(any_warning(d, "zero_optimization.reduce_bucket_size is not used"));
-    tessera::Job job = q.job(R"({"zero_optimization": {"stage": 0, "overlap_comm": true}})");
-    CHECK(job.plugin("zero").entry->desc->name == std::string("stage0"));
+  SECTION("bucket size and overlap map onto the zero plugin's keys") {
+    Document d = q.doc(R"({"zero_optimization": {"stage": 2, "overlap_comm": false,
+        "reduce_bucket_size": 5e8, "contiguous_gradients": true}})");
+    // DeepSpeed counts elements; bucket_mb is MiB of fp32 gradients.
+    CHECK(find(d.root(), "zero.bucket_mb")->value_or(0.0) == Approx(5e8 * 4 / 1048576.0));
+    CHECK(find(d.root(), "zero.overlap_comm")->value_or(true) == false);
+    CHECK(any_warning(d, "zero_optimization.contiguous_gradients is not used"));
+    tessera::Job job = q.job(R"({"zero_optimization": {"stage": 2, "overlap_comm": true,
+        "reduce_bucket_size": 1048576}})");
+    CHECK(job.plugin("zero").entry->desc->name == std::string("stage2"));
+    CHECK(job.plugin("zero").values["bucket_mb"].value_or(0.0) == Approx(4.0));
   }
   SECTION("bad values name the file and key") {
     std::string ds = q.dir.file("ds.json");
