@@ -171,7 +171,7 @@ void *ZeroState::grads(uint32_t g) {
   if (opt_.stage < 2) return at(grads_.get(), offset_[g]);
   auto it = active_grads_.find(g);
   if (it != active_grads_.end()) return it->second.get();
-  sdk::Buffer b(host_, device_, size_[g] * esize_, TSR_MEM_COMM);
+  sdk::Buffer b = take(size_[g], TSR_MEM_COMM);
   DLTensor v = view(b.get(), size_[g]);
   check(host_->ops->fill(host_->ctx, &v, 0.f));
   void *p = b.get();
@@ -207,23 +207,63 @@ void ZeroState::grads_done(uint32_t g, bool last_micro) {
   }
   // Backward is done with group g's parameters.
   if (opt_.stage == 3) params_done(g);
-  // Stages 2-3: reduce-scatter this micro-batch's group gradients now, so
-  // only this rank's slice is kept.
+  // Stages 2-3: finished groups collect in a bucket; a full bucket is
+  // reduce-scattered at once, so only this rank's slices are kept.
   auto it = active_grads_.find(g);
   if (it == active_grads_.end()) return;  // the model produced no gradient for g
-  Pending p;
-  p.group = g;
-  p.bucket = std::move(it->second);
+  scatter_bytes_ += size_[g] * esize_;
+  scatter_bucket_.emplace_back(g, std::move(it->second));
   active_grads_.erase(it);
-  p.scratch = sdk::Buffer(host_, device_, per(g) * esize_, TSR_MEM_COMM);
-  DLTensor in = view(p.bucket.get(), size_[g]);
-  DLTensor out = view(p.scratch.get(), per(g));
+  if (static_cast<double>(scatter_bytes_) >= opt_.bucket_mb * 1048576.0) launch_scatter_bucket();
+}
+
+sdk::Buffer ZeroState::take(size_t elems, tsr_mem_purpose purpose) {
+  for (size_t i = 0; i < pool_.size(); ++i)
+    if (pool_[i].bytes() >= elems * esize_) {
+      sdk::Buffer b = std::move(pool_[i]);
+      pool_.erase(pool_.begin() + static_cast<ptrdiff_t>(i));
+      return b;
+    }
+  return sdk::Buffer(host_, device_, elems * esize_, purpose);
+}
+
+void ZeroState::give(sdk::Buffer b) {
+  if (b.get()) pool_.push_back(std::move(b));
+}
+
+void ZeroState::launch_scatter_bucket() {
+  if (scatter_bucket_.empty()) return;
+  Pending p;
+  size_t sum_per = 0;
+  for (auto &[g, buf] : scatter_bucket_) sum_per += per(g);
+  // Pack rank-major: rank q's slices of every group in the bucket, in a row,
+  // so one reduce-scatter hands each rank exactly its slices.
+  p.packed = take(sum_per * world_, TSR_MEM_COMM);
+  p.reduced = take(sum_per, TSR_MEM_COMM);
+  for (uint32_t q = 0; q < world_; ++q) {
+    size_t off = q * sum_per;
+    for (auto &[g, buf] : scatter_bucket_) {
+      DLTensor src = view(at(buf.get(), q * per(g)), per(g));
+      DLTensor dst = view(at(p.packed.get(), off), per(g));
+      check(host_->ops->copy(host_->ctx, &src, &dst));
+      off += per(g);
+    }
+  }
+  for (auto &[g, buf] : scatter_bucket_) {
+    p.groups.push_back(g);
+    give(std::move(buf));
+  }
+  scatter_bucket_.clear();
+  scatter_bytes_ = 0;
+  DLTensor in = view(p.packed.get(), sum_per * world_);
+  DLTensor out = view(p.reduced.get(), sum_per);
   check(host_->comm->reduce_scatter(host_->ctx, &in, &out, TSR_REDUCE_AVG,
                                     opt_.overlap ? &p.work : nullptr));
-  if (p.work) {
-    pending_.push_back(std::move(p));
-  } else {
-    complete(p);
+  pending_.push_back(std::move(p));
+  if (!opt_.overlap) {
+    Pending done = std::move(pending_.back());
+    pending_.pop_back();
+    complete(done);
   }
 }
 
@@ -233,27 +273,32 @@ void ZeroState::complete(Pending &p) {
     p.work = nullptr;
     check(host_->comm->wait(host_->ctx, w));
   }
-  if (opt_.stage >= 2 && p.scratch.get()) {
-    DLTensor src = view(p.scratch.get(), per(p.group));
-    DLTensor dst = view(at(grads_.get(), owned_offset_[p.group]), per(p.group));
-    check(host_->ops->axpy(host_->ctx, 1.f, &src, &dst));
+  if (opt_.stage >= 2 && p.reduced.get()) {
+    // This micro-batch's averaged slices add into the owned gradients.
+    size_t off = 0;
+    for (uint32_t g : p.groups) {
+      DLTensor src = view(at(p.reduced.get(), off), per(g));
+      DLTensor dst = view(at(grads_.get(), owned_offset_[g]), per(g));
+      check(host_->ops->axpy(host_->ctx, 1.f, &src, &dst));
+      off += per(g);
+    }
+    give(std::move(p.packed));
+    give(std::move(p.reduced));
   }
 }
 
 void ZeroState::finish_grads() {
-  launch_bucket();
-  std::vector<Pending> pending;
-  pending.swap(pending_);
-  for (auto &p : pending) complete(p);
   // Groups the model touched but never declared done are reduced now.
-  if (opt_.stage >= 2 && !active_grads_.empty()) {
+  if (opt_.stage >= 2) {
     std::vector<uint32_t> left;
     for (auto &[g, b] : active_grads_) left.push_back(g);
     for (uint32_t g : left) grads_done(g, true);
-    pending.clear();
-    pending.swap(pending_);
-    for (auto &p : pending) complete(p);
   }
+  launch_bucket();
+  launch_scatter_bucket();
+  std::vector<Pending> pending;
+  pending.swap(pending_);
+  for (auto &p : pending) complete(p);
 }
 
 double ZeroState::grad_norm_sq() {
@@ -277,23 +322,62 @@ double ZeroState::grad_norm_sq() {
 void ZeroState::step(const tsr_zero_step *st) {
   ranges(st->update, st->ctx);
   check(st->flush(st->ctx));
-  // Re-share: stages 1-2 hold full parameters but updated only their slice.
-  if ((opt_.stage == 1 || opt_.stage == 2) && world_ > 1) {
-    sdk::Buffer scratch;
-    for (uint32_t g = 0; g < size_.size(); ++g) {
-      if (scratch.bytes() < per(g) * esize_)
-        scratch = sdk::Buffer(host_, device_, per(g) * esize_, TSR_MEM_COMM);
-      DLTensor mine = view(at(params_.get(), offset_[g] + rank_ * per(g)), per(g));
-      DLTensor tmp = view(scratch.get(), per(g));
-      check(host_->ops->copy(host_->ctx, &mine, &tmp));
-      DLTensor full = view(at(params_.get(), offset_[g]), size_[g]);
-      check(host_->comm->all_gather(host_->ctx, &tmp, &full, nullptr));
-    }
-  }
+  reshare();
   // Fresh gradients for the next step.
   size_t grad_elems = opt_.stage < 2 ? total_ : owned_total_;
   DLTensor gv = view(grads_.get(), grad_elems);
   check(host_->ops->fill(host_->ctx, &gv, 0.f));
+}
+
+void ZeroState::reshare() {
+  // Stages 1-2 hold full parameters but updated only their slices: gather
+  // everyone's, a bucket of groups per all-gather (packed like the
+  // reduce-scatter: one contiguous run of slices per rank).
+  if (!(opt_.stage == 1 || opt_.stage == 2) || world_ == 1) return;
+  struct Gather {
+    std::vector<uint32_t> groups;
+    size_t sum_per = 0;
+    sdk::Buffer mine, all;
+    tsr_comm_work *work = nullptr;
+  };
+  std::vector<Gather> gathers;
+  const double limit = opt_.bucket_mb * 1048576.0;
+  for (uint32_t g = 0; g < size_.size(); ++g) {
+    if (gathers.empty() ||
+        static_cast<double>((gathers.back().sum_per + per(g)) * world_ * esize_) > limit)
+      gathers.emplace_back();
+    gathers.back().groups.push_back(g);
+    gathers.back().sum_per += per(g);
+  }
+  for (auto &b : gathers) {
+    b.mine = take(b.sum_per, TSR_MEM_COMM);
+    b.all = take(b.sum_per * world_, TSR_MEM_COMM);
+    size_t off = 0;
+    for (uint32_t g : b.groups) {
+      DLTensor src = view(at(params_.get(), offset_[g] + rank_ * per(g)), per(g));
+      DLTensor dst = view(at(b.mine.get(), off), per(g));
+      check(host_->ops->copy(host_->ctx, &src, &dst));
+      off += per(g);
+    }
+    DLTensor in = view(b.mine.get(), b.sum_per);
+    DLTensor out = view(b.all.get(), b.sum_per * world_);
+    check(host_->comm->all_gather(host_->ctx, &in, &out, &b.work));
+  }
+  for (auto &b : gathers) {
+    if (b.work) check(host_->comm->wait(host_->ctx, b.work));
+    for (uint32_t q = 0; q < world_; ++q) {
+      if (q == rank_) continue;  // ours is already in place
+      size_t off = q * b.sum_per;
+      for (uint32_t g : b.groups) {
+        DLTensor src = view(at(b.all.get(), off), per(g));
+        DLTensor dst = view(at(params_.get(), offset_[g] + q * per(g)), per(g));
+        check(host_->ops->copy(host_->ctx, &src, &dst));
+        off += per(g);
+      }
+    }
+    give(std::move(b.mine));
+    give(std::move(b.all));
+  }
 }
 
 }  // namespace tessera::zero

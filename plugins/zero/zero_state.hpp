@@ -53,16 +53,21 @@ class ZeroState {
   };
   struct Pending {  // a reduction in flight
     tsr_comm_work *work = nullptr;
-    uint32_t group = 0;
-    sdk::Buffer bucket;   // stage 2/3: the group's full gradients
-    sdk::Buffer scratch;  // stage 2/3: this rank's reduced slice
+    std::vector<uint32_t> groups;  // stage 2/3: the groups packed in the bucket
+    sdk::Buffer packed;            // stage 2/3: their gradients, rank-major
+    sdk::Buffer reduced;           // stage 2/3: this rank's reduced slices
   };
 
   DLTensor view(void *data, size_t count);
   size_t per(uint32_t g) const { return size_[g] / world_; }
   void *at(void *base, size_t elems) const { return static_cast<char *>(base) + elems * esize_; }
   void launch_bucket();
+  void launch_scatter_bucket();
   void complete(Pending &p);
+  void reshare();
+  // Buffers for buckets are reused across steps instead of reallocated.
+  sdk::Buffer take(size_t elems, tsr_mem_purpose purpose);
+  void give(sdk::Buffer b);
   void gather(uint32_t g);
   void wait_live(Live &l);
 
@@ -83,6 +88,10 @@ class ZeroState {
   std::vector<Pending> pending_;
   // stage 0-1 bucket being filled: groups [bucket_lo_, bucket_hi_]
   int64_t bucket_lo_ = -1, bucket_hi_ = -1;
+  // stage 2-3 bucket being filled: finished groups and their gradients
+  std::vector<std::pair<uint32_t, sdk::Buffer>> scatter_bucket_;
+  size_t scatter_bytes_ = 0;
+  std::vector<sdk::Buffer> pool_;
   int64_t shapes_[8] = {};  // a ring: views live only for one call
   unsigned next_shape_ = 0;
 };
