@@ -73,16 +73,57 @@ tsr_status flush_updates(void *p) {
   return u->s->offload.vt->flush(u->s->offload.self);
 }
 
-void print_memory(Session &s) {
+// Memory by purpose on every rank, measured from the allocator, beside
+// DESIGN.md's table for the stage. Collective: every rank calls it; rank 0
+// prints. Returns the per-rank figures for summary.json.
+nlohmann::json report_memory(Session &s) {
+  const auto &f = s.host.facts();
   MemoryStats m = s.host.memory();
+  int64_t mine[4] = {static_cast<int64_t>(m.current[TSR_MEM_PARAMS]),
+                     static_cast<int64_t>(m.current[TSR_MEM_GRADS]),
+                     static_cast<int64_t>(m.current[TSR_MEM_OPTIMIZER]),
+                     static_cast<int64_t>(m.current[TSR_MEM_COMM] + m.current[TSR_MEM_OTHER])};
+  std::vector<int64_t> all(4 * f.world_size);
+  int64_t four = 4, n = static_cast<int64_t>(all.size());
+  DLTensor in{mine, DLDevice{kDLCPU, 0}, 1, DLDataType{kDLInt, 64, 1}, &four, nullptr, 0};
+  DLTensor out{all.data(), DLDevice{kDLCPU, 0}, 1, DLDataType{kDLInt, 64, 1}, &n, nullptr, 0};
+  plugin_ok(s.host, s.host.table()->comm->all_gather(s.host.ctx(), &in, &out, nullptr),
+            "gather memory figures");
+  nlohmann::json by_rank = nlohmann::json::array();
   const char *stage = s.zero.name.c_str();
-  std::printf(
-      "tessera: memory on rank %u (%s): parameters %.2f MiB, gradients %.2f MiB, "
-      "optimizer state %.2f MiB, buffers %.2f MiB\n",
-      s.host.facts().rank, stage, m.current[TSR_MEM_PARAMS] / 1048576.0,
-      m.current[TSR_MEM_GRADS] / 1048576.0, m.current[TSR_MEM_OPTIMIZER] / 1048576.0,
-      (m.current[TSR_MEM_COMM] + m.current[TSR_MEM_OTHER]) / 1048576.0);
-  std::fflush(stdout);
+  auto mib = [](double b) { return b / 1048576.0; };
+  for (uint32_t r = 0; r < f.world_size; ++r) {
+    const int64_t *x = &all[4 * r];
+    by_rank.push_back({{"rank", r},
+                       {"parameters", x[0]},
+                       {"gradients", x[1]},
+                       {"optimizer", x[2]},
+                       {"buffers", x[3]}});
+    if (f.rank == 0)
+      std::printf(
+          "tessera: memory on rank %u (%s): parameters %.2f MiB, gradients %.2f MiB, "
+          "optimizer state %.2f MiB, buffers %.2f MiB\n",
+          r, stage, mib(static_cast<double>(x[0])), mib(static_cast<double>(x[1])),
+          mib(static_cast<double>(x[2])), mib(static_cast<double>(x[3])));
+  }
+  if (f.rank == 0) {
+    // DESIGN.md's table in fp32: 4 bytes per compute parameter and gradient,
+    // and the fp32 master plus the optimizer's state arrays; divided by the
+    // world where the stage partitions them.
+    const double psi = static_cast<double>(s.layout.total), w = f.world_size;
+    const double states = 1 + s.state_count;
+    std::printf(
+        "tessera: expected for %s at %u ranks (DESIGN.md, fp32, Psi = %.0f): parameters %.2f MiB "
+        "(%s), gradients %.2f MiB (%s), optimizer state %.2f MiB (%s)\n",
+        stage, f.world_size, psi, mib(4 * psi / (s.plan.partition_params ? w : 1)),
+        s.plan.partition_params ? "4Psi/N + live groups" : "4Psi",
+        mib(4 * psi / (s.plan.partition_grads ? w : 1)),
+        s.plan.partition_grads ? "4Psi/N + buckets" : "4Psi",
+        mib(4 * states * psi / (s.plan.partition_optimizer ? w : 1)),
+        s.plan.partition_optimizer ? "4(1+k)Psi/N" : "4(1+k)Psi");
+    std::fflush(stdout);
+  }
+  return by_rank;
 }
 
 }  // namespace
@@ -172,8 +213,8 @@ nlohmann::json train(const Job &job, const ProcessInfo &proc) {
         static_cast<long long>(total), static_cast<long long>(st.global_batch),
         static_cast<long long>(st.micro_batch), static_cast<long long>(st.accumulation),
         proc.world_size, static_cast<long long>(steps_per_epoch));
-    print_memory(s);
   }
+  nlohmann::json memory_by_rank = report_memory(s);
 
   tsr_step *step_ctx = s.step_handle();
   UpdateCtx uctx{&s};
@@ -303,6 +344,7 @@ nlohmann::json train(const Job &job, const ProcessInfo &proc) {
       {"wall_s", seconds_since(t_start)},
       {"peak_memory_bytes", mem.peak_total},
       {"peak_memory_by_purpose", peak},
+      {"memory_at_start_by_rank", memory_by_rank},
       {"peak_rss_bytes", peak_rss_bytes()},
       {"parameters", s.layout.numel},
       {"checkpoint", ckpt_path},
