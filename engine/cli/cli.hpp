@@ -12,7 +12,12 @@ using Args = std::vector<std::string>;
 int cmd_run(const Args &args);
 int cmd_eval(const Args &args);
 int cmd_plugins(const Args &args);
+int cmd_plugin(const Args &args);
 int cmd_config(const Args &args);
 int cmd_version(const Args &args);
+int cmd_debug(const Args &args);
+int cmd_ckpt(const Args &args);
+int cmd_plot(const Args &args);
+int cmd_runs(const Args &args);
 
 }  // namespace tessera::cli

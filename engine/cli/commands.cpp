@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "cli/args.hpp"
+#include "cli/debug_flags.hpp"
 #include "config/config.hpp"
 #include "dist/dist_context.hpp"
 #include "launch/launcher.hpp"
@@ -30,9 +31,25 @@ launcher:
   --nnodes M                nodes in the job (default 1)
   --node-rank R             this node's index (0 serves the rendezvous store)
   --master HOST:PORT        where node 0's launcher serves (needed with --nnodes > 1)
+  --max-restarts K          when a worker fails, restart every worker from the
+                            latest checkpoint, at most K times
+  --grace S                 after Ctrl-C or SIGTERM, seconds the workers get to
+                            save a checkpoint before SIGKILL (default 30)
 
 A worker started by another launcher (torchrun's RANK/WORLD_SIZE/...,
 mpirun's OMPI_COMM_WORLD_*, Slurm's SLURM_PROCID/...) runs without ours.
+
+debugging (docs/debugging.md):
+  --debug-rank R            rank R prints its PID and how to attach, then waits
+                            for a debugger; repeatable, or a list (0,2), or 'all'.
+                            The whole job then runs without collective and
+                            store timeouts: a rank held in a debugger stalls
+                            the others instead of failing the job
+  --debug-wait S            seconds a rank waits for its debugger before going on
+                            without one (default 300; 0: until one attaches)
+  --debug-with gdb          open gdb attached to each such rank in a terminal of
+                            its own (a tmux window inside tmux, else an X
+                            terminal); without either, print how to attach
 
 options:
   --set KEY=VALUE           override a config key, e.g. --set optimizer.lr=3e-4 (repeatable)
@@ -112,7 +129,10 @@ int int_option(const Parsed &p, const std::string &name, int fallback) {
 // The arguments a worker gets: ours minus the launcher's own options.
 std::vector<std::string> worker_args(const Args &args) {
   std::vector<std::string> out = {"run"};
-  static const char *launcher_opts[] = {"-n", "--nproc", "--nnodes", "--node-rank", "--master"};
+  // The --debug-* options reach the workers as TESSERA_DEBUG_* variables.
+  static const char *launcher_opts[] = {
+      "-n",      "--nproc",      "--nnodes",     "--node-rank", "--master", "--max-restarts",
+      "--grace", "--debug-rank", "--debug-wait", "--debug-with"};
   for (size_t i = 0; i < args.size(); ++i) {
     bool skip = false;
     for (const char *o : launcher_opts) {
@@ -142,6 +162,9 @@ int train_here(const Parsed &p) {
   if (proc.rank != 0) spdlog::set_level(spdlog::level::warn);  // rank 0 speaks for the job
   Job job = load_job(o, proc.world_size, true);
   print_warnings(job);
+  // Before the rendezvous, with the plugins loaded: breakpoints in them
+  // bind as soon as a debugger attaches.
+  start_debug_job(job, proc.rank, proc.world_size);
   std::unique_ptr<DistContext> dist;
   if (proc.world_size > 1) {
     dist = std::make_unique<DistContext>(dist_options_from_env(
@@ -153,9 +176,13 @@ int train_here(const Parsed &p) {
   try {
     train(job, proc);
   } catch (const std::exception &e) {
-    // Tell the other ranks at once, instead of leaving them in a collective.
-    if (dist) dist->post_abort(e.what());
-    throw;
+    if (!dist) throw;
+    // Say why first (the launcher may stop us soon after), then tell the
+    // other ranks at once instead of leaving them in a collective.
+    std::fprintf(stderr, "tessera run: error on rank %u: %s\n", proc.rank, e.what());
+    std::fflush(stderr);
+    dist->post_abort(e.what());
+    return 1;
   }
   return 0;
 }
@@ -163,6 +190,7 @@ int train_here(const Parsed &p) {
 int run_body(const Parsed &p) {
   int n = int_option(p, "-n", int_option(p, "--nproc", 1));
   int nnodes = int_option(p, "--nnodes", 1);
+  export_debug_flags(p, n <= 1 && nnodes <= 1 ? 0 : n * nnodes);
   if (n <= 1 && nnodes <= 1) return train_here(p);
   if (p.positional.size() != 1) throw UsageError("tessera run: expected exactly one CONFIG file");
   LaunchOptions lo;
@@ -170,6 +198,8 @@ int run_body(const Parsed &p) {
   lo.nnodes = nnodes;
   lo.node_rank = int_option(p, "--node-rank", 0);
   lo.master = p.get("--master");
+  lo.max_restarts = int_option(p, "--max-restarts", 0);
+  if (p.has("--grace")) lo.grace_s = int_option(p, "--grace", 30);
   return launch(lo, worker_args(*g_run_args));
 }
 
@@ -177,8 +207,18 @@ int eval_body(const Parsed &p) {
   JobOptions o = job_options(p, "eval");
   if (!p.has("--ckpt")) throw UsageError("tessera eval: --ckpt PATH is required");
   ProcessInfo proc = process_info(local_rank_of(p));
+  if (proc.rank != 0) spdlog::set_level(spdlog::level::warn);
   Job job = load_job(o, proc.world_size, false);
   print_warnings(job);
+  // Under a launcher every rank evaluates its share and the sums meet.
+  std::unique_ptr<DistContext> dist;
+  if (proc.world_size > 1) {
+    dist = std::make_unique<DistContext>(dist_options_from_env(
+        proc.rank, proc.world_size, static_cast<int>(job.settings.comm_timeout_s),
+        job.settings.comm_interface));
+    proc.comm = dist->comm();
+    proc.comm_state = dist->comm_state();
+  }
   nlohmann::json r = evaluate_checkpoint(job, proc, p.get("--ckpt"));
   if (proc.rank == 0) {
     std::printf("eval | loss %.4f", r["eval_loss"].get<double>());
@@ -220,8 +260,10 @@ int config_body(const Parsed &p) {
 
 int cmd_run(const Args &args) {
   auto specs = config_options();
-  for (const char *o : {"-n", "--nproc", "--nnodes", "--node-rank", "--master"})
+  for (const char *o :
+       {"-n", "--nproc", "--nnodes", "--node-rank", "--master", "--max-restarts", "--grace"})
     specs.push_back({o, true, false});
+  for (const auto &s : debug_option_specs()) specs.push_back(s);
   g_run_args = &args;
   return run_command("run", kRunUsage, run_body, args, specs);
 }

@@ -19,8 +19,14 @@ commands:
   run CONFIG        train (tessera run --help)
   eval CONFIG       evaluate a checkpoint with a frozen model
   plugins [show N]  list plugins, or every parameter of one
+  plugin new K N    write a new plugin project of kind K named N
   config check F    validate a config and print it resolved
   config convert F  print the TOML equivalent of a DeepSpeed JSON
+  ckpt inspect|verify|export PATH
+                    look into, check or consolidate a checkpoint
+  plot RUN_DIR...   draw runs' loss, lr, throughput and memory as SVG/PNG
+  runs [DIR]        list past runs (default: runs/)
+  debug vscode [D]  write D/.vscode/launch.json to debug tessera in VS Code
   version           print version and ABI
 
 Run 'tessera <command> --help' for a command's options.
@@ -43,8 +49,13 @@ int main(int argc, char **argv) {
   if (cmd == "run") return cmd_run(rest);
   if (cmd == "eval") return cmd_eval(rest);
   if (cmd == "plugins") return cmd_plugins(rest);
+  if (cmd == "plugin") return cmd_plugin(rest);
   if (cmd == "config") return cmd_config(rest);
   if (cmd == "version" || cmd == "--version") return cmd_version(rest);
+  if (cmd == "debug") return cmd_debug(rest);
+  if (cmd == "ckpt") return cmd_ckpt(rest);
+  if (cmd == "plot") return cmd_plot(rest);
+  if (cmd == "runs") return cmd_runs(rest);
   std::fprintf(stderr, "tessera: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
   return 2;
 }

@@ -270,6 +270,10 @@ struct Mapper {
       doc.set("zero.overlap_comm", toml::value<bool>(z["overlap_comm"].get<bool>()),
               origin("zero_optimization.overlap_comm"));
     }
+    if (z.contains("stage3_prefetch_bucket_size") &&
+        !(z["stage3_prefetch_bucket_size"].is_number() && z.value("stage", 0) == 3))
+      doc.warn(path +
+               ": zero_optimization.stage3_prefetch_bucket_size applies to stage 3 only; ignored");
     if (z.contains("stage3_prefetch_bucket_size") && z["stage3_prefetch_bucket_size"].is_number() &&
         z.value("stage", 0) == 3)
       doc.set("zero.prefetch",
@@ -293,7 +297,8 @@ struct Mapper {
                                                   "bfloat16",
                                                   "gradient_clipping",
                                                   "zero_optimization",
-                                                  "steps_per_print"};
+                                                  "steps_per_print",
+                                                  "wall_clock_breakdown"};
     // A value of the wrong JSON type deep inside a section (e.g. "enabled":
     // "auto") surfaces as nlohmann's type_error: name the file and section.
     auto guarded = [&](const char *key, auto &&fn) {
@@ -318,6 +323,11 @@ struct Mapper {
       if (!j["steps_per_print"].is_number_integer() || j["steps_per_print"].get<int64_t>() < 1)
         fail("steps_per_print", "expected a positive integer");
       put("run.log_every", j["steps_per_print"], "steps_per_print");
+    }
+    if (j.contains("wall_clock_breakdown")) {
+      if (!j["wall_clock_breakdown"].is_boolean())
+        fail("wall_clock_breakdown", "expected true or false");
+      put("log.breakdown", j["wall_clock_breakdown"], "wall_clock_breakdown");
     }
     for (const auto &[k, v] : j.items())
       if (!handled.count(k)) doc.warn(path + ": '" + k + "' is not used by tessera; ignored");

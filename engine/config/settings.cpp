@@ -87,6 +87,9 @@ const tsr_param_decl kCheckpoint[] = {
     param("dir", TSR_PARAM_STRING, "\"\"", "where checkpoints go; empty: <run dir>/ckpt"),
     param_min("every", TSR_PARAM_INT, "0", "save every N steps; 0: only at the end", 0),
     param_min("keep", TSR_PARAM_INT, "3", "checkpoints kept; older ones are removed", 1),
+    param("resume", TSR_PARAM_STRING, "\"\"",
+          "\"auto\": continue from the latest checkpoint in dir, if any; a path: from that "
+          "checkpoint; empty: start fresh"),
 };
 
 const tsr_param_decl kComm[] = {
@@ -101,9 +104,9 @@ const tsr_param_decl kComm[] = {
 
 const std::vector<EngineSection> &engine_sections() {
   static const std::vector<EngineSection> s = {
-      {"run", kRun, {}},           {"batch", kBatch, {}}, {"data", kData, {"train", "eval"}},
-      {"schedule", kSchedule, {}}, {"fp16", kFp16, {}},   {"checkpoint", kCheckpoint, {}},
-      {"comm", kComm, {}},
+      {"run", kRun, {}},           {"batch", kBatch, {}},    {"data", kData, {"train", "eval"}},
+      {"schedule", kSchedule, {}}, {"fp16", kFp16, {}},      {"checkpoint", kCheckpoint, {}},
+      {"comm", kComm, {}},         {"log", log_decls(), {}},
   };
   return s;
 }
@@ -238,7 +241,10 @@ Settings resolve_settings(const Document &doc, uint32_t world, toml::table *reso
   all["run"].as_table()->insert_or_assign("dir", s.dir);
   all["checkpoint"].as_table()->insert_or_assign("dir", s.ckpt_dir);
   s.ckpt_every = i64("checkpoint", "every");
+  s.resume = str("checkpoint", "resume");
   s.ckpt_keep = i64("checkpoint", "keep");
+  resolve_log(*all["log"].as_table(), s,
+              doc.where("log.trace_steps", find(doc.root(), "log.trace_steps")));
   if (resolved_out) *resolved_out = std::move(all);
   return s;
 }

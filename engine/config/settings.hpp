@@ -48,8 +48,13 @@ struct Settings {
   int64_t comm_timeout_s = 300;
   std::string comm_interface;
   // [checkpoint]
-  std::string ckpt_dir;
+  std::string ckpt_dir, resume;
   int64_t ckpt_every = 0, ckpt_keep = 0;
+  // [log] (log_section.cpp)
+  bool log_breakdown = false, log_plot = true;
+  std::string log_trace;                    // resolved path; "" = no trace
+  int64_t trace_first = 0, trace_last = 0;  // inclusive steps; 0: the default window
+  double peak_tflops = 0;                   // per rank; 0: unknown
 };
 
 // Declared keys of each engine section.
@@ -59,6 +64,11 @@ struct EngineSection {
   std::vector<std::string> passthrough;  // sub-sections or "plugin"
 };
 const std::vector<EngineSection> &engine_sections();
+
+// [log] (log_section.cpp): its declarations, and its resolution into `s`
+// (after run.dir is known; the trace path is resolved against it in `log`).
+std::span<const tsr_param_decl> log_decls();
+void resolve_log(toml::table &log, Settings &s, const std::string &where);
 
 // Plugin slots: the section name, its kind, the default plugin ("" when
 // the section is required or optional without default) and whether the

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "util/error.hpp"
+#include "util/trace.hpp"
 
 namespace tessera {
 
@@ -19,7 +20,8 @@ Loader::Loader(Host &host, const tsr_dataset_vtable *vt, void *dataset, const ts
       info_(info),
       indices_(std::move(indices)),
       batch_size_(batch_size),
-      name_(std::move(name)) {
+      name_(std::move(name)),
+      span_name_("load batch (" + name_ + ")") {
   TSR_CHECK(batch_size_ > 0, TSR_ERR_INVALID, "loader: batch size must be positive");
   int64_t n = static_cast<int64_t>(indices_.size());
   num_batches_ = keep_partial ? (n + batch_size_ - 1) / batch_size_ : n / batch_size_;
@@ -57,7 +59,8 @@ Loader::~Loader() {
   }
 }
 
-void Loader::fill(Slot &s, int64_t seq) {
+void Loader::fill(Slot &s, int64_t seq, int lane) {
+  trace::Span span(trace::Stream::copy, span_name_.c_str(), -1, lane);
   int64_t begin = seq * batch_size_;
   int64_t n = std::min<int64_t>(batch_size_, static_cast<int64_t>(indices_.size()) - begin);
   s.in_shape[0] = n;
@@ -81,7 +84,7 @@ void Loader::fill(Slot &s, int64_t seq) {
     throw Error(st, "dataset [" + name_ + "] failed to read a batch: " + host_.last_error());
 }
 
-void Loader::worker(int) {
+void Loader::worker(int w) {
   for (;;) {
     int64_t seq;
     Slot *slot;
@@ -101,7 +104,7 @@ void Loader::worker(int) {
     }
     std::string err;
     try {
-      fill(*slot, seq);
+      fill(*slot, seq, w);
     } catch (const std::exception &e) {
       err = e.what();
     }
@@ -129,7 +132,7 @@ const tsr_batch *Loader::next() {
   if (threads_.empty()) {
     s.seq = seq;
     lk.unlock();
-    fill(s, seq);
+    fill(s, seq, 0);
     return &s.batch;
   }
   cv_.wait(lk, [&] { return (s.seq == seq && s.ready) || !error_.empty(); });

@@ -46,7 +46,7 @@ class Loader {
     bool ready = false;
   };
   void worker(int w);
-  void fill(Slot &slot, int64_t seq);
+  void fill(Slot &slot, int64_t seq, int lane);
 
   Host &host_;
   const tsr_dataset_vtable *vt_;
@@ -55,6 +55,7 @@ class Loader {
   std::vector<int64_t> indices_;
   int64_t batch_size_, num_batches_;
   std::string name_;
+  std::string span_name_;                // "load batch (data.train)" on the trace's copy track
   size_t in_bytes_ = 0, tgt_bytes_ = 0;  // per sample
 
   std::mutex mu_;

@@ -1,5 +1,8 @@
 #include "dist/dist_context.hpp"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -17,6 +20,33 @@ DistContext *DistContext::current() {
   return g_current;
 }
 
+std::string local_address_toward(const std::string &host, uint16_t port) {
+  // The address of the interface that routes to the master: connecting a
+  // UDP socket sends nothing but makes the kernel pick the route. Gloo binds
+  // there, rather than to whatever the hostname resolves to (127.0.1.1 on
+  // Debian, unreachable from other hosts).
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || !res) return "127.0.0.1";
+  std::string out = "127.0.0.1";
+  int fd = ::socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+    sockaddr_storage ss{};
+    socklen_t len = sizeof ss;
+    char buf[INET6_ADDRSTRLEN] = {};
+    if (::getsockname(fd, reinterpret_cast<sockaddr *>(&ss), &len) == 0) {
+      const void *a = ss.ss_family == AF_INET6
+                          ? static_cast<const void *>(&reinterpret_cast<sockaddr_in6 *>(&ss)->sin6_addr)
+                          : static_cast<const void *>(&reinterpret_cast<sockaddr_in *>(&ss)->sin_addr);
+      if (inet_ntop(ss.ss_family, a, buf, sizeof buf)) out = buf;
+    }
+  }
+  if (fd >= 0) ::close(fd);
+  freeaddrinfo(res);
+  return out;
+}
+
 DistOptions dist_options_from_env(uint32_t rank, uint32_t world, int timeout_s,
                                   const std::string &iface) {
   DistOptions o;
@@ -31,7 +61,22 @@ DistOptions dist_options_from_env(uint32_t rank, uint32_t world, int timeout_s,
   }
   const char *launched = std::getenv("TESSERA_LAUNCHED");
   o.serve_store = rank == 0 && !(launched && std::string(launched) == "1");
+  if (o.serve_store || !(launched && std::string(launched) == "1")) {
+    // Under another launcher, MASTER_PORT may be taken by that launcher's
+    // own store (torchrun's agent listens there): ours uses the next port,
+    // or TESSERA_STORE_PORT when set.
+    if (const char *sp = std::getenv("TESSERA_STORE_PORT")) {
+      long v = std::strtol(sp, nullptr, 10);
+      if (v <= 0 || v > 65535)
+        throw Error(TSR_ERR_CONFIG, std::string("TESSERA_STORE_PORT='") + sp + "' is not a port");
+      o.master_port = static_cast<uint16_t>(v);
+    } else {
+      o.master_port = static_cast<uint16_t>(o.master_port + 1);
+    }
+  }
   o.timeout_s = timeout_s;
+  // Keys of each attempt stay apart when the launcher restarts the job.
+  if (const char *a = std::getenv("TESSERA_ATTEMPT")) o.prefix = std::string("tessera/a") + a;
   o.interface = iface;
   return o;
 }
@@ -44,10 +89,9 @@ DistContext::DistContext(const DistOptions &opt) : opt_(opt) {
   g_current = this;
   watcher_ = std::thread([this] { watch(); });
   try {
-    gloo_ = std::make_unique<GlooComm>(
-        *client_, opt.rank, opt.world_size, timeout, opt.interface,
-        opt.master_addr == "127.0.0.1" || opt.master_addr == "localhost" ? "127.0.0.1" : "",
-        "tessera");
+    gloo_ = std::make_unique<GlooComm>(*client_, opt.rank, opt.world_size, timeout, opt.interface,
+                                       local_address_toward(opt.master_addr, opt.master_port),
+                                       opt.prefix);
   } catch (...) {
     stopping_ = true;
     watcher_.join();
@@ -62,12 +106,12 @@ DistContext::~DistContext() {
   gloo_.reset();
   try {
     // Rank 0 serving the store stays until every rank has left it.
-    client_->add("tessera/done", 1);
+    client_->add(opt_.prefix + "/done", 1);
     if (server_) {
       auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
       std::string v;
       while (std::chrono::steady_clock::now() < deadline) {
-        if (server_->peek("tessera/done", &v) &&
+        if (server_->peek(opt_.prefix + "/done", &v) &&
             std::strtoll(v.c_str(), nullptr, 10) >= opt_.world_size)
           break;
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -81,7 +125,7 @@ DistContext::~DistContext() {
 
 void DistContext::post_abort(const std::string &reason) {
   try {
-    client_->set(kAbortKey, "rank " + std::to_string(opt_.rank) + ": " + reason);
+    client_->set(abort_key(opt_.prefix), "rank " + std::to_string(opt_.rank) + ": " + reason);
   } catch (const std::exception &) {
     // Best effort: the launcher still sees this rank exit non-zero.
   }
@@ -93,9 +137,9 @@ void DistContext::watch() {
   const std::string mine = "rank " + std::to_string(opt_.rank) + ":";
   while (!stopping_) {
     try {
-      if (!watch_client_->wait({kAbortKey}, std::chrono::milliseconds(200))) continue;
+      if (!watch_client_->wait({abort_key(opt_.prefix)}, std::chrono::milliseconds(200))) continue;
       std::string why;
-      if (!watch_client_->check(kAbortKey, &why) || why.rfind(mine, 0) == 0) {
+      if (!watch_client_->check(abort_key(opt_.prefix), &why) || why.rfind(mine, 0) == 0) {
         // Our own failure: the main thread is already on its way out.
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
         continue;

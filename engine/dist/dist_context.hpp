@@ -20,11 +20,15 @@ struct DistOptions {
   bool serve_store = false;  // rank 0 without our launcher
   int timeout_s = 300;
   std::string interface;
+  std::string prefix = "tessera/a0";  // store keys of this attempt
 };
 
 // Reads MASTER_ADDR/MASTER_PORT and whether our launcher serves the store.
 DistOptions dist_options_from_env(uint32_t rank, uint32_t world, int timeout_s,
                                   const std::string &iface);
+
+// The local address on the route to host:port.
+std::string local_address_toward(const std::string &host, uint16_t port);
 
 class DistContext {
  public:

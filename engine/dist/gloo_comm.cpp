@@ -15,6 +15,7 @@
 
 #include "host/host.hpp"
 #include "util/error.hpp"
+#include "util/trace.hpp"
 
 namespace tessera {
 
@@ -126,8 +127,9 @@ tsr_status c_all_reduce(tsr_host_ctx *ctx, DLTensor *t, tsr_reduce_op op, tsr_co
     size_t n = numel(t);
     DLDataType dt = t->dtype;
     tsr_status s = c.submit(
-        ctx, "all_reduce", [&c, p, n, dt, op] { allreduce_raw(c, p, n, dt, op); }, work);
-    if (s != TSR_OK) throw Error(s, "all_reduce failed");
+        ctx, "all_reduce", [&c, p, n, dt, op] { allreduce_raw(c, p, n, dt, op); }, work,
+        static_cast<int64_t>(n * dt.bits / 8));
+    if (s != TSR_OK) throw ReportedError(s);  // keep the detailed message
   });
 }
 
@@ -153,8 +155,8 @@ tsr_status c_reduce_scatter(tsr_host_ctx *ctx, const DLTensor *in, DLTensor *out
           allreduce_raw(c, tmp, n * c.world(), dt, op);
           std::memcpy(dst, tmp + c.rank() * n * es, n * es);
         },
-        work);
-    if (s != TSR_OK) throw Error(s, "reduce_scatter failed");
+        work, static_cast<int64_t>(n * c.world() * es));
+    if (s != TSR_OK) throw ReportedError(s);  // keep the detailed message
   });
 }
 
@@ -178,8 +180,8 @@ tsr_status c_all_gather(tsr_host_ctx *ctx, const DLTensor *in, DLTensor *out,
           o.setOutput(dst, n * es * c.world());
           gloo::allgather(o);
         },
-        work);
-    if (s != TSR_OK) throw Error(s, "all_gather failed");
+        work, static_cast<int64_t>(n * es * c.world()));
+    if (s != TSR_OK) throw ReportedError(s);  // keep the detailed message
   });
 }
 
@@ -198,8 +200,8 @@ tsr_status c_broadcast(tsr_host_ctx *ctx, DLTensor *t, uint32_t root, tsr_comm_w
           o.setOutput(p, bytes);
           gloo::broadcast(o);
         },
-        work);
-    if (s != TSR_OK) throw Error(s, "broadcast failed");
+        work, static_cast<int64_t>(bytes));
+    if (s != TSR_OK) throw ReportedError(s);  // keep the detailed message
   });
 }
 
@@ -214,7 +216,7 @@ tsr_status c_barrier(tsr_host_ctx *ctx) {
           gloo::barrier(o);
         },
         nullptr);
-    if (s != TSR_OK) throw Error(s, "barrier failed");
+    if (s != TSR_OK) throw ReportedError(s);  // keep the detailed message
   });
 }
 
@@ -231,7 +233,7 @@ const tsr_comm kTable = {
 struct GlooComm::Work {
   std::function<void()> fn;
   std::string name;
-  int64_t seq = 0;
+  int64_t seq = 0, bytes = -1;
   bool done = false;
   std::string error;
 };
@@ -335,6 +337,7 @@ void GlooComm::loop() {
     } else
       try {
         store_.set(prefix_ + "/seq/" + std::to_string(rank_), std::to_string(w->seq));
+        trace::Span span(trace::Stream::communication, w->name.c_str(), w->bytes);
         w->fn();
       } catch (const std::exception &e) {
         std::string what = e.what();
@@ -360,10 +363,11 @@ void GlooComm::loop() {
 }
 
 tsr_status GlooComm::submit(tsr_host_ctx *ctx, const char *name, std::function<void()> fn,
-                            tsr_comm_work **work) {
+                            tsr_comm_work **work, int64_t bytes) {
   auto w = std::make_shared<Work>();
   w->fn = std::move(fn);
   w->name = name;
+  w->bytes = bytes;
   {
     std::lock_guard<std::mutex> lk(mu_);
     w->seq = ++seq_;
@@ -383,8 +387,21 @@ tsr_status GlooComm::wait(tsr_host_ctx *ctx, tsr_comm_work *work) {
   auto *holder = reinterpret_cast<std::shared_ptr<Work> *>(work);
   std::shared_ptr<Work> w = *holder;
   delete holder;
+  // The time the caller spends blocked here is the breakdown's comm_wait
+  // and a "wait" span on the caller's track; work already done costs none.
+  const bool timed = trace::counting_waits() || trace::recording();
+  const int64_t t0 = timed ? trace::now_ns() : 0;
   std::unique_lock<std::mutex> lk(mu_);
   cv_.wait(lk, [&] { return w->done || !w->error.empty(); });
+  if (timed) {
+    lk.unlock();
+    const int64_t t1 = trace::now_ns();
+    if (trace::counting_waits()) trace::add_wait(t1 - t0);
+    if (trace::recording())
+      trace::record(
+          trace::Event{"wait " + w->name, trace::Stream::compute, 0, t0, t1, -1, w->bytes});
+    lk.lock();
+  }
   if (!w->error.empty()) return report_error(ctx, TSR_ERR_COMM, w->error);
   return TSR_OK;
 }

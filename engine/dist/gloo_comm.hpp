@@ -37,9 +37,10 @@ class GlooComm {
   static const tsr_comm *table();
 
   // Queues a collective; returns its work item (nullptr when `blocking`
-  // ran it to completion already). `name` names it in errors.
+  // ran it to completion already). `name` names it in errors and in the
+  // trace, beside its payload `bytes`.
   tsr_status submit(tsr_host_ctx *ctx, const char *name, std::function<void()> fn,
-                    tsr_comm_work **work);
+                    tsr_comm_work **work, int64_t bytes = -1);
   tsr_status wait(tsr_host_ctx *ctx, tsr_comm_work *work);
 
   std::shared_ptr<gloo::Context> context() const { return context_; }

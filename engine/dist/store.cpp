@@ -127,6 +127,14 @@ bool StoreServer::peek(const std::string &key, std::string *value) {
   return true;
 }
 
+void StoreServer::put(const std::string &key, const std::string &value) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    data_[key] = value;
+  }
+  cv_.notify_all();
+}
+
 void StoreServer::accept_loop() {
   for (;;) {
     int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);

@@ -15,8 +15,11 @@
 
 namespace tessera {
 
-// The key a failing rank writes its reason to ("rank R: reason").
-inline const char *kAbortKey = "tessera/abort";
+// The key a failing rank writes its reason to ("rank R: reason"), under the
+// job attempt's key prefix.
+inline std::string abort_key(const std::string &prefix) {
+  return prefix + "/abort";
+}
 
 class StoreServer {
  public:
@@ -26,8 +29,10 @@ class StoreServer {
   StoreServer(const StoreServer &) = delete;
   StoreServer &operator=(const StoreServer &) = delete;
   uint16_t port() const { return port_; }
-  // Reads a key directly (the launcher reads the abort reason).
+  // Reads or writes a key directly (the launcher reads the abort reason,
+  // and posts one for a rank that died without a word).
   bool peek(const std::string &key, std::string *value);
+  void put(const std::string &key, const std::string &value);
 
  private:
   void accept_loop();

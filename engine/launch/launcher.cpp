@@ -9,13 +9,16 @@
 
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
 
 #include "dist/store.hpp"
+#include "launch/core_dump.hpp"
 #include "util/error.hpp"
 
 namespace tessera {
@@ -75,7 +78,20 @@ void pump(Worker &w, int &fd, std::string &buf, FILE *to, bool flush_all) {
   std::fflush(to);
 }
 
+// The binary the workers run: this one, by its path rather than as
+// /proc/self/exe, which would name them "exe" (their comm: what ps,
+// debuggers' process pickers and core_pattern's %e show).
+std::string worker_exe() {
+  char buf[PATH_MAX];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  std::string path = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
+  // Replaced or removed since it started: only /proc/self/exe still names it.
+  if (path.empty() || ::access(path.c_str(), X_OK) != 0) return "/proc/self/exe";
+  return path;
+}
+
 pid_t spawn(Worker &w, const std::vector<std::string> &args, const std::vector<std::string> &env) {
+  const std::string exe = worker_exe();
   int out[2], err[2];
   if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)
     throw Error(TSR_ERR_IO, std::string("cannot create pipes: ") + std::strerror(errno));
@@ -90,12 +106,11 @@ pid_t spawn(Worker &w, const std::vector<std::string> &args, const std::vector<s
     ::dup2(err[1], 2);
     for (const auto &e : env) ::putenv(const_cast<char *>(e.c_str()));
     std::vector<char *> argv;
-    static const char exe[] = "/proc/self/exe";
     argv.push_back(const_cast<char *>("tessera"));
     for (const auto &a : args) argv.push_back(const_cast<char *>(a.c_str()));
     argv.push_back(nullptr);
-    ::execv(exe, argv.data());
-    std::fprintf(stderr, "cannot exec %s: %s\n", exe, std::strerror(errno));
+    ::execv(exe.c_str(), argv.data());
+    std::fprintf(stderr, "cannot exec %s: %s\n", exe.c_str(), std::strerror(errno));
     ::_exit(127);
   }
   ::close(out[1]);
@@ -103,6 +118,107 @@ pid_t spawn(Worker &w, const std::vector<std::string> &args, const std::vector<s
   w.out_fd = out[0];
   w.err_fd = err[0];
   return pid;
+}
+
+// Forwards output and watches the workers until all have exited. On the
+// first failure the others are stopped: the abort key tells them at once,
+// SIGTERM follows, SIGKILL after the grace period. Returns true when every
+// worker exited 0 without a signal to the launcher.
+bool supervise(std::vector<Worker> &workers, StoreServer *store, const std::string &prefix,
+               double grace_s, std::string *reason) {
+  // Workers run in the launcher's directory: a core_pattern without a
+  // directory puts their core dumps there.
+  std::error_code ec;
+  const std::string cwd = std::filesystem::current_path(ec).string();
+  int first_failed = -1;
+  // 0: running; 1: failure posted, waiting for ranks to leave on their own;
+  // 2: SIGTERM sent; 3: SIGKILL sent.
+  int phase = 0;
+  std::chrono::steady_clock::time_point deadline{};
+  auto stop_all = [&](int sig) {
+    for (auto &w : workers)
+      if (!w.exited) ::kill(w.pid, sig);
+  };
+  auto grace = std::chrono::milliseconds(static_cast<int>(grace_s * 1000));
+  for (;;) {
+    std::vector<pollfd> fds;
+    std::vector<std::pair<Worker *, bool>> owners;
+    for (auto &w : workers) {
+      if (w.out_fd >= 0) {
+        fds.push_back({w.out_fd, POLLIN, 0});
+        owners.push_back({&w, true});
+      }
+      if (w.err_fd >= 0) {
+        fds.push_back({w.err_fd, POLLIN, 0});
+        owners.push_back({&w, false});
+      }
+    }
+    if (!fds.empty())
+      ::poll(fds.data(), fds.size(), 100);
+    else
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      Worker &w = *owners[i].first;
+      if (owners[i].second)
+        pump(w, w.out_fd, w.out_buf, stdout, false);
+      else
+        pump(w, w.err_fd, w.err_buf, stderr, false);
+    }
+    bool all_done = true;
+    for (auto &w : workers) {
+      if (w.exited) continue;
+      int st = 0;
+      pid_t r = ::waitpid(w.pid, &st, WNOHANG);
+      if (r != w.pid) {
+        all_done = false;
+        continue;
+      }
+      w.exited = true;
+      w.status = st;
+      if (std::string core = core_dump_note(w.pid, st, cwd); !core.empty())
+        std::fprintf(stderr, "tessera run: rank %d: %s\n", w.rank, core.c_str());
+      if (!failed(st) || first_failed >= 0 || phase != 0) continue;
+      first_failed = w.rank;
+      *reason = "rank " + std::to_string(w.rank) + " " + describe_exit(st);
+      // A rank that failed with a reason posted it ("rank R: why"); name
+      // that rank first, since the others exit because of it. A rank that
+      // died without a word (a signal) gets its death posted for it, so the
+      // others stop at once instead of waiting in a collective.
+      std::string why;
+      if (store && store->peek(abort_key(prefix), &why)) {
+        auto colon = why.find(':');
+        *reason = why.substr(0, colon) + " failed:" + why.substr(colon + 1) + " (" + *reason + ")";
+      } else if (store) {
+        store->put(abort_key(prefix), *reason);
+      }
+      std::fprintf(stderr, "tessera run: %s; stopping the other workers\n", reason->c_str());
+      // The abort key stops them within a fraction of a second; SIGTERM and
+      // then SIGKILL follow for a rank stuck outside the engine.
+      phase = 1;
+      deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    }
+    if (g_signal && phase == 0) {
+      std::fprintf(
+          stderr,
+          "tessera run: %s received; stopping every worker (they save a checkpoint first)\n",
+          g_signal == SIGINT ? "SIGINT" : "SIGTERM");
+      stop_all(SIGTERM);
+      phase = 2;
+      deadline = std::chrono::steady_clock::now() + grace;
+    }
+    if (!all_done && phase > 0 && phase < 3 && std::chrono::steady_clock::now() > deadline) {
+      stop_all(phase == 1 ? SIGTERM : SIGKILL);
+      deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      ++phase;
+    }
+    if (all_done) break;
+  }
+  for (auto &w : workers) {
+    while (w.out_fd >= 0) pump(w, w.out_fd, w.out_buf, stdout, true);
+    while (w.err_fd >= 0) pump(w, w.err_fd, w.err_buf, stderr, true);
+  }
+  return first_failed < 0 && !g_signal;
 }
 
 }  // namespace
@@ -143,105 +259,53 @@ int launch(const LaunchOptions &opt, const std::vector<std::string> &worker_args
   sigaction(SIGTERM, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  std::vector<Worker> workers(static_cast<size_t>(opt.nproc));
-  for (int i = 0; i < opt.nproc; ++i) {
-    Worker &w = workers[static_cast<size_t>(i)];
-    w.local_rank = i;
-    w.rank = opt.node_rank * opt.nproc + i;
-    std::vector<std::string> env = {
-        "RANK=" + std::to_string(w.rank),
-        "LOCAL_RANK=" + std::to_string(i),
-        "WORLD_SIZE=" + std::to_string(world),
-        "LOCAL_WORLD_SIZE=" + std::to_string(opt.nproc),
-        "MASTER_ADDR=" + host,
-        "MASTER_PORT=" + std::to_string(port),
-        "TESSERA_LAUNCHED=1",
-        "TESSERA_NODE_RANK=" + std::to_string(opt.node_rank),
-    };
-    w.pid = spawn(w, worker_args, env);
-  }
-
-  // Supervise: forward output, watch for exits and signals.
-  int first_failed = -1;
-  std::string reason;
-  std::chrono::steady_clock::time_point kill_at{};
-  bool terminating = false;
-  auto stop_all = [&](int sig) {
-    for (auto &w : workers)
-      if (!w.exited) ::kill(w.pid, sig);
-  };
-  for (;;) {
-    std::vector<pollfd> fds;
-    std::vector<std::pair<Worker *, bool>> owners;
-    for (auto &w : workers) {
-      if (w.out_fd >= 0) {
-        fds.push_back({w.out_fd, POLLIN, 0});
-        owners.push_back({&w, true});
+  // One attempt per pass; a failure restarts every worker from the latest
+  // checkpoint while restarts remain (--max-restarts).
+  for (int attempt = 0;; ++attempt) {
+    const std::string prefix = "tessera/a" + std::to_string(attempt);
+    std::vector<Worker> workers(static_cast<size_t>(opt.nproc));
+    for (int i = 0; i < opt.nproc; ++i) {
+      Worker &w = workers[static_cast<size_t>(i)];
+      w.local_rank = i;
+      w.rank = opt.node_rank * opt.nproc + i;
+      std::vector<std::string> env = {
+          "RANK=" + std::to_string(w.rank),
+          "LOCAL_RANK=" + std::to_string(i),
+          "WORLD_SIZE=" + std::to_string(world),
+          "LOCAL_WORLD_SIZE=" + std::to_string(opt.nproc),
+          "MASTER_ADDR=" + host,
+          "MASTER_PORT=" + std::to_string(port),
+          "TESSERA_LAUNCHED=1",
+          "TESSERA_NODE_RANK=" + std::to_string(opt.node_rank),
+          "TESSERA_ATTEMPT=" + std::to_string(attempt),
+      };
+      if (attempt > 0) env.push_back("TESSERA_RESUME=auto");
+      w.pid = spawn(w, worker_args, env);
+    }
+    std::string reason;
+    bool ok = supervise(workers, store.get(), prefix, opt.grace_s, &reason);
+    if (ok) return 0;
+    if (g_signal) {
+      // Preemption: workers saved a checkpoint and exited 0 if they could.
+      bool clean = true;
+      for (auto &w : workers) clean &= !failed(w.status);
+      if (clean) {
+        std::fprintf(stderr, "tessera run: stopped by %s after every worker saved and exited\n",
+                     g_signal == SIGINT ? "SIGINT" : "SIGTERM");
+        return 0;
       }
-      if (w.err_fd >= 0) {
-        fds.push_back({w.err_fd, POLLIN, 0});
-        owners.push_back({&w, false});
-      }
+      return 128 + g_signal;
     }
-    if (!fds.empty())
-      ::poll(fds.data(), fds.size(), 100);
-    else
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    for (size_t i = 0; i < fds.size(); ++i) {
-      if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      Worker &w = *owners[i].first;
-      if (owners[i].second)
-        pump(w, w.out_fd, w.out_buf, stdout, false);
-      else
-        pump(w, w.err_fd, w.err_buf, stderr, false);
+    if (attempt < opt.max_restarts) {
+      std::fprintf(stderr,
+                   "tessera run: %s; restarting every worker from the latest checkpoint (restart "
+                   "%d of %d)\n",
+                   reason.c_str(), attempt + 1, opt.max_restarts);
+      continue;
     }
-    bool all_done = true;
-    for (auto &w : workers) {
-      if (w.exited) continue;
-      int st = 0;
-      pid_t r = ::waitpid(w.pid, &st, WNOHANG);
-      if (r == w.pid) {
-        w.exited = true;
-        w.status = st;
-        if (failed(st) && first_failed < 0 && !terminating) {
-          first_failed = w.rank;
-          reason = "rank " + std::to_string(w.rank) + " " + describe_exit(st);
-          std::string why;
-          if (store && store->peek(kAbortKey, &why)) reason += " (" + why + ")";
-          std::fprintf(stderr, "tessera run: %s; stopping the other workers\n", reason.c_str());
-          terminating = true;
-          stop_all(SIGTERM);
-          kill_at = std::chrono::steady_clock::now() +
-                    std::chrono::milliseconds(static_cast<int>(opt.grace_s * 1000));
-        }
-      } else {
-        all_done = false;
-      }
-    }
-    if (g_signal && !terminating) {
-      std::fprintf(stderr, "tessera run: %s received; stopping every worker\n",
-                   g_signal == SIGINT ? "SIGINT" : "SIGTERM");
-      terminating = true;
-      stop_all(SIGTERM);
-      kill_at = std::chrono::steady_clock::now() +
-                std::chrono::milliseconds(static_cast<int>(opt.grace_s * 1000));
-    }
-    if (terminating && !all_done && std::chrono::steady_clock::now() > kill_at) {
-      stop_all(SIGKILL);
-      kill_at = std::chrono::steady_clock::now() + std::chrono::hours(1);
-    }
-    if (all_done) break;
-  }
-  for (auto &w : workers) {
-    while (w.out_fd >= 0) pump(w, w.out_fd, w.out_buf, stdout, true);
-    while (w.err_fd >= 0) pump(w, w.err_fd, w.err_buf, stderr, true);
-  }
-  if (first_failed >= 0) {
     std::fprintf(stderr, "tessera run: failed: %s\n", reason.c_str());
     return 1;
   }
-  if (g_signal) return 128 + g_signal;
-  return 0;
 }
 
 }  // namespace tessera

@@ -12,7 +12,8 @@ struct LaunchOptions {
   int nnodes = 1;      // --nnodes
   int node_rank = 0;   // --node-rank
   std::string master;  // --master host:port ("" on one node: loopback, a free port)
-  double grace_s = 5;  // SIGTERM to SIGKILL
+  double grace_s = 30;   // after a SIGINT/SIGTERM: time to save before SIGKILL
+  int max_restarts = 0;  // --max-restarts: restarts from the latest checkpoint
 };
 
 // Runs the job; returns the launcher's exit status (0 when every worker

@@ -1,5 +1,6 @@
 #include "train/layout.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -52,6 +53,7 @@ Layout make_layout(const tsr_model_vtable *vt, void *model, uint32_t world,
     if (static_cast<int64_t>(info.group) != last_group) {
       close_group();
       L.group_offset.push_back(cursor);
+      L.model_group.push_back(info.group);
       last_group = info.group;
     }
     p.group = static_cast<uint32_t>(L.group_offset.size() - 1);
@@ -68,7 +70,37 @@ Layout make_layout(const tsr_model_vtable *vt, void *model, uint32_t world,
   }
   close_group();
   L.total = cursor;
+  size_t canon = 0;
+  L.group_real.assign(L.group_offset.size(), 0);
+  for (const auto &p : L.params) L.group_real[p.group] += p.numel;
+  for (size_t g = 0; g < L.group_offset.size(); ++g) {
+    L.group_canonical.push_back(canon);
+    canon += L.group_real[g];
+  }
   return L;
+}
+
+bool Layout::group_index(uint32_t model_group_id, uint32_t *index) const {
+  auto it = std::lower_bound(model_group.begin(), model_group.end(), model_group_id);
+  if (it == model_group.end() || *it != model_group_id) return false;
+  *index = static_cast<uint32_t>(it - model_group.begin());
+  return true;
+}
+
+size_t Layout::group_of(size_t flat_offset) const {
+  auto it = std::upper_bound(group_offset.begin(), group_offset.end(), flat_offset);
+  TSR_CHECK(it != group_offset.begin(), TSR_ERR_INTERNAL, "flat offset before the first group");
+  return static_cast<size_t>(it - group_offset.begin()) - 1;
+}
+
+void Layout::to_canonical(size_t offset, size_t count, size_t *c0, size_t *n) const {
+  size_t g = group_of(offset);
+  size_t local = offset - group_offset[g];
+  TSR_CHECK(local + count <= group_size[g], TSR_ERR_INTERNAL,
+            "flat range crosses a group boundary");
+  size_t real = group_real[g];
+  *c0 = group_canonical[g] + std::min(local, real);
+  *n = local >= real ? 0 : std::min(count, real - local);
 }
 
 std::vector<tsr_segment> Layout::segments(size_t begin, size_t count) const {

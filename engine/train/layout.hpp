@@ -35,6 +35,20 @@ struct Layout {
   std::vector<tsr_segment> segments(size_t begin, size_t count) const;
   // Rank r's slice of group g: [offset, offset + count).
   void owned_slice(size_t g, uint32_t rank, size_t *offset, size_t *count) const;
+
+  // The canonical index space: every parameter's elements in declaration
+  // order, without padding. It does not depend on the world size, so
+  // checkpoints are stored in it. `group_real[g]` is group g's unpadded
+  // size and `group_canonical[g]` its start there.
+  std::vector<size_t> group_real, group_canonical;
+  // The canonical interval covered by flat [offset, offset + count), which
+  // must lie within one group; padding maps to nothing (*n = 0).
+  void to_canonical(size_t offset, size_t count, size_t *c0, size_t *n) const;
+  size_t group_of(size_t flat_offset) const;
+  // The model's own group numbers, one per layout group (non-decreasing,
+  // gaps allowed), and the layout group a model number names.
+  std::vector<uint32_t> model_group;
+  bool group_index(uint32_t model_group_id, uint32_t *index) const;
 };
 
 // Reads the model's declared parameters and lays them out for `world` ranks.

@@ -1,10 +1,105 @@
 #include "train/report.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 
 #include "util/error.hpp"
 
 namespace tessera {
+
+namespace {
+
+// The run report's extra lines (observe.cpp fills these summary fields).
+std::string si(double v, const char *unit) {
+  static const char *prefixes[] = {"", "k", "M", "G", "T", "P"};
+  size_t i = 0;
+  while (std::fabs(v) >= 1000 && i + 1 < std::size(prefixes)) {
+    v /= 1000;
+    ++i;
+  }
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.3g %s%s", v, prefixes[i], unit);
+  return buf;
+}
+
+void print_compute(const nlohmann::json &s) {
+  if (!s.contains("flops_per_s") || !s["flops_per_s"].is_number()) return;
+  std::string line = si(s["flops_per_s"].get<double>(), "FLOP/s") + " achieved";
+  if (s.value("world_size", 1) > 1)
+    line += " (" + si(s["flops_per_s_per_rank"].get<double>(), "FLOP/s") + " per rank)";
+  if (s.contains("mfu") && s["mfu"].is_number()) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "; MFU %.1f%% of %g TFLOP/s per rank",
+                  100.0 * s["mfu"].get<double>(), s["peak_tflops"].get<double>());
+    line += buf;
+  } else {
+    line += "; MFU: set log.peak_tflops to the device's peak";
+  }
+  std::printf("  compute          %s\n", line.c_str());
+}
+
+void print_breakdown(const nlohmann::json &s) {
+  if (!s.contains("time_breakdown") || !s["time_breakdown"].is_object()) return;
+  const auto &b = s["time_breakdown"];
+  const double total = b.value("total", 0.0);
+  if (!(total > 0)) return;
+  static const char *keys[][2] = {{"data", "data"},           {"forward", "forward"},
+                                  {"backward", "backward"},   {"comm_wait", "comm wait"},
+                                  {"optimizer", "optimizer"}, {"checkpoint", "checkpoint"},
+                                  {"eval", "eval"},           {"other", "other"}};
+  std::string line;
+  for (const auto &k : keys) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%s%s %.0f%%", line.empty() ? "" : " | ", k[1],
+                  100.0 * b.value(k[0], 0.0) / total);
+    line += buf;
+  }
+  char dur[32];
+  if (total < 60)
+    std::snprintf(dur, sizeof dur, "%.3g s", total);
+  else
+    std::snprintf(dur, sizeof dur, "%s", format_duration(total).c_str());
+  std::printf("  time (rank 0)    %s of %s\n", line.c_str(), dur);
+}
+
+void print_memory_by_rank(const nlohmann::json &s) {
+  if (!s.contains("peak_memory_by_rank") || !s["peak_memory_by_rank"].is_array()) return;
+  const auto &ranks = s["peak_memory_by_rank"];
+  const size_t shown = std::min<size_t>(ranks.size(), 8);
+  for (size_t i = 0; i < shown; ++i) {
+    const auto &r = ranks[i];
+    std::string line;
+    // The host's purposes (purpose_name), in the order DESIGN.md's table uses.
+    for (const char *k :
+         {"parameters", "gradients", "optimizer state", "activations", "communication", "other"}) {
+      if (!r.contains(k) || !r[k].is_number() || r[k].get<double>() <= 0) continue;
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "%s%s %.2f MiB", line.empty() ? "" : ", ", k,
+                    r[k].get<double>() / 1048576.0);
+      line += buf;
+    }
+    std::printf("    rank %-9d %s; process RSS %.0f MiB\n", r.value("rank", 0), line.c_str(),
+                r.value("rss", 0.0) / 1048576.0);
+  }
+  if (ranks.size() > shown)
+    std::printf("    (%zu more ranks in summary.json)\n", ranks.size() - shown);
+}
+
+void print_files(const nlohmann::json &s) {
+  if (!s.contains("files") || !s["files"].is_object()) return;
+  const auto &f = s["files"];
+  auto show = [&](const char *key, const char *label, const char *hint) {
+    if (f.contains(key) && f[key].is_string())
+      std::printf("  %-16s %s%s\n", label, f[key].get<std::string>().c_str(), hint);
+  };
+  show("summary", "summary", "");
+  show("metrics", "metrics", "");
+  show("plot", "plot", "  (open in a browser; 'tessera plot DIR...' compares runs)");
+  show("trace", "trace", "  (open in ui.perfetto.dev or chrome://tracing)");
+}
+
+}  // namespace
 
 std::string format_duration(double s) {
   if (s < 0 || !std::isfinite(s)) return "?";
@@ -31,23 +126,44 @@ void Reporter::append(const nlohmann::json &line) {
   metrics_.flush();
 }
 
+std::string format_breakdown(const nlohmann::json &b) {
+  const double total = b.value("total", 0.0);
+  const double steps = std::max(1.0, b.value("steps", 1.0));
+  if (!(total > 0)) return "";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.3g ms/step:", total / steps * 1e3);
+  std::string out = buf;
+  // The step's own parts always; checkpoint, eval and other when they show.
+  static const char *keys[][2] = {
+      {"data", "data"},     {"forward", "fwd"},     {"backward", "bwd"}, {"comm_wait", "comm"},
+      {"optimizer", "opt"}, {"checkpoint", "ckpt"}, {"eval", "eval"},    {"other", "other"}};
+  for (size_t i = 0; i < std::size(keys); ++i) {
+    double pct = 100.0 * b.value(keys[i][0], 0.0) / total;
+    if (i >= 5 && pct < 0.5) continue;
+    std::snprintf(buf, sizeof buf, " %s %.0f%%", keys[i][1], pct);
+    out += buf;
+  }
+  return out;
+}
+
 void Reporter::progress(int64_t step, int64_t epoch, double loss, double lr, double sps,
-                        double elapsed) {
+                        double elapsed, const nlohmann::json &extra) {
   if (!primary_) return;
   double eta =
       step > 0 ? elapsed / static_cast<double>(step) * static_cast<double>(total_ - step) : -1;
   int width = static_cast<int>(std::to_string(total_).size());
-  std::printf("step %*lld/%lld | epoch %lld | loss %.4f | lr %.3e | %.0f samples/s | ETA %s\n",
+  std::string tail;
+  if (extra.contains("breakdown")) tail = " | " + format_breakdown(extra["breakdown"]);
+  std::printf("step %*lld/%lld | epoch %lld | loss %.4f | lr %.3e | %.0f samples/s | ETA %s%s\n",
               width, static_cast<long long>(step), static_cast<long long>(total_),
-              static_cast<long long>(epoch), loss, lr, sps, format_duration(eta).c_str());
+              static_cast<long long>(epoch), loss, lr, sps, format_duration(eta).c_str(),
+              tail.c_str());
   std::fflush(stdout);
-  append({{"type", "train"},
-          {"step", step},
-          {"epoch", epoch},
-          {"loss", loss},
-          {"lr", lr},
-          {"samples_per_s", sps},
-          {"elapsed_s", elapsed}});
+  nlohmann::json line = {{"type", "train"},     {"step", step}, {"epoch", epoch},
+                         {"loss", loss},        {"lr", lr},     {"samples_per_s", sps},
+                         {"elapsed_s", elapsed}};
+  for (const auto &[k, v] : extra.items()) line[k] = v;
+  append(line);
 }
 
 void Reporter::eval(int64_t step, int64_t epoch, const EvalResult &r) {
@@ -95,11 +211,15 @@ void Reporter::print_summary(const nlohmann::json &s) {
   std::printf("  throughput       %.0f samples/s\n", num("samples_per_s"));
   std::printf("  wall time        %s (training %s)\n", format_duration(num("wall_s")).c_str(),
               format_duration(num("train_s")).c_str());
+  print_compute(s);
+  print_breakdown(s);
   std::printf("  peak memory      %.1f MiB (engine allocations)\n",
               num("peak_memory_bytes") / 1048576.0);
+  print_memory_by_rank(s);
   if (s.contains("checkpoint") && s["checkpoint"].is_string())
     std::printf("  checkpoint       %s\n", s["checkpoint"].get<std::string>().c_str());
   std::printf("  run directory    %s\n", dir_.c_str());
+  print_files(s);
   std::fflush(stdout);
 }
 

@@ -21,8 +21,10 @@ class Reporter {
   // Only rank 0 writes files and progress; other ranks stay quiet.
   Reporter(const std::string &run_dir, bool primary, int64_t total_steps);
 
+  // `extra` joins the metrics line (memory, the breakdown); a breakdown
+  // also shows, compact, at the end of the progress line.
   void progress(int64_t step, int64_t epoch, double loss, double lr, double samples_per_s,
-                double elapsed_s);
+                double elapsed_s, const nlohmann::json &extra = nlohmann::json::object());
   void eval(int64_t step, int64_t epoch, const EvalResult &r);
   void write_summary(const nlohmann::json &summary);
   void print_summary(const nlohmann::json &summary);
@@ -37,5 +39,9 @@ class Reporter {
 };
 
 std::string format_duration(double seconds);
+
+// "1.2 ms/step: data 2% | fwd 31% | ..." from a breakdown object of
+// metrics.jsonl (parts in seconds over `steps` steps).
+std::string format_breakdown(const nlohmann::json &breakdown);
 
 }  // namespace tessera

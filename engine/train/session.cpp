@@ -128,8 +128,25 @@ Session::Session(const Job &j, Host::RunFacts facts, bool train, ParamInitialize
       return host.table()->error(host.ctx(), TSR_ERR_INVALID, "no gradients: the model is frozen");
     return group_ptr(i, true, out);
   };
-  hooks.grads_done = [this](uint32_t g) { return zero.vt->grads_done(zero.self, g, last_micro); };
-  hooks.params_done = [this](uint32_t g) { return zero.vt->params_done(zero.self, g); };
+  // Models name groups by their own numbers; the zero plugin by position.
+  auto group_at = [this](uint32_t model_group, uint32_t *g) -> tsr_status {
+    if (layout.group_index(model_group, g)) return TSR_OK;
+    return host.table()->error(
+        host.ctx(), TSR_ERR_INVALID,
+        ("model '" + model.name + "' named group " + std::to_string(model_group) +
+         ", which none of its parameters declares")
+            .c_str());
+  };
+  hooks.grads_done = [this, group_at](uint32_t mg) {
+    uint32_t g = 0;
+    tsr_status st = group_at(mg, &g);
+    return st != TSR_OK ? st : zero.vt->grads_done(zero.self, g, last_micro);
+  };
+  hooks.params_done = [this, group_at](uint32_t mg) {
+    uint32_t g = 0;
+    tsr_status st = group_at(mg, &g);
+    return st != TSR_OK ? st : zero.vt->params_done(zero.self, g);
+  };
   if (!training) return;
 
   create_simple(*this, optimizer, "optimizer");

@@ -1,6 +1,8 @@
 // The training loop (DESIGN.md, "The step").
 #include "train/trainer.hpp"
 
+#include <sched.h>
+#include <signal.h>
 #include <sys/resource.h>
 
 #include <chrono>
@@ -10,9 +12,12 @@
 #include <fstream>
 #include <thread>
 
+#include "ckpt/checkpoint.hpp"
 #include "data/loader.hpp"
 #include "ops/cpu_ops.hpp"
+#include "train/fault.hpp"
 #include "train/model_file.hpp"
+#include "train/observe.hpp"
 #include "train/schedule.hpp"
 #include "util/error.hpp"
 
@@ -23,6 +28,30 @@ namespace tessera {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Set by SIGTERM/SIGINT (preemption): the run saves a checkpoint and ends.
+volatile sig_atomic_t g_stop_signal = 0;
+void on_stop_signal(int sig) {
+  g_stop_signal = sig;
+}
+
+void install_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+}
+
+// A value agreed by every rank (the maximum), through the run's collectives.
+int64_t agree_max(Session &s, int64_t v, const char *what) {
+  if (s.host.facts().world_size == 1) return v;
+  int64_t one = 1;
+  DLTensor t{&v, DLDevice{kDLCPU, 0}, 1, DLDataType{kDLInt, 64, 1}, &one, nullptr, 0};
+  plugin_ok(s.host, s.host.table()->comm->all_reduce(s.host.ctx(), &t, TSR_REDUCE_MAX, nullptr),
+            what);
+  return v;
+}
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -51,6 +80,7 @@ struct UpdateCtx {
 };
 
 tsr_status update_range(void *p, const tsr_owned_range *r) {
+  trace::Span span(trace::Stream::offload, "offload step");
   auto *u = static_cast<UpdateCtx *>(p);
   Session &s = *u->s;
   std::vector<tsr_segment> segs = s.layout.segments(r->flat_offset, r->count);
@@ -155,7 +185,14 @@ void prepare_process(const Job &job, const ProcessInfo &proc) {
   // Threads per rank: run.threads, else the cores shared among local ranks.
   int64_t t = job.settings.threads;
   if (t == 0) {
-    unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    // The cores this process may run on (taskset, cgroups via affinity),
+    // not every core of the machine.
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    unsigned cores = sched_getaffinity(0, sizeof set, &set) == 0
+                         ? static_cast<unsigned>(CPU_COUNT(&set))
+                         : std::thread::hardware_concurrency();
+    cores = std::max(1u, cores);
     t = std::max<int64_t>(1, cores / std::max<uint32_t>(1, proc.local_world_size));
   }
   cpu_ops_set_threads(static_cast<int>(t));
@@ -228,8 +265,10 @@ nlohmann::json train(const Job &job, const ProcessInfo &proc) {
   bool have_eval = false;
   int64_t last_eval_step = -1;
   std::string ckpt_path;
+  RunObserver obs(job, s, total);  // [log]: breakdown, trace, run report
 
   auto run_eval = [&](int64_t at_step) {
+    auto timed = obs.time(Part::eval, "eval");
     auto t0 = Clock::now();
     last_eval = evaluate(s, st.micro_batch);
     have_eval = true;
@@ -239,33 +278,78 @@ nlohmann::json train(const Job &job, const ProcessInfo &proc) {
     train_start += Clock::now() - t0;
     interval_start += Clock::now() - t0;
   };
+  // Resume: from checkpoint.resume ("auto" or a path), or TESSERA_RESUME
+  // when the launcher restarts the job after a failure.
+  int64_t in_epoch = 0;  // steps taken in the current epoch
+  std::string resume = st.resume;
+  if (const char *r = std::getenv("TESSERA_RESUME")) resume = r;
+  if (!resume.empty()) {
+    std::string path = resolve_checkpoint(resume, st.ckpt_dir);
+    if (!path.empty()) {
+      TrainState ts = load_checkpoint(s, path);
+      step = ts.step;
+      epoch = ts.epoch;
+      samples = ts.samples;
+      in_epoch = ts.batch_in_epoch;
+      if (ts.global_batch != st.global_batch) {
+        // Another global batch: continue after the same samples of the epoch.
+        int64_t consumed = ts.batch_in_epoch * ts.global_batch;
+        if (consumed % st.global_batch != 0)
+          throw Error(TSR_ERR_CONFIG,
+                      path + " stopped " + std::to_string(consumed) +
+                          " samples into its epoch, not a whole number of steps at global batch " +
+                          std::to_string(st.global_batch));
+        in_epoch = consumed / st.global_batch;
+      }
+      if (primary) {
+        std::printf("tessera: resumed from %s at step %lld (epoch %lld, %lld steps into it)\n",
+                    path.c_str(), static_cast<long long>(step), static_cast<long long>(epoch),
+                    static_cast<long long>(in_epoch));
+        std::fflush(stdout);
+      }
+    } else if (primary && resume == "auto") {
+      std::printf("tessera: no checkpoint in %s yet; starting fresh\n", st.ckpt_dir.c_str());
+    }
+  }
   auto save = [&](int64_t at_step) {
-    std::vector<float> flat = s.gather_params();  // collective under stage 3
-    if (primary)
-      ckpt_path = save_model_checkpoint(st.ckpt_dir, at_step, s.layout, flat.data(),
-                                        job.resolved_toml(), st.ckpt_keep);
+    auto timed = obs.time(Part::checkpoint, "checkpoint");
+    TrainState ts{at_step, epoch,           in_epoch,
+                  samples, st.global_batch, static_cast<uint64_t>(st.seed)};
+    ckpt_path = save_checkpoint(s, ts, st.ckpt_dir, st.ckpt_keep, job.resolved_toml());
   };
+  install_stop_handlers();
+  bool stopped = false;
 
   while (step < total) {
+    auto epoch_data = obs.time(Part::data, "data: new epoch");
     sargs.epoch = epoch;
     std::vector<int64_t> indices(static_cast<size_t>(epoch_size));
     plugin_ok(s.host, s.sampler.vt->indices(s.sampler.self, &sargs, indices.data()),
               "[sampler] indices");
+    // After a resume, this epoch's first steps are done already.
+    const int64_t skip = std::min(in_epoch, steps_per_epoch);
+    indices.erase(indices.begin(), indices.begin() + skip * per_step);
     Loader loader(s.host, s.train_data.vt, s.train_data.self, s.train_info, std::move(indices),
                   st.micro_batch, false, static_cast<int>(st.workers),
                   static_cast<int>(st.prefetch), "data.train");
-    for (int64_t b = 0; b < steps_per_epoch && step < total; ++b) {
+    epoch_data.stop();
+    for (int64_t b = skip; b < steps_per_epoch && step < total && !stopped; ++b) {
+      obs.begin_step(step + 1);
       double step_loss = 0;
       for (int64_t m = 0; m < st.accumulation; ++m) {
+        auto data_t = obs.time(Part::data, "data wait");
         const tsr_batch *batch = loader.next();
+        data_t.stop();
         if (!batch) throw Error(TSR_ERR_INTERNAL, "loader ran out of batches mid-epoch");
         s.last_micro = (m == st.accumulation - 1) ? 1 : 0;
         s.backward = false;
         tsr_forward_result res{};
         res.struct_size = sizeof res;
+        auto fwd_t = obs.time(Part::forward, "forward");
         plugin_ok(s.host, s.model.vt->forward(s.model.self, step_ctx, batch, 1, &res),
                   "[model] forward");
         plugin_ok(s.host, s.zero.vt->end_pass(s.zero.self), "[zero] end_pass");
+        fwd_t.stop();
         if (res.count <= 0)
           throw Error(TSR_ERR_INVALID, "[model] forward counted no targets in a batch");
         // The step's loss is the mean over its samples: each micro-batch's
@@ -274,20 +358,25 @@ nlohmann::json train(const Job &job, const ProcessInfo &proc) {
         double scale =
             1.0 / (static_cast<double>(res.count) * static_cast<double>(st.accumulation));
         s.backward = true;
+        auto bwd_t = obs.time(Part::backward, "backward");
         plugin_ok(s.host,
                   s.model.vt->backward(s.model.self, step_ctx, batch, static_cast<float>(scale)),
                   "[model] backward");
         plugin_ok(s.host, s.zero.vt->end_pass(s.zero.self), "[zero] end_pass");
+        bwd_t.stop();
         step_loss += res.loss_sum * scale;
         samples += batch->size * proc.world_size;
         interval_samples += batch->size * proc.world_size;
       }
+      auto comm_t = obs.time(Part::comm_wait, "finish_grads");
       plugin_ok(s.host, s.zero.vt->finish_grads(s.zero.self), "[zero] finish_grads");
+      comm_t.stop();
       if (!std::isfinite(step_loss))
         throw Error(TSR_ERR_INVALID, "loss is " + std::to_string(step_loss) + " at step " +
                                          std::to_string(step + 1) +
                                          "; lower optimizer.lr or set run.gradient_clipping");
       // Clip by the global L2 norm over all ranks.
+      auto opt_t = obs.time(Part::optimizer, "optimizer step");
       double clip = 1.0;
       if (st.gradient_clipping > 0) {
         double sq = 0;
@@ -299,29 +388,64 @@ nlohmann::json train(const Job &job, const ProcessInfo &proc) {
       uctx.grad_scale = clip;
       uctx.step = step + 1;
       plugin_ok(s.host, s.zero.vt->step(s.zero.self, &zstep), "[zero] step");
+      opt_t.stop();
       ++step;
+      in_epoch = b + 1;
+      maybe_crash(proc.rank, step, FaultPoint::step_end);
       interval_loss += step_loss;
       ++interval_steps;
       if (step % st.log_every == 0 || step == total) {
         double dt = seconds_since(interval_start);
-        last_loss = interval_loss / static_cast<double>(interval_steps);
+        // The loss of the whole job: each rank's mean over its samples,
+        // averaged over ranks (equal shares).
+        double mean = interval_loss / static_cast<double>(interval_steps);
+        if (proc.world_size > 1) {
+          int64_t one = 1;
+          DLTensor t{&mean, DLDevice{kDLCPU, 0}, 1, DLDataType{kDLFloat, 64, 1}, &one, nullptr, 0};
+          plugin_ok(s.host,
+                    s.host.table()->comm->all_reduce(s.host.ctx(), &t, TSR_REDUCE_AVG, nullptr),
+                    "average the loss over ranks");
+        }
+        last_loss = mean;
         rep.progress(step, epoch, last_loss, uctx.lr,
                      dt > 0 ? static_cast<double>(interval_samples) / dt : 0,
-                     seconds_since(train_start));
+                     seconds_since(train_start), obs.at_log(interval_steps));
         interval_loss = 0;
         interval_steps = 0;
         interval_samples = 0;
         interval_start = Clock::now();
+        obs.restart_interval();
       }
       if (st.eval_every > 0 && step % st.eval_every == 0) run_eval(step);
       if (st.ckpt_every > 0 && step % st.ckpt_every == 0 && step < total) save(step);
+      // Preemption: every rank agrees on the step to stop at (checked every
+      // step alone, every 4 steps across ranks to keep collectives few).
+      if ((proc.world_size == 1 || step % 4 == 0) && step < total &&
+          agree_max(s, g_stop_signal, "agree on stopping") != 0)
+        stopped = true;
     }
+    if (stopped) break;
     if (st.eval_every == 0) run_eval(step);  // at the end of every epoch
-    ++epoch;
+    if (in_epoch >= steps_per_epoch) {
+      ++epoch;
+      in_epoch = 0;
+    }
+  }
+  if (stopped) {
+    save(step);
+    if (primary) {
+      std::printf(
+          "tessera: stopped by a signal at step %lld; checkpoint saved to %s (resume with "
+          "checkpoint.resume = \"auto\")\n",
+          static_cast<long long>(step), ckpt_path.c_str());
+      std::fflush(stdout);
+    }
   }
   const double train_s = seconds_since(train_start);
-  if (last_eval_step != step) run_eval(step);
-  save(step);
+  if (!stopped) {
+    if (last_eval_step != step) run_eval(step);
+    save(step);
+  }
 
   MemoryStats mem = s.host.memory();
   nlohmann::json peak = nlohmann::json::object();
@@ -329,7 +453,7 @@ nlohmann::json train(const Job &job, const ProcessInfo &proc) {
     peak[purpose_name(p)] = mem.peak[static_cast<size_t>(p)];
   nlohmann::json summary = {
       {"name", st.name},
-      {"status", "completed"},
+      {"status", stopped ? "stopped" : "completed"},
       {"steps", step},
       {"epochs", epoch},
       {"samples", samples},
@@ -349,6 +473,7 @@ nlohmann::json train(const Job &job, const ProcessInfo &proc) {
       {"parameters", s.layout.numel},
       {"checkpoint", ckpt_path},
   };
+  obs.finish(summary);  // collective
   rep.write_summary(summary);
   rep.print_summary(summary);
   return summary;

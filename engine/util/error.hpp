@@ -19,6 +19,13 @@ class Error : public std::runtime_error {
   tsr_status code_;
 };
 
+// A failure whose message was already recorded with the host (by a host
+// call that failed): rethrown through guarded() without replacing it.
+class ReportedError : public Error {
+ public:
+  explicit ReportedError(tsr_status code) : Error(code, "(reported)") {}
+};
+
 // Records `message` as the last error of the host behind `ctx` (if any) and
 // returns `code`. Safe with ctx == nullptr (the message is then dropped).
 tsr_status report_error(tsr_host_ctx *ctx, tsr_status code, const std::string &message);
@@ -29,6 +36,8 @@ tsr_status guarded(tsr_host_ctx *ctx, Fn &&fn) noexcept {
   try {
     fn();
     return TSR_OK;
+  } catch (const ReportedError &e) {
+    return e.code();
   } catch (const Error &e) {
     return report_error(ctx, e.code(), e.what());
   } catch (const std::bad_alloc &) {

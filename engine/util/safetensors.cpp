@@ -21,7 +21,7 @@ size_t st_dtype_size(const std::string &d) {
   return 0;
 }
 
-void safetensors_write(const std::string &path, const std::vector<StTensor> &tensors,
+size_t safetensors_write(const std::string &path, const std::vector<StTensor> &tensors,
                        const std::map<std::string, std::string> &metadata) {
   nlohmann::ordered_json header;
   if (!metadata.empty()) header["__metadata__"] = metadata;
@@ -53,6 +53,7 @@ void safetensors_write(const std::string &path, const std::vector<StTensor> &ten
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
   if (ec) throw Error(TSR_ERR_IO, path + ": cannot rename into place: " + ec.message());
+  return 8 + h.size();
 }
 
 SafetensorsFile::SafetensorsFile(const std::string &path) : path_(path) {

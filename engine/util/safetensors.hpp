@@ -18,9 +18,11 @@ struct StTensor {
 };
 
 // Writes tensors (in the given order) to `path` via a temporary file that is
-// renamed into place once complete and synced.
-void safetensors_write(const std::string &path, const std::vector<StTensor> &tensors,
-                       const std::map<std::string, std::string> &metadata = {});
+// renamed into place once complete and synced. Returns the byte offset in
+// the file where the data section starts (tensor i's bytes follow the ones
+// before it in order).
+size_t safetensors_write(const std::string &path, const std::vector<StTensor> &tensors,
+                         const std::map<std::string, std::string> &metadata = {});
 
 // A file read into memory; every header field is checked against the file's
 // real length before use.

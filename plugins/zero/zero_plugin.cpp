@@ -94,13 +94,17 @@ constexpr tsr_zero_vtable vtable() {
 const tsr_zero_vtable kV0 = vtable<0>(), kV1 = vtable<1>(), kV2 = vtable<2>(), kV3 = vtable<3>();
 
 const tsr_param_decl kCommon[] = {
-    param_min("bucket_mb", TSR_PARAM_FLOAT, "25.0",
-              "gradient reduction bucket in MiB (DeepSpeed reduce_bucket_size / 2^20)", 0.001),
+    param_min(
+        "bucket_mb", TSR_PARAM_FLOAT, "25.0",
+        "gradient reduction bucket in MiB (DeepSpeed reduce_bucket_size elements x 4 bytes / 2^20)",
+        0.001),
     param("overlap_comm", TSR_PARAM_BOOL, "true", "start reductions while backward still runs"),
 };
 const tsr_param_decl kStage3Params[] = {
-    param_min("bucket_mb", TSR_PARAM_FLOAT, "25.0",
-              "gradient reduction bucket in MiB (DeepSpeed reduce_bucket_size / 2^20)", 0.001),
+    param_min(
+        "bucket_mb", TSR_PARAM_FLOAT, "25.0",
+        "gradient reduction bucket in MiB (DeepSpeed reduce_bucket_size elements x 4 bytes / 2^20)",
+        0.001),
     param("overlap_comm", TSR_PARAM_BOOL, "true", "start reductions while backward still runs"),
     param("prefetch", TSR_PARAM_BOOL, "true",
           "gather the next group while the current one computes"),

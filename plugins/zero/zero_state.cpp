@@ -197,6 +197,8 @@ void ZeroState::grads_done(uint32_t g, bool last_micro) {
     // Gradients accumulate locally over micro-batches; the sum crosses the
     // network once, in buckets of neighbouring groups.
     if (!last_micro || world_ == 1) return;
+    if (declared_.size() != size_.size()) declared_.assign(size_.size(), 0);
+    declared_[g] = 1;
     if (bucket_lo_ >= 0 && static_cast<int64_t>(g) + 1 != bucket_lo_) launch_bucket();
     if (bucket_lo_ < 0) bucket_hi_ = g;
     bucket_lo_ = g;
@@ -293,6 +295,14 @@ void ZeroState::finish_grads() {
     std::vector<uint32_t> left;
     for (auto &[g, b] : active_grads_) left.push_back(g);
     for (uint32_t g : left) grads_done(g, true);
+  }
+  // Stages 0-1: a group the model never declared done is reduced too, or
+  // the ranks would drift apart.
+  if (opt_.stage < 2 && world_ > 1) {
+    if (declared_.size() != size_.size()) declared_.assign(size_.size(), 0);
+    for (uint32_t g = static_cast<uint32_t>(size_.size()); g-- > 0;)
+      if (!declared_[g]) grads_done(g, true);
+    declared_.assign(size_.size(), 0);
   }
   launch_bucket();
   launch_scatter_bucket();

@@ -92,6 +92,8 @@ class ZeroState {
   std::vector<std::pair<uint32_t, sdk::Buffer>> scatter_bucket_;
   size_t scatter_bytes_ = 0;
   std::vector<sdk::Buffer> pool_;
+  // stage 0-1: groups whose last-micro-batch gradients were declared done
+  std::vector<char> declared_;
   int64_t shapes_[8] = {};  // a ring: views live only for one call
   unsigned next_shape_ = 0;
 };

@@ -1,7 +1,10 @@
 #include "harness.hpp"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -289,6 +292,228 @@ std::vector<std::string> entries(const fs::path &dir, const std::string &prefix)
   }
   std::sort(v.begin(), v.end());
   return v;
+}
+
+// ---- Processes that run alongside the test ---------------------------------
+
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string read_if_exists(const fs::path &p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) return "";
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+}  // namespace
+
+Process::Process(Process &&o) noexcept
+    : pid(o.pid),
+      out_path(std::move(o.out_path)),
+      err_path(std::move(o.err_path)),
+      timeout_s(o.timeout_s),
+      started(o.started),
+      reaped(o.reaped),
+      result(std::move(o.result)) {
+  o.pid = -1;
+}
+
+Process::~Process() {
+  if (pid <= 0 || reaped) return;
+  // Still running: a test gave up on it. Kill its whole process group (a
+  // launcher and its workers) and reap it.
+  ::kill(-pid, SIGKILL);
+  ::kill(pid, SIGKILL);
+  int st = 0;
+  while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  }
+}
+
+std::string Process::out() const {
+  return read_if_exists(out_path);
+}
+
+std::string Process::err() const {
+  return read_if_exists(err_path);
+}
+
+double Process::elapsed() const {
+  return now_s() - started;
+}
+
+bool Process::poll() {
+  if (reaped) return true;
+  if (pid <= 0) return false;
+  int st = 0;
+  pid_t r = ::waitpid(pid, &st, WNOHANG);
+  if (r != pid) return false;
+  reaped = true;
+  result.out = out();
+  result.err = err();
+  if (WIFEXITED(st))
+    result.status = WEXITSTATUS(st);
+  else if (WIFSIGNALED(st))
+    result.status = 128 + WTERMSIG(st);
+  if (result.status == 125 || result.status == 126 || result.status == 127)
+    result.err += "\n[harness] could not start " + std::string(TESSERA_BINARY) + "\n";
+  return true;
+}
+
+RunResult Process::wait() {
+  bool killed = false;
+  while (!poll()) {
+    if (!killed && elapsed() > timeout_s) {
+      ::kill(-pid, SIGKILL);
+      ::kill(pid, SIGKILL);
+      killed = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (killed) result.err += "\n[harness] killed after " + std::to_string(timeout_s) + " s\n";
+  return result;
+}
+
+Process start_cli(const std::vector<std::string> &args, const RunOptions &opts) {
+  const fs::path dir = scratch() / "proc";
+  fs::create_directories(dir);
+  static int counter = 0;
+  const std::string tag = "bg" + std::to_string(++counter);
+  Process p;
+  p.out_path = dir / (tag + ".out");
+  p.err_path = dir / (tag + ".err");
+  p.timeout_s = opts.timeout_s;
+  const fs::path cwd = opts.cwd.empty() ? scratch() : opts.cwd;
+
+  std::vector<std::string> argv_s = {TESSERA_BINARY};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char *> argv;
+  for (auto &a : argv_s) argv.push_back(a.data());
+  argv.push_back(nullptr);
+
+  p.started = now_s();
+  pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    int o = open(p.out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int e = open(p.err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int in = open("/dev/null", O_RDONLY);
+    if (o < 0 || e < 0 || in < 0) _exit(125);
+    dup2(in, 0);
+    dup2(o, 1);
+    dup2(e, 2);
+    if (chdir(cwd.c_str()) != 0) _exit(126);
+    for (const char *v : kDefaultUnset) unsetenv(v);
+    for (const auto &v : opts.unset_env) unsetenv(v.c_str());
+    for (const auto &[k, v] : opts.env) setenv(k.c_str(), v.c_str(), 1);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  ::setpgid(pid, pid);  // also here, so it holds before we signal the group
+  p.pid = pid;
+  return p;
+}
+
+bool wait_for_text(Process &p, const std::string &text, double timeout_s, bool in_stderr) {
+  const double until = now_s() + timeout_s;
+  for (;;) {
+    const bool gone = p.poll();
+    if ((in_stderr ? p.err() : p.out()).find(text) != std::string::npos) return true;
+    if (gone || now_s() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+std::vector<int> child_pids(int pid) {
+  std::vector<int> v;
+  const fs::path tasks = fs::path("/proc") / std::to_string(pid) / "task";
+  std::error_code ec;
+  for (const auto &t : fs::directory_iterator(tasks, ec)) {
+    std::istringstream in(read_if_exists(t.path() / "children"));
+    for (int c; in >> c;)
+      if (std::find(v.begin(), v.end(), c) == v.end()) v.push_back(c);
+  }
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+bool process_running(int pid) {
+  const std::string stat = read_if_exists(fs::path("/proc") / std::to_string(pid) / "stat");
+  if (stat.empty()) return false;
+  // "pid (comm) S ...": the state follows the last ')'.
+  auto close = stat.rfind(')');
+  if (close == std::string::npos || close + 2 >= stat.size()) return false;
+  const char state = stat[close + 2];
+  return state != 'Z' && state != 'X';
+}
+
+std::string process_env(int pid, const std::string &name) {
+  const std::string env = read_if_exists(fs::path("/proc") / std::to_string(pid) / "environ");
+  const std::string prefix = name + "=";
+  size_t start = 0;
+  while (start < env.size()) {
+    size_t end = env.find('\0', start);
+    if (end == std::string::npos) end = env.size();
+    if (env.compare(start, prefix.size(), prefix) == 0)
+      return env.substr(start + prefix.size(), end - start - prefix.size());
+    start = end + 1;
+  }
+  return "";
+}
+
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw std::runtime_error(std::string("socket: ") + std::strerror(errno));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof a;
+  if (::bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len) != 0) {
+    ::close(fd);
+    throw std::runtime_error(std::string("bind: ") + std::strerror(errno));
+  }
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+std::map<std::string, F32Tensor> read_safetensors_f32(const fs::path &p) {
+  const std::string bytes = read_text(p);
+  if (bytes.size() < 8) throw std::runtime_error(p.string() + ": too short for safetensors");
+  uint64_t len = 0;
+  for (int i = 7; i >= 0; --i)
+    len = (len << 8) | static_cast<uint8_t>(bytes[static_cast<size_t>(i)]);
+  if (len > bytes.size() - 8) throw std::runtime_error(p.string() + ": header length past the end");
+  const nlohmann::json header = nlohmann::json::parse(bytes.substr(8, len));
+  const size_t base = 8 + len;
+  std::map<std::string, F32Tensor> out;
+  for (const auto &[name, t] : header.items()) {
+    if (name == "__metadata__") continue;
+    if (t.at("dtype") != "F32")
+      throw std::runtime_error(p.string() + ": tensor '" + name + "' is " +
+                               t.at("dtype").get<std::string>() + ", not F32");
+    F32Tensor x;
+    size_t numel = 1;
+    for (const auto &d : t.at("shape")) {
+      x.shape.push_back(d.get<int64_t>());
+      numel *= d.get<size_t>();
+    }
+    const size_t begin = t.at("data_offsets").at(0).get<size_t>();
+    const size_t end = t.at("data_offsets").at(1).get<size_t>();
+    if (end < begin || end - begin != numel * 4 || base + end > bytes.size())
+      throw std::runtime_error(p.string() + ": tensor '" + name + "' has bad data offsets");
+    x.data.resize(numel);
+    // Little-endian F32, as safetensors stores it (and as x86/arm64 hosts are).
+    std::memcpy(x.data.data(), bytes.data() + base + begin, numel * 4);
+    out.emplace(name, std::move(x));
+  }
+  return out;
 }
 
 }  // namespace tessera::itest

@@ -77,4 +77,61 @@ std::vector<std::string> lines(const std::string &text);
 // Directory entries of `dir` whose name starts with `prefix`, sorted.
 std::vector<std::string> entries(const fs::path &dir, const std::string &prefix);
 
+// ---- Processes that run alongside the test (multi-process tests) ----------
+
+// A tessera process started by start_cli. Its stdout and stderr go to files
+// read back at any time. If it is still running when this object goes away
+// (a failed REQUIRE), it is killed with SIGKILL and reaped.
+struct Process {
+  int pid = -1;  // pid_t
+  fs::path out_path, err_path;
+  double timeout_s = 60;  // wait() kills it after this many seconds from start
+  double started = 0;     // steady-clock seconds
+  bool reaped = false;
+  RunResult result;  // after wait() or poll() saw it exit
+
+  Process() = default;
+  Process(const Process &) = delete;
+  Process &operator=(const Process &) = delete;
+  Process(Process &&o) noexcept;
+  Process &operator=(Process &&o) = delete;
+  ~Process();
+
+  std::string out() const;  // stdout so far
+  std::string err() const;  // stderr so far
+  // True once it has exited (reaps it and fills `result`); never blocks.
+  bool poll();
+  // Waits for it to exit (SIGKILL after timeout_s from its start) and
+  // returns what it printed and its status (128 + signal when killed).
+  RunResult wait();
+  // Seconds since it started.
+  double elapsed() const;
+};
+
+// Starts TESSERA_BINARY with `args` like run_cli, without waiting. The child
+// gets its own process group so signals to it reach only it.
+Process start_cli(const std::vector<std::string> &args, const RunOptions &opts = {});
+
+// Waits until `text` appears in the process's stdout (or stderr when
+// `in_stderr`); false if it exits first or `timeout_s` passes.
+bool wait_for_text(Process &p, const std::string &text, double timeout_s, bool in_stderr = false);
+
+// Direct children of `pid` (from /proc/PID/task/*/children).
+std::vector<int> child_pids(int pid);
+// True when `pid` exists and is not a zombie.
+bool process_running(int pid);
+// The value of variable `name` in the environment `pid` started with ("" if
+// unset or unreadable).
+std::string process_env(int pid, const std::string &name);
+// A TCP port on 127.0.0.1 that was free a moment ago.
+int free_port();
+
+// Every F32 tensor of a safetensors file (the header is JSON after an
+// 8-byte little-endian length), by name; throws on other dtypes.
+struct F32Tensor {
+  std::vector<int64_t> shape;
+  std::vector<float> data;
+};
+std::map<std::string, F32Tensor> read_safetensors_f32(const fs::path &p);
+
 }  // namespace tessera::itest

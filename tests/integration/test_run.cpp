@@ -175,7 +175,7 @@ TEST_CASE("run trains the synthetic task and writes config, metrics and summary"
     fs::path ckpt = s.run_dir / "ckpt";
     REQUIRE(fs::exists(ckpt / "latest"));
     CHECK(lines(read_text(ckpt / "latest")).at(0) == "step_00000060");
-    CHECK(fs::exists(ckpt / "step_00000060" / "model.safetensors"));
+    CHECK(fs::exists(ckpt / "step_00000060" / "rank_00000.safetensors"));
     CHECK(fs::exists(ckpt / "step_00000060" / "manifest.json"));
   }
 }
@@ -312,9 +312,11 @@ TEST_CASE("eval reproduces the run's accuracy from its checkpoint, frozen", "[ev
   const double loss = sum.at("eval_loss").get<double>();
   const fs::path root = s.run_dir / "ckpt";
 
-  // A checkpoint root (through 'latest'), a step directory, or the file.
-  for (const fs::path &ckpt :
-       {root, root / "step_00000060", root / "step_00000060" / "model.safetensors"}) {
+  // A checkpoint root (through 'latest'), a step directory, or the
+  // consolidated file `tessera ckpt export` writes.
+  const fs::path exported = scratch() / "exported.safetensors";
+  REQUIRE(run_cli({"ckpt", "export", root.string(), "-o", exported.string()}).status == 0);
+  for (const fs::path &ckpt : {root, root / "step_00000060", exported}) {
     INFO("--ckpt " << ckpt);
     RunResult r = run_cli({"eval", s.config.string(), "--ckpt", ckpt.string()});
     INFO(describe(r));
@@ -325,7 +327,7 @@ TEST_CASE("eval reproduces the run's accuracy from its checkpoint, frozen", "[ev
     CHECK(j.at("eval_loss").get<double>() == Approx(loss).margin(1e-5));
     CHECK(j.at("samples").get<int64_t>() == 256);
     CHECK(j.at("optimizer_state_bytes").get<int64_t>() == 0);
-    CHECK(contains(j.at("checkpoint").get<std::string>(), "step_00000060"));
+    if (ckpt != exported) CHECK(contains(j.at("checkpoint").get<std::string>(), "step_00000060"));
     // The printed line carries the same accuracy.
     char buf[64];
     std::snprintf(buf, sizeof buf, "accuracy %.4f", acc);
@@ -372,15 +374,19 @@ TEST_CASE("checkpoint.keep keeps the newest checkpoints and latest names the las
     json manifest = read_json(dir / "manifest.json");
     CHECK(manifest.at("step").get<int64_t>() == step);
     REQUIRE(manifest.at("params").is_array());
-    json header = safetensors_header(dir / "model.safetensors");
-    // Every parameter in the manifest is a tensor of the file.
-    for (const auto &p : manifest["params"]) {
-      std::string pname = p.at("name").get<std::string>();
-      INFO(pname);
-      REQUIRE(header.contains(pname));
-      CHECK(header[pname]["dtype"] == "F32");
-      CHECK(header[pname]["shape"] == p["shape"]);
+    // Every rank's shard is listed, and each holds tensors of the
+    // canonical layout with their checksums.
+    REQUIRE(manifest.at("files").size() == 1);
+    for (const auto &f : manifest["files"]) {
+      json header = safetensors_header(dir / f.at("name").get<std::string>());
+      for (const auto &t : f.at("tensors")) {
+        INFO(t.dump());
+        REQUIRE(header.contains(t.at("name").get<std::string>()));
+        CHECK(header[t.at("name").get<std::string>()]["dtype"] == "F32");
+        CHECK(!t.at("block_crc32").empty());
+      }
     }
+    CHECK(run_cli({"ckpt", "verify", dir.string()}).status == 0);
   }
   json sum = read_json(s.run_dir / "summary.json");
   CHECK(contains(sum.at("checkpoint").get<std::string>(), "step_00000060"));

@@ -640,14 +640,26 @@ TEST_CASE("DeepSpeed zero_optimization picks the zero and offload plugins", "[co
 TEST_CASE("DeepSpeed keys the engine does not use are warnings, not errors",
           "[config][deepspeed]") {
   Quickstart q;
-  tessera::Job job = q.job(R"({"train_batch_size": 4, "wall_clock_breakdown": false,
+  tessera::Job job = q.job(R"({"train_batch_size": 4, "memory_breakdown": false,
       "activation_checkpointing": {"partition_activations": true},
       "optimizer": {"type": "SGD", "params": {"lr": 0.001, "momentum": 0.9}}})");
   CHECK(job.settings.global_batch == 4);
-  CHECK(any_warning(job.doc, "'wall_clock_breakdown' is not used by tessera; ignored"));
+  CHECK(any_warning(job.doc, "'memory_breakdown' is not used by tessera; ignored"));
   CHECK(any_warning(job.doc, "'activation_checkpointing' is not used by tessera; ignored"));
   for (const auto &w : job.doc.warnings()) CHECK(w.rfind(q.dir.file("ds.json") + ": ", 0) == 0);
   CHECK(job.doc.warnings().size() == 2);
+}
+
+TEST_CASE("wall_clock_breakdown maps onto log.breakdown", "[config][deepspeed]") {
+  Quickstart q;
+  CHECK_FALSE(q.base().settings.log_breakdown);
+  tessera::Job on = q.job(R"({"wall_clock_breakdown": true})");
+  CHECK(on.settings.log_breakdown);
+  CHECK(on.doc.warnings().empty());
+  CHECK_FALSE(q.job(R"({"wall_clock_breakdown": false})").settings.log_breakdown);
+  CHECK(q.doc_error(R"({"wall_clock_breakdown": "yes"})")
+            .rfind(q.dir.file("ds.json") + ": wall_clock_breakdown: expected true or false", 0) ==
+        0);
 }
 
 TEST_CASE("broken DeepSpeed files name the file", "[config][deepspeed]") {

@@ -232,6 +232,11 @@ struct Mlp {
           check(ops->matmul(host->ctx, in.get(), 0, &w, 1, a.get(), 1.0f, 0.0f));
           check(ops->bias_act(host->ctx, a.get(), &b, act));
         }
+        // Layer i's parameters are not needed again in this pass (stage 3
+        // releases the gathered group). Hosts before params_done existed
+        // have no such entry.
+        if (TSR_HAS_FIELD(host, tsr_host, params_done) && host->params_done)
+          check(host->params_done(step, static_cast<uint32_t>(i)));
       }
       View z = buf(logits, n, classes());
       check(ops->cross_entropy(host->ctx, z.get(), y.get(), classes(), 1.0f, nullptr, &loss_sum,

@@ -1,0 +1,490 @@
+#include "ckpt/checkpoint.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "train/fault.hpp"
+#include "util/error.hpp"
+#include "util/safetensors.hpp"
+
+namespace fs = std::filesystem;
+
+namespace tessera {
+
+namespace {
+
+constexpr size_t kBlock = 1u << 20;  // checksum block, in bytes
+
+std::string step_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step_%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+std::string rank_file(uint32_t rank) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "rank_%05u.safetensors", rank);
+  return buf;
+}
+
+uint32_t crc(const void *data, size_t n) {
+  uLong c = crc32(0L, Z_NULL, 0);
+  const auto *p = static_cast<const Bytef *>(data);
+  while (n > 0) {
+    uInt chunk = static_cast<uInt>(std::min<size_t>(n, 1u << 30));
+    c = crc32(c, p, chunk);
+    p += chunk;
+    n -= chunk;
+  }
+  return static_cast<uint32_t>(c);
+}
+
+void fsync_path(const fs::path &p, bool dir) {
+  int fd = ::open(p.c_str(), dir ? O_RDONLY | O_DIRECTORY : O_RDONLY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+void write_file_synced(const fs::path &path, const std::string &text) {
+  fs::path tmp = path;
+  tmp += ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc | std::ios::binary);
+    out << text;
+    out.flush();
+    if (!out) throw Error(TSR_ERR_IO, tmp.string() + ": write failed (disk full?)");
+  }
+  fsync_path(tmp, false);
+  fs::rename(tmp, path);
+}
+
+// The slots a checkpoint holds: the fp32 master copy, then each optimizer
+// state array by the optimizer's own name for it.
+std::vector<std::string> slot_names(Session &s) {
+  std::vector<std::string> names = {"master"};
+  for (uint32_t i = 0; i < s.state_count; ++i) {
+    const char *n = s.optimizer.vt->state_name(s.optimizer.self, i);
+    names.push_back(n && *n ? n : "state" + std::to_string(i));
+  }
+  return names;
+}
+
+struct OwnedRange {
+  size_t owned_offset, flat_offset, count;
+};
+
+std::vector<OwnedRange> owned_ranges(Session &s) {
+  std::vector<OwnedRange> out;
+  auto collect = [](void *ctx, const tsr_owned_range *r) -> tsr_status {
+    static_cast<std::vector<OwnedRange> *>(ctx)->push_back(
+        {r->owned_offset, r->flat_offset, r->count});
+    return TSR_OK;
+  };
+  plugin_ok(s.host, s.zero.vt->ranges(s.zero.self, collect, &out), "[zero] ranges");
+  return out;
+}
+
+// What this rank writes: its owned ranges; when every rank owns everything
+// (stage 0) the copies are identical, so rank r writes slice r of each group
+// and the writes share the work instead of repeating it.
+std::vector<OwnedRange> write_share(Session &s) {
+  std::vector<OwnedRange> owned = owned_ranges(s);
+  const auto &f = s.host.facts();
+  if (s.plan.partition_optimizer || f.world_size == 1) return owned;
+  std::vector<OwnedRange> out;
+  for (const auto &r : owned) {
+    size_t per = r.count / f.world_size;  // groups are padded to a multiple of the world
+    out.push_back({r.owned_offset + f.rank * per, r.flat_offset + f.rank * per, per});
+  }
+  return out;
+}
+
+void barrier(Session &s, const char *what) {
+  plugin_ok(s.host, s.host.table()->comm->barrier(s.host.ctx()), what);
+}
+
+nlohmann::json param_table(const Layout &L) {
+  nlohmann::json t = nlohmann::json::array();
+  size_t canon = 0;
+  for (const auto &p : L.params) {
+    t.push_back(
+        {{"name", p.name}, {"shape", p.shape}, {"group", p.group}, {"canonical_offset", canon}});
+    canon += p.numel;
+  }
+  return t;
+}
+
+// One stored tensor: a run of canonical elements of one slot.
+struct Piece {
+  std::string file, name, slot;
+  size_t start, count, offset;  // canonical start, elements, byte offset in file
+  std::vector<uint32_t> blocks;
+};
+
+std::vector<Piece> pieces_of(const nlohmann::json &m) {
+  std::vector<Piece> out;
+  for (const auto &f : m.at("files")) {
+    for (const auto &t : f.at("tensors")) {
+      Piece p;
+      p.file = f.at("name").get<std::string>();
+      p.name = t.at("name").get<std::string>();
+      p.slot = t.at("slot").get<std::string>();
+      p.start = t.at("start").get<size_t>();
+      p.count = t.at("count").get<size_t>();
+      p.offset = t.at("offset").get<size_t>();
+      p.blocks = t.at("block_crc32").get<std::vector<uint32_t>>();
+      out.push_back(std::move(p));
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const Piece &a, const Piece &b) {
+    return a.slot != b.slot ? a.slot < b.slot : a.start < b.start;
+  });
+  return out;
+}
+
+// Reads canonical elements [c0, c0 + n) of `slot` into dst, reading and
+// checking whole checksum blocks of the pieces that hold them.
+void read_range(const fs::path &dir, const std::vector<Piece> &pieces, const std::string &slot,
+                size_t c0, size_t n, float *dst, std::map<std::string, int> &fds) {
+  size_t done = 0;
+  for (const auto &p : pieces) {
+    if (p.slot != slot || p.start + p.count <= c0 || p.start >= c0 + n) continue;
+    size_t b = std::max(c0, p.start), e = std::min(c0 + n, p.start + p.count);
+    // Byte range inside the tensor, widened to whole blocks for checking.
+    size_t lo = (b - p.start) * 4, hi = (e - p.start) * 4;
+    size_t blo = lo / kBlock, bhi = (hi + kBlock - 1) / kBlock;
+    size_t tensor_bytes = p.count * 4;
+    std::string path = (dir / p.file).string();
+    auto it = fds.find(path);
+    if (it == fds.end()) {
+      int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0)
+        throw Error(TSR_ERR_IO, path + ": cannot open checkpoint shard: " + std::strerror(errno));
+      it = fds.emplace(path, fd).first;
+    }
+    std::vector<char> buf;
+    for (size_t k = blo; k < bhi; ++k) {
+      size_t off = k * kBlock, len = std::min(kBlock, tensor_bytes - off);
+      buf.resize(len);
+      ssize_t got = ::pread(it->second, buf.data(), len, static_cast<off_t>(p.offset + off));
+      if (got != static_cast<ssize_t>(len))
+        throw Error(TSR_ERR_IO, path + ": tensor '" + p.name + "' is truncated (short read)");
+      if (k >= p.blocks.size() || crc(buf.data(), len) != p.blocks[k])
+        throw Error(TSR_ERR_INVALID, path + ": tensor '" + p.name + "' fails its checksum (block " +
+                                         std::to_string(k) +
+                                         "); the checkpoint is damaged, refusing to load it");
+      // Copy the part of this block inside [lo, hi).
+      size_t from = std::max(lo, off), to = std::min(hi, off + len);
+      // dst holds canonical [c0, c0 + n); this block's bytes start at
+      // canonical element p.start + from / 4 (>= c0 by construction).
+      if (from < to)
+        std::memcpy(reinterpret_cast<char *>(dst) + (p.start * 4 + from - c0 * 4),
+                    buf.data() + (from - off), to - from);
+    }
+    done += e - b;
+  }
+  if (done != n)
+    throw Error(TSR_ERR_INVALID, dir.string() + ": checkpoint holds " + std::to_string(done) +
+                                     " of the " + std::to_string(n) + " '" + slot +
+                                     "' elements needed at canonical offset " + std::to_string(c0));
+}
+
+}  // namespace
+
+nlohmann::json read_manifest(const std::string &path) {
+  fs::path m = fs::path(path) / "manifest.json";
+  std::ifstream in(m);
+  if (!in) throw Error(TSR_ERR_IO, m.string() + ": no manifest (not a checkpoint directory?)");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception &e) {
+    throw Error(TSR_ERR_INVALID, m.string() + ": not valid JSON: " + e.what());
+  }
+  if (j.value("format", "") != "tessera-checkpoint" || j.value("version", 0) != 2)
+    throw Error(TSR_ERR_INVALID,
+                m.string() + ": not a tessera checkpoint manifest (format version 2)");
+  return j;
+}
+
+std::string save_checkpoint(Session &s, const TrainState &st, const std::string &dir, int64_t keep,
+                            const std::string &config_toml) {
+  const auto &f = s.host.facts();
+  fs::path root(dir), final_dir = root / step_name(st.step),
+                      tmp_dir = root / (step_name(st.step) + ".tmp");
+  std::error_code ec;
+  if (f.rank == 0) {
+    fs::create_directories(root, ec);
+    if (ec) throw Error(TSR_ERR_IO, dir + ": cannot create checkpoint directory: " + ec.message());
+    fs::remove_all(tmp_dir, ec);
+    fs::create_directories(tmp_dir, ec);
+    if (ec) throw Error(TSR_ERR_IO, tmp_dir.string() + ": cannot create: " + ec.message());
+  }
+  barrier(s, "checkpoint: directory ready");
+
+  // This rank's pieces: its owned ranges, in canonical coordinates.
+  std::vector<std::string> slots = slot_names(s);
+  std::vector<std::vector<float>> data;
+  std::vector<StTensor> tensors;
+  nlohmann::json index = nlohmann::json::array();
+  for (const auto &r : write_share(s)) {
+    size_t c0, n;
+    s.layout.to_canonical(r.flat_offset, r.count, &c0, &n);
+    if (n == 0) continue;
+    for (uint32_t slot = 0; slot < slots.size(); ++slot) {
+      data.emplace_back(n);
+      plugin_ok(
+          s.host,
+          s.offload.vt->read_state(s.offload.self, slot, r.owned_offset, n, data.back().data()),
+          "[offload] read_state for a checkpoint");
+      std::string name = slots[slot] + "@" + std::to_string(c0);
+      tensors.push_back(
+          StTensor{name, "F32", {static_cast<int64_t>(n)}, data.back().data(), n * 4});
+      std::vector<uint32_t> blocks;
+      for (size_t off = 0; off < n * 4; off += kBlock)
+        blocks.push_back(crc(reinterpret_cast<const char *>(data.back().data()) + off,
+                             std::min(kBlock, n * 4 - off)));
+      index.push_back({{"name", name},
+                       {"slot", slots[slot]},
+                       {"start", c0},
+                       {"count", n},
+                       {"block_crc32", blocks}});
+    }
+  }
+  std::string file = rank_file(f.rank);
+  size_t data_start =
+      safetensors_write((tmp_dir / file).string(), tensors, {{"format", "tessera-shard"}});
+  size_t off = data_start;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    index[i]["offset"] = off;
+    off += tensors[i].bytes;
+  }
+  std::ifstream whole(tmp_dir / file, std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(whole)),
+                          std::istreambuf_iterator<char>());
+  nlohmann::json meta = {{"name", file},
+                         {"rank", f.rank},
+                         {"bytes", bytes.size()},
+                         {"crc32", crc(bytes.data(), bytes.size())},
+                         {"tensors", index}};
+  write_file_synced(tmp_dir / (file + ".json"), meta.dump());
+  maybe_crash(f.rank, st.step, FaultPoint::shard_written);
+  barrier(s, "checkpoint: every rank written");
+
+  std::string out = final_dir.string();
+  if (f.rank == 0) {
+    nlohmann::json files = nlohmann::json::array();
+    for (uint32_t r = 0; r < f.world_size; ++r) {
+      fs::path mp = tmp_dir / (rank_file(r) + ".json");
+      std::ifstream in(mp);
+      files.push_back(nlohmann::json::parse(in));
+      fs::remove(mp, ec);
+    }
+    nlohmann::json manifest = {
+        {"format", "tessera-checkpoint"},
+        {"version", 2},
+        {"step", st.step},
+        {"epoch", st.epoch},
+        {"batch_in_epoch", st.batch_in_epoch},
+        {"samples", st.samples},
+        {"global_batch", st.global_batch},
+        {"seed", st.seed},
+        {"world_size", f.world_size},
+        {"zero", s.zero.name},
+        {"optimizer", s.optimizer.name},
+        {"slots", slots},
+        {"model", s.model.name},
+        {"params", param_table(s.layout)},
+        {"partition_rule",
+         "canonical: parameters in declaration order, unpadded; each rank stores its owned ranges"},
+        {"loss_scaler", nullptr},
+        {"config", config_toml},
+        {"files", files},
+    };
+    write_file_synced(tmp_dir / "manifest.json", manifest.dump(1));
+    fsync_path(tmp_dir, true);
+    // Commit: the directory gets its final name, then `latest` moves.
+    fs::remove_all(final_dir, ec);
+    fs::rename(tmp_dir, final_dir);
+    fsync_path(root, true);
+    write_file_synced(root / "latest", step_name(st.step) + "\n");
+    fsync_path(root, true);
+    // Older checkpoints beyond `keep` go only now that the new one is complete.
+    std::vector<fs::path> steps;
+    for (const auto &e : fs::directory_iterator(root, ec)) {
+      std::string n = e.path().filename().string();
+      if (e.is_directory() && n.rfind("step_", 0) == 0 && n.find(".tmp") == std::string::npos)
+        steps.push_back(e.path());
+    }
+    std::sort(steps.begin(), steps.end());
+    while (keep > 0 && static_cast<int64_t>(steps.size()) > keep) {
+      fs::remove_all(steps.front(), ec);
+      steps.erase(steps.begin());
+    }
+  }
+  barrier(s, "checkpoint: committed");
+  return out;
+}
+
+std::string resolve_checkpoint(const std::string &spec, const std::string &dir) {
+  fs::path p = spec == "auto" ? fs::path(dir) : fs::path(spec);
+  if (fs::exists(p / "latest")) {
+    std::ifstream in(p / "latest");
+    std::string name;
+    std::getline(in, name);
+    if (name.empty() || name.find('/') != std::string::npos)
+      throw Error(TSR_ERR_INVALID, (p / "latest").string() + ": does not name a checkpoint");
+    return (p / name).string();
+  }
+  if (fs::exists(p / "manifest.json")) return p.string();
+  if (spec == "auto") return "";  // nothing saved yet: start fresh
+  throw Error(TSR_ERR_IO,
+              spec +
+                  ": no checkpoint here (expected a step_ directory with manifest.json, or a "
+                  "checkpoint root holding 'latest')");
+}
+
+TrainState load_checkpoint(Session &s, const std::string &path) {
+  nlohmann::json m = read_manifest(path);
+  // The model must be the one saved: same parameters, same shapes.
+  const auto &table = m.at("params");
+  if (table.size() != s.layout.params.size())
+    throw Error(TSR_ERR_INVALID, path + ": checkpoint has " + std::to_string(table.size()) +
+                                     " parameters, the model declares " +
+                                     std::to_string(s.layout.params.size()));
+  for (size_t i = 0; i < table.size(); ++i) {
+    const auto &p = s.layout.params[i];
+    if (table[i].at("name") != p.name ||
+        table[i].at("shape").get<std::vector<int64_t>>() != p.shape)
+      throw Error(TSR_ERR_INVALID, path + ": parameter " + std::to_string(i) + " is '" +
+                                       table[i].at("name").get<std::string>() +
+                                       "' in the checkpoint but '" + p.name +
+                                       "' (or another shape) in the model");
+  }
+  std::vector<std::string> slots = slot_names(s);
+  std::vector<std::string> saved = m.at("slots").get<std::vector<std::string>>();
+  for (const auto &sl : slots)
+    if (std::find(saved.begin(), saved.end(), sl) == saved.end())
+      throw Error(TSR_ERR_INVALID, path + ": checkpoint has no optimizer state '" + sl +
+                                       "' (saved with optimizer '" + m.value("optimizer", "?") +
+                                       "')");
+  std::vector<Piece> pieces = pieces_of(m);
+  std::map<std::string, int> fds;
+  try {
+    std::vector<float> buf;
+    for (const auto &r : owned_ranges(s)) {
+      size_t c0, n;
+      s.layout.to_canonical(r.flat_offset, r.count, &c0, &n);
+      if (n == 0) continue;
+      buf.resize(n);
+      for (uint32_t slot = 0; slot < slots.size(); ++slot) {
+        read_range(path, pieces, slots[slot], c0, n, buf.data(), fds);
+        plugin_ok(s.host,
+                  s.offload.vt->write_state(s.offload.self, slot, r.owned_offset, n, buf.data()),
+                  "[offload] write_state from a checkpoint");
+      }
+    }
+  } catch (...) {
+    for (auto &[p, fd] : fds) ::close(fd);
+    throw;
+  }
+  for (auto &[p, fd] : fds) ::close(fd);
+  // Compute parameters from the loaded masters: the zero plugin drives an
+  // update that copies instead of stepping, then re-shares as its stage needs.
+  auto copy_master = [](void *ctx, const tsr_owned_range *r) -> tsr_status {
+    auto *ss = static_cast<Session *>(ctx);
+    std::vector<float> master(r->count);
+    tsr_status st =
+        ss->offload.vt->read_state(ss->offload.self, 0, r->owned_offset, r->count, master.data());
+    if (st != TSR_OK) return st;
+    int64_t n = static_cast<int64_t>(r->count);
+    DLTensor src{
+        master.data(), DLDevice{kDLCPU, 0}, 1, DLDataType{kDLFloat, 32, 1}, &n, nullptr, 0};
+    DLTensor dst{r->params, ss->host.facts().device, 1, DLDataType{kDLFloat, 32, 1}, &n, nullptr,
+                 0};
+    return ss->host.table()->ops->copy(ss->host.ctx(), &src, &dst);
+  };
+  auto no_flush = [](void *) -> tsr_status { return TSR_OK; };
+  tsr_zero_step zs{sizeof(tsr_zero_step), copy_master, no_flush, &s};
+  plugin_ok(s.host, s.zero.vt->step(s.zero.self, &zs),
+            "[zero] load parameters from the checkpoint");
+  TrainState st;
+  st.step = m.at("step").get<int64_t>();
+  st.epoch = m.at("epoch").get<int64_t>();
+  st.batch_in_epoch = m.at("batch_in_epoch").get<int64_t>();
+  st.samples = m.at("samples").get<int64_t>();
+  st.global_batch = m.at("global_batch").get<int64_t>();
+  st.seed = m.at("seed").get<uint64_t>();
+  return st;
+}
+
+void read_canonical_params(const std::string &path, std::vector<float> *canonical,
+                           nlohmann::json *manifest) {
+  nlohmann::json m = read_manifest(path);
+  size_t total = 0;
+  for (const auto &p : m.at("params")) {
+    size_t n = 1;
+    for (auto d : p.at("shape")) n *= d.get<size_t>();
+    total += n;
+  }
+  canonical->assign(total, 0.f);
+  std::vector<Piece> pieces = pieces_of(m);
+  std::map<std::string, int> fds;
+  try {
+    read_range(path, pieces, "master", 0, total, canonical->data(), fds);
+  } catch (...) {
+    for (auto &[p, fd] : fds) ::close(fd);
+    throw;
+  }
+  for (auto &[p, fd] : fds) ::close(fd);
+  if (manifest) *manifest = std::move(m);
+}
+
+std::vector<std::string> verify_checkpoint(const std::string &path) {
+  std::vector<std::string> problems;
+  nlohmann::json m;
+  try {
+    m = read_manifest(path);
+  } catch (const std::exception &e) {
+    return {e.what()};
+  }
+  for (const auto &f : m.at("files")) {
+    fs::path file = fs::path(path) / f.at("name").get<std::string>();
+    std::ifstream in(file, std::ios::binary);
+    if (!in) {
+      problems.push_back(file.string() + ": missing");
+      continue;
+    }
+    std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (bytes.size() != f.at("bytes").get<size_t>())
+      problems.push_back(file.string() + ": " + std::to_string(bytes.size()) +
+                         " bytes, manifest says " + std::to_string(f.at("bytes").get<size_t>()));
+    else if (crc(bytes.data(), bytes.size()) != f.at("crc32").get<uint32_t>())
+      problems.push_back(file.string() + ": file checksum mismatch");
+    for (const auto &t : f.at("tensors")) {
+      size_t off = t.at("offset").get<size_t>(), nbytes = t.at("count").get<size_t>() * 4;
+      auto blocks = t.at("block_crc32").get<std::vector<uint32_t>>();
+      for (size_t k = 0; k * kBlock < nbytes; ++k) {
+        size_t b = off + k * kBlock, len = std::min(kBlock, nbytes - k * kBlock);
+        if (b + len > bytes.size() || k >= blocks.size() ||
+            crc(bytes.data() + b, len) != blocks[k]) {
+          problems.push_back(file.string() + ": tensor '" + t.at("name").get<std::string>() +
+                             "' block " + std::to_string(k) + " fails its checksum");
+          break;
+        }
+      }
+    }
+  }
+  return problems;
+}
+
+}  // namespace tessera

@@ -1,0 +1,53 @@
+// Sharded checkpoints (DESIGN.md, "Checkpoints"): each rank writes what it
+// owns, in the canonical index space (parameters in declaration order, no
+// padding), so any checkpoint loads at any world size and ZeRO stage; each
+// rank reads back only the byte ranges it owns now. A manifest records a
+// checksum per file and per 1 MiB block of every tensor; `latest` moves
+// only after every rank has written and synced.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "train/session.hpp"
+
+namespace tessera {
+
+// Where training stands: enough to continue exactly.
+struct TrainState {
+  int64_t step = 0;            // optimizer steps completed
+  int64_t epoch = 0;           // current epoch
+  int64_t batch_in_epoch = 0;  // optimizer steps already taken in this epoch
+  int64_t samples = 0;         // samples seen over all ranks
+  int64_t global_batch = 0;
+  uint64_t seed = 0;
+};
+
+// Writes <dir>/step_<step>/ from every rank (collective: every rank calls
+// it), then points <dir>/latest at it and removes checkpoints beyond keep.
+// Returns the checkpoint directory.
+std::string save_checkpoint(Session &s, const TrainState &st, const std::string &dir, int64_t keep,
+                            const std::string &config_toml);
+
+// The checkpoint `spec` names: "auto" (the latest under dir, or "" when
+// there is none), or a path to a step_ directory or a checkpoint root.
+std::string resolve_checkpoint(const std::string &spec, const std::string &dir);
+
+// Loads the owned master weights and optimizer state into the session's
+// offload backend and the compute parameters from them; returns where
+// training stands. Every rank calls it.
+TrainState load_checkpoint(Session &s, const std::string &path);
+
+// Reads the full fp32 parameters (canonical order, every parameter) of a
+// checkpoint into `canonical`, verifying every block read.
+void read_canonical_params(const std::string &path, std::vector<float> *canonical,
+                           nlohmann::json *manifest);
+
+// Verifies every file and tensor block of a checkpoint; returns problems
+// found (empty when sound).
+std::vector<std::string> verify_checkpoint(const std::string &path);
+
+nlohmann::json read_manifest(const std::string &path);
+
+}  // namespace tessera

@@ -1,0 +1,41 @@
+/* Kind tessera.dataset/1: how samples are read and batched. */
+#ifndef TESSERA_DATASET_H
+#define TESSERA_DATASET_H
+
+#include <tessera/host.h>
+
+/* Shape of one sample. */
+typedef struct tsr_data_info {
+  size_t struct_size;
+  int64_t length; /* number of samples */
+  DLDataType input_dtype;
+  int32_t input_ndim;
+  int64_t input_shape[8];
+  DLDataType target_dtype;
+  int32_t target_ndim; /* 0: one target per sample */
+  int64_t target_shape[8];
+  int64_t num_classes; /* classification: number of classes; else 0 */
+} tsr_data_info;
+
+/* A batch in host memory: inputs [n, input_shape...], targets [n, target_shape...]. */
+typedef struct tsr_batch {
+  size_t struct_size;
+  int64_t size;
+  DLTensor inputs;
+  DLTensor targets;
+} tsr_batch;
+
+typedef struct tsr_dataset_vtable {
+  size_t struct_size;
+  /* `split` is "train" or "eval": the config section the dataset came from. */
+  tsr_status (*create)(const tsr_host *host, const tsr_config *cfg, const char *split,
+                       void **out_self);
+  void (*destroy)(void *self);
+  tsr_status (*info)(void *self, tsr_data_info *out);
+  /* Fill out->inputs and out->targets (host buffers the host allocated for
+   * out->size samples) with the samples at `indices`. Called from loader
+   * threads: must be safe to call concurrently. */
+  tsr_status (*read)(void *self, const int64_t *indices, tsr_batch *out);
+} tsr_dataset_vtable;
+
+#endif /* TESSERA_DATASET_H */

@@ -1,0 +1,65 @@
+/* Kind tessera.model/1: parameters, forward, backward, metrics, FLOPs. */
+#ifndef TESSERA_MODEL_H
+#define TESSERA_MODEL_H
+
+#include <tessera/dataset.h>
+#include <tessera/host.h>
+
+#define TSR_MAX_DIMS 8
+
+/* Parameter initialisers. */
+typedef int32_t tsr_init;
+#define TSR_INIT_ZEROS 0
+#define TSR_INIT_ONES 1
+#define TSR_INIT_NORMAL 2  /* mean a, std b */
+#define TSR_INIT_UNIFORM 3 /* in [a, b) */
+
+/* One declared parameter. The host lays parameters out in flat buffers,
+ * group after group, in declaration order. */
+typedef struct tsr_param_info {
+  size_t struct_size;
+  const char *name; /* the model's own tensor name, used in exports */
+  int32_t ndim;
+  int64_t shape[TSR_MAX_DIMS];
+  uint32_t group; /* usually a layer; non-decreasing over declaration order */
+  tsr_init init;
+  float init_a;
+  float init_b;
+  int32_t trainable; /* 0: frozen, no gradient and no optimizer state */
+  int32_t decay;     /* 0: excluded from weight decay (biases, norms) */
+} tsr_param_info;
+
+/* What the model is built for. */
+typedef struct tsr_model_init {
+  size_t struct_size;
+  const tsr_data_info *data; /* the training dataset's sample description */
+  int64_t max_micro_batch;   /* largest batch forward will see */
+} tsr_model_init;
+
+/* Result of one forward pass over a micro-batch. */
+typedef struct tsr_forward_result {
+  size_t struct_size;
+  double loss_sum; /* summed over counted targets */
+  int64_t count;   /* targets counted in the loss */
+  int64_t correct; /* targets predicted right (classification), or -1 */
+} tsr_forward_result;
+
+typedef struct tsr_model_vtable {
+  size_t struct_size;
+  tsr_status (*create)(const tsr_host *host, const tsr_config *cfg, const tsr_model_init *init,
+                       void **out_self);
+  void (*destroy)(void *self);
+  size_t (*num_params)(void *self);
+  tsr_status (*param_info)(void *self, size_t index, tsr_param_info *out);
+  /* Forward over `batch`; keeps what backward needs. When `training` is 0 no
+   * backward follows. */
+  tsr_status (*forward)(void *self, tsr_step *step, const tsr_batch *batch, int32_t training,
+                        tsr_forward_result *out);
+  /* Backward of the last forward; adds d(loss_sum * loss_scale)/dparam into
+   * the gradients and calls grads_done for each group once it is final. */
+  tsr_status (*backward)(void *self, tsr_step *step, const tsr_batch *batch, float loss_scale);
+  /* Forward+backward FLOPs per sample, for MFU; 0 if unknown. */
+  double (*flops_per_sample)(void *self);
+} tsr_model_vtable;
+
+#endif /* TESSERA_MODEL_H */

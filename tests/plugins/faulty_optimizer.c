@@ -1,0 +1,126 @@
+/* faulty_optimizer: optimizer "faulty-sgd", plain SGD (p -= lr * g *
+ * grad_scale, no state) that fails on purpose on one rank at one step, for
+ * the multi-process fault tests (tests/integration/test_distributed.cpp).
+ *
+ * On rank `fail_rank` (host->run->rank), at optimizer step `fail_step`:
+ *   mode = "error"  returns TSR_ERR_INTERNAL with the message
+ *                   "faulty-sgd: injected failure on rank R at step S"
+ *   mode = "exit"   prints that message to stderr and _exit(3)s
+ *   mode = "abort"  prints it and raises SIGABRT
+ * Every other rank, and every other step, is a plain SGD update. C99. */
+#define _POSIX_C_SOURCE 200809L
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <tessera/optimizer.h>
+#include <unistd.h>
+
+typedef struct faulty {
+  const tsr_host *host;
+  int64_t fail_rank, fail_step;
+  int mode; /* 0 error, 1 exit, 2 abort */
+} faulty;
+
+static tsr_status faulty_create(const tsr_host *host, const tsr_config *cfg, void **out_self) {
+  faulty *f;
+  double lr = 0;
+  const char *mode = NULL;
+  tsr_status s;
+  if (!out_self) return host->error(host->ctx, TSR_ERR_INVALID, "faulty-sgd: out_self is NULL");
+  *out_self = NULL;
+  f = (faulty *)calloc(1, sizeof *f);
+  if (!f) return host->error(host->ctx, TSR_ERR_NO_MEMORY, "faulty-sgd: out of memory");
+  f->host = host;
+  if ((s = host->config_float(cfg, "lr", &lr)) != TSR_OK ||
+      (s = host->config_int(cfg, "fail_rank", &f->fail_rank)) != TSR_OK ||
+      (s = host->config_int(cfg, "fail_step", &f->fail_step)) != TSR_OK ||
+      (s = host->config_string(cfg, "mode", &mode)) != TSR_OK) {
+    free(f);
+    return s;
+  }
+  f->mode = strcmp(mode, "exit") == 0 ? 1 : strcmp(mode, "abort") == 0 ? 2 : 0;
+  *out_self = f;
+  return TSR_OK;
+}
+
+static void faulty_destroy(void *self) {
+  free(self);
+}
+
+static uint32_t faulty_state_count(void *self) {
+  (void)self;
+  return 0;
+}
+
+static const char *faulty_state_name(void *self, uint32_t i) {
+  (void)self;
+  (void)i;
+  return NULL;
+}
+
+static tsr_status faulty_step(void *self, const tsr_optimizer_step_args *args) {
+  faulty *f = (faulty *)self;
+  const tsr_host *host = f->host;
+  size_t k, i;
+  if ((int64_t)host->run->rank == f->fail_rank && args->step == f->fail_step) {
+    char msg[160];
+    snprintf(msg, sizeof msg, "faulty-sgd: injected failure on rank %u at step %lld",
+             (unsigned)host->run->rank, (long long)args->step);
+    if (f->mode == 0) return host->error(host->ctx, TSR_ERR_INTERNAL, msg);
+    fprintf(stderr, "%s\n", msg);
+    fflush(stderr);
+    if (f->mode == 1) _exit(3);
+    raise(SIGABRT);
+    _exit(4); /* not reached */
+  }
+  if (args->compute_params &&
+      !(args->compute_dtype.code == kDLFloat && args->compute_dtype.bits == 32))
+    return host->error(host->ctx, TSR_ERR_UNSUPPORTED, "faulty-sgd: fp32 compute copies only");
+  for (k = 0; k < args->num_segments; ++k) {
+    const tsr_segment *seg = &args->segments[k];
+    float *p = args->params + seg->offset;
+    const float *g = args->grads + seg->offset;
+    const float lr = (float)args->lr, scale = (float)args->grad_scale;
+    float *copy = (float *)args->compute_params;
+    for (i = 0; i < seg->count; ++i) {
+      p[i] -= lr * g[i] * scale;
+      if (copy) copy[seg->offset + i] = p[i];
+    }
+  }
+  return TSR_OK;
+}
+
+static const tsr_param_decl faulty_params[] = {
+    {sizeof(tsr_param_decl), "lr", TSR_PARAM_FLOAT, "0.01", "base learning rate", 1, 0.0, 0, 0.0,
+     NULL},
+    {sizeof(tsr_param_decl), "fail_rank", TSR_PARAM_INT, "1", "the rank that fails", 1, 0.0, 0, 0.0,
+     NULL},
+    {sizeof(tsr_param_decl), "fail_step", TSR_PARAM_INT, "5",
+     "the optimizer step (1-based) at which it fails", 1, 1.0, 0, 0.0, NULL},
+    {sizeof(tsr_param_decl), "mode", TSR_PARAM_STRING, "\"error\"",
+     "how it fails: return an error, _exit(3), or raise SIGABRT", 0, 0.0, 0, 0.0,
+     "error|exit|abort"},
+};
+
+static const tsr_optimizer_vtable faulty_vtable = {
+    sizeof(tsr_optimizer_vtable), faulty_create,     faulty_destroy,
+    faulty_state_count,           faulty_state_name, faulty_step};
+
+static const tsr_plugin_descriptor faulty_descriptor = {
+    sizeof(tsr_plugin_descriptor),
+    TSR_KIND_OPTIMIZER,
+    "faulty-sgd",
+    "1.0.0",
+    "plain SGD that fails on purpose on one rank at one step (fault tests)",
+    faulty_params,
+    sizeof(faulty_params) / sizeof(faulty_params[0]),
+    TSR_DEVICE_CPU,
+    &faulty_vtable};
+static const tsr_plugin_descriptor *const plugins[] = {&faulty_descriptor};
+static const tsr_plugin_library library = {sizeof(tsr_plugin_library), TSR_ABI_MAJOR, TSR_ABI_MINOR,
+                                           plugins, 1};
+
+TSR_PLUGIN_ENTRY {
+  return &library;
+}

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# run_guide.sh GUIDE.md SOURCE_DIR BUILD_DIR WORK: follows a guide in docs/
+# the way a reader would, running every command in it.
+#
+# Every ```sh block of the guide must be marked, on the line before it, with
+#   <!-- test -->                 run by this test
+#   <!-- test: skip (REASON) -->  not run (only for what cannot run here, such
+#                                 as `git clone` from the network)
+# An unmarked ```sh block fails the test, so no command is left unchecked.
+# The marked blocks run in order, as one bash session (set -euo pipefail), so
+# `cd` and `export` carry over as in a terminal, with
+#  - the working directory a fresh "clone": WORK/tessera, holding links to
+#    everything in SOURCE_DIR, and `build` linked to BUILD_DIR (so the
+#    guide's tools/build is the incremental build of this tree);
+#  - HOME a fresh WORK/home (where the guides install tessera and create
+#    their plugin projects).
+# The commands and their output go to the test log.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+. "$here/lib.sh"
+guide=$1 src=$2 build=$3 work=$4
+
+rm -rf "$work"
+mkdir -p "$work/home" "$work/tessera"
+for entry in "$src"/* "$src"/.[!.]*; do
+  [ -e "$entry" ] || continue
+  name=$(basename "$entry")
+  case "$name" in
+    .git | build | build-*) continue ;;
+  esac
+  ln -s "$entry" "$work/tessera/$name"
+done
+ln -s "$build" "$work/tessera/build"
+
+script="$work/guide.sh"
+awk -v guide="$guide" '
+  function die(msg) { printf "%s:%d: %s\n", guide, NR, msg > "/dev/stderr"; bad = 1; exit 1 }
+  BEGIN { mark = ""; inblock = 0; blocks = 0; print "set -euo pipefail" }
+  inblock {
+    if ($0 ~ /^```[ \t]*$/) { inblock = 0; if (run) print "echo \"+++ end of block " blocks "\""; next }
+    if (run) print
+    next
+  }
+  /^<!-- test -->[ \t]*$/ { mark = "test"; next }
+  /^<!-- test: skip/ { mark = "skip"; next }
+  /^```sh[ \t]*$/ {
+    if (mark == "") die("a ```sh block without <!-- test --> or <!-- test: skip (why) --> before it")
+    inblock = 1; run = mark == "test"; mark = ""
+    if (run) { blocks++; printf "echo \"+++ block %d (%s line %d)\"\n", blocks, guide, NR }
+    next
+  }
+  /^```/ { if (mark != "") die("<!-- test --> must come right before a ```sh block"); next }
+  /^[ \t]*$/ { next }
+  { if (mark != "") die("<!-- test --> must come right before a ```sh block") }
+  END {
+    if (bad) exit 1
+    if (inblock) die("unterminated code block")
+    if (blocks == 0) die("no <!-- test --> blocks")
+    print "echo \"+++ all " blocks " blocks ran\""
+  }
+' "$guide" >"$script"
+
+echo "running the commands of $guide in $work/tessera (HOME=$work/home)"
+cd "$work/tessera"
+HOME="$work/home" bash -x "$script" 2>&1
