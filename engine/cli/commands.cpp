@@ -12,6 +12,7 @@
 #include "launch/launcher.hpp"
 #include "train/job.hpp"
 #include "train/trainer.hpp"
+#include "util/error.hpp"
 
 namespace tessera::cli {
 
@@ -181,8 +182,12 @@ int train_here(const Parsed &p) {
     // other ranks at once instead of leaving them in a collective.
     std::fprintf(stderr, "tessera run: error on rank %u: %s\n", proc.rank, e.what());
     std::fflush(stderr);
-    dist->post_abort(e.what());
-    return 1;
+    // A collective failing under us usually means a peer died first: say so,
+    // so the launcher names that peer rather than us.
+    const auto *err = dynamic_cast<const Error *>(&e);
+    const bool lost_peer = err && err->code() == TSR_ERR_COMM;
+    dist->post_abort(std::string(lost_peer ? "[comm] " : "") + e.what());
+    return lost_peer ? kStoppedByPeerStatus : 1;
   }
   return 0;
 }

@@ -157,6 +157,7 @@ int plugin_new_body(const Parsed &p) {
   for (char &c : target)
     if (c == '-') c = '_';
   const std::string version = TESSERA_VERSION;
+  const std::string prefix = install_prefix();
   const std::map<std::string, std::string> vars = {
       {"NAME", name},
       {"KIND", kind_name},
@@ -166,6 +167,7 @@ int plugin_new_body(const Parsed &p) {
       {"ABI_VERSION", std::to_string(TSR_ABI_MAJOR) + "." + std::to_string(TSR_ABI_MINOR)},
       {"ABOUT", trim_trailing_newlines(template_text(kind_name + "/about.md.in"))},
       {"GUIDE", kind->guide},
+      {"PREFIX", prefix.empty() ? "PREFIX" : prefix},
   };
   const std::vector<std::pair<std::string, std::string>> files = {
       {"CMakeLists.txt", "common/CMakeLists.txt.in"},
@@ -196,7 +198,6 @@ int plugin_new_body(const Parsed &p) {
   std::printf("created %s plugin '%s' in %s:\n", kind_name.c_str(), name.c_str(),
               dir.string().c_str());
   for (const auto &[out, tpl] : files) std::printf("  %s\n", (dir / out).string().c_str());
-  const std::string prefix = install_prefix();
   std::printf(
       "next:\n  cd %s\n  cmake -S . -B build -DCMAKE_PREFIX_PATH=%s\n"
       "  cmake --build build\n  tessera run %s.toml --plugin-path build\n",

@@ -28,7 +28,8 @@ std::string local_address_toward(const std::string &host, uint16_t port) {
   addrinfo hints{}, *res = nullptr;
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_DGRAM;
-  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || !res) return "127.0.0.1";
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || !res)
+    return "127.0.0.1";
   std::string out = "127.0.0.1";
   int fd = ::socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
@@ -36,9 +37,10 @@ std::string local_address_toward(const std::string &host, uint16_t port) {
     socklen_t len = sizeof ss;
     char buf[INET6_ADDRSTRLEN] = {};
     if (::getsockname(fd, reinterpret_cast<sockaddr *>(&ss), &len) == 0) {
-      const void *a = ss.ss_family == AF_INET6
-                          ? static_cast<const void *>(&reinterpret_cast<sockaddr_in6 *>(&ss)->sin6_addr)
-                          : static_cast<const void *>(&reinterpret_cast<sockaddr_in *>(&ss)->sin_addr);
+      const void *a =
+          ss.ss_family == AF_INET6
+              ? static_cast<const void *>(&reinterpret_cast<sockaddr_in6 *>(&ss)->sin6_addr)
+              : static_cast<const void *>(&reinterpret_cast<sockaddr_in *>(&ss)->sin_addr);
       if (inet_ntop(ss.ss_family, a, buf, sizeof buf)) out = buf;
     }
   }
@@ -125,7 +127,10 @@ DistContext::~DistContext() {
 
 void DistContext::post_abort(const std::string &reason) {
   try {
-    client_->set(abort_key(opt_.prefix), "rank " + std::to_string(opt_.rank) + ": " + reason);
+    // The first failure is the cause; later ones (peers losing their
+    // connection to it) must not overwrite it.
+    if (client_->add(abort_key(opt_.prefix) + "/count", 1) == 1)
+      client_->set(abort_key(opt_.prefix), "rank " + std::to_string(opt_.rank) + ": " + reason);
   } catch (const std::exception &) {
     // Best effort: the launcher still sees this rank exit non-zero.
   }
@@ -149,13 +154,13 @@ void DistContext::watch() {
                    why.substr(0, colon).c_str(),
                    colon == std::string::npos ? "" : why.substr(colon + 1).c_str(), opt_.rank);
       std::fflush(stderr);
-      ::_exit(1);
+      ::_exit(kStoppedByPeerStatus);
     } catch (const std::exception &e) {
       if (stopping_) return;
       std::fprintf(stderr, "tessera: rank %u lost the rendezvous store (%s); stopping\n", opt_.rank,
                    e.what());
       std::fflush(stderr);
-      ::_exit(1);
+      ::_exit(kStoppedByPeerStatus);
     }
   }
 }

@@ -13,6 +13,11 @@
 
 namespace tessera {
 
+// Exit status of a rank that stops because another rank failed (the abort
+// key) or because it lost a peer or the store: the launcher never names it
+// as the cause.
+constexpr int kStoppedByPeerStatus = 75;
+
 struct DistOptions {
   uint32_t rank = 0, world_size = 1;
   std::string master_addr = "127.0.0.1";

@@ -17,6 +17,7 @@
 #include <string>
 #include <thread>
 
+#include "dist/dist_context.hpp"
 #include "dist/store.hpp"
 #include "launch/core_dump.hpp"
 #include "util/error.hpp"
@@ -26,6 +27,9 @@ namespace tessera {
 namespace {
 
 std::atomic<int> g_signal{0};
+// Status of a worker that stopped because another rank failed (or it lost a
+// peer): a consequence, never named as the cause.
+constexpr int kStoppedByPeer = kStoppedByPeerStatus;
 void on_signal(int sig) {
   g_signal = sig;
 }
@@ -40,6 +44,8 @@ struct Worker {
 };
 
 std::string describe_exit(int status) {
+  if (WIFEXITED(status) && WEXITSTATUS(status) == kStoppedByPeer)
+    return "stopped (status " + std::to_string(kStoppedByPeer) + ") because another rank failed";
   if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
   if (WIFSIGNALED(status)) {
     int sig = WTERMSIG(status);
@@ -176,20 +182,46 @@ bool supervise(std::vector<Worker> &workers, StoreServer *store, const std::stri
       }
       w.exited = true;
       w.status = st;
-      if (std::string core = core_dump_note(w.pid, st, cwd); !core.empty())
-        std::fprintf(stderr, "tessera run: rank %d: %s\n", w.rank, core.c_str());
       if (!failed(st) || first_failed >= 0 || phase != 0) continue;
-      first_failed = w.rank;
-      *reason = "rank " + std::to_string(w.rank) + " " + describe_exit(st);
-      // A rank that failed with a reason posted it ("rank R: why"); name
-      // that rank first, since the others exit because of it. A rank that
-      // died without a word (a signal) gets its death posted for it, so the
-      // others stop at once instead of waiting in a collective.
+      // Let the others' exits land for a moment: a rank killed by a signal
+      // is the cause even when a peer that lost its connection to it exits
+      // first.
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      const Worker *culprit = &w;
+      for (auto &o : workers) {
+        if (o.exited) continue;
+        int ost = 0;
+        if (::waitpid(o.pid, &ost, WNOHANG) == o.pid) {
+          o.exited = true;
+          o.status = ost;
+        }
+      }
+      // The cause, in order of preference: a rank killed by a signal; a rank
+      // that failed on its own (any status but kStoppedByPeer); then this one.
+      auto rank_of = [](const Worker *o) { return "rank " + std::to_string(o->rank); };
+      const Worker *signaled = nullptr, *own = nullptr;
+      for (auto &o : workers) {
+        if (!o.exited || !failed(o.status)) continue;
+        if (WIFSIGNALED(o.status) && !signaled) signaled = &o;
+        if (WIFEXITED(o.status) && WEXITSTATUS(o.status) != kStoppedByPeer && !own) own = &o;
+      }
+      culprit = signaled ? signaled : own ? own : culprit;
+      first_failed = culprit->rank;
+      *reason = rank_of(culprit) + " " + describe_exit(culprit->status);
+      // A rank that failed with a reason posted it ("rank R: why"). Use it
+      // when it is the cause's own, or when no rank failed on its own.
       std::string why;
       if (store && store->peek(abort_key(prefix), &why)) {
         auto colon = why.find(':');
-        *reason = why.substr(0, colon) + " failed:" + why.substr(colon + 1) + " (" + *reason + ")";
+        std::string poster = why.substr(0, colon), text = why.substr(colon + 1);
+        if (text.rfind(" [comm] ", 0) == 0) text = " " + text.substr(8);
+        bool peer_stopped =
+            WIFEXITED(culprit->status) && WEXITSTATUS(culprit->status) == kStoppedByPeer;
+        if (poster == rank_of(culprit) || peer_stopped)
+          *reason = poster + " failed:" + text + " (" + *reason + ")";
       } else if (store) {
+        // A rank that died without a word gets its death posted for it, so
+        // the others stop at once instead of waiting in a collective.
         store->put(abort_key(prefix), *reason);
       }
       std::fprintf(stderr, "tessera run: %s; stopping the other workers\n", reason->c_str());
@@ -218,6 +250,11 @@ bool supervise(std::vector<Worker> &workers, StoreServer *store, const std::stri
     while (w.out_fd >= 0) pump(w, w.out_fd, w.out_buf, stdout, true);
     while (w.err_fd >= 0) pump(w, w.err_fd, w.err_buf, stderr, true);
   }
+  // Where each crashed worker's core dump went, or why there is none
+  // (docs/debugging.md). Here, once every worker is reaped, wherever that was.
+  for (auto &w : workers)
+    if (std::string core = core_dump_note(w.pid, w.status, cwd); !core.empty())
+      std::fprintf(stderr, "tessera run: rank %d: %s\n", w.rank, core.c_str());
   return first_failed < 0 && !g_signal;
 }
 

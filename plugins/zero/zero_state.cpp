@@ -105,12 +105,17 @@ void ZeroState::ranges(tsr_range_fn fn, void *ctx) {
 void ZeroState::gather(uint32_t g) {
   // Stage 3: all-gather group g's slices into a full-size buffer.
   Live &l = live_[g];
-  if (!spare_.empty() && spare_.back().bytes() >= size_[g] * esize_) {
-    l.buf = std::move(spare_.back());
-    spare_.pop_back();
+  // Reuse a released buffer of exactly this group's size; otherwise make
+  // one. A larger spare is not borrowed: the group it fits may be gathered
+  // next and would then need a fresh one, doubling the live memory.
+  size_t found = spare_.size();
+  for (size_t i = 0; i < spare_.size(); ++i)
+    if (spare_[i].bytes() == size_[g] * esize_) found = i;
+  if (found < spare_.size()) {
+    l.buf = std::move(spare_[found]);
+    spare_.erase(spare_.begin() + static_cast<ptrdiff_t>(found));
   } else {
-    size_t biggest = *std::max_element(size_.begin(), size_.end());
-    l.buf = sdk::Buffer(host_, device_, biggest * esize_, TSR_MEM_PARAMS);
+    l.buf = sdk::Buffer(host_, device_, size_[g] * esize_, TSR_MEM_PARAMS);
   }
   DLTensor in = view(at(params_.get(), owned_offset_[g]), per(g));
   DLTensor out = view(l.buf.get(), size_[g]);
@@ -158,7 +163,10 @@ void ZeroState::end_pass() {
     spare_.push_back(std::move(l.buf));
   }
   live_.clear();
-  // Keep at most two spare buffers: the current group and the prefetch.
+  // Keep at most two spare buffers (the current group and the prefetch),
+  // the largest ones, so the next pass allocates nothing.
+  std::sort(spare_.begin(), spare_.end(),
+            [](const sdk::Buffer &a, const sdk::Buffer &b) { return a.bytes() > b.bytes(); });
   while (spare_.size() > 2) spare_.pop_back();
 }
 

@@ -9,11 +9,12 @@
 # An unmarked ```sh block fails the test, so no command is left unchecked.
 # The marked blocks run in order, as one bash session (set -euo pipefail), so
 # `cd` and `export` carry over as in a terminal, with
-#  - the working directory a fresh "clone": WORK/tessera, holding links to
-#    everything in SOURCE_DIR, and `build` linked to BUILD_DIR (so the
-#    guide's tools/build is the incremental build of this tree);
 #  - HOME a fresh WORK/home (where the guides install tessera and create
-#    their plugin projects).
+#    their plugin projects);
+#  - the working directory a fresh "clone" where the guides clone to,
+#    ~/tessera: links to everything in SOURCE_DIR, and `build` linked to
+#    BUILD_DIR (so the guide's tools/build is the incremental build of this
+#    tree).
 # The commands and their output go to the test log.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -21,16 +22,17 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 guide=$1 src=$2 build=$3 work=$4
 
 rm -rf "$work"
-mkdir -p "$work/home" "$work/tessera"
+clone="$work/home/tessera"
+mkdir -p "$clone"
 for entry in "$src"/* "$src"/.[!.]*; do
   [ -e "$entry" ] || continue
   name=$(basename "$entry")
   case "$name" in
     .git | build | build-*) continue ;;
   esac
-  ln -s "$entry" "$work/tessera/$name"
+  ln -s "$entry" "$clone/$name"
 done
-ln -s "$build" "$work/tessera/build"
+ln -s "$build" "$clone/build"
 
 script="$work/guide.sh"
 awk -v guide="$guide" '
@@ -60,6 +62,6 @@ awk -v guide="$guide" '
   }
 ' "$guide" >"$script"
 
-echo "running the commands of $guide in $work/tessera (HOME=$work/home)"
-cd "$work/tessera"
+echo "running the commands of $guide in $clone (HOME=$work/home)"
+cd "$clone"
 HOME="$work/home" bash -x "$script" 2>&1

@@ -50,9 +50,8 @@ using tessera::test::AbiLayoutRow;
   static_assert(                                                                          \
       std::string_view(#name) == "TSR_ABI_MINOR" ? (name) >= (value) : (name) == (value), \
       #name " changed since ABI 1.0");
-#define TSR_ABI_STRING(name, value)                                                            \
-  static_assert(std::string_view(name) == std::string_view(value), #name " changed since ABI " \
-                                                                         "1.0");
+#define TSR_ABI_STRING(name, value) \
+  static_assert(std::string_view(name) == (value), #name " changed since ABI 1.0");
 #include "abi_1_0/layout_1_0.inc"
 #undef TSR_ABI_STRUCT
 #undef TSR_ABI_FIELD
@@ -187,7 +186,7 @@ TEST_CASE("the current size of every public struct is pinned", "[abi][layout]") 
     CHECK(c.actual == c.size);
   }
 #else
-  SKIP("struct sizes are pinned for x86-64");
+  WARN("struct sizes are pinned for x86-64 only; nothing to check here");
 #endif
 }
 
