@@ -157,6 +157,18 @@ const Args *g_run_args = nullptr;
 
 // Runs the training in this process, joining a multi-process job when the
 // environment says so.
+// Joins a multi-process job (store, abort watch, Gloo) when the launcher's
+// variables say there is one; the collectives go into `proc`.
+std::unique_ptr<DistContext> join_job(const Job &job, ProcessInfo &proc) {
+  if (proc.world_size <= 1) return nullptr;
+  auto dist = std::make_unique<DistContext>(dist_options_from_env(
+      proc.rank, proc.world_size, static_cast<int>(job.settings.comm_timeout_s),
+      job.settings.comm_interface));
+  proc.comm = dist->comm();
+  proc.comm_state = dist->comm_state();
+  return dist;
+}
+
 int train_here(const Parsed &p) {
   JobOptions o = job_options(p, "run");
   ProcessInfo proc = process_info(local_rank_of(p));
@@ -166,14 +178,7 @@ int train_here(const Parsed &p) {
   // Before the rendezvous, with the plugins loaded: breakpoints in them
   // bind as soon as a debugger attaches.
   start_debug_job(job, proc.rank, proc.world_size);
-  std::unique_ptr<DistContext> dist;
-  if (proc.world_size > 1) {
-    dist = std::make_unique<DistContext>(dist_options_from_env(
-        proc.rank, proc.world_size, static_cast<int>(job.settings.comm_timeout_s),
-        job.settings.comm_interface));
-    proc.comm = dist->comm();
-    proc.comm_state = dist->comm_state();
-  }
+  std::unique_ptr<DistContext> dist = join_job(job, proc);
   try {
     train(job, proc);
   } catch (const std::exception &e) {
@@ -216,14 +221,7 @@ int eval_body(const Parsed &p) {
   Job job = load_job(o, proc.world_size, false);
   print_warnings(job);
   // Under a launcher every rank evaluates its share and the sums meet.
-  std::unique_ptr<DistContext> dist;
-  if (proc.world_size > 1) {
-    dist = std::make_unique<DistContext>(dist_options_from_env(
-        proc.rank, proc.world_size, static_cast<int>(job.settings.comm_timeout_s),
-        job.settings.comm_interface));
-    proc.comm = dist->comm();
-    proc.comm_state = dist->comm_state();
-  }
+  std::unique_ptr<DistContext> dist = join_job(job, proc);
   nlohmann::json r = evaluate_checkpoint(job, proc, p.get("--ckpt"));
   if (proc.rank == 0) {
     std::printf("eval | loss %.4f", r["eval_loss"].get<double>());
