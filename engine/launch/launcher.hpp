@@ -8,10 +8,10 @@
 namespace tessera {
 
 struct LaunchOptions {
-  int nproc = 1;       // workers on this node (-n)
-  int nnodes = 1;      // --nnodes
-  int node_rank = 0;   // --node-rank
-  std::string master;  // --master host:port ("" on one node: loopback, a free port)
+  int nproc = 1;         // workers on this node (-n)
+  int nnodes = 1;        // --nnodes
+  int node_rank = 0;     // --node-rank
+  std::string master;    // --master host:port ("" on one node: loopback, a free port)
   double grace_s = 30;   // after a SIGINT/SIGTERM: time to save before SIGKILL
   int max_restarts = 0;  // --max-restarts: restarts from the latest checkpoint
 };

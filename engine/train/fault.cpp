@@ -20,7 +20,8 @@ void maybe_crash(uint32_t rank, int64_t step, FaultPoint at) {
   size_t pos = 0;
   while (pos < text.size()) {
     size_t comma = text.find(',', pos);
-    std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    std::string item =
+        text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     if (item.rfind("rank=", 0) == 0) r = std::strtol(item.c_str() + 5, nullptr, 10);
     if (item.rfind("step=", 0) == 0) s = std::strtol(item.c_str() + 5, nullptr, 10);
     if (item.rfind("at=", 0) == 0) where = item.substr(3);

@@ -22,7 +22,7 @@ size_t st_dtype_size(const std::string &d) {
 }
 
 size_t safetensors_write(const std::string &path, const std::vector<StTensor> &tensors,
-                       const std::map<std::string, std::string> &metadata) {
+                         const std::map<std::string, std::string> &metadata) {
   nlohmann::ordered_json header;
   if (!metadata.empty()) header["__metadata__"] = metadata;
   size_t offset = 0;

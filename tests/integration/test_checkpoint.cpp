@@ -185,7 +185,8 @@ TEST_CASE("SIGTERM saves a checkpoint and exits 0; the run resumes to the same e
   CHECK(bitwise_equal(final_params(s.run_dir, "term"), final_params(ref.run_dir, "term_ref")));
 }
 
-TEST_CASE("elastic: --max-restarts restarts every worker from the latest checkpoint", "[checkpoint]") {
+TEST_CASE("elastic: --max-restarts restarts every worker from the latest checkpoint",
+          "[checkpoint]") {
   Setup ref = setup(kCkpt, "elastic_ref");
   REQUIRE(run_cli(run_args(ref, 2), opts(120)).status == 0);
   Setup s = setup(kCkpt, "elastic");

@@ -114,7 +114,8 @@ void with_compute_copy(const tsr_optimizer_step_args *args, const char *who, Fn 
 
 // Checks what every step needs before touching memory: the struct version,
 // the device, non-null arrays, and segments inside [0, n).
-inline void check_step_args(const tsr_optimizer_step_args *args, uint32_t state_count, const char *who) {
+inline void check_step_args(const tsr_optimizer_step_args *args, uint32_t state_count,
+                            const char *who) {
   if (!args || args->struct_size < sizeof(tsr_optimizer_step_args))
     throw Error(TSR_ERR_INVALID, fmt("%s: step args missing or from an older ABI", who));
   if (args->device.device_type != kDLCPU)
