@@ -12,14 +12,6 @@
 
 namespace tessera {
 
-namespace {
-DistContext *g_current = nullptr;
-}
-
-DistContext *DistContext::current() {
-  return g_current;
-}
-
 std::string local_address_toward(const std::string &host, uint16_t port) {
   // The address of the interface that routes to the master: connecting a
   // UDP socket sends nothing but makes the kernel pick the route. Gloo binds
@@ -88,7 +80,6 @@ DistContext::DistContext(const DistOptions &opt) : opt_(opt) {
   if (opt.serve_store) server_ = std::make_unique<StoreServer>("", opt.master_port);
   client_ = std::make_unique<StoreClient>(opt.master_addr, opt.master_port, timeout);
   watch_client_ = std::make_unique<StoreClient>(opt.master_addr, opt.master_port, timeout);
-  g_current = this;
   watcher_ = std::thread([this] { watch(); });
   try {
     gloo_ = std::make_unique<GlooComm>(*client_, opt.rank, opt.world_size, timeout, opt.interface,
@@ -97,7 +88,6 @@ DistContext::DistContext(const DistOptions &opt) : opt_(opt) {
   } catch (...) {
     stopping_ = true;
     watcher_.join();
-    if (g_current == this) g_current = nullptr;
     throw;
   }
 }
@@ -122,7 +112,6 @@ DistContext::~DistContext() {
   } catch (const std::exception &) {
     // The store may be gone already at shutdown; nothing is left to do.
   }
-  if (g_current == this) g_current = nullptr;
 }
 
 void DistContext::post_abort(const std::string &reason) {

@@ -47,9 +47,6 @@ class DistContext {
   // Tells every rank this one failed; they stop with "rank r failed: reason".
   void post_abort(const std::string &reason);
 
-  // The context of this process, if any (for the fatal-error path).
-  static DistContext *current();
-
  private:
   void watch();
 

@@ -78,8 +78,6 @@ class Host {
   MemoryStats memory() const;
   const RunFacts &facts() const { return facts_; }
 
-  // Installs the collectives (default: a single-process world).
-  void set_comm(const tsr_comm *comm) { table_.comm = comm; }
   // Step hooks used while a model runs forward/backward.
   tsr_step *step_handle(StepHooks *hooks) { return reinterpret_cast<tsr_step *>(hooks); }
 

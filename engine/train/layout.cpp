@@ -126,12 +126,6 @@ std::vector<tsr_segment> Layout::segments(size_t begin, size_t count) const {
   return out;
 }
 
-void Layout::owned_slice(size_t g, uint32_t rank, size_t *offset, size_t *count) const {
-  size_t per = group_size[g] / world;
-  *offset = group_offset[g] + per * rank;
-  *count = per;
-}
-
 void init_params(const Layout &layout, float *flat, uint64_t seed) {
   for (const auto &p : layout.params) {
     // Seed from the name so a parameter's initial value is independent of

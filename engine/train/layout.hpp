@@ -33,8 +33,6 @@ struct Layout {
   // Runs of equal decay flag inside [begin, begin + count), relative to
   // begin. Padding and frozen parameters get decay 0 (their gradient is 0).
   std::vector<tsr_segment> segments(size_t begin, size_t count) const;
-  // Rank r's slice of group g: [offset, offset + count).
-  void owned_slice(size_t g, uint32_t rank, size_t *offset, size_t *count) const;
 
   // The canonical index space: every parameter's elements in declaration
   // order, without padding. It does not depend on the world size, so

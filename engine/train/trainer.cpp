@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <thread>
 
 #include "ckpt/checkpoint.hpp"
@@ -77,13 +78,19 @@ struct UpdateCtx {
   Session *s;
   double lr = 0, grad_scale = 1;
   int64_t step = 0;
+  // Decay segments of each owned range (by flat offset): fixed for the run,
+  // so they are worked out once rather than every step.
+  std::map<size_t, std::vector<tsr_segment>> segments;
 };
 
 tsr_status update_range(void *p, const tsr_owned_range *r) {
   trace::Span span(trace::Stream::offload, "offload step");
   auto *u = static_cast<UpdateCtx *>(p);
   Session &s = *u->s;
-  std::vector<tsr_segment> segs = s.layout.segments(r->flat_offset, r->count);
+  auto it = u->segments.find(r->flat_offset);
+  if (it == u->segments.end())
+    it = u->segments.emplace(r->flat_offset, s.layout.segments(r->flat_offset, r->count)).first;
+  const std::vector<tsr_segment> &segs = it->second;
   tsr_offload_step os{};
   os.struct_size = sizeof os;
   os.offset = r->owned_offset;
@@ -254,7 +261,7 @@ nlohmann::json train(const Job &job, const ProcessInfo &proc) {
   nlohmann::json memory_by_rank = report_memory(s);
 
   tsr_step *step_ctx = s.step_handle();
-  UpdateCtx uctx{&s};
+  UpdateCtx uctx{&s, 0, 1, 0, {}};
   tsr_zero_step zstep{sizeof(tsr_zero_step), update_range, flush_updates, &uctx};
 
   int64_t step = 0, epoch = 0, samples = 0;

@@ -136,7 +136,6 @@ void *ZeroState::params(uint32_t g, bool backward) {
   if (!live_.count(g)) gather(g);
   Live &l = live_[g];
   wait_live(l);
-  l.in_use = true;
   // Prefetch the group the pass needs next while this one computes.
   if (opt_.prefetch) {
     int64_t next = backward ? static_cast<int64_t>(g) - 1 : static_cast<int64_t>(g) + 1;

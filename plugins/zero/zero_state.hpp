@@ -49,7 +49,6 @@ class ZeroState {
   struct Live {  // a gathered group (stage 3)
     sdk::Buffer buf;
     tsr_comm_work *work = nullptr;  // pending gather
-    bool in_use = false;
   };
   struct Pending {  // a reduction in flight
     tsr_comm_work *work = nullptr;
