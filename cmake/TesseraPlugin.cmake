@@ -43,6 +43,7 @@ function(tessera_add_plugin name)
     PREFIX "lib"
     C_VISIBILITY_PRESET hidden
     CXX_VISIBILITY_PRESET hidden
+    CUDA_VISIBILITY_PRESET hidden
     VISIBILITY_INLINES_HIDDEN ON)
   if(ARG_OUTPUT_NAME)
     set_target_properties(${name} PROPERTIES OUTPUT_NAME ${ARG_OUTPUT_NAME})

@@ -74,7 +74,7 @@ const AbiLayoutRow kCurrent[] = {
 #undef TSR_ABI_STRING
 
 // The size of every public struct in the current headers, on x86-64. ABI
-// 1.0 as released; a new minor version that appends fields updates the
+// 1.1 (tsr_host, tsr_ops and tsr_optimizer_step_args grew); a new minor version that appends fields updates the
 // struct's line here (and docs/abi.md), and lists new structs in kAdded.
 struct CurrentSize {
   const char *type;
@@ -89,8 +89,8 @@ const CurrentSize kCurrentSizes[] = {
     TSR_CURRENT(tsr_plugin_library, 32),
     TSR_CURRENT(tsr_run_info, 56),
     TSR_CURRENT(tsr_comm, 56),
-    TSR_CURRENT(tsr_host, 184),
-    TSR_CURRENT(tsr_ops, 96),
+    TSR_CURRENT(tsr_host, 200),
+    TSR_CURRENT(tsr_ops, 160),
     TSR_CURRENT(tsr_data_info, 168),
     TSR_CURRENT(tsr_batch, 112),
     TSR_CURRENT(tsr_dataset_vtable, 40),
@@ -101,7 +101,7 @@ const CurrentSize kCurrentSizes[] = {
     TSR_CURRENT(tsr_sampler_args, 40),
     TSR_CURRENT(tsr_sampler_vtable, 40),
     TSR_CURRENT(tsr_segment, 24),
-    TSR_CURRENT(tsr_optimizer_step_args, 112),
+    TSR_CURRENT(tsr_optimizer_step_args, 120),
     TSR_CURRENT(tsr_optimizer_vtable, 48),
     TSR_CURRENT(tsr_zero_plan, 24),
     TSR_CURRENT(tsr_zero_setup, 72),

@@ -129,6 +129,15 @@ typedef struct tsr_host {
   tsr_status (*grad)(tsr_step *step, uint32_t index, DLTensor *out);
   tsr_status (*grads_done)(tsr_step *step, uint32_t group);
   tsr_status (*params_done)(tsr_step *step, uint32_t group);
+
+  /* ---- ABI 1.1 ----
+   * The stream every op of `ops` runs on (a cudaStream_t in CUDA runs; NULL
+   * on the CPU). A plugin that launches its own kernels puts them on it, so
+   * they stay ordered with the ops and the collectives. */
+  void *compute_stream;
+  /* Blocks until everything queued on compute_stream has finished (no-op
+   * on the CPU). */
+  tsr_status (*synchronize)(tsr_host_ctx *ctx);
 } tsr_host;
 
 #endif /* TESSERA_HOST_H */

@@ -51,6 +51,58 @@ typedef struct tsr_ops {
   tsr_status (*scale)(tsr_host_ctx *ctx, float alpha, DLTensor *y);
   /* *out = sum of x^2 (accumulated in double on CPU). */
   tsr_status (*sum_squares)(tsr_host_ctx *ctx, const DLTensor *x, double *out);
+
+  /* ---- ABI 1.1 (check TSR_HAS_FIELD(ops, tsr_ops, cast) first) ----
+   * Dtypes: activations, parameters and their gradients are float32,
+   * bfloat16 or float16 (the run's compute dtype); statistics (mean, rstd,
+   * lse) are float32; ids are int32. Every reduction accumulates in float32
+   * or wider whatever the dtype. Tensors are compact unless a comment says
+   * strides are honoured. */
+
+  /* y = x converted to y's dtype (float32, bfloat16, float16, any pair);
+   * same element count. Rounds to nearest even. */
+  tsr_status (*cast)(tsr_host_ctx *ctx, const DLTensor *x, DLTensor *y);
+  /* c = act(op(a) @ op(b) + bias): the matmul with its epilogue fused where
+   * the device can (cuBLASLt on CUDA). bias [n] may be NULL. `pre`, when not
+   * NULL, receives op(a) @ op(b) + bias before the activation (gelu's
+   * backward needs it). */
+  tsr_status (*linear)(tsr_host_ctx *ctx, const DLTensor *a, int32_t trans_a, const DLTensor *b,
+                       int32_t trans_b, const DLTensor *bias, tsr_activation act, DLTensor *c,
+                       DLTensor *pre);
+  /* Layer normalization over the last dim of x [rows, C]:
+   * y = (x - mean) * rstd * weight + bias, with rstd = 1/sqrt(var + eps)
+   * (biased variance). mean and rstd [rows] float32 are kept for backward. */
+  tsr_status (*layernorm_forward)(tsr_host_ctx *ctx, const DLTensor *x, const DLTensor *weight,
+                                  const DLTensor *bias, float eps, DLTensor *y, DLTensor *mean,
+                                  DLTensor *rstd);
+  /* Adds the input gradient into dx (so a residual stream's gradient
+   * accumulates) and the parameter gradients into dweight and dbias. */
+  tsr_status (*layernorm_backward)(tsr_host_ctx *ctx, const DLTensor *dy, const DLTensor *x,
+                                   const DLTensor *weight, const DLTensor *mean,
+                                   const DLTensor *rstd, DLTensor *dx, DLTensor *dweight,
+                                   DLTensor *dbias);
+  /* out[i, :] = table[ids[i], :] (accumulate = 0) or out[i, :] += table[ids[i], :]
+   * (accumulate = 1), for int32 ids [rows] and table [vocab, C]. An id
+   * outside [0, vocab) is an error (TSR_ERR_INVALID). */
+  tsr_status (*embedding_forward)(tsr_host_ctx *ctx, const DLTensor *ids, const DLTensor *table,
+                                  DLTensor *out, int32_t accumulate);
+  /* dtable[ids[i], :] += dout[i, :]. */
+  tsr_status (*embedding_backward)(tsr_host_ctx *ctx, const DLTensor *ids, const DLTensor *dout,
+                                   DLTensor *dtable);
+  /* Causal scaled dot-product attention per batch and head:
+   * out = softmax(q k^T * scale, keys after the query masked) v.
+   * q, k, v, out: [B, T, H, D]; strides are honoured (q, k and v may be
+   * views into one fused [B, T, 3, H, D] buffer). lse [B, H, T] float32
+   * receives each row's log-sum-exp of the scaled scores, for backward.
+   * On CUDA the T x T score matrix is never materialised in memory. */
+  tsr_status (*attention_forward)(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
+                                  const DLTensor *v, float scale, DLTensor *out, DLTensor *lse);
+  /* Writes (overwrites) dq, dk, dv [B, T, H, D] (strides honoured) from the
+   * forward's inputs, out, lse and the output gradient dout. */
+  tsr_status (*attention_backward)(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
+                                   const DLTensor *v, const DLTensor *out, const DLTensor *dout,
+                                   const DLTensor *lse, float scale, DLTensor *dq, DLTensor *dk,
+                                   DLTensor *dv);
 } tsr_ops;
 
 #endif /* TESSERA_OPS_H */

@@ -28,6 +28,10 @@ typedef struct tsr_optimizer_step_args {
   /* Optional low-precision compute copy written in the same pass (NULL: none). */
   void *compute_params;
   DLDataType compute_dtype;
+  /* ---- ABI 1.1 ----
+   * The dtype `grads` points at: float32 when this field is absent; bfloat16
+   * or float16 gradients are read as such and widened in the update. */
+  DLDataType grads_dtype;
 } tsr_optimizer_step_args;
 
 typedef struct tsr_optimizer_vtable {
