@@ -306,7 +306,11 @@ std::string save_checkpoint(Session &s, const TrainState &st, const std::string 
         {"params", param_table(s.layout)},
         {"partition_rule",
          "canonical: parameters in declaration order, unpadded; each rank stores its owned ranges"},
-        {"loss_scaler", nullptr},
+        {"loss_scaler", st.loss_scale < 0 ? nlohmann::json(nullptr)
+                                          : nlohmann::json{{"cur_scale", st.loss_scale},
+                                                           {"good_steps", st.scale_good_steps},
+                                                           {"cur_hysteresis", st.scale_hysteresis},
+                                                           {"skipped_steps", st.scale_skipped}}},
         {"config", config_toml},
         {"files", files},
     };
@@ -406,12 +410,7 @@ TrainState load_checkpoint(Session &s, const std::string &path) {
     tsr_status st =
         ss->offload.vt->read_state(ss->offload.self, 0, r->owned_offset, r->count, master.data());
     if (st != TSR_OK) return st;
-    int64_t n = static_cast<int64_t>(r->count);
-    DLTensor src{
-        master.data(), DLDevice{kDLCPU, 0}, 1, DLDataType{kDLFloat, 32, 1}, &n, nullptr, 0};
-    DLTensor dst{r->params, ss->host.facts().device, 1, DLDataType{kDLFloat, 32, 1}, &n, nullptr,
-                 0};
-    return ss->host.table()->ops->copy(ss->host.ctx(), &src, &dst);
+    return guarded(ss->host.ctx(), [&] { ss->put_compute(master.data(), r->count, r->params); });
   };
   auto no_flush = [](void *) -> tsr_status { return TSR_OK; };
   tsr_zero_step zs{sizeof(tsr_zero_step), copy_master, no_flush, &s};
@@ -424,6 +423,13 @@ TrainState load_checkpoint(Session &s, const std::string &path) {
   st.samples = m.at("samples").get<int64_t>();
   st.global_batch = m.at("global_batch").get<int64_t>();
   st.seed = m.at("seed").get<uint64_t>();
+  if (m.contains("loss_scaler") && m["loss_scaler"].is_object()) {
+    const auto &ls = m["loss_scaler"];
+    st.loss_scale = ls.value("cur_scale", -1.0);
+    st.scale_good_steps = ls.value("good_steps", int64_t{0});
+    st.scale_hysteresis = ls.value("cur_hysteresis", int64_t{0});
+    st.scale_skipped = ls.value("skipped_steps", int64_t{0});
+  }
   return st;
 }
 

@@ -22,6 +22,10 @@ struct TrainState {
   int64_t samples = 0;         // samples seen over all ranks
   int64_t global_batch = 0;
   uint64_t seed = 0;
+  // fp16 dynamic loss scaling (DeepSpeed's names): scale < 0 when the run
+  // has no scaler (bf16, fp32).
+  double loss_scale = -1;
+  int64_t scale_good_steps = 0, scale_hysteresis = 0, scale_skipped = 0;
 };
 
 // Writes <dir>/step_<step>/ from every rank (collective: every rank calls

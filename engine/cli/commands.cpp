@@ -10,6 +10,7 @@
 #include "config/config.hpp"
 #include "dist/dist_context.hpp"
 #include "launch/launcher.hpp"
+#include "train/device_select.hpp"
 #include "train/job.hpp"
 #include "train/trainer.hpp"
 #include "util/error.hpp"
@@ -160,10 +161,15 @@ const Args *g_run_args = nullptr;
 // Joins a multi-process job (store, abort watch, Gloo) when the launcher's
 // variables say there is one; the collectives go into `proc`.
 std::unique_ptr<DistContext> join_job(const Job &job, ProcessInfo &proc) {
+  // The GPU first: NCCL's rendezvous needs it selected.
+  proc.device = choose_device(job.settings, proc.local_rank, proc.local_world_size);
+  proc.device_chosen = true;
   if (proc.world_size <= 1) return nullptr;
-  auto dist = std::make_unique<DistContext>(dist_options_from_env(
-      proc.rank, proc.world_size, static_cast<int>(job.settings.comm_timeout_s),
-      job.settings.comm_interface));
+  DistOptions opt = dist_options_from_env(proc.rank, proc.world_size,
+                                          static_cast<int>(job.settings.comm_timeout_s),
+                                          job.settings.comm_interface);
+  opt.cuda = proc.device.device_type == kDLCUDA;
+  auto dist = std::make_unique<DistContext>(opt);
   proc.comm = dist->comm();
   proc.comm_state = dist->comm_state();
   return dist;

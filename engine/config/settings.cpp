@@ -1,6 +1,7 @@
 // The engine's config schema and its resolution into typed settings.
 #include "config/settings.hpp"
 
+#include <cctype>
 #include <cstdlib>
 #include <tessera/cpp/plugin.hpp>
 
@@ -36,6 +37,9 @@ const tsr_param_decl kRun[] = {
     param_min("threads", TSR_PARAM_INT, "0", "CPU threads per rank; 0: cores / local ranks", 0),
     param_min("gradient_clipping", TSR_PARAM_FLOAT, "0.0",
               "clip gradients to this global L2 norm; 0: off", 0),
+    param("max_gpu_memory", TSR_PARAM_STRING, "\"\"",
+          "cap on the GPU memory one rank may allocate (\"24GiB\", \"500MB\", bytes); empty: "
+          "no cap"),
 };
 const tsr_param_decl kBatch[] = {
     param_min("global", TSR_PARAM_INT, "0",
@@ -101,6 +105,25 @@ const tsr_param_decl kComm[] = {
 };
 
 }  // namespace
+
+uint64_t parse_bytes(const std::string &text, const std::string &where) {
+  if (text.empty()) return 0;
+  size_t i = 0;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.'))
+    ++i;
+  std::string num = text.substr(0, i), unit = text.substr(i);
+  while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
+  char *end = nullptr;
+  double v = num.empty() ? -1 : std::strtod(num.c_str(), &end);
+  static const std::pair<const char *, double> units[] = {
+      {"", 1},           {"B", 1},          {"KB", 1e3},       {"MB", 1e6},
+      {"GB", 1e9},       {"TB", 1e12},      {"KiB", 1024.0},   {"MiB", 1048576.0},
+      {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
+  for (const auto &[name, mult] : units)
+    if (v > 0 && end && *end == 0 && unit == name) return static_cast<uint64_t>(v * mult);
+  throw ConfigError(where + " = \"" + text +
+                    "\": expected a positive size such as \"24GiB\", \"500MB\" or a byte count");
+}
 
 const std::vector<EngineSection> &engine_sections() {
   static const std::vector<EngineSection> s = {
@@ -202,6 +225,10 @@ Settings resolve_settings(const Document &doc, uint32_t world, toml::table *reso
   s.eval_every = i64("run", "eval_every");
   s.threads = i64("run", "threads");
   s.gradient_clipping = f64("run", "gradient_clipping");
+  s.max_gpu_memory = parse_bytes(str("run", "max_gpu_memory"),
+                                 doc.where("run.max_gpu_memory",
+                                           find(doc.root(), "run.max_gpu_memory")) +
+                                     ": run.max_gpu_memory");
   s.global_batch = i64("batch", "global");
   s.micro_batch = i64("batch", "micro");
   s.accumulation = i64("batch", "accumulation");

@@ -38,6 +38,7 @@ struct Settings {
   std::vector<std::string> plugin_path;
   int64_t seed = 42, epochs = 0, steps = 0, log_every = 50, eval_every = 0, threads = 0;
   double gradient_clipping = 0;
+  uint64_t max_gpu_memory = 0;  // bytes; 0: no cap
   // [batch]
   int64_t global_batch = 0, micro_batch = 0, accumulation = 0;
   // [data]
@@ -56,6 +57,10 @@ struct Settings {
   int64_t trace_first = 0, trace_last = 0;  // inclusive steps; 0: the default window
   double peak_tflops = 0;                   // per rank; 0: unknown
 };
+
+// "24GiB", "500MB", "1e9" -> bytes ("" -> 0); a bad size throws ConfigError
+// naming `where`.
+uint64_t parse_bytes(const std::string &text, const std::string &where);
 
 // Declared keys of each engine section.
 struct EngineSection {

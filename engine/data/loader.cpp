@@ -4,6 +4,9 @@
 
 #include "util/error.hpp"
 #include "util/trace.hpp"
+#ifdef TESSERA_HAVE_CUDA
+#include "cuda/device.hpp"
+#endif
 
 namespace tessera {
 
@@ -34,7 +37,9 @@ Loader::Loader(Host &host, const tsr_dataset_vtable *vt, void *dataset, const ts
   // workers == 0 reads on the calling thread, inside next().
   int nslots = std::max(1, prefetch + std::max(workers, 0));
   slots_.resize(static_cast<size_t>(nslots));
-  DLDevice cpu{kDLCPU, 0};
+  on_device_ = host_.facts().device.device_type == kDLCUDA;
+  // Pinned host memory in CUDA runs, so the copies to the GPU are async.
+  DLDevice cpu{on_device_ ? kDLCUDAHost : kDLCPU, 0};
   for (auto &s : slots_) {
     s.inputs = host_.alloc(cpu, in_bytes_ * static_cast<size_t>(batch_size_), TSR_MEM_OTHER);
     s.targets = host_.alloc(cpu, tgt_bytes_ * static_cast<size_t>(batch_size_), TSR_MEM_OTHER);
@@ -43,7 +48,63 @@ Loader::Loader(Host &host, const tsr_dataset_vtable *vt, void *dataset, const ts
     s.tgt_shape.assign(1, batch_size_);
     for (int i = 0; i < info_.target_ndim; ++i) s.tgt_shape.push_back(info_.target_shape[i]);
   }
+#ifdef TESSERA_HAVE_CUDA
+  if (on_device_) {
+    dev_.resize(2);
+    for (auto &d : dev_) {
+      d.inputs = host_.alloc(host_.facts().device, in_bytes_ * static_cast<size_t>(batch_size_),
+                             TSR_MEM_ACTIVATIONS);
+      d.targets = host_.alloc(host_.facts().device, tgt_bytes_ * static_cast<size_t>(batch_size_),
+                              TSR_MEM_ACTIVATIONS);
+      cudaEvent_t e1, e2;
+      TSR_CUDA_CHECK(cudaEventCreateWithFlags(&e1, cudaEventDisableTiming));
+      TSR_CUDA_CHECK(cudaEventCreateWithFlags(&e2, cudaEventDisableTiming));
+      d.consumed = e1;
+      d.copied = e2;
+    }
+  }
+#endif
   for (int w = 0; w < workers; ++w) threads_.emplace_back([this, w] { worker(w); });
+}
+
+const tsr_batch *Loader::to_device(const tsr_batch &b) {
+#ifdef TESSERA_HAVE_CUDA
+  DeviceSlot &d = dev_[static_cast<size_t>(dev_next_++ % static_cast<int64_t>(dev_.size()))];
+  cudaStream_t copy = cuda::copy_stream(), compute = cuda::compute_stream();
+  // The compute stream may still read this buffer's previous batch.
+  TSR_CUDA_CHECK(cudaStreamWaitEvent(copy, static_cast<cudaEvent_t>(d.consumed), 0));
+  const size_t n = static_cast<size_t>(b.size);
+  TSR_CUDA_CHECK(
+      cudaMemcpyAsync(d.inputs, b.inputs.data, n * in_bytes_, cudaMemcpyHostToDevice, copy));
+  TSR_CUDA_CHECK(
+      cudaMemcpyAsync(d.targets, b.targets.data, n * tgt_bytes_, cudaMemcpyHostToDevice, copy));
+  TSR_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(d.copied), copy));
+  TSR_CUDA_CHECK(cudaStreamWaitEvent(compute, static_cast<cudaEvent_t>(d.copied), 0));
+  d.in_shape.assign(b.inputs.shape, b.inputs.shape + b.inputs.ndim);
+  d.tgt_shape.assign(b.targets.shape, b.targets.shape + b.targets.ndim);
+  d.batch = b;
+  d.batch.inputs.data = d.inputs;
+  d.batch.inputs.device = host_.facts().device;
+  d.batch.inputs.shape = d.in_shape.data();
+  d.batch.targets.data = d.targets;
+  d.batch.targets.device = host_.facts().device;
+  d.batch.targets.shape = d.tgt_shape.data();
+  return &d.batch;
+#else
+  return &b;
+#endif
+}
+
+// Called when the caller is done enqueueing work on the batch handed out
+// last: the compute stream marks that buffer consumed, and the pinned slot
+// may be refilled once its copy has landed.
+void Loader::release_device() {
+#ifdef TESSERA_HAVE_CUDA
+  if (!on_device_ || dev_next_ == 0) return;
+  DeviceSlot &d = dev_[static_cast<size_t>((dev_next_ - 1) % static_cast<int64_t>(dev_.size()))];
+  TSR_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(d.consumed), cuda::compute_stream()));
+  TSR_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(d.copied)));
+#endif
 }
 
 Loader::~Loader() {
@@ -53,6 +114,20 @@ Loader::~Loader() {
   }
   cv_.notify_all();
   for (auto &t : threads_) t.join();
+#ifdef TESSERA_HAVE_CUDA
+  if (on_device_) {
+    // Copies may be in flight from the pinned slots, and the compute stream
+    // may still read the device buffers.
+    cudaStreamSynchronize(cuda::copy_stream());
+    cudaStreamSynchronize(cuda::compute_stream());
+    for (auto &d : dev_) {
+      host_.free(d.inputs);
+      host_.free(d.targets);
+      cudaEventDestroy(static_cast<cudaEvent_t>(d.consumed));
+      cudaEventDestroy(static_cast<cudaEvent_t>(d.copied));
+    }
+  }
+#endif
   for (auto &s : slots_) {
     host_.free(s.inputs);
     host_.free(s.targets);
@@ -118,6 +193,7 @@ void Loader::worker(int w) {
 }
 
 const tsr_batch *Loader::next() {
+  if (on_device_) release_device();
   std::unique_lock<std::mutex> lk(mu_);
   // Release the slot handed out by the previous call.
   if (next_seq_ > 0) {
@@ -133,10 +209,14 @@ const tsr_batch *Loader::next() {
     s.seq = seq;
     lk.unlock();
     fill(s, seq, 0);
-    return &s.batch;
+    return on_device_ ? to_device(s.batch) : &s.batch;
   }
   cv_.wait(lk, [&] { return (s.seq == seq && s.ready) || !error_.empty(); });
   if (!error_.empty()) throw Error(TSR_ERR_IO, error_);
+  if (on_device_) {
+    lk.unlock();
+    return to_device(s.batch);
+  }
   return &s.batch;
 }
 

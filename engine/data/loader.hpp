@@ -24,7 +24,9 @@ struct LoadedBatch {
 class Loader {
  public:
   // Serves `indices` in order as batches of `batch_size` (the last one may
-  // be smaller when `keep_partial`, else it is dropped).
+  // be smaller when `keep_partial`, else it is dropped). In CUDA runs the
+  // host buffers are pinned and next() hands out the batch on the GPU,
+  // copied on the copy stream while the GPU still works on earlier steps.
   Loader(Host &host, const tsr_dataset_vtable *vt, void *dataset, const tsr_data_info &info,
          std::vector<int64_t> indices, int64_t batch_size, bool keep_partial, int workers,
          int prefetch, std::string name);
@@ -47,6 +49,22 @@ class Loader {
   };
   void worker(int w);
   void fill(Slot &slot, int64_t seq, int lane);
+  // CUDA runs: copies `b` into the next device buffer; returns the device batch.
+  const tsr_batch *to_device(const tsr_batch &b);
+  void release_device();
+
+  // Device copies of batches (CUDA runs): two buffers used in turn; an
+  // event per buffer says the compute stream is done with it, another that
+  // its copy has landed (so the pinned slot may be refilled).
+  struct DeviceSlot {
+    void *inputs = nullptr, *targets = nullptr;
+    std::vector<int64_t> in_shape, tgt_shape;
+    tsr_batch batch{};
+    void *consumed = nullptr, *copied = nullptr;  // cudaEvent_t
+  };
+  bool on_device_ = false;
+  std::vector<DeviceSlot> dev_;
+  int64_t dev_next_ = 0;
 
   Host &host_;
   const tsr_dataset_vtable *vt_;

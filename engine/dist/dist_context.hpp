@@ -1,6 +1,6 @@
 // A worker's place in a multi-process job: the rendezvous store (served here
-// when rank 0 runs under another launcher), the abort watch, and the Gloo
-// communicator.
+// when rank 0 runs under another launcher), the abort watch, the Gloo
+// communicator and, in CUDA runs, the NCCL one.
 #pragma once
 
 #include <atomic>
@@ -12,6 +12,9 @@
 #include "dist/store.hpp"
 
 namespace tessera {
+
+class NcclComm;
+class CudaComm;
 
 // Exit status of a rank that stops because another rank failed (the abort
 // key) or because it lost a peer or the store: the launcher never names it
@@ -26,6 +29,7 @@ struct DistOptions {
   int timeout_s = 300;
   std::string interface;
   std::string prefix = "tessera/a0";  // store keys of this attempt
+  bool cuda = false;                  // also connect NCCL (the GPU is selected already)
 };
 
 // Reads MASTER_ADDR/MASTER_PORT and whether our launcher serves the store.
@@ -42,8 +46,12 @@ class DistContext {
   DistContext(const DistContext &) = delete;
   DistContext &operator=(const DistContext &) = delete;
 
-  const tsr_comm *comm() const { return GlooComm::table(); }
-  void *comm_state() { return gloo_.get(); }
+  // The collectives, and what the host's RunFacts::comm_state must be for
+  // them: the GlooComm on CPU runs, the CudaComm (GPU tensors to NCCL, host
+  // tensors to Gloo) when DistOptions::cuda is set.
+  const tsr_comm *comm() const;
+  void *comm_state();
+  GlooComm *gloo() { return gloo_.get(); }
   // Tells every rank this one failed; they stop with "rank r failed: reason".
   void post_abort(const std::string &reason);
 
@@ -54,6 +62,10 @@ class DistContext {
   std::unique_ptr<StoreServer> server_;
   std::unique_ptr<StoreClient> client_, watch_client_;
   std::unique_ptr<GlooComm> gloo_;
+#ifdef TESSERA_HAVE_CUDA
+  std::unique_ptr<NcclComm> nccl_;
+  std::unique_ptr<CudaComm> cuda_comm_;
+#endif
   std::atomic<bool> stopping_{false};
   std::thread watcher_;
 };

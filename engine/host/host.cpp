@@ -10,6 +10,10 @@
 #include "host/comm_local.hpp"
 #include "ops/cpu_ops.hpp"
 #include "util/error.hpp"
+#ifdef TESSERA_HAVE_CUDA
+#include "cuda/cuda_ops.hpp"
+#include "cuda/device.hpp"
+#endif
 
 namespace tessera {
 
@@ -23,12 +27,19 @@ struct Host::Impl {
   Host *self = nullptr;
   mutable std::mutex mu;
   std::string last_error;
+  // Where a block came from decides how it is freed.
+  enum class Kind { host, pinned, cuda };
   struct Block {
     size_t bytes;
     tsr_mem_purpose purpose;
+    Kind kind;
   };
   std::unordered_map<void *, Block> blocks;
-  MemoryStats stats;
+  MemoryStats stats;       // the compute device's (GPU in CUDA runs)
+  MemoryStats host_stats;  // host memory in CUDA runs (pageable + pinned)
+  MemoryStats &stats_for(Kind k, bool cuda_run) {
+    return (cuda_run && k != Kind::cuda) ? host_stats : stats;
+  }
   std::deque<std::unique_ptr<tsr_config>> configs;
 };
 
@@ -217,6 +228,20 @@ tsr_status cb_params_done(tsr_step *s, uint32_t group) {
   return hooks_of(s)->params_done ? hooks_of(s)->params_done(group) : TSR_OK;
 }
 
+tsr_status cb_synchronize(tsr_host_ctx *ctx) {
+  return guarded(ctx, [&] {
+#ifdef TESSERA_HAVE_CUDA
+    if (host_from_ctx(ctx)->facts().device.device_type == kDLCUDA) cuda::synchronize();
+#endif
+  });
+}
+
+[[maybe_unused]] std::string mib_str(size_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / 1048576.0);
+  return buf;
+}
+
 }  // namespace
 
 Host::Host(RunFacts facts) : facts_(std::move(facts)), impl_(std::make_unique<Impl>()) {
@@ -249,6 +274,13 @@ Host::Host(RunFacts facts) : facts_(std::move(facts)), impl_(std::make_unique<Im
   table_.free = cb_free;
   table_.run = &run_info_;
   table_.ops = cpu_ops();
+#ifdef TESSERA_HAVE_CUDA
+  if (facts_.device.device_type == kDLCUDA) {
+    table_.ops = cuda_ops();
+    table_.compute_stream = cuda::compute_stream();
+  }
+#endif
+  table_.synchronize = cb_synchronize;
   table_.comm = facts_.comm ? facts_.comm : local_comm();
   table_.seed_for = cb_seed_for;
   table_.param = cb_param;
@@ -258,7 +290,19 @@ Host::Host(RunFacts facts) : facts_(std::move(facts)), impl_(std::make_unique<Im
 }
 
 Host::~Host() {
-  for (auto &[p, b] : impl_->blocks) std::free(p);
+  for (auto &[p, b] : impl_->blocks) {
+#ifdef TESSERA_HAVE_CUDA
+    if (b.kind == Impl::Kind::cuda) {
+      cuda::device_free(p);
+      continue;
+    }
+    if (b.kind == Impl::Kind::pinned) {
+      cuda::pinned_free(p);
+      continue;
+    }
+#endif
+    std::free(p);
+  }
 }
 
 tsr_host_ctx *Host::ctx() const {
@@ -297,24 +341,79 @@ MemoryStats Host::memory() const {
   return impl_->stats;
 }
 
+MemoryStats Host::host_memory() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  return facts_.device.device_type == kDLCUDA ? impl_->host_stats : impl_->stats;
+}
+
 void *Host::alloc(DLDevice device, size_t bytes, tsr_mem_purpose purpose) {
   if (bytes == 0) return nullptr;
   if (purpose < 0 || purpose >= TSR_MEM_PURPOSE_COUNT)
     throw Error(TSR_ERR_INVALID, "alloc: unknown purpose " + std::to_string(purpose));
-  if (device.device_type != kDLCPU && device.device_type != kDLCUDAHost)
+  const bool cuda_run = facts_.device.device_type == kDLCUDA;
+  Impl::Kind kind = Impl::Kind::host;
+  if (device.device_type == kDLCUDA) {
+    kind = Impl::Kind::cuda;
+  } else if (device.device_type == kDLCUDAHost) {
+    // Pinned memory where there is a GPU; plain memory otherwise (a CPU run
+    // asks for it where it would overlap copies on a GPU).
+    kind = cuda_run ? Impl::Kind::pinned : Impl::Kind::host;
+  } else if (device.device_type != kDLCPU) {
     throw Error(TSR_ERR_UNSUPPORTED, "alloc: device type " + std::to_string(device.device_type) +
-                                         " is not available in this build (CPU only)");
-  // 64-byte alignment for vector loads; zeroed so fresh buffers are
-  // deterministic.
-  size_t rounded = (bytes + 63) / 64 * 64;
-  void *p = std::aligned_alloc(64, rounded);
+                                         " is not supported");
+  }
+  if (kind == Impl::Kind::cuda && !cuda_run)
+    throw Error(TSR_ERR_UNSUPPORTED,
+                "alloc: CUDA memory asked for in a run on the CPU (run.device); this build " +
+                    std::string(
+#ifdef TESSERA_HAVE_CUDA
+                        "has CUDA, but the run did not select a GPU"
+#else
+                        "has no CUDA support"
+#endif
+                        ));
+  void *p = nullptr;
+  if (kind == Impl::Kind::cuda) {
+#ifdef TESSERA_HAVE_CUDA
+    if (facts_.max_gpu_memory > 0) {
+      MemoryStats now = memory();
+      if (now.current_total + bytes > facts_.max_gpu_memory) {
+        std::string use;
+        for (int i = 0; i < TSR_MEM_PURPOSE_COUNT; ++i) {
+          if (now.current[static_cast<size_t>(i)] == 0) continue;
+          if (!use.empty()) use += ", ";
+          use += std::string(purpose_name(i)) + " " + mib_str(now.current[static_cast<size_t>(i)]);
+        }
+        throw Error(TSR_ERR_NO_MEMORY,
+                    "run.max_gpu_memory = " + mib_str(facts_.max_gpu_memory) + " on rank " +
+                        std::to_string(facts_.rank) + ": " + mib_str(bytes) + " of " +
+                        purpose_name(purpose) + " do not fit (in use: " +
+                        (use.empty() ? std::string("nothing") : use) +
+                        "); raise the cap, use a higher ZeRO stage or offload");
+      }
+    }
+    p = cuda::device_alloc(bytes);
+    // Fresh buffers are zero, as on the CPU: plugins may rely on it.
+    TSR_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, cuda::compute_stream()));
+#endif
+  } else if (kind == Impl::Kind::pinned) {
+#ifdef TESSERA_HAVE_CUDA
+    p = cuda::pinned_alloc(bytes);
+    std::memset(p, 0, bytes);
+#endif
+  } else {
+    // 64-byte alignment for vector loads; zeroed so fresh buffers are
+    // deterministic.
+    size_t rounded = (bytes + 63) / 64 * 64;
+    p = std::aligned_alloc(64, rounded);
+    if (p) std::memset(p, 0, rounded);
+  }
   if (!p)
     throw Error(TSR_ERR_NO_MEMORY,
                 "cannot allocate " + std::to_string(bytes) + " bytes for " + purpose_name(purpose));
-  std::memset(p, 0, rounded);
   std::lock_guard<std::mutex> lk(impl_->mu);
-  impl_->blocks[p] = {bytes, purpose};
-  auto &s = impl_->stats;
+  impl_->blocks[p] = {bytes, purpose, kind};
+  auto &s = impl_->stats_for(kind, cuda_run);
   s.current[purpose] += bytes;
   s.peak[purpose] = std::max(s.peak[purpose], s.current[purpose]);
   s.current_total += bytes;
@@ -324,15 +423,34 @@ void *Host::alloc(DLDevice device, size_t bytes, tsr_mem_purpose purpose) {
 
 void Host::free(void *ptr) {
   if (!ptr) return;
-  std::lock_guard<std::mutex> lk(impl_->mu);
-  auto it = impl_->blocks.find(ptr);
-  if (it == impl_->blocks.end()) {
-    spdlog::error("free of a pointer the host did not allocate ({})", ptr);
+  Impl::Block b{};
+  {
+    std::lock_guard<std::mutex> lk(impl_->mu);
+    auto it = impl_->blocks.find(ptr);
+    if (it == impl_->blocks.end()) {
+      spdlog::error("free of a pointer the host did not allocate ({})", ptr);
+      return;
+    }
+    b = it->second;
+    auto &s = impl_->stats_for(b.kind, facts_.device.device_type == kDLCUDA);
+    s.current[b.purpose] -= b.bytes;
+    s.current_total -= b.bytes;
+    impl_->blocks.erase(it);
+  }
+#ifdef TESSERA_HAVE_CUDA
+  if (b.kind == Impl::Kind::cuda) {
+    // Work queued on the compute stream may still use the block; the
+    // caching allocator hands it out again only to later work on the same
+    // stream, so ordering holds without a sync.
+    cuda::device_free(ptr);
     return;
   }
-  impl_->stats.current[it->second.purpose] -= it->second.bytes;
-  impl_->stats.current_total -= it->second.bytes;
-  impl_->blocks.erase(it);
+  if (b.kind == Impl::Kind::pinned) {
+    cuda::synchronize();  // a pending copy may still read it
+    cuda::pinned_free(ptr);
+    return;
+  }
+#endif
   std::free(ptr);
 }
 

@@ -56,6 +56,9 @@ class Host {
     // state, which the table's functions find through the host ctx.
     const tsr_comm *comm = nullptr;
     void *comm_state = nullptr;
+    // run.max_gpu_memory: device allocations beyond this many bytes fail
+    // with a message naming what did not fit (0: no cap).
+    uint64_t max_gpu_memory = 0;
   };
 
   explicit Host(RunFacts facts);
@@ -75,7 +78,10 @@ class Host {
   tsr_config *make_config(const std::string &section, const std::string &plugin,
                           toml::table values);
 
+  // Allocation statistics on the run's compute device (the GPU in CUDA
+  // runs, host memory otherwise), and in host memory (pageable and pinned).
   MemoryStats memory() const;
+  MemoryStats host_memory() const;
   const RunFacts &facts() const { return facts_; }
 
   // Step hooks used while a model runs forward/backward.

@@ -1,7 +1,10 @@
 #include "train/session.hpp"
 
+#include <tessera/cpp/optimizer.hpp>
+
 #include <cstring>
 
+#include "ops/cpu_ops.hpp"
 #include "util/error.hpp"
 
 namespace tessera {
@@ -15,8 +18,11 @@ void plugin_ok(Host &host, tsr_status s, const std::string &what) {
 
 namespace {
 
-// A plugin must declare the device the run computes on.
+// A plugin that computes (model, optimizer, zero, offload) must declare the
+// device the run computes on; datasets and samplers work in host memory
+// whatever the device.
 void check_device(Session &s, const PluginChoice &c, const std::string &section) {
+  if (section.rfind("data.", 0) == 0 || section == "sampler") return;
   const bool cuda = s.host.facts().device.device_type == kDLCUDA;
   const uint32_t need = cuda ? TSR_DEVICE_CUDA : TSR_DEVICE_CPU;
   if (!(c.entry->desc->devices & need))
@@ -98,8 +104,19 @@ Session::Session(const Job &j, Host::RunFacts facts, bool train, ParamInitialize
   zs.group_size = layout.group_size.data();
   zs.total = layout.total;
   zs.device = host.facts().device;
-  zs.dtype = DLDataType{kDLFloat, 32, 1};
-  zs.initial_params = initial.data();
+  zs.dtype = compute_dtype();
+  // The zero plugin takes the initial values in the compute dtype.
+  std::vector<uint16_t> initial_narrow;
+  if (compute_bytes() == 2) {
+    initial_narrow.resize(initial.size());
+    const bool bf16 = compute_dtype().code == kDLBfloat;
+    for (size_t i = 0; i < initial.size(); ++i)
+      initial_narrow[i] = bf16 ? sdk::optim::float_to_bf16(initial[i])
+                               : sdk::optim::float_to_f16(initial[i]);
+    zs.initial_params = initial_narrow.data();
+  } else {
+    zs.initial_params = initial.data();
+  }
   zs.training = training ? 1 : 0;
   plugin_ok(host, zero.vt->setup(zero.self, &zs), "[zero] plugin '" + zero.name + "' setup");
 
@@ -115,10 +132,11 @@ Session::Session(const Job &j, Host::RunFacts facts, bool train, ParamInitialize
                         : zero.vt->params(zero.self, p.group, backward ? 1 : 0, &base);
     if (s != TSR_OK) return s;
     std::memset(out, 0, sizeof *out);
-    out->data = static_cast<float *>(base) + (p.offset - layout.group_offset[p.group]);
+    out->data =
+        static_cast<char *>(base) + (p.offset - layout.group_offset[p.group]) * compute_bytes();
     out->device = host.facts().device;
     out->ndim = static_cast<int32_t>(p.shape.size());
-    out->dtype = DLDataType{kDLFloat, 32, 1};
+    out->dtype = compute_dtype();
     out->shape = shapes_[i].data();
     return TSR_OK;
   };
@@ -159,7 +177,7 @@ Session::Session(const Job &j, Host::RunFacts facts, bool train, ParamInitialize
   os.optimizer_self = optimizer.self;
   os.state_count = state_count;
   os.device = host.facts().device;
-  os.compute_dtype = DLDataType{kDLFloat, 32, 1};
+  os.compute_dtype = compute_dtype();
   plugin_ok(host, offload.vt->setup(offload.self, &os),
             "[offload] plugin '" + offload.name + "' setup");
   // The fp32 master copy starts from the initial values of what we own.
@@ -184,22 +202,57 @@ Session::~Session() {
   model.reset();
 }
 
+DLDataType Session::compute_dtype() const {
+  switch (host.facts().precision) {
+    case TSR_PRECISION_BF16:
+      return DLDataType{kDLBfloat, 16, 1};
+    case TSR_PRECISION_FP16:
+      return DLDataType{kDLFloat, 16, 1};
+    default:
+      return DLDataType{kDLFloat, 32, 1};
+  }
+}
+
+void Session::put_compute(const float *src, size_t n, void *dst) {
+  int64_t len = static_cast<int64_t>(n);
+  const DLDataType dt = compute_dtype();
+  std::vector<uint16_t> narrow;
+  const void *from = src;
+  if (compute_bytes() == 2) {
+    narrow.resize(n);
+    const bool bf16 = dt.code == kDLBfloat;
+    for (size_t i = 0; i < n; ++i)
+      narrow[i] = bf16 ? sdk::optim::float_to_bf16(src[i]) : sdk::optim::float_to_f16(src[i]);
+    from = narrow.data();
+  }
+  DLTensor s{const_cast<void *>(from), DLDevice{kDLCPU, 0}, 1, dt, &len, nullptr, 0};
+  DLTensor d{dst, host.facts().device, 1, dt, &len, nullptr, 0};
+  // The CPU copy is synchronous; a copy from pageable memory to a GPU
+  // completes before returning, so `narrow` may go.
+  plugin_ok(host, host.table()->ops->copy(host.ctx(), &s, &d), "copy parameters to the device");
+}
+
 std::vector<float> Session::gather_params() {
   std::vector<float> flat(layout.total, 0.f);
+  const DLDataType dt = compute_dtype();
   for (uint32_t g = 0; g < layout.group_offset.size(); ++g) {
     void *base = nullptr;
     plugin_ok(host, zero.vt->params(zero.self, g, 0, &base), "[zero] params");
-    // Parameters may live on a device: copy through the ops.
+    // Parameters may live on a device: copy through the ops, then widen.
     int64_t n = static_cast<int64_t>(layout.group_size[g]);
-    DLTensor src{base, host.facts().device, 1, DLDataType{kDLFloat, 32, 1}, &n, nullptr, 0};
-    DLTensor dst{flat.data() + layout.group_offset[g],
-                 DLDevice{kDLCPU, 0},
-                 1,
-                 DLDataType{kDLFloat, 32, 1},
-                 &n,
-                 nullptr,
-                 0};
+    std::vector<uint16_t> narrow(compute_bytes() == 2 ? static_cast<size_t>(n) : 0);
+    void *host_dst = narrow.empty() ? static_cast<void *>(flat.data() + layout.group_offset[g])
+                                    : static_cast<void *>(narrow.data());
+    DLTensor src{base, host.facts().device, 1, dt, &n, nullptr, 0};
+    DLTensor dst{host_dst, DLDevice{kDLCPU, 0}, 1, dt, &n, nullptr, 0};
     plugin_ok(host, host.table()->ops->copy(host.ctx(), &src, &dst), "copy parameters");
+    if (!narrow.empty()) {
+      int64_t len = n;
+      DLTensor in{narrow.data(), DLDevice{kDLCPU, 0}, 1, dt, &len, nullptr, 0};
+      DLTensor out{flat.data() + layout.group_offset[g], DLDevice{kDLCPU, 0}, 1,
+                   DLDataType{kDLFloat, 32, 1}, &len, nullptr, 0};
+      plugin_ok(host, cpu_ops()->cast(host.ctx(), &in, &out), "widen parameters");
+    }
     plugin_ok(host, zero.vt->params_done(zero.self, g), "[zero] params_done");
   }
   plugin_ok(host, zero.vt->end_pass(zero.self), "[zero] end_pass");

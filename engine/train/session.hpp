@@ -67,8 +67,17 @@ struct Session {
   int32_t last_micro = 1;
 
   // The full fp32 parameters in flat layout (gathers under stage 3; every
-  // rank must call it).
+  // rank must call it). In bf16/fp16 runs these are the compute copies,
+  // widened.
   std::vector<float> gather_params();
+
+  // The dtype parameters, gradients and activations compute in: float32,
+  // or bfloat16/float16 per run.precision.
+  DLDataType compute_dtype() const;
+  size_t compute_bytes() const { return (compute_dtype().bits + 7) / 8; }
+  // Copies `n` fp32 values from host memory into compute-dtype memory at
+  // `dst` on the run's device (rounding to nearest even when narrower).
+  void put_compute(const float *src, size_t n, void *dst);
 
   bool has_eval() const { return eval_data.self != nullptr; }
 

@@ -16,7 +16,9 @@
 #include "ckpt/checkpoint.hpp"
 #include "data/loader.hpp"
 #include "ops/cpu_ops.hpp"
+#include "train/device_select.hpp"
 #include "train/fault.hpp"
+#include "train/loss_scale.hpp"
 #include "train/model_file.hpp"
 #include "train/observe.hpp"
 #include "train/schedule.hpp"
@@ -144,18 +146,23 @@ nlohmann::json report_memory(Session &s) {
           mib(static_cast<double>(x[2])), mib(static_cast<double>(x[3])));
   }
   if (f.rank == 0) {
-    // DESIGN.md's table in fp32: 4 bytes per compute parameter and gradient,
+    // DESIGN.md's table: compute-dtype bytes per parameter and gradient,
     // and the fp32 master plus the optimizer's state arrays; divided by the
     // world where the stage partitions them.
     const double psi = static_cast<double>(s.layout.total), w = f.world_size;
     const double states = 1 + s.state_count;
+    const double cb = static_cast<double>(s.compute_bytes());
+    const std::string b = std::to_string(s.compute_bytes());
+    const std::string p_rule = s.plan.partition_params ? b + "Psi/N + live groups" : b + "Psi";
+    const std::string g_rule = s.plan.partition_grads ? b + "Psi/N + buckets" : b + "Psi";
     std::printf(
-        "tessera: expected for %s at %u ranks (DESIGN.md, fp32, Psi = %.0f): parameters %.2f MiB "
+        "tessera: expected for %s at %u ranks (DESIGN.md, %s, Psi = %.0f): parameters %.2f MiB "
         "(%s), gradients %.2f MiB (%s), optimizer state %.2f MiB (%s)\n",
-        stage, f.world_size, psi, mib(4 * psi / (s.plan.partition_params ? w : 1)),
-        s.plan.partition_params ? "4Psi/N + live groups" : "4Psi",
-        mib(4 * psi / (s.plan.partition_grads ? w : 1)),
-        s.plan.partition_grads ? "4Psi/N + buckets" : "4Psi",
+        stage, f.world_size, s.job.settings.precision.c_str(), psi,
+        mib(cb * psi / (s.plan.partition_params ? w : 1)),
+        p_rule.c_str(),
+        mib(cb * psi / (s.plan.partition_grads ? w : 1)),
+        g_rule.c_str(),
         mib(4 * states * psi / (s.plan.partition_optimizer ? w : 1)),
         s.plan.partition_optimizer ? "4(1+k)Psi/N" : "4(1+k)Psi");
     std::fflush(stdout);
@@ -167,24 +174,21 @@ nlohmann::json report_memory(Session &s) {
 
 Host::RunFacts run_facts(const Job &job, const ProcessInfo &proc) {
   const auto &st = job.settings;
-  if (st.device == "cuda")
-    throw Error(TSR_ERR_UNSUPPORTED,
-                "run.device = \"cuda\": this tessera build has no CUDA device "
-                "support yet; use \"cpu\" or \"auto\"");
-  if (st.precision != "fp32")
-    throw Error(TSR_ERR_CONFIG, "run.precision = \"" + st.precision +
-                                    "\": CPU runs compute in fp32 (bf16 and fp16 need a GPU)");
   Host::RunFacts f;
   f.rank = proc.rank;
   f.world_size = proc.world_size;
   f.local_rank = proc.local_rank;
   f.local_world_size = proc.local_world_size;
-  f.device = DLDevice{kDLCPU, 0};
-  f.precision = TSR_PRECISION_FP32;
+  f.device = proc.device_chosen ? proc.device
+                                : choose_device(st, proc.local_rank, proc.local_world_size);
+  f.precision = st.precision == "bf16"   ? TSR_PRECISION_BF16
+                : st.precision == "fp16" ? TSR_PRECISION_FP16
+                                         : TSR_PRECISION_FP32;
   f.seed = static_cast<uint64_t>(st.seed);
   f.run_dir = st.dir;
   f.comm = proc.comm;
   f.comm_state = proc.comm_state;
+  f.max_gpu_memory = st.max_gpu_memory;
   return f;
 }
 
@@ -257,6 +261,8 @@ nlohmann::json train(const Job &job, const ProcessInfo &proc) {
         static_cast<long long>(total), static_cast<long long>(st.global_batch),
         static_cast<long long>(st.micro_batch), static_cast<long long>(st.accumulation),
         proc.world_size, static_cast<long long>(steps_per_epoch));
+    std::printf("tessera: device %s, precision %s\n",
+                describe_device(s.host.facts().device).c_str(), st.precision.c_str());
   }
   nlohmann::json memory_by_rank = report_memory(s);
 
@@ -285,6 +291,7 @@ nlohmann::json train(const Job &job, const ProcessInfo &proc) {
     train_start += Clock::now() - t0;
     interval_start += Clock::now() - t0;
   };
+  LossScaler scaler = LossScaler::from(st);
   // Resume: from checkpoint.resume ("auto" or a path), or TESSERA_RESUME
   // when the launcher restarts the job after a failure.
   int64_t in_epoch = 0;  // steps taken in the current epoch
@@ -298,6 +305,12 @@ nlohmann::json train(const Job &job, const ProcessInfo &proc) {
       epoch = ts.epoch;
       samples = ts.samples;
       in_epoch = ts.batch_in_epoch;
+      if (ts.loss_scale > 0 && scaler.dynamic) {
+        scaler.scale = ts.loss_scale;
+        scaler.good_steps = ts.scale_good_steps;
+        scaler.hysteresis_left = std::max<int64_t>(1, ts.scale_hysteresis);
+        scaler.skipped = ts.scale_skipped;
+      }
       if (ts.global_batch != st.global_batch) {
         // Another global batch: continue after the same samples of the epoch.
         int64_t consumed = ts.batch_in_epoch * ts.global_batch;
@@ -322,6 +335,12 @@ nlohmann::json train(const Job &job, const ProcessInfo &proc) {
     auto timed = obs.time(Part::checkpoint, "checkpoint");
     TrainState ts{at_step, epoch,           in_epoch,
                   samples, st.global_batch, static_cast<uint64_t>(st.seed)};
+    if (st.precision == "fp16") {
+      ts.loss_scale = scaler.scale;
+      ts.scale_good_steps = scaler.good_steps;
+      ts.scale_hysteresis = scaler.hysteresis_left;
+      ts.scale_skipped = scaler.skipped;
+    }
     ckpt_path = save_checkpoint(s, ts, st.ckpt_dir, st.ckpt_keep, job.resolved_toml());
   };
   install_stop_handlers();
@@ -367,7 +386,8 @@ nlohmann::json train(const Job &job, const ProcessInfo &proc) {
         s.backward = true;
         auto bwd_t = obs.time(Part::backward, "backward");
         plugin_ok(s.host,
-                  s.model.vt->backward(s.model.self, step_ctx, batch, static_cast<float>(scale)),
+                  s.model.vt->backward(s.model.self, step_ctx, batch,
+                                       static_cast<float>(scale * scaler.scale)),
                   "[model] backward");
         plugin_ok(s.host, s.zero.vt->end_pass(s.zero.self), "[zero] end_pass");
         bwd_t.stop();
@@ -378,23 +398,39 @@ nlohmann::json train(const Job &job, const ProcessInfo &proc) {
       auto comm_t = obs.time(Part::comm_wait, "finish_grads");
       plugin_ok(s.host, s.zero.vt->finish_grads(s.zero.self), "[zero] finish_grads");
       comm_t.stop();
-      if (!std::isfinite(step_loss))
+      const bool fp16 = st.precision == "fp16";
+      if (!std::isfinite(step_loss) && !fp16)
         throw Error(TSR_ERR_INVALID, "loss is " + std::to_string(step_loss) + " at step " +
                                          std::to_string(step + 1) +
                                          "; lower optimizer.lr or set run.gradient_clipping");
-      // Clip by the global L2 norm over all ranks.
+      // Clip by the global L2 norm over all ranks; in fp16 the same norm
+      // (of the scaled gradients) detects overflow on any rank.
       auto opt_t = obs.time(Part::optimizer, "optimizer step");
       double clip = 1.0;
-      if (st.gradient_clipping > 0) {
+      bool overflow = false;
+      if (st.gradient_clipping > 0 || fp16) {
         double sq = 0;
         plugin_ok(s.host, s.zero.vt->grad_norm_sq(s.zero.self, &sq), "[zero] grad norm");
-        double norm = std::sqrt(sq);
-        if (norm > st.gradient_clipping) clip = st.gradient_clipping / (norm + 1e-6);
+        overflow = !std::isfinite(sq) || !std::isfinite(step_loss);
+        double norm = std::sqrt(sq) / scaler.scale;
+        if (!overflow && st.gradient_clipping > 0 && norm > st.gradient_clipping)
+          clip = st.gradient_clipping / (norm + 1e-6);
       }
       uctx.lr = schedule_lr(st.schedule, lr0, step, total);
-      uctx.grad_scale = clip;
-      uctx.step = step + 1;
-      plugin_ok(s.host, s.zero.vt->step(s.zero.self, &zstep), "[zero] step");
+      uctx.grad_scale = clip / scaler.scale;
+      uctx.step = step + 1 - scaler.skipped;
+      if (scaler.update(overflow, step + 1)) {
+        uctx.step = step + 1 - scaler.skipped;
+        plugin_ok(s.host, s.zero.vt->step(s.zero.self, &zstep), "[zero] step");
+      } else {
+        // Skipped: no update, but the zero plugin still clears the
+        // gradients (and re-shares the unchanged parameters).
+        tsr_zero_step skip{sizeof(tsr_zero_step),
+                           [](void *, const tsr_owned_range *) -> tsr_status { return TSR_OK; },
+                           flush_updates, &uctx};
+        plugin_ok(s.host, s.zero.vt->step(s.zero.self, &skip), "[zero] step (skipped)");
+        if (!std::isfinite(step_loss)) step_loss = 0;
+      }
       opt_t.stop();
       ++step;
       in_epoch = b + 1;
@@ -479,7 +515,13 @@ nlohmann::json train(const Job &job, const ProcessInfo &proc) {
       {"peak_rss_bytes", peak_rss_bytes()},
       {"parameters", s.layout.numel},
       {"checkpoint", ckpt_path},
+      {"device", describe_device(s.host.facts().device)},
+      {"precision", st.precision},
   };
+  if (st.precision == "fp16") {
+    summary["loss_scale"] = scaler.scale;
+    summary["skipped_steps"] = scaler.skipped;
+  }
   obs.finish(summary);  // collective
   rep.write_summary(summary);
   rep.print_summary(summary);

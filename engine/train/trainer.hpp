@@ -14,6 +14,10 @@ struct ProcessInfo {
   // The collectives of a multi-process job (null: a world of one).
   const tsr_comm *comm = nullptr;
   void *comm_state = nullptr;
+  // The compute device, once chosen (choose_device; before the rendezvous,
+  // since NCCL needs the GPU selected).
+  DLDevice device{kDLCPU, 0};
+  bool device_chosen = false;
 };
 
 // Where this process sits in the job, from the launcher's variables

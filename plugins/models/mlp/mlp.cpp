@@ -105,6 +105,11 @@ struct Mlp {
   const tsr_host *host = nullptr;
   const tsr_ops *ops = nullptr;
   DLDevice device{kDLCPU, 0};
+  // The compute dtype (the run's precision): parameters, gradients and
+  // activations; batch inputs arrive as float32 and are cast on entry.
+  DLDataType dtype{kDLFloat, 32, 1};
+  size_t esize = 4;
+  bool has_11 = false;  // the host's ops have ABI 1.1's cast and linear
   tsr_activation act = TSR_ACT_RELU;
   std::vector<int64_t> dims;  // d[0] = inputs, d[1..L-1] = hidden, d[L] = classes
   int64_t max_batch = 0;
@@ -115,6 +120,7 @@ struct Mlp {
   std::vector<Buffer> post;  // A_i, i < L-1: hidden outputs after the activation
   std::vector<Buffer> pre;   // Z_i, gelu only: hidden outputs before it
   Buffer logits;             // [M, classes]; backward turns it into dlogits
+  Buffer input;              // [M, d0] in the compute dtype, when it is not float32
   Buffer scratch[2];         // [M, max hidden]: dX ping-pong in backward
 
   // What backward may rely on: a training forward over `ready_n` samples.
@@ -126,12 +132,25 @@ struct Mlp {
   static DLDataType f32() { return sdk::dtype_f32(); }
 
   View buf(const Buffer &b, int64_t rows, int64_t cols) const {
-    return View(b.get(), device, f32(), rows, cols);
+    return View(b.get(), device, dtype, rows, cols);
   }
-  // X_i: the batch inputs as [n, d0] for layer 0, else the previous output.
+  // X_i: the batch inputs as [n, d0] for layer 0 (cast to the compute dtype
+  // by forward when that is not float32), else the previous output.
   View layer_input(size_t i, const tsr_batch &batch, int64_t n) const {
-    if (i == 0) return View(batch.inputs, 2, n, dims[0]);
+    if (i == 0) return input.get() ? buf(input, n, dims[0]) : View(batch.inputs, 2, n, dims[0]);
     return buf(post[i - 1], n, dims[i]);
+  }
+  // Z = act(X W^T + b): one fused op where the host has it.
+  void linear(View &in, DLTensor &w, DLTensor &b, tsr_activation a, View &out, View *pre_out) {
+    if (has_11) {
+      check(ops->linear(host->ctx, in.get(), 0, &w, 1, &b, a, out.get(),
+                        pre_out ? pre_out->get() : nullptr));
+      return;
+    }
+    View &z = pre_out ? *pre_out : out;
+    check(ops->matmul(host->ctx, in.get(), 0, &w, 1, z.get(), 1.0f, 0.0f));
+    check(ops->bias_act(host->ctx, z.get(), &b, pre_out ? TSR_ACT_NONE : a));
+    if (pre_out) check(ops->act_forward(host->ctx, a, z.get(), out.get()));
   }
 
   DLTensor param(tsr_step *step, uint32_t index) const {
@@ -209,7 +228,11 @@ struct Mlp {
     double loss_sum = 0;
     int64_t count = 0, correct = 0;
     if (n > 0) {
-      (void)batch_view(batch->inputs, "inputs", n, dims[0]);  // layer_input(0) reads it
+      View x = batch_view(batch->inputs, "inputs", n, dims[0]);
+      if (input.get()) {
+        View xc = buf(input, n, dims[0]);
+        check(ops->cast(host->ctx, x.get(), xc.get()));
+      }
       View y = batch_view(batch->targets, "targets", n, 0);
       const bool keep_pre = training && act == TSR_ACT_GELU;
       const size_t L = layers();
@@ -220,17 +243,13 @@ struct Mlp {
         const int64_t width = dims[i + 1];
         if (i + 1 == L) {
           View z = buf(logits, n, width);
-          check(ops->matmul(host->ctx, in.get(), 0, &w, 1, z.get(), 1.0f, 0.0f));
-          check(ops->bias_act(host->ctx, z.get(), &b, TSR_ACT_NONE));
+          linear(in, w, b, TSR_ACT_NONE, z, nullptr);
         } else if (keep_pre) {
           View z = buf(pre[i], n, width), a = buf(post[i], n, width);
-          check(ops->matmul(host->ctx, in.get(), 0, &w, 1, z.get(), 1.0f, 0.0f));
-          check(ops->bias_act(host->ctx, z.get(), &b, TSR_ACT_NONE));
-          check(ops->act_forward(host->ctx, act, z.get(), a.get()));
+          linear(in, w, b, act, a, &z);
         } else {
           View a = buf(post[i], n, width);
-          check(ops->matmul(host->ctx, in.get(), 0, &w, 1, a.get(), 1.0f, 0.0f));
-          check(ops->bias_act(host->ctx, a.get(), &b, act));
+          linear(in, w, b, act, a, nullptr);
         }
         // Layer i's parameters are not needed again in this pass (stage 3
         // releases the gathered group). Hosts before params_done existed
@@ -312,6 +331,15 @@ Mlp *build(const tsr_host *host, const tsr_config *cfg, const tsr_model_init *in
   m->host = host;
   m->ops = host->ops;
   m->device = host->run->device;
+  if (host->run->precision == TSR_PRECISION_BF16)
+    m->dtype = DLDataType{kDLBfloat, 16, 1};
+  else if (host->run->precision == TSR_PRECISION_FP16)
+    m->dtype = DLDataType{kDLFloat, 16, 1};
+  m->esize = m->dtype.bits / 8;
+  m->has_11 = TSR_HAS_FIELD(host->ops, tsr_ops, linear) && host->ops->cast && host->ops->linear;
+  if (m->esize != 4 && !m->has_11)
+    throw Error(TSR_ERR_UNSUPPORTED,
+                "mlp: bf16/fp16 compute needs a host with ABI 1.1 ops (cast, linear)");
 
   const std::vector<int64_t> hidden = c.get_int_array("hidden");
   for (size_t i = 0; i < hidden.size(); ++i)
@@ -411,16 +439,19 @@ Mlp *build(const tsr_host *host, const tsr_config *cfg, const tsr_model_init *in
   const size_t M = static_cast<size_t>(m->max_batch);
   int64_t widest = 0;
   for (size_t i = 0; i + 1 < L; ++i) {
-    const size_t bytes = M * static_cast<size_t>(m->dims[i + 1]) * sizeof(float);
+    const size_t bytes = M * static_cast<size_t>(m->dims[i + 1]) * m->esize;
     m->post.emplace_back(host, m->device, bytes, TSR_MEM_ACTIVATIONS);
     if (m->act == TSR_ACT_GELU) m->pre.emplace_back(host, m->device, bytes, TSR_MEM_ACTIVATIONS);
     if (m->dims[i + 1] > widest) widest = m->dims[i + 1];
   }
-  m->logits = Buffer(host, m->device, M * static_cast<size_t>(m->classes()) * sizeof(float),
+  m->logits = Buffer(host, m->device, M * static_cast<size_t>(m->classes()) * m->esize,
                      TSR_MEM_ACTIVATIONS);
+  if (m->esize != 4)
+    m->input = Buffer(host, m->device, M * static_cast<size_t>(m->dims[0]) * m->esize,
+                      TSR_MEM_ACTIVATIONS);
   if (widest > 0)
     for (Buffer &s : m->scratch)
-      s = Buffer(host, m->device, M * static_cast<size_t>(widest) * sizeof(float),
+      s = Buffer(host, m->device, M * static_cast<size_t>(widest) * m->esize,
                  TSR_MEM_ACTIVATIONS);
 
   if (host->log) {
