@@ -2,9 +2,12 @@
 
 #include <tessera/cpp/optimizer.hpp>
 
+#include <spdlog/spdlog.h>
+
 #include <cstring>
 
 #include "ops/cpu_ops.hpp"
+#include "train/init_from.hpp"
 #include "util/error.hpp"
 
 namespace tessera {
@@ -88,10 +91,18 @@ Session::Session(const Job &j, Host::RunFacts facts, bool train, ParamInitialize
 
   // Initial values, the same on every rank (seeded per parameter name).
   std::vector<float> initial(layout.total, 0.f);
-  if (initializer)
+  if (initializer) {
     initializer(layout, initial.data());
-  else
+  } else {
     init_params(layout, initial.data(), host.table()->seed_for(host.ctx(), "init", 0));
+    // [model] init_from: a model that declares the key starts from a file's
+    // weights (by parameter name) instead.
+    const auto &mv = job.plugin("model").values;
+    if (auto from = mv["init_from"].value<std::string>(); from && !from->empty()) {
+      const std::string msg = init_from_safetensors(*from, layout, initial.data());
+      if (host.facts().rank == 0) spdlog::info("[model] {}", msg);
+    }
+  }
 
   create_simple(*this, zero, "zero");
   plan = tsr_zero_plan{};

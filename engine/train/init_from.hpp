@@ -1,0 +1,23 @@
+// `[model] init_from`: start from another model's weights. Any model plugin
+// that declares a string key `init_from` gets it: the engine reads the
+// safetensors file (or DIR/model.safetensors, as Hugging Face's
+// save_pretrained writes it) and copies each tensor whose name is a
+// declared parameter over the declared initialiser's values.
+#pragma once
+
+#include <string>
+
+#include "train/layout.hpp"
+
+namespace tessera {
+
+// Overwrites the parameters of `layout` in `flat` (fp32, flat layout) with
+// the file's tensors of the same names. F32, F16 and BF16 tensors convert.
+// A tensor with fewer rows than its parameter fills the first rows (a
+// vocabulary padded for speed keeps its initialised padding rows); any other
+// shape difference, or a declared parameter the file lacks, is an error
+// naming the file and the tensor. Tensors the model does not declare are
+// skipped (counted in the returned message). Returns a one-line summary.
+std::string init_from_safetensors(const std::string &path, const Layout &layout, float *flat);
+
+}  // namespace tessera
