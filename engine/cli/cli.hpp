@@ -19,5 +19,6 @@ int cmd_debug(const Args &args);
 int cmd_ckpt(const Args &args);
 int cmd_plot(const Args &args);
 int cmd_runs(const Args &args);
+int cmd_data(const Args &args);
 
 }  // namespace tessera::cli

@@ -26,6 +26,7 @@ commands:
                     look into, check or consolidate a checkpoint
   plot RUN_DIR...   draw runs' loss, lr, throughput and memory as SVG/PNG
   runs [DIR]        list past runs (default: runs/)
+  data tokenize F.. text files to token shards (tessera data tokenize --help)
   debug vscode [D]  write D/.vscode/launch.json to debug tessera in VS Code
   version           print version and ABI
 
@@ -56,6 +57,7 @@ int main(int argc, char **argv) {
   if (cmd == "ckpt") return cmd_ckpt(rest);
   if (cmd == "plot") return cmd_plot(rest);
   if (cmd == "runs") return cmd_runs(rest);
+  if (cmd == "data") return cmd_data(rest);
   std::fprintf(stderr, "tessera: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
   return 2;
 }

@@ -124,6 +124,14 @@ void check_value(const tsr_param_decl &d, toml::table &out, const toml::node &n,
                  const std::string &at, const std::string &key) {
   tsr_param_type elem = element_type(d.type);
   if (is_array_type(d.type)) {
+    // One string where strings are declared is an array of one ("files = 'a*.bin'").
+    if (d.type == TSR_PARAM_STRING_ARRAY && n.is_string()) {
+      toml::array arr;
+      arr.push_back(n.as_string()->get());
+      check_scalar(d, elem, arr.back(), at, key);
+      out.insert_or_assign(d.name, std::move(arr));
+      return;
+    }
     if (!n.is_array())
       throw ConfigError(at + ": " + key + ": expected " + type_name(d.type) + ", got " + render(n));
     toml::array arr;

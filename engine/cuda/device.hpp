@@ -58,4 +58,12 @@ void release_cache();
 void *pinned_alloc(size_t bytes);
 void pinned_free(void *p);
 
+// ---- appended by the NCCL/device work ----
+// Makes the selected device current on the calling thread (CUDA's current
+// device is per host thread, and a thread starts on device 0). Every
+// function above does this itself; call it in a thread of your own before
+// raw CUDA calls (a loader thread's cudaMemcpyAsync, say). Throws when no
+// device is selected.
+void bind_thread();
+
 }  // namespace tessera::cuda

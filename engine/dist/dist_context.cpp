@@ -10,6 +10,12 @@
 
 #include "util/error.hpp"
 
+#ifdef TESSERA_HAVE_CUDA
+#include "cuda/cuda_comm.hpp"
+#include "cuda/device.hpp"
+#include "cuda/nccl_comm.hpp"
+#endif
+
 namespace tessera {
 
 std::string local_address_toward(const std::string &host, uint16_t port) {
@@ -85,6 +91,14 @@ DistContext::DistContext(const DistOptions &opt) : opt_(opt) {
     gloo_ = std::make_unique<GlooComm>(*client_, opt.rank, opt.world_size, timeout, opt.interface,
                                        local_address_toward(opt.master_addr, opt.master_port),
                                        opt.prefix);
+    if (opt.cuda) {
+#ifdef TESSERA_HAVE_CUDA
+      nccl_ = std::make_unique<NcclComm>(*client_, opt.rank, opt.world_size, timeout, opt.prefix);
+      cuda_comm_ = std::make_unique<CudaComm>(gloo_.get(), nccl_.get());
+#else
+      throw Error(TSR_ERR_UNSUPPORTED, "a CUDA run needs a tessera built with CUDA and NCCL");
+#endif
+    }
   } catch (...) {
     stopping_ = true;
     watcher_.join();
@@ -92,9 +106,28 @@ DistContext::DistContext(const DistOptions &opt) : opt_(opt) {
   }
 }
 
+const tsr_comm *DistContext::comm() const {
+#ifdef TESSERA_HAVE_CUDA
+  if (cuda_comm_) return CudaComm::table();
+#endif
+  return GlooComm::table();
+}
+
+void *DistContext::comm_state() {
+#ifdef TESSERA_HAVE_CUDA
+  if (cuda_comm_) return cuda_comm_.get();
+#endif
+  return gloo_.get();
+}
+
 DistContext::~DistContext() {
   stopping_ = true;
   if (watcher_.joinable()) watcher_.join();
+#ifdef TESSERA_HAVE_CUDA
+  // NCCL first: it may wait for its collectives in flight.
+  cuda_comm_.reset();
+  nccl_.reset();
+#endif
   gloo_.reset();
   try {
     // Rank 0 serving the store stays until every rank has left it.

@@ -119,10 +119,10 @@ void allreduce_raw(GlooComm &c, char *p, size_t n, DLDataType dt, tsr_reduce_op 
   }
 }
 
-tsr_status c_all_reduce(tsr_host_ctx *ctx, DLTensor *t, tsr_reduce_op op, tsr_comm_work **work) {
+tsr_status do_all_reduce(GlooComm &c, tsr_host_ctx *ctx, DLTensor *t, tsr_reduce_op op,
+                         tsr_comm_work **work) {
   return guarded(ctx, [&] {
     check_cpu(t, "all_reduce");
-    GlooComm &c = *comm_of(ctx);
     char *p = data_of(t);
     size_t n = numel(t);
     DLDataType dt = t->dtype;
@@ -133,12 +133,11 @@ tsr_status c_all_reduce(tsr_host_ctx *ctx, DLTensor *t, tsr_reduce_op op, tsr_co
   });
 }
 
-tsr_status c_reduce_scatter(tsr_host_ctx *ctx, const DLTensor *in, DLTensor *out, tsr_reduce_op op,
-                            tsr_comm_work **work) {
+tsr_status do_reduce_scatter(GlooComm &c, tsr_host_ctx *ctx, const DLTensor *in, DLTensor *out,
+                             tsr_reduce_op op, tsr_comm_work **work) {
   return guarded(ctx, [&] {
     check_cpu(in, "reduce_scatter");
     check_cpu(out, "reduce_scatter");
-    GlooComm &c = *comm_of(ctx);
     size_t n = numel(out), es = in->dtype.bits / 8;
     if (numel(in) != n * c.world())
       throw Error(TSR_ERR_INVALID, "reduce_scatter: input must hold world_size x output elements");
@@ -160,12 +159,11 @@ tsr_status c_reduce_scatter(tsr_host_ctx *ctx, const DLTensor *in, DLTensor *out
   });
 }
 
-tsr_status c_all_gather(tsr_host_ctx *ctx, const DLTensor *in, DLTensor *out,
-                        tsr_comm_work **work) {
+tsr_status do_all_gather(GlooComm &c, tsr_host_ctx *ctx, const DLTensor *in, DLTensor *out,
+                         tsr_comm_work **work) {
   return guarded(ctx, [&] {
     check_cpu(in, "all_gather");
     check_cpu(out, "all_gather");
-    GlooComm &c = *comm_of(ctx);
     size_t n = numel(in), es = in->dtype.bits / 8;
     if (numel(out) != n * c.world())
       throw Error(TSR_ERR_INVALID, "all_gather: output must hold world_size x input elements");
@@ -185,10 +183,10 @@ tsr_status c_all_gather(tsr_host_ctx *ctx, const DLTensor *in, DLTensor *out,
   });
 }
 
-tsr_status c_broadcast(tsr_host_ctx *ctx, DLTensor *t, uint32_t root, tsr_comm_work **work) {
+tsr_status do_broadcast(GlooComm &c, tsr_host_ctx *ctx, DLTensor *t, uint32_t root,
+                        tsr_comm_work **work) {
   return guarded(ctx, [&] {
     check_cpu(t, "broadcast");
-    GlooComm &c = *comm_of(ctx);
     char *p = data_of(t);
     size_t bytes = numel(t) * t->dtype.bits / 8;
     tsr_status s = c.submit(
@@ -205,9 +203,8 @@ tsr_status c_broadcast(tsr_host_ctx *ctx, DLTensor *t, uint32_t root, tsr_comm_w
   });
 }
 
-tsr_status c_barrier(tsr_host_ctx *ctx) {
+tsr_status do_barrier(GlooComm &c, tsr_host_ctx *ctx) {
   return guarded(ctx, [&] {
-    GlooComm &c = *comm_of(ctx);
     tsr_status s = c.submit(
         ctx, "barrier",
         [&c] {
@@ -220,9 +217,41 @@ tsr_status c_barrier(tsr_host_ctx *ctx) {
   });
 }
 
+// The table's entry points: the communicator is the host's comm_state.
+tsr_status no_comm(tsr_host_ctx *ctx) {
+  return report_error(ctx, TSR_ERR_INVALID, "Gloo collectives: the host has no Gloo communicator");
+}
+
+tsr_status c_all_reduce(tsr_host_ctx *ctx, DLTensor *t, tsr_reduce_op op, tsr_comm_work **work) {
+  GlooComm *c = comm_of(ctx);
+  return c ? do_all_reduce(*c, ctx, t, op, work) : no_comm(ctx);
+}
+
+tsr_status c_reduce_scatter(tsr_host_ctx *ctx, const DLTensor *in, DLTensor *out, tsr_reduce_op op,
+                            tsr_comm_work **work) {
+  GlooComm *c = comm_of(ctx);
+  return c ? do_reduce_scatter(*c, ctx, in, out, op, work) : no_comm(ctx);
+}
+
+tsr_status c_all_gather(tsr_host_ctx *ctx, const DLTensor *in, DLTensor *out,
+                        tsr_comm_work **work) {
+  GlooComm *c = comm_of(ctx);
+  return c ? do_all_gather(*c, ctx, in, out, work) : no_comm(ctx);
+}
+
+tsr_status c_broadcast(tsr_host_ctx *ctx, DLTensor *t, uint32_t root, tsr_comm_work **work) {
+  GlooComm *c = comm_of(ctx);
+  return c ? do_broadcast(*c, ctx, t, root, work) : no_comm(ctx);
+}
+
+tsr_status c_barrier(tsr_host_ctx *ctx) {
+  GlooComm *c = comm_of(ctx);
+  return c ? do_barrier(*c, ctx) : no_comm(ctx);
+}
+
 tsr_status c_wait(tsr_host_ctx *ctx, tsr_comm_work *w) {
   GlooComm *c = comm_of(ctx);
-  return c ? c->wait(ctx, w) : TSR_ERR_INVALID;
+  return c ? c->wait(ctx, w) : no_comm(ctx);
 }
 
 const tsr_comm kTable = {
@@ -240,6 +269,26 @@ struct GlooComm::Work {
 
 const tsr_comm *GlooComm::table() {
   return &kTable;
+}
+
+tsr_status GlooComm::all_reduce(tsr_host_ctx *ctx, DLTensor *t, tsr_reduce_op op,
+                                tsr_comm_work **work) {
+  return do_all_reduce(*this, ctx, t, op, work);
+}
+tsr_status GlooComm::reduce_scatter(tsr_host_ctx *ctx, const DLTensor *in, DLTensor *out,
+                                    tsr_reduce_op op, tsr_comm_work **work) {
+  return do_reduce_scatter(*this, ctx, in, out, op, work);
+}
+tsr_status GlooComm::all_gather(tsr_host_ctx *ctx, const DLTensor *in, DLTensor *out,
+                                tsr_comm_work **work) {
+  return do_all_gather(*this, ctx, in, out, work);
+}
+tsr_status GlooComm::broadcast(tsr_host_ctx *ctx, DLTensor *t, uint32_t root,
+                               tsr_comm_work **work) {
+  return do_broadcast(*this, ctx, t, root, work);
+}
+tsr_status GlooComm::barrier(tsr_host_ctx *ctx) {
+  return do_barrier(*this, ctx);
 }
 
 GlooComm::GlooComm(StoreClient &store, uint32_t rank, uint32_t world, std::chrono::seconds timeout,

@@ -36,6 +36,16 @@ class GlooComm {
   // The ABI table; its functions find this object through the host ctx.
   static const tsr_comm *table();
 
+  // The table's operations on this object, for a caller that holds it
+  // (CudaComm, which sends host tensors here); `ctx` is where errors are
+  // reported. Work items come back through wait().
+  tsr_status all_reduce(tsr_host_ctx *ctx, DLTensor *t, tsr_reduce_op op, tsr_comm_work **work);
+  tsr_status reduce_scatter(tsr_host_ctx *ctx, const DLTensor *in, DLTensor *out, tsr_reduce_op op,
+                            tsr_comm_work **work);
+  tsr_status all_gather(tsr_host_ctx *ctx, const DLTensor *in, DLTensor *out, tsr_comm_work **work);
+  tsr_status broadcast(tsr_host_ctx *ctx, DLTensor *t, uint32_t root, tsr_comm_work **work);
+  tsr_status barrier(tsr_host_ctx *ctx);
+
   // Queues a collective; returns its work item (nullptr when `blocking`
   // ran it to completion already). `name` names it in errors and in the
   // trace, beside its payload `bytes`.

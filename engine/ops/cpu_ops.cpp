@@ -1,8 +1,9 @@
 // CPU ops, part 1: tensor checks, matmul (OpenBLAS) and the element-wise
-// helpers, plus the table itself. Every entry is noexcept at the boundary:
-// checks throw tessera::Error and guarded() turns that into a status and a
-// message for the host. Nothing here allocates on the success path except
-// whatever OpenBLAS does internally.
+// helpers, plus the table itself; the other entries live in cpu_ops_*.cpp
+// and cpu_attention.cpp. Every entry is noexcept at the boundary: checks
+// throw tessera::Error and guarded() turns that into a status and a message
+// for the host. Nothing here allocates on the success path except whatever
+// OpenBLAS does internally.
 #include "ops/cpu_ops.hpp"
 
 #include <cblas.h>
@@ -76,9 +77,11 @@ static std::string where(const char *op, const char *arg) {
 template <typename T>
 static Mat<T> view(const char *op, const char *arg, const DLTensor *t, int min_ndim) {
   TSR_CHECK(t != nullptr, TSR_ERR_INVALID, where(op, arg) + "is NULL");
-  TSR_CHECK(t->device.device_type == kDLCPU, TSR_ERR_UNSUPPORTED,
-            where(op, arg) + describe(t) + " is on device type " +
-                std::to_string(t->device.device_type) + "; the CPU ops take kDLCPU tensors");
+  // Pinned host memory (kDLCUDAHost) is ordinary host memory to a CPU loop.
+  TSR_CHECK(
+      t->device.device_type == kDLCPU || t->device.device_type == kDLCUDAHost, TSR_ERR_UNSUPPORTED,
+      where(op, arg) + describe(t) + " is on device type " + std::to_string(t->device.device_type) +
+          "; the CPU ops take kDLCPU or kDLCUDAHost tensors");
   TSR_CHECK(t->ndim >= min_ndim && (t->ndim == 0 || t->shape != nullptr), TSR_ERR_INVALID,
             where(op, arg) + "must have at least " + std::to_string(min_ndim) + " dims, got " +
                 describe(t));
@@ -126,6 +129,21 @@ Mat<int32_t> i32(const char *op, const char *arg, const DLTensor *t, int min_ndi
   return m;
 }
 
+Flat flat(const char *op, const char *arg, const DLTensor *t) {
+  // The shape, device and stride checks do not depend on the element type;
+  // alignment is checked below against the element size.
+  const Mat<unsigned char> m = view<unsigned char>(op, arg, t, 0);
+  const DLDataType d = t->dtype;
+  TSR_CHECK(d.bits > 0 && d.bits % 8 == 0 && d.lanes >= 1, TSR_ERR_UNSUPPORTED,
+            where(op, arg) + "has an element type of " + std::to_string(d.bits) + " bits x " +
+                std::to_string(d.lanes) + " lanes, not a whole number of bytes: " + describe(t));
+  const size_t elem = static_cast<size_t>(d.bits / 8) * d.lanes;
+  TSR_CHECK(reinterpret_cast<uintptr_t>(m.p) % (d.bits / 8) == 0, TSR_ERR_INVALID,
+            where(op, arg) + describe(t) + " is misaligned (byte_offset " +
+                std::to_string(t->byte_offset) + ")");
+  return Flat{m.p, m.numel(), d, elem};
+}
+
 void check_same_numel(const char *op, const char *a_name, const DLTensor *a, const char *b_name,
                       const DLTensor *b) {
   const int64_t na = f32(op, a_name, a).numel(), nb = f32(op, b_name, b).numel();
@@ -153,54 +171,57 @@ static bool overlaps(const Mat<T> &x, const Mat<T> &y) {
   return x0 < y1 && y0 < x1;
 }
 
+void gemm(const char *op, const DLTensor *a, int32_t trans_a, const DLTensor *b, int32_t trans_b,
+          DLTensor *c, float alpha, float beta) {
+  const std::string name(op);
+  const Mat<float> A = f32(op, "a", a, 1), B = f32(op, "b", b, 2), C = f32(op, "c", c, 1);
+  TSR_CHECK(b->ndim == 2, TSR_ERR_INVALID, name + ": b must be 2-D, got " + describe(b));
+  TSR_CHECK((trans_a == 0 || trans_a == 1) && (trans_b == 0 || trans_b == 1), TSR_ERR_INVALID,
+            name + ": trans flags must be 0 or 1, got trans_a=" + std::to_string(trans_a) +
+                " trans_b=" + std::to_string(trans_b));
+  // op(a) is m x k, op(b) is k x n, c is m x n.
+  const int64_t m = trans_a ? A.cols : A.rows, k = trans_a ? A.rows : A.cols;
+  const int64_t kb = trans_b ? B.cols : B.rows, n = trans_b ? B.rows : B.cols;
+  const std::string shapes = " (a " + describe(a) + " trans_a=" + std::to_string(trans_a) + ", b " +
+                             describe(b) + " trans_b=" + std::to_string(trans_b) + ", c " +
+                             describe(c) + ")";
+  TSR_CHECK(k == kb, TSR_ERR_INVALID,
+            name + ": inner dimensions differ: op(a) is " + std::to_string(m) + "x" +
+                std::to_string(k) + ", op(b) is " + std::to_string(kb) + "x" + std::to_string(n) +
+                shapes);
+  TSR_CHECK(C.rows == m && C.cols == n, TSR_ERR_INVALID,
+            name + ": c must be " + std::to_string(m) + "x" + std::to_string(n) +
+                " viewed as (rows, last dim), got " + std::to_string(C.rows) + "x" +
+                std::to_string(C.cols) + shapes);
+  // cblas takes int dims (LP64 OpenBLAS).
+  TSR_CHECK(A.rows <= INT_MAX && A.cols <= INT_MAX && B.rows <= INT_MAX && B.cols <= INT_MAX &&
+                C.rows <= INT_MAX && C.cols <= INT_MAX,
+            TSR_ERR_UNSUPPORTED, name + ": a dimension exceeds INT_MAX" + shapes);
+  TSR_CHECK(!overlaps(C, A) && !overlaps(C, B), TSR_ERR_INVALID,
+            name + ": c overlaps a or b in memory" + shapes);
+
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    // An empty product: c = beta * c. Done by hand because a zero-width
+    // operand gives a leading dimension of 0, which BLAS rejects loudly.
+    float *p = C.p;
+    const int64_t len = C.numel();
+    if (beta == 0.0f) {
+      for (int64_t i = 0; i < len; i++) p[i] = 0.0f;  // BLAS semantics: c is not read
+    } else {
+      for (int64_t i = 0; i < len; i++) p[i] *= beta;
+    }
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
+              static_cast<int>(k), alpha, A.p, static_cast<int>(A.cols), B.p,
+              static_cast<int>(B.cols), beta, C.p, static_cast<int>(n));
+}
+
 static tsr_status matmul(tsr_host_ctx *ctx, const DLTensor *a, int32_t trans_a, const DLTensor *b,
                          int32_t trans_b, DLTensor *c, float alpha, float beta) noexcept {
-  return guarded(ctx, [&] {
-    const Mat<float> A = f32("matmul", "a", a, 1), B = f32("matmul", "b", b, 2),
-                     C = f32("matmul", "c", c, 1);
-    TSR_CHECK(b->ndim == 2, TSR_ERR_INVALID, "matmul: b must be 2-D, got " + describe(b));
-    TSR_CHECK((trans_a == 0 || trans_a == 1) && (trans_b == 0 || trans_b == 1), TSR_ERR_INVALID,
-              "matmul: trans flags must be 0 or 1, got trans_a=" + std::to_string(trans_a) +
-                  " trans_b=" + std::to_string(trans_b));
-    // op(a) is m x k, op(b) is k x n, c is m x n.
-    const int64_t m = trans_a ? A.cols : A.rows, k = trans_a ? A.rows : A.cols;
-    const int64_t kb = trans_b ? B.cols : B.rows, n = trans_b ? B.rows : B.cols;
-    const std::string shapes = " (a " + describe(a) + " trans_a=" + std::to_string(trans_a) +
-                               ", b " + describe(b) + " trans_b=" + std::to_string(trans_b) +
-                               ", c " + describe(c) + ")";
-    TSR_CHECK(k == kb, TSR_ERR_INVALID,
-              "matmul: inner dimensions differ: op(a) is " + std::to_string(m) + "x" +
-                  std::to_string(k) + ", op(b) is " + std::to_string(kb) + "x" + std::to_string(n) +
-                  shapes);
-    TSR_CHECK(C.rows == m && C.cols == n, TSR_ERR_INVALID,
-              "matmul: c must be " + std::to_string(m) + "x" + std::to_string(n) +
-                  " viewed as (rows, last dim), got " + std::to_string(C.rows) + "x" +
-                  std::to_string(C.cols) + shapes);
-    // cblas takes int dims (LP64 OpenBLAS).
-    TSR_CHECK(A.rows <= INT_MAX && A.cols <= INT_MAX && B.rows <= INT_MAX && B.cols <= INT_MAX &&
-                  C.rows <= INT_MAX && C.cols <= INT_MAX,
-              TSR_ERR_UNSUPPORTED, "matmul: a dimension exceeds INT_MAX" + shapes);
-    TSR_CHECK(!overlaps(C, A) && !overlaps(C, B), TSR_ERR_INVALID,
-              "matmul: c overlaps a or b in memory" + shapes);
-
-    if (m == 0 || n == 0) return;
-    if (k == 0) {
-      // An empty product: c = beta * c. Done by hand because a zero-width
-      // operand gives a leading dimension of 0, which BLAS rejects loudly.
-      float *p = C.p;
-      const int64_t len = C.numel();
-      if (beta == 0.0f) {
-        for (int64_t i = 0; i < len; i++) p[i] = 0.0f;  // BLAS semantics: c is not read
-      } else {
-        for (int64_t i = 0; i < len; i++) p[i] *= beta;
-      }
-      return;
-    }
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
-                static_cast<int>(k), alpha, A.p, static_cast<int>(A.cols), B.p,
-                static_cast<int>(B.cols), beta, C.p, static_cast<int>(n));
-  });
+  return guarded(ctx, [&] { gemm("matmul", a, trans_a, b, trans_b, c, alpha, beta); });
 }
 
 // ---------------------------------------------------------------------------
@@ -216,12 +237,23 @@ static tsr_status fill(tsr_host_ctx *ctx, DLTensor *x, float value) noexcept {
   });
 }
 
+// copy moves bytes, so unlike the other ops it takes any dtype (bfloat16
+// activations, int32 ids), as long as src and dst agree; converting is cast's
+// job.
 static tsr_status copy(tsr_host_ctx *ctx, const DLTensor *src, DLTensor *dst) noexcept {
   return guarded(ctx, [&] {
-    check_same_numel("copy", "src", src, "dst", dst);
-    const Mat<float> S = f32("copy", "src", src), D = f32("copy", "dst", dst);
+    const Flat S = flat("copy", "src", src), D = flat("copy", "dst", dst);
+    TSR_CHECK(S.dtype.code == D.dtype.code && S.dtype.bits == D.dtype.bits &&
+                  S.dtype.lanes == D.dtype.lanes,
+              TSR_ERR_INVALID,
+              "copy: src " + describe(src) + " and dst " + describe(dst) +
+                  " differ in dtype (cast converts)");
+    TSR_CHECK(S.numel == D.numel, TSR_ERR_INVALID,
+              "copy: src " + describe(src) + " and dst " + describe(dst) +
+                  " differ in element count (" + std::to_string(S.numel) + " vs " +
+                  std::to_string(D.numel) + ")");
     // memmove: src and dst may overlap (a shifted view of one buffer).
-    if (S.numel() > 0 && S.p != D.p) std::memmove(D.p, S.p, sizeof(float) * S.numel());
+    if (S.numel > 0 && S.p != D.p) std::memmove(D.p, S.p, S.elem_bytes * S.numel);
   });
 }
 
@@ -282,6 +314,15 @@ const tsr_ops *cpu_ops() {
       .axpy = cpu::axpy,
       .scale = cpu::scale,
       .sum_squares = cpu::sum_squares,
+      // ABI 1.1
+      .cast = cpu::cast,
+      .linear = cpu::linear,
+      .layernorm_forward = cpu::layernorm_forward,
+      .layernorm_backward = cpu::layernorm_backward,
+      .embedding_forward = cpu::embedding_forward,
+      .embedding_backward = cpu::embedding_backward,
+      .attention_forward = cpu::attention_forward,
+      .attention_backward = cpu::attention_backward,
   };
   return &table;
 }

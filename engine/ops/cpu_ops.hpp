@@ -1,5 +1,7 @@
-// The CPU ops table: float32 DLTensors in host memory (int32 targets for
-// cross_entropy). Matmul goes to OpenBLAS; the rest are plain loops.
+// The CPU ops table: float32 DLTensors in host memory, kDLCPU or kDLCUDAHost
+// (int32 targets and ids; cast converts float32/bfloat16/float16 and copy
+// moves any dtype). Matmul and linear go to OpenBLAS; the rest are plain
+// loops.
 #pragma once
 
 #include <tessera/ops.h>

@@ -1,5 +1,5 @@
-// Private to the CPU ops: the tensor checks shared by cpu_ops.cpp and
-// cpu_ops_nn.cpp, and the entries cpu_ops_nn.cpp contributes to the table.
+// Private to the CPU ops: the tensor checks shared by the cpu_ops*.cpp files,
+// and the entries each of them contributes to the table in cpu_ops.cpp.
 #pragma once
 
 #include <dlpack/dlpack.h>
@@ -24,17 +24,33 @@ struct Mat {
 std::string describe(const DLTensor *t);
 
 // Checks that t is a non-NULL, compact, suitably aligned float32 (or int32)
-// tensor on kDLCPU and returns its matrix view; throws tessera::Error naming
-// `op` and `arg` otherwise. `min_ndim` rejects tensors of fewer dims.
+// tensor in host memory (kDLCPU or kDLCUDAHost) and returns its matrix view; throws tessera::Error
+// naming `op` and `arg` otherwise. `min_ndim` rejects tensors of fewer dims.
 Mat<float> f32(const char *op, const char *arg, const DLTensor *t, int min_ndim = 0);
 Mat<int32_t> i32(const char *op, const char *arg, const DLTensor *t, int min_ndim = 0);
 
-// Throws unless a and b hold the same number of elements.
+// A host tensor of any dtype whose elements are whole bytes, as raw memory:
+// for the ops that move or convert bytes (copy, cast) rather than compute in
+// float32. Same checks as f32() but the dtype's.
+struct Flat {
+  void *p;
+  int64_t numel;
+  DLDataType dtype;
+  size_t elem_bytes;
+};
+Flat flat(const char *op, const char *arg, const DLTensor *t);
+
+// Throws unless a and b hold the same number of (float32) elements.
 void check_same_numel(const char *op, const char *a_name, const DLTensor *a, const char *b_name,
                       const DLTensor *b);
 
 // Throws unless act is one of TSR_ACT_*.
 void check_activation(const char *op, tsr_activation act);
+
+// c = alpha * op(a) @ op(b) + beta * c through OpenBLAS, with matmul's checks;
+// throws tessera::Error with messages naming `op` (matmul, linear).
+void gemm(const char *op, const DLTensor *a, int32_t trans_a, const DLTensor *b, int32_t trans_b,
+          DLTensor *c, float alpha, float beta);
 
 // Entries defined in cpu_ops_nn.cpp.
 tsr_status bias_act(tsr_host_ctx *ctx, DLTensor *y, const DLTensor *bias,
@@ -47,5 +63,31 @@ tsr_status act_backward(tsr_host_ctx *ctx, tsr_activation act, const DLTensor *x
 tsr_status cross_entropy(tsr_host_ctx *ctx, const DLTensor *logits, const DLTensor *targets,
                          int64_t valid_classes, float grad_scale, DLTensor *dlogits,
                          double *loss_sum, int64_t *count, int64_t *correct) noexcept;
+
+// ABI 1.1 entries, one file each: cpu_ops_cast.cpp, cpu_ops_linear.cpp,
+// cpu_ops_layernorm.cpp, cpu_ops_embedding.cpp.
+tsr_status cast(tsr_host_ctx *ctx, const DLTensor *x, DLTensor *y) noexcept;
+tsr_status linear(tsr_host_ctx *ctx, const DLTensor *a, int32_t trans_a, const DLTensor *b,
+                  int32_t trans_b, const DLTensor *bias, tsr_activation act, DLTensor *c,
+                  DLTensor *pre) noexcept;
+tsr_status layernorm_forward(tsr_host_ctx *ctx, const DLTensor *x, const DLTensor *weight,
+                             const DLTensor *bias, float eps, DLTensor *y, DLTensor *mean,
+                             DLTensor *rstd) noexcept;
+tsr_status layernorm_backward(tsr_host_ctx *ctx, const DLTensor *dy, const DLTensor *x,
+                              const DLTensor *weight, const DLTensor *mean, const DLTensor *rstd,
+                              DLTensor *dx, DLTensor *dweight, DLTensor *dbias) noexcept;
+tsr_status embedding_forward(tsr_host_ctx *ctx, const DLTensor *ids, const DLTensor *table,
+                             DLTensor *out, int32_t accumulate) noexcept;
+tsr_status embedding_backward(tsr_host_ctx *ctx, const DLTensor *ids, const DLTensor *dout,
+                              DLTensor *dtable) noexcept;
+
+// cpu_attention.cpp: causal attention, float32, strides honoured. Same
+// signatures as tsr_ops.attention_forward/backward.
+tsr_status attention_forward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
+                             const DLTensor *v, float scale, DLTensor *out, DLTensor *lse) noexcept;
+tsr_status attention_backward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
+                              const DLTensor *v, const DLTensor *out, const DLTensor *dout,
+                              const DLTensor *lse, float scale, DLTensor *dq, DLTensor *dk,
+                              DLTensor *dv) noexcept;
 
 }  // namespace tessera::cpu

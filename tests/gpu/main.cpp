@@ -4,6 +4,7 @@
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "cuda/device.hpp"
@@ -16,6 +17,9 @@ int main(int argc, char **argv) {
     std::printf("no GPU visible: skipping the GPU tests\n");
     return 77;
   }
-  if (!listing) tessera::cuda::select_device(0);
+  // One GPU a process: a multi-process run ([multirank] in test_nccl.cpp)
+  // gives each rank its own through LOCAL_RANK.
+  const char *local_rank = std::getenv("LOCAL_RANK");
+  if (!listing) tessera::cuda::select_device(local_rank ? std::atoi(local_rank) : 0);
   return Catch::Session().run(argc, argv);
 }

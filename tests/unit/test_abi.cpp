@@ -380,9 +380,10 @@ TEST_CASE("a library that exports no entry symbol is refused", "[abi]") {
 
 TEST_CASE("a library built for another ABI major is refused naming both versions", "[abi]") {
   const std::string lib = test_lib("abi_major", "tsr_test_abi_major");
+  // The host names its own version, whatever the current minor is.
+  static_assert(TSR_ABI_MAJOR != 2, "the test library claims ABI 2.3: another major than ours");
   const std::string ours =
       "ABI " + std::to_string(TSR_ABI_MAJOR) + "." + std::to_string(TSR_ABI_MINOR);
-  REQUIRE(ours == "ABI 1.0");
   SECTION("load_file") {
     Registry r;
     check_mentions(refusal(r, lib), {lib, "ABI 2.3", ours});

@@ -73,9 +73,11 @@ const AbiLayoutRow kCurrent[] = {
 #undef TSR_ABI_CONST
 #undef TSR_ABI_STRING
 
-// The size of every public struct in the current headers, on x86-64. ABI
-// 1.1 (tsr_host, tsr_ops and tsr_optimizer_step_args grew); a new minor version that appends fields updates the
-// struct's line here (and docs/abi.md), and lists new structs in kAdded.
+// The size of every public struct in the current headers, on x86-64, as of
+// ABI 1.1 (tsr_host and tsr_ops grew; tsr_optimizer_step_args grew by a
+// reserved word over 1.0's tail padding and grads_dtype). A new minor
+// version that appends fields updates the struct's line here (and
+// docs/abi.md), and lists new structs in kAdded.
 struct CurrentSize {
   const char *type;
   size_t size;
@@ -101,6 +103,8 @@ const CurrentSize kCurrentSizes[] = {
     TSR_CURRENT(tsr_sampler_args, 40),
     TSR_CURRENT(tsr_sampler_vtable, 40),
     TSR_CURRENT(tsr_segment, 24),
+    // 1.1's grads_dtype (4 bytes, at 108) fills what was 1.0's tail padding:
+    // the size did not change.
     TSR_CURRENT(tsr_optimizer_step_args, 120),
     TSR_CURRENT(tsr_optimizer_vtable, 48),
     TSR_CURRENT(tsr_zero_plan, 24),

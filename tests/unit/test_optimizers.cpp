@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -13,6 +14,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tessera/cpp/optimizer.hpp>
 #include <tessera/cpp/plugin.hpp>
 #include <vector>
 
@@ -57,10 +59,23 @@ class Optimizer {
                   double grad_scale = 1.0, void *compute = nullptr,
                   DLDataType compute_dtype = sdk::dtype_f32(),
                   DLDevice device = DLDevice{kDLCPU, 0}) {
+    return step_raw(params, grads.data(), DLDataType{0, 0, 0}, segments, lr, t, grad_scale, compute,
+                    compute_dtype, device);
+  }
+
+  // The same with gradients of any dtype (grads_dtype {0, 0, 0}: left unset,
+  // as a caller that zero-fills the struct and ignores the field).
+  tsr_status step_raw(std::vector<float> &params, const void *grads, DLDataType grads_dtype,
+                      const std::vector<tsr_segment> &segments, double lr, int64_t t,
+                      double grad_scale = 1.0, void *compute = nullptr,
+                      DLDataType compute_dtype = sdk::dtype_f32(),
+                      DLDevice device = DLDevice{kDLCPU, 0}, size_t struct_size = 0) {
     auto a = sdk::make<tsr_optimizer_step_args>();
+    if (struct_size) a.struct_size = struct_size;
     a.device = device;
     a.params = params.data();
-    a.grads = grads.data();
+    a.grads = static_cast<const float *>(grads);
+    a.grads_dtype = grads_dtype;
     a.state = state_ptrs_.empty() ? nullptr : state_ptrs_.data();
     a.n = params.size();
     a.segments = segments.data();
@@ -432,9 +447,17 @@ TEST_CASE("optimizer steps refuse what they cannot do", "[optimizer]") {
       std::vector<float> p(4, 1.0f), g(4, 1.0f);
       std::vector<tsr_segment> all = {{0, 4, 1}};
       f.host.clear_error();
-      CHECK(opt.step(p, g, all, 0.1, 1, 1.0, nullptr, sdk::dtype_f32(), DLDevice{kDLCUDA, 0}) ==
-            TSR_ERR_UNSUPPORTED);
-      CHECK_THAT(f.host.last_error(), Catch::Contains("CPU"));
+      const tsr_status on_cuda =
+          opt.step(p, g, all, 0.1, 1, 1.0, nullptr, sdk::dtype_f32(), DLDevice{kDLCUDA, 0});
+      if (f.desc("optimizer", name).devices & TSR_DEVICE_CUDA) {
+        // Built with CUDA: host vectors are refused before any kernel sees
+        // them (no GPU here: unsupported; a GPU: not device memory).
+        CHECK((on_cuda == TSR_ERR_UNSUPPORTED || on_cuda == TSR_ERR_INVALID));
+        CHECK_THAT(f.host.last_error(), Catch::Contains("CUDA"));
+      } else {
+        CHECK(on_cuda == TSR_ERR_UNSUPPORTED);
+        CHECK_THAT(f.host.last_error(), Catch::Contains("CPU"));
+      }
       CHECK(p == std::vector<float>(4, 1.0f));
 
       std::vector<double> f64(4);
@@ -552,6 +575,90 @@ TEST_CASE("the compute copy is the rounded fp32 master", "[optimizer]") {
       CHECK(hf[12] == 0x7bff);
       CHECK(hf[13] == 0x7bff);
       CHECK(hf[14] == 0x7c00);
+    }
+  }
+}
+
+TEST_CASE("bf16 and fp16 gradients are widened exactly on CPU", "[optimizer]") {
+  // A 16-bit gradient must give the same update, bit for bit, as the same
+  // values handed over in fp32: the step widens it (exactly) and goes on.
+  Fixture f;
+  auto ref = tessera::test::read_safetensors(tessera::test::data_path("optimizers.safetensors"));
+  nlohmann::json cases = load_cases();
+  for (const auto &[name, c] : cases.items()) {
+    SECTION(name) {
+      const auto &p0 = ref.at(name + ".p0");
+      const auto &grads = ref.at(name + ".grads");
+      const size_t n = p0.data.size();
+      const double lr = c.at("lr").get<double>();
+      for (const bool bf16 : {true, false}) {
+        Optimizer wide(f, plugin_of(c), toml_from_case(c), n);
+        Optimizer narrow(f, plugin_of(c), toml_from_case(c), n);
+        std::vector<float> pw = to_float(p0.data, 0, n), pn = pw;
+        std::vector<tsr_segment> segs = {{0, 13, 1}, {13, 11, 0}, {24, n - 24, 1}};
+        for (int64_t t = 1; t <= 8; ++t) {
+          std::vector<float> g = to_float(grads.data, (t - 1) * n, n);
+          std::vector<uint16_t> h(n);
+          for (size_t i = 0; i < n; ++i) {
+            h[i] = bf16 ? sdk::optim::float_to_bf16(g[i]) : sdk::optim::float_to_f16(g[i]);
+            g[i] = bf16 ? sdk::optim::bf16_to_float(h[i]) : f16_to_float(h[i]);  // the reference
+          }
+          const DLDataType dt = bf16 ? DLDataType{kDLBfloat, 16, 1} : DLDataType{kDLFloat, 16, 1};
+          REQUIRE(wide.step_raw(pw, g.data(), sdk::dtype_f32(), segs, lr, t, 0.5) == TSR_OK);
+          REQUIRE(narrow.step_raw(pn, h.data(), dt, segs, lr, t, 0.5) == TSR_OK);
+          for (size_t i = 0; i < n; ++i) {
+            INFO(name << (bf16 ? " bf16" : " fp16") << " step " << t << " element " << i);
+            REQUIRE(bits32(pn[i]) == bits32(pw[i]));
+          }
+        }
+      }
+    }
+  }
+  SECTION("the widening itself") {
+    for (uint32_t h = 0; h < 0x10000u; ++h) {
+      const float want = f16_to_float(static_cast<uint16_t>(h));
+      const float got = sdk::optim::f16_to_float(static_cast<uint16_t>(h));
+      INFO("fp16 bits " << std::hex << h);
+      if (std::isnan(want))
+        REQUIRE(std::isnan(got));
+      else
+        REQUIRE(bits32(got) == bits32(want));
+      REQUIRE(bits32(sdk::optim::bf16_to_float(static_cast<uint16_t>(h))) == h << 16);
+    }
+  }
+}
+
+TEST_CASE("gradient dtypes: refusals and older callers", "[optimizer]") {
+  Fixture f;
+  for (const char *name : {"sgd", "adam"}) {
+    SECTION(name) {
+      Optimizer opt(f, name, "", 4);
+      std::vector<float> p(4, 1.0f), g(4, 1.0f);
+      std::vector<tsr_segment> all = {{0, 4, 1}};
+      std::vector<double> g64(4, 1.0);
+      f.host.clear_error();
+      CHECK(opt.step_raw(p, g64.data(), DLDataType{kDLFloat, 64, 1}, all, 0.1, 1) ==
+            TSR_ERR_UNSUPPORTED);
+      CHECK_THAT(f.host.last_error(), Catch::Contains("gradient dtype") &&
+                                          Catch::Contains("bits 64") &&
+                                          Catch::Contains("bfloat16"));
+      CHECK(p == std::vector<float>(4, 1.0f));
+
+      // An ABI 1.0 caller's struct ends before grads_dtype: its gradients are
+      // fp32 whatever lies past struct_size.
+      std::vector<float> p10(4, 1.0f), p11(4, 1.0f);
+      Optimizer other(f, name, "", 4);
+      REQUIRE(opt.step_raw(p10, g.data(), DLDataType{kDLBfloat, 16, 1}, all, 0.1, 1, 1.0, nullptr,
+                           sdk::dtype_f32(), DLDevice{kDLCPU, 0},
+                           offsetof(tsr_optimizer_step_args, grads_dtype)) == TSR_OK);
+      REQUIRE(other.step_raw(p11, g.data(), sdk::dtype_f32(), all, 0.1, 1) == TSR_OK);
+      CHECK(p10 == p11);
+      CHECK(p10 != std::vector<float>(4, 1.0f));
+      // Shorter than 1.0: refused.
+      CHECK(opt.step_raw(p10, g.data(), sdk::dtype_f32(), all, 0.1, 2, 1.0, nullptr,
+                         sdk::dtype_f32(), DLDevice{kDLCPU, 0},
+                         offsetof(tsr_optimizer_step_args, compute_dtype)) == TSR_ERR_INVALID);
+      CHECK_THAT(f.host.last_error(), Catch::Contains("older ABI"));
     }
   }
 }

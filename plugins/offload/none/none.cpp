@@ -1,6 +1,16 @@
 // Offload "none": the fp32 master weights and optimizer state live on the
 // device where compute runs, and the optimizer step runs there too. The
 // optimizer writes the updated compute parameters in the same pass.
+//
+// On CUDA the memory comes from host->alloc on the compute device, the
+// step runs on the host's compute stream (so it stays ordered with the
+// backward pass before it and the forward pass after it), and state moves
+// to and from host buffers through host->ops->copy. The plugin has no
+// kernels of its own and is not built against CUDA: everything
+// device-specific goes through the host table and the optimizer, so it
+// always declares CUDA support. (A host without CUDA never offers a CUDA
+// device, and an optimizer without CUDA kernels is refused by its own
+// descriptor before this plugin is set up.)
 #include <cstring>
 #include <string>
 #include <tessera/cpp/plugin.hpp>
@@ -16,6 +26,7 @@ struct None {
   const tsr_optimizer_vtable *opt = nullptr;
   void *opt_self = nullptr;
   DLDevice device{};
+  bool cuda = false;
   DLDataType compute_dtype{};
   Buffer master;
   std::vector<Buffer> state_bufs;
@@ -38,8 +49,16 @@ void destroy(void *self) {
 tsr_status setup(void *self, const tsr_offload_setup *st) {
   auto *s = static_cast<None *>(self);
   return guard(s->host, [&] {
-    if (st->device.device_type != kDLCPU)
-      throw Error(TSR_ERR_UNSUPPORTED, "offload none: only CPU devices in this build");
+    const int32_t dev = st->device.device_type;
+    if (dev != kDLCPU && dev != kDLCUDA)
+      throw Error(TSR_ERR_UNSUPPORTED, "offload none: device type " + std::to_string(dev) +
+                                           " is not supported (CPU and CUDA only)");
+    s->cuda = dev == kDLCUDA;
+    if (s->cuda &&
+        (!TSR_HAS_FIELD(s->host, tsr_host, compute_stream) || !s->host->ops || !s->host->ops->copy))
+      throw Error(TSR_ERR_UNSUPPORTED,
+                  "offload none: a CUDA run needs a host of ABI 1.1 or later (compute stream, "
+                  "synchronize and ops.copy)");
     s->n = st->n;
     s->opt = st->optimizer;
     s->opt_self = st->optimizer_self;
@@ -59,7 +78,10 @@ tsr_status step(void *self, const tsr_offload_step *st) {
   return guard(s->host, [&] {
     if (st->offset > s->n || st->count > s->n - st->offset)
       throw Error(TSR_ERR_INVALID, "offload none: step range past the owned elements");
-    if (s->compute_dtype.code != kDLFloat || s->compute_dtype.bits != 32)
+    // The gradients arrive in the compute dtype. The CUDA optimizers read
+    // fp32, bf16 and fp16 gradients; on the CPU the compute dtype is fp32.
+    const bool fp32 = s->compute_dtype.code == kDLFloat && s->compute_dtype.bits == 32;
+    if (!s->cuda && !fp32)
       throw Error(TSR_ERR_UNSUPPORTED, "offload none: CPU gradients must be fp32");
     for (size_t i = 0; i < s->state.size(); ++i) s->state_at[i] = s->state[i] + st->offset;
     auto a = make<tsr_optimizer_step_args>();
@@ -75,13 +97,21 @@ tsr_status step(void *self, const tsr_offload_step *st) {
     a.step = st->step;
     a.compute_params = st->params;  // written in the same pass as the master
     a.compute_dtype = s->compute_dtype;
+    a.grads_dtype = s->compute_dtype;
+    // Ordered after the backward pass that produced the gradients; the
+    // step returns once the kernel is queued (flush waits).
+    a.stream = s->cuda ? s->host->compute_stream : nullptr;
     check(s->opt->step(s->opt_self, &a));
   });
 }
 
-tsr_status flush(void *) {
-  return TSR_OK;
-}  // every step completes before returning
+// On the CPU every step completes before returning; on CUDA the updates
+// are queued on the compute stream and this waits for them.
+tsr_status flush(void *self) {
+  auto *s = static_cast<None *>(self);
+  if (!s->cuda) return TSR_OK;
+  return s->host->synchronize(s->host->ctx);
+}
 
 tsr_status copy_state(None *s, uint32_t slot, size_t offset, size_t count, float *dst,
                       const float *src) {
@@ -91,10 +121,27 @@ tsr_status copy_state(None *s, uint32_t slot, size_t offset, size_t count, float
     float *base = slot == 0 ? s->master.as<float>()
                             : (slot - 1 < s->state.size() ? s->state[slot - 1] : nullptr);
     if (!base) throw Error(TSR_ERR_INVALID, "offload none: no state slot " + std::to_string(slot));
+    if (count == 0) return;
+    if (!s->cuda) {
+      if (dst)
+        std::memcpy(dst, base + offset, count * sizeof(float));
+      else
+        std::memcpy(base + offset, src, count * sizeof(float));
+      return;
+    }
+    // Device <-> host buffer through the host's copy, which runs on the
+    // compute stream: ordered after every queued step, so a read sees the
+    // updated state. Then wait, because the caller's buffer is plain host
+    // memory it may read, reuse or free as soon as this returns.
+    int64_t shape[1] = {static_cast<int64_t>(count)};
+    DLTensor state = view(base + offset, s->device, dtype_f32(), 1, shape);
+    DLTensor host = view(dst ? static_cast<void *>(dst) : const_cast<float *>(src),
+                         DLDevice{kDLCPU, 0}, dtype_f32(), 1, shape);
     if (dst)
-      std::memcpy(dst, base + offset, count * sizeof(float));
+      check(s->host->ops->copy(s->host->ctx, &state, &host));
     else
-      std::memcpy(base + offset, src, count * sizeof(float));
+      check(s->host->ops->copy(s->host->ctx, &host, &state));
+    check(s->host->synchronize(s->host->ctx));
   });
 }
 
@@ -116,7 +163,7 @@ const tsr_plugin_descriptor kNone = {sizeof(tsr_plugin_descriptor),
                                      "keep optimizer state on the compute device",
                                      nullptr,
                                      0,
-                                     TSR_DEVICE_CPU,
+                                     TSR_DEVICE_CPU | TSR_DEVICE_CUDA,
                                      &kVtable};
 const tsr_plugin_descriptor *const kPlugins[] = {&kNone};
 const tsr_plugin_library kLibrary = {sizeof(tsr_plugin_library), TSR_ABI_MAJOR, TSR_ABI_MINOR,

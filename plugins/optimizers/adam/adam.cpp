@@ -1,21 +1,18 @@
 // adam, adamw: Adam with the exact semantics of torch.optim.Adam (L2 weight
 // decay added to the gradient) and torch.optim.AdamW (decoupled weight
-// decay), on CPU. One library, two plugins: `adamw` is the same code with
-// `adamw = true` and torch's AdamW default weight_decay = 0.01.
+// decay), on CPU and, built with CUDA, on the GPU (adam_cuda.cu). One
+// library, two plugins: `adamw` is the same code with `adamw = true` and
+// torch's AdamW default weight_decay = 0.01. The update of one element is
+// adam_update in adam.hpp, shared by both devices; weight decay only applies
+// inside segments whose decay flag is set.
 //
-// The update for one element at step t (counting from 1), in torch's order:
-//   g  = grad * grad_scale (+ weight_decay * p        when adamw = false)
-//   p  = p * (1 - lr * weight_decay)                   when adamw = true
-//   m  = m + (1 - beta1) * (g - m)                     (torch's lerp)
-//   v  = beta2 * v + (1 - beta2) * g * g
-//   p  = p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
-// Weight decay only applies inside segments whose decay flag is set.
-//
-// The kernel is a plain loop over one segment with no allocation, so the
+// The CPU kernel is a plain loop over one segment with no allocation, so the
 // compiler vectorizes it; the optional low-precision compute copy of the
 // params is written in the same pass, while the value is still in a register.
 // (The compute-copy and argument-check helpers are the same as sgd's: each
 // plugin library stands alone.)
+#include "adam.hpp"
+
 #include <tessera/tessera.h>
 
 #include <cmath>
@@ -34,39 +31,28 @@ namespace sdk = tessera::sdk;
 namespace {
 
 using namespace tessera::sdk::optim;
+using tessera::adam::adam_update;
+using tessera::adam::AdamConsts;
+
+#if TSR_PLUGIN_CUDA
+constexpr uint32_t kDevices = TSR_DEVICE_CPU | TSR_DEVICE_CUDA;
+#else
+constexpr uint32_t kDevices = TSR_DEVICE_CPU;
+#endif
+// The step reads bf16 and fp16 gradients on every device it supports.
+constexpr StepSupport kSupport = {kDevices, true};
 
 // ---------------------------------------------------------------------------
-// Kernel: one segment, pointers already offset to its first element.
+// CPU kernel: one segment, pointers already offset to its first element.
 
-// Per-step constants, computed once in double (like torch's Python floats)
-// and rounded to float for the loop.
-struct AdamConsts {
-  float scale;   // grad_scale
-  float l2;      // weight_decay added to the gradient (Adam), else 0
-  float shrink;  // 1 - lr * weight_decay (AdamW), else 1
-  float beta1, beta2;
-  float one_minus_beta1, one_minus_beta2;  // in double first: 1 - 0.999f is off by 1e-5
-  float step_size;                         // lr / (1 - beta1^t)
-  float bc2_sqrt;                          // sqrt(1 - beta2^t)
-  float eps;
-};
-
-template <typename Out>
-void adam_segment(float *__restrict p, const float *__restrict g, float *__restrict m,
-                  float *__restrict v, size_t n, AdamConsts k, Out out) {
+template <typename Grads, typename Out>
+void adam_segment(float *__restrict p, Grads g, float *__restrict m, float *__restrict v, size_t n,
+                  const AdamConsts &k, Out out) {
   for (size_t i = 0; i < n; ++i) {
-    float pi = p[i];
-    float gi = g[i] * k.scale;
-    if (k.l2 != 0.0f) gi += k.l2 * pi;  // as torch: no 0 * p term (inf/NaN params stay put)
-    pi *= k.shrink;
-    float mi = m[i] + k.one_minus_beta1 * (gi - m[i]);
-    float vi = k.beta2 * v[i] + k.one_minus_beta2 * gi * gi;
+    float mi = m[i], vi = v[i];
+    const float pi = adam_update(p[i], g[i], mi, vi, k);
     m[i] = mi;
     v[i] = vi;
-    // torch divides sqrt(v) by sqrt(1 - beta2^t) before adding eps, so eps
-    // is compared with the bias-corrected second moment; keep that order.
-    float denom = std::sqrt(vi) / k.bc2_sqrt + k.eps;
-    pi -= k.step_size * mi / denom;
     p[i] = pi;
     out.put(i, pi);
   }
@@ -145,7 +131,7 @@ const char *adam_state_name(void *self, uint32_t i) {
 tsr_status adam_step(void *self, const tsr_optimizer_step_args *args) {
   auto *s = static_cast<Adam *>(self);
   return sdk::guard(s->host, [&] {
-    check_step_args(args, 2, s->name);
+    check_step_args(args, 2, s->name, kSupport);
     const double lr = args->lr;
     const double t = static_cast<double>(args->step);
     AdamConsts base{};
@@ -165,13 +151,20 @@ tsr_status adam_step(void *self, const tsr_optimizer_step_args *args) {
       decayed.shrink = static_cast<float>(1.0 - lr * s->weight_decay);
     else
       decayed.l2 = static_cast<float>(s->weight_decay);
-    with_compute_copy(args, s->name, [&](auto copy) {
-      for (size_t k = 0; k < args->num_segments; ++k) {
-        const tsr_segment &seg = args->segments[k];
-        const size_t off = seg.offset;
-        adam_segment(args->params + off, args->grads + off, args->state[0] + off,
-                     args->state[1] + off, seg.count, seg.decay ? decayed : base, copy.rebase(off));
-      }
+#if TSR_PLUGIN_CUDA
+    if (args->device.device_type == kDLCUDA)
+      return tessera::adam::adam_step_cuda(s->host, args, base, decayed, s->name);
+#endif
+    with_grads(args, s->name, [&](auto grads) {
+      with_compute_copy(args, s->name, [&](auto copy) {
+        for (size_t i = 0; i < args->num_segments; ++i) {
+          const tsr_segment &seg = args->segments[i];
+          const size_t off = seg.offset;
+          adam_segment(args->params + off, grads.rebase(off), args->state[0] + off,
+                       args->state[1] + off, seg.count, seg.decay ? decayed : base,
+                       copy.rebase(off));
+        }
+      });
     });
   });
 }
@@ -231,7 +224,7 @@ const tsr_plugin_descriptor kAdamDescriptor = {
     "Adam with bias correction and L2 weight decay (torch.optim.Adam)",
     kAdamParams,
     sizeof(kAdamParams) / sizeof(kAdamParams[0]),
-    TSR_DEVICE_CPU,
+    kDevices,
     &kAdamVtable,
 };
 
@@ -243,7 +236,7 @@ const tsr_plugin_descriptor kAdamwDescriptor = {
     "Adam with decoupled weight decay (torch.optim.AdamW)",
     kAdamwParams,
     sizeof(kAdamwParams) / sizeof(kAdamwParams[0]),
-    TSR_DEVICE_CPU,
+    kDevices,
     &kAdamwVtable,
 };
 

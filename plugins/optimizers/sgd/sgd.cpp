@@ -1,16 +1,13 @@
 // sgd: stochastic gradient descent with the exact semantics of
-// torch.optim.SGD (momentum, dampening, nesterov, L2 weight decay), on CPU.
+// torch.optim.SGD (momentum, dampening, nesterov, L2 weight decay), on CPU
+// and, built with CUDA, on the GPU (sgd_cuda.cu). The update of one element
+// is sgd_update in sgd.hpp, shared by both.
 //
-// The update for one element, in torch's order:
-//   g   = grad * grad_scale + weight_decay * p        (decay only where the segment says so)
-//   buf = g                                           (step 1: a copy, no dampening)
-//   buf = momentum * buf + (1 - dampening) * g        (later steps)
-//   d   = nesterov ? g + momentum * buf : buf         (d = g when momentum == 0)
-//   p   = p - lr * d
-//
-// The kernels are plain loops over one segment with no allocation, so the
-// compiler vectorizes them; the optional low-precision compute copy of the
+// The CPU kernel is a plain loop over one segment with no allocation, so the
+// compiler vectorizes it; the optional low-precision compute copy of the
 // params is written in the same pass, while the value is still in a register.
+#include "sgd.hpp"
+
 #include <tessera/tessera.h>
 
 #include <cstdarg>
@@ -27,38 +24,37 @@ namespace sdk = tessera::sdk;
 namespace {
 
 using namespace tessera::sdk::optim;
+using tessera::sgd::sgd_update;
+using tessera::sgd::SgdStep;
+
+#if TSR_PLUGIN_CUDA
+constexpr uint32_t kDevices = TSR_DEVICE_CPU | TSR_DEVICE_CUDA;
+#else
+constexpr uint32_t kDevices = TSR_DEVICE_CPU;
+#endif
+// The step reads bf16 and fp16 gradients on every device it supports.
+constexpr StepSupport kSupport = {kDevices, true};
 
 // ---------------------------------------------------------------------------
-// Kernels: one segment each, pointers already offset to its first element.
-
-// momentum == 0: no state, the step is just p -= lr * (g + wd * p).
-template <typename Out>
-void sgd_plain(float *__restrict p, const float *__restrict g, size_t n, float lr, float scale,
-               float wd, Out out) {
-  for (size_t i = 0; i < n; ++i) {
-    float gi = g[i] * scale;
-    if (wd != 0.0f) gi += wd * p[i];  // as torch: no 0 * p term (inf/NaN params stay put)
-    float pi = p[i] - lr * gi;
-    p[i] = pi;
-    out.put(i, pi);
+// CPU kernel: one segment, pointers already offset to its first element.
+// The branches inside sgd_update are loop-invariant (momentum, nesterov,
+// step 1, decay), so the compiler hoists them out of the loop.
+template <typename Grads, typename Out>
+void sgd_segment(float *__restrict p, Grads g, float *__restrict buf, size_t n, bool decay,
+                 const SgdStep &k, Out out) {
+  if (!k.has_momentum) {
+    for (size_t i = 0; i < n; ++i) {
+      float unused = 0.0f;
+      const float pi = sgd_update(p[i], g[i], unused, decay, k);
+      p[i] = pi;
+      out.put(i, pi);
+    }
+    return;
   }
-}
-
-// momentum != 0; keep = 1 - dampening. `first` is step 1, where torch
-// clones the gradient into the buffer (no dampening, and whatever the buffer
-// held is ignored); the branch is loop-invariant, so it costs nothing per
-// element.
-template <typename Out>
-void sgd_momentum(float *__restrict p, const float *__restrict g, float *__restrict buf, size_t n,
-                  float lr, float scale, float wd, float momentum, float keep, bool nesterov,
-                  bool first, Out out) {
   for (size_t i = 0; i < n; ++i) {
-    float gi = g[i] * scale;
-    if (wd != 0.0f) gi += wd * p[i];
-    float b = first ? gi : momentum * buf[i] + keep * gi;
+    float b = buf[i];
+    const float pi = sgd_update(p[i], g[i], b, decay, k);
     buf[i] = b;
-    float d = nesterov ? gi + momentum * b : b;
-    float pi = p[i] - lr * d;
     p[i] = pi;
     out.put(i, pi);
   }
@@ -128,22 +124,29 @@ tsr_status sgd_step(void *self, const tsr_optimizer_step_args *args) {
   auto *s = static_cast<Sgd *>(self);
   return sdk::guard(s->host, [&] {
     const bool has_momentum = s->has_momentum;
-    check_step_args(args, has_momentum ? 1u : 0u, "sgd");
-    const float lr = static_cast<float>(args->lr);
-    const float scale = static_cast<float>(args->grad_scale);
-    const bool first = args->step == 1;
-    with_compute_copy(args, "sgd", [&](auto copy) {
-      for (size_t k = 0; k < args->num_segments; ++k) {
-        const tsr_segment &seg = args->segments[k];
-        const size_t off = seg.offset;
-        const float wd = seg.decay ? s->weight_decay : 0.0f;
-        if (has_momentum)
-          sgd_momentum(args->params + off, args->grads + off, args->state[0] + off, seg.count, lr,
-                       scale, wd, s->momentum, s->keep, s->nesterov, first, copy.rebase(off));
-        else
-          sgd_plain(args->params + off, args->grads + off, seg.count, lr, scale, wd,
-                    copy.rebase(off));
-      }
+    check_step_args(args, has_momentum ? 1u : 0u, "sgd", kSupport);
+    SgdStep k{};
+    k.lr = static_cast<float>(args->lr);
+    k.scale = static_cast<float>(args->grad_scale);
+    k.weight_decay = s->weight_decay;
+    k.momentum = s->momentum;
+    k.keep = s->keep;
+    k.has_momentum = has_momentum;
+    k.nesterov = s->nesterov;
+    k.first = args->step == 1;
+#if TSR_PLUGIN_CUDA
+    if (args->device.device_type == kDLCUDA) return tessera::sgd::sgd_step_cuda(s->host, args, k);
+#endif
+    float *buf = has_momentum ? args->state[0] : nullptr;
+    with_grads(args, "sgd", [&](auto grads) {
+      with_compute_copy(args, "sgd", [&](auto copy) {
+        for (size_t i = 0; i < args->num_segments; ++i) {
+          const tsr_segment &seg = args->segments[i];
+          const size_t off = seg.offset;
+          sgd_segment(args->params + off, grads.rebase(off), buf ? buf + off : nullptr, seg.count,
+                      seg.decay != 0, k, copy.rebase(off));
+        }
+      });
     });
   });
 }
@@ -180,7 +183,7 @@ const tsr_plugin_descriptor kSgdDescriptor = {
     "SGD with momentum, dampening, Nesterov and weight decay (torch.optim.SGD)",
     kSgdParams,
     sizeof(kSgdParams) / sizeof(kSgdParams[0]),
-    TSR_DEVICE_CPU,
+    kDevices,
     &kSgdVtable,
 };
 

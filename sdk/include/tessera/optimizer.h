@@ -19,7 +19,8 @@ typedef struct tsr_optimizer_step_args {
   const float *grads;  /* fp32 gradients, before grad_scale */
   float *const *state; /* state_count arrays of n elements, zero before step 1 */
   size_t n;
-  const tsr_segment *segments; /* cover [0, n); decay applies where decay != 0 */
+  const tsr_segment *segments; /* cover [0, n); decay applies where decay != 0;
+                                  host memory, whatever the device */
   size_t num_segments;
   double lr;         /* learning rate for this step (schedule applied) */
   double grad_scale; /* multiply each gradient by this first (clipping, unscaling) */
@@ -29,8 +30,14 @@ typedef struct tsr_optimizer_step_args {
   void *compute_params;
   DLDataType compute_dtype;
   /* ---- ABI 1.1 ----
-   * The dtype `grads` points at: float32 when this field is absent; bfloat16
-   * or float16 gradients are read as such and widened in the update. */
+   * `reserved_1_1` fills the 4 bytes of tail padding 1.0's struct had after
+   * compute_dtype, so that grads_dtype lies past 1.0's sizeof and
+   * TSR_HAS_FIELD tells a 1.0 caller (struct_size 112 on x86-64) from a 1.1
+   * one (120). Writers set it to 0; readers ignore it. */
+  uint32_t reserved_1_1;
+  /* The dtype `grads` points at: float32 when this field is absent (or all
+   * zero); bfloat16 or float16 gradients are read as such and widened in
+   * the update. */
   DLDataType grads_dtype;
 } tsr_optimizer_step_args;
 

@@ -1,5 +1,6 @@
 // Header-only helpers for optimizer plugins: argument checks shared by
-// every step, and the low-precision compute copy (fp32 -> bf16 / fp16 with
+// every step, the gradient readers (fp32, or bf16 / fp16 widened exactly),
+// and the low-precision compute copy (fp32 -> bf16 / fp16 with
 // round-to-nearest-even) written in the same pass as the fp32 master.
 #pragma once
 
@@ -60,6 +61,78 @@ inline uint16_t float_to_f16(float x) {
   return static_cast<uint16_t>(o | (sign >> 16));
 }
 
+// bf16 -> fp32, exact: a bf16 is the top half of a float.
+inline float bf16_to_float(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+// fp16 -> fp32, exact (every fp16 value is a float), subnormals, infinities
+// and NaN (payload kept, quiet bit set) included.
+inline float f16_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  uint32_t u;
+  if (exp == 0x1fu) {
+    u = sign | 0x7f800000u | (mant << 13) | (mant ? 0x00400000u : 0u);
+  } else if (exp != 0) {
+    u = sign | ((exp + (127u - 15u)) << 23) | (mant << 13);
+  } else if (mant == 0) {
+    u = sign;
+  } else {
+    // Subnormal: shift the mantissa up until its leading 1 is the implicit
+    // bit, lowering the exponent once per shift.
+    uint32_t e = 127u - 15u + 1u;
+    while (!(mant & 0x400u)) {
+      mant <<= 1;
+      --e;
+    }
+    u = sign | (e << 23) | ((mant & 0x3ffu) << 13);
+  }
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+// ---------------------------------------------------------------------------
+// The gradients: fp32, or (ABI 1.1) bf16 / fp16 read as such and widened
+// exactly before grad_scale is applied, so a 16-bit gradient gives the same
+// update as the same values handed over in fp32.
+
+enum class Elem { none, f32, bf16, f16 };
+
+inline const char *elem_name(Elem e) {
+  switch (e) {
+    case Elem::f32:
+      return "float32";
+    case Elem::bf16:
+      return "bfloat16";
+    case Elem::f16:
+      return "float16";
+    default:
+      return "none";
+  }
+}
+
+struct GradsF32 {
+  const float *g;
+  float operator[](size_t i) const { return g[i]; }
+  GradsF32 rebase(size_t off) const { return {g + off}; }
+};
+struct GradsBF16 {
+  const uint16_t *g;
+  float operator[](size_t i) const { return bf16_to_float(g[i]); }
+  GradsBF16 rebase(size_t off) const { return {g + off}; }
+};
+struct GradsF16 {
+  const uint16_t *g;
+  float operator[](size_t i) const { return f16_to_float(g[i]); }
+  GradsF16 rebase(size_t off) const { return {g + off}; }
+};
+
 struct NoCopy {
   void put(size_t, float) const {}
   NoCopy rebase(size_t) const { return *this; }
@@ -96,33 +169,116 @@ inline bool dtype_is(DLDataType t, uint8_t code, uint8_t bits) {
   return t.code == code && t.bits == bits && t.lanes == 1;
 }
 
+inline std::string dtype_str(DLDataType t) {
+  return fmt("code %u, bits %u, lanes %u", unsigned(t.code), unsigned(t.bits), unsigned(t.lanes));
+}
+
+// The compute copy's element type (Elem::none when compute_params is NULL);
+// anything but float32, bfloat16 or float16 is TSR_ERR_UNSUPPORTED.
+inline Elem compute_elem(const tsr_optimizer_step_args *args, const char *who) {
+  if (!args->compute_params) return Elem::none;
+  DLDataType t = args->compute_dtype;
+  if (dtype_is(t, kDLFloat, 32)) return Elem::f32;
+  if (dtype_is(t, kDLBfloat, 16)) return Elem::bf16;
+  if (dtype_is(t, kDLFloat, 16)) return Elem::f16;
+  throw Error(TSR_ERR_UNSUPPORTED,
+              fmt("%s: compute copy dtype (%s) is not supported; use float32, bfloat16 or float16",
+                  who, dtype_str(t).c_str()));
+}
+
+// The gradients' element type: args->grads_dtype where the caller's struct
+// has the field (ABI 1.1), float32 otherwise. An all-zero dtype (a zeroed
+// struct whose writer never set the field) also means float32: no real
+// dtype has zero bits.
+inline Elem grads_elem(const tsr_optimizer_step_args *args, const char *who) {
+  if (!TSR_HAS_FIELD(args, tsr_optimizer_step_args, grads_dtype)) return Elem::f32;
+  DLDataType t = args->grads_dtype;
+  if (t.code == 0 && t.bits == 0 && t.lanes == 0) return Elem::f32;
+  if (dtype_is(t, kDLFloat, 32)) return Elem::f32;
+  if (dtype_is(t, kDLBfloat, 16)) return Elem::bf16;
+  if (dtype_is(t, kDLFloat, 16)) return Elem::f16;
+  throw Error(TSR_ERR_UNSUPPORTED,
+              fmt("%s: gradient dtype (%s) is not supported; use float32, bfloat16 or float16", who,
+                  dtype_str(t).c_str()));
+}
+
 // Calls fn(writer) with the writer for args->compute_params, so the kernels
 // are instantiated once per output type and hold no branch on the dtype.
 template <typename Fn>
 void with_compute_copy(const tsr_optimizer_step_args *args, const char *who, Fn &&fn) {
-  if (!args->compute_params) return fn(NoCopy{});
-  DLDataType t = args->compute_dtype;
-  if (dtype_is(t, kDLFloat, 32)) return fn(CopyF32{static_cast<float *>(args->compute_params)});
-  if (dtype_is(t, kDLBfloat, 16))
-    return fn(CopyBF16{static_cast<uint16_t *>(args->compute_params)});
-  if (dtype_is(t, kDLFloat, 16)) return fn(CopyF16{static_cast<uint16_t *>(args->compute_params)});
-  throw Error(TSR_ERR_UNSUPPORTED,
-              fmt("%s: compute copy dtype (code %u, bits %u, lanes %u) is not supported; "
-                  "use float32, bfloat16 or float16",
-                  who, unsigned(t.code), unsigned(t.bits), unsigned(t.lanes)));
+  switch (compute_elem(args, who)) {
+    case Elem::f32:
+      return fn(CopyF32{static_cast<float *>(args->compute_params)});
+    case Elem::bf16:
+      return fn(CopyBF16{static_cast<uint16_t *>(args->compute_params)});
+    case Elem::f16:
+      return fn(CopyF16{static_cast<uint16_t *>(args->compute_params)});
+    default:
+      return fn(NoCopy{});
+  }
 }
 
+// Calls fn(reader) with the reader for args->grads in its dtype (see
+// grads_elem), one instantiation per gradient type like with_compute_copy.
+// (args->grads is typed `const float *` since ABI 1.0; with a 16-bit
+// grads_dtype it points at uint16_t bit patterns.)
+template <typename Fn>
+void with_grads(const tsr_optimizer_step_args *args, const char *who, Fn &&fn) {
+  const void *g = args->grads;
+  switch (grads_elem(args, who)) {
+    case Elem::bf16:
+      return fn(GradsBF16{static_cast<const uint16_t *>(g)});
+    case Elem::f16:
+      return fn(GradsF16{static_cast<const uint16_t *>(g)});
+    default:
+      return fn(GradsF32{static_cast<const float *>(g)});
+  }
+}
+
+// What a plugin's step can take beyond the defaults of check_step_args:
+// which devices (TSR_DEVICE_* bits) and whether bf16 / fp16 gradients are
+// read (with_grads). The defaults are what every plugin written before
+// ABI 1.1 handles: CPU memory and fp32 gradients.
+struct StepSupport {
+  uint32_t devices = TSR_DEVICE_CPU;
+  bool low_precision_grads = false;
+};
+
 // Checks what every step needs before touching memory: the struct version,
-// the device, non-null arrays, and segments inside [0, n).
+// the device, the gradient dtype, non-null arrays, and segments inside
+// [0, n). The segment table is host memory whatever the device.
 inline void check_step_args(const tsr_optimizer_step_args *args, uint32_t state_count,
-                            const char *who) {
-  if (!args || args->struct_size < sizeof(tsr_optimizer_step_args))
-    throw Error(TSR_ERR_INVALID, fmt("%s: step args missing or from an older ABI", who));
-  if (args->device.device_type != kDLCPU)
+                            const char *who, StepSupport support = {}) {
+  // Every field up to compute_dtype is ABI 1.0; grads_dtype is read only
+  // where TSR_HAS_FIELD says the caller's struct has it.
+  if (!args || !TSR_HAS_FIELD(args, tsr_optimizer_step_args, compute_dtype))
+    throw Error(TSR_ERR_INVALID, fmt("%s: step args missing or from an older ABI (struct_size %zu)",
+                                     who, args ? args->struct_size : size_t(0)));
+  const int32_t dev = args->device.device_type;
+  const bool cpu = dev == kDLCPU && (support.devices & TSR_DEVICE_CPU);
+  const bool cuda = dev == kDLCUDA && (support.devices & TSR_DEVICE_CUDA);
+  if (!cpu && !cuda) {
+    if (support.devices == TSR_DEVICE_CPU)
+      throw Error(TSR_ERR_UNSUPPORTED,
+                  fmt("%s: only the CPU step is implemented (device type %d given); run the "
+                      "optimizer on CPU or use an offload plugin",
+                      who, int(dev)));
+    if (dev == kDLCUDA)
+      throw Error(TSR_ERR_UNSUPPORTED,
+                  fmt("%s: device type %d (CUDA) given, but this build of the plugin has no CUDA "
+                      "kernels (it was built without the CUDA toolkit); only the CPU step is "
+                      "available",
+                      who, int(dev)));
     throw Error(TSR_ERR_UNSUPPORTED,
-                fmt("%s: only the CPU step is implemented (device type %d given); run the "
-                    "optimizer on CPU or use an offload plugin",
-                    who, int(args->device.device_type)));
+                fmt("%s: device type %d is not supported (CPU%s only)", who, int(dev),
+                    (support.devices & TSR_DEVICE_CUDA) ? " and CUDA" : ""));
+  }
+  const Elem g = grads_elem(args, who);
+  if (g != Elem::f32 && !support.low_precision_grads)
+    throw Error(TSR_ERR_UNSUPPORTED,
+                fmt("%s: gradients in %s are not supported; this optimizer reads float32 "
+                    "gradients only",
+                    who, elem_name(g)));
   if (args->step < 1)
     throw Error(TSR_ERR_INVALID,
                 fmt("%s: step must count from 1, got %lld", who, (long long)args->step));

@@ -1,0 +1,342 @@
+// tessera data tokenize: text files to token shards (docs/data.md), byte-level
+// or with GPT-2's BPE, split into train and eval by document.
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cli/args.hpp"
+#include "data/token_shard.hpp"
+#include "data/tokenizer_bpe.hpp"
+#include "util/error.hpp"
+
+namespace fs = std::filesystem;
+
+namespace tessera::cli {
+
+namespace {
+
+const char *kDataUsage = R"(usage: tessera data <command> [options]
+
+commands:
+  tokenize INPUT... -o OUTDIR   text files to token shards for the tokens dataset
+
+Run 'tessera data tokenize --help' for its options.
+)";
+
+const char *kTokenizeUsage = R"(usage: tessera data tokenize INPUT... -o OUTDIR [options]
+
+Tokenizes text files into token shards in llm.c's format (docs/data.md),
+OUTDIR/NAME_train_000000.bin, ... and OUTDIR/NAME_eval_000000.bin, ..., for
+the 'tokens' dataset plugin. Earlier shards NAME_train_*.bin and
+NAME_eval_*.bin in OUTDIR are replaced.
+
+tokenizer:
+  (default)                 byte-level: vocabulary 256, each byte is a token
+  --encoder FILE            GPT-2 BPE: GPT-2's encoder.json (token -> id) ...
+  --bpe FILE                ... and vocab.bpe (the merges); both or neither.
+                            Every document starts with <|endoftext|> (50256)
+                            when the encoder has it. Ids above 65535 are
+                            written as uint32 shards
+
+documents and splits:
+  --doc-separator LINE      a line equal to LINE ends a document (fortune
+                            files: '%'); default: each INPUT is one document.
+                            Byte-level shards keep the separator line after
+                            each document as its delimiter; BPE drops it
+  --eval-fraction F         share of documents for the eval split, spread
+                            evenly: document d (counting from 0 across all
+                            inputs) is eval when round((d+1)F) > round(dF)
+                            (default 0.05; 0: no eval split)
+
+output:
+  -o, --output OUTDIR       where the shards go (created if missing)
+  --name NAME               shard name prefix (default: OUTDIR's own name)
+  --shard-tokens N          tokens per shard at most (default 100000000)
+  -h, --help                this help
+)";
+
+std::string human_bytes(double b) {
+  char buf[32];
+  if (b >= 1e9)
+    std::snprintf(buf, sizeof buf, "%.2f GB", b / 1e9);
+  else if (b >= 1e6)
+    std::snprintf(buf, sizeof buf, "%.1f MB", b / 1e6);
+  else if (b >= 1e3)
+    std::snprintf(buf, sizeof buf, "%.1f kB", b / 1e3);
+  else
+    std::snprintf(buf, sizeof buf, "%.0f B", b);
+  return buf;
+}
+
+int64_t count_option(const Parsed &p, const std::string &name, int64_t fallback) {
+  const std::string v = p.get(name);
+  if (v.empty()) return fallback;
+  char *end = nullptr;
+  errno = 0;
+  const long long x = std::strtoll(v.c_str(), &end, 10);
+  if (*end != '\0' || errno != 0 || x < 1)
+    throw UsageError("tessera data tokenize: " + name + " '" + v + "' is not a positive integer");
+  return x;
+}
+
+double fraction_option(const Parsed &p) {
+  const std::string v = p.get("--eval-fraction", "0.05");
+  char *end = nullptr;
+  const double f = std::strtod(v.c_str(), &end);
+  if (*end != '\0' || v.empty() || !(f >= 0.0 && f < 1.0))
+    throw UsageError("tessera data tokenize: --eval-fraction '" + v +
+                     "' is not a number in [0, 1)");
+  return f;
+}
+
+std::string read_input(const fs::path &path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec))
+    throw Error(TSR_ERR_IO, "input '" + path.string() + "' is a directory, not a text file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(TSR_ERR_IO, "cannot open input '" + path.string() + "'");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) throw Error(TSR_ERR_IO, "cannot read input '" + path.string() + "'");
+  return ss.str();
+}
+
+// The documents of one file: the whole file, or the pieces between lines
+// equal to `separator` (a trailing '\r' ignored). Empty documents are dropped.
+std::vector<std::string_view> split_documents(std::string_view text,
+                                              const std::optional<std::string> &separator) {
+  std::vector<std::string_view> docs;
+  if (!separator) {
+    if (!text.empty()) docs.push_back(text);
+    return docs;
+  }
+  size_t doc_start = 0, pos = 0;
+  while (pos < text.size()) {
+    size_t eol = text.find('\n', pos);
+    const size_t next = eol == std::string_view::npos ? text.size() : eol + 1;
+    std::string_view line =
+        text.substr(pos, (eol == std::string_view::npos ? text.size() : eol) - pos);
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line == *separator) {
+      if (pos > doc_start) docs.push_back(text.substr(doc_start, pos - doc_start));
+      doc_start = next;
+    }
+    pos = next;
+  }
+  if (doc_start < text.size()) docs.push_back(text.substr(doc_start));
+  return docs;
+}
+
+struct Progress {
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point start = Clock::now(), last = start;
+  uint64_t total_bytes = 0;
+  bool enabled = false, tty = false;
+  bool printed = false;
+
+  double elapsed() const { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+  void update(uint64_t done_bytes, int64_t tokens, bool force = false) {
+    if (!enabled) return;
+    const auto now = Clock::now();
+    const double since = std::chrono::duration<double>(now - last).count();
+    if (!force && since < (tty ? 0.5 : 5.0)) return;
+    last = now;
+    const double t = elapsed();
+    const double rate = t > 0 ? static_cast<double>(done_bytes) / t : 0;
+    std::fprintf(stderr, "%stokenize: %s of %s (%.1f%%), %lld tokens, %s/s%s", tty ? "\r" : "",
+                 human_bytes(static_cast<double>(done_bytes)).c_str(),
+                 human_bytes(static_cast<double>(total_bytes)).c_str(),
+                 total_bytes
+                     ? 100.0 * static_cast<double>(done_bytes) / static_cast<double>(total_bytes)
+                     : 100.0,
+                 static_cast<long long>(tokens), human_bytes(rate).c_str(), tty ? "   " : "\n");
+    std::fflush(stderr);
+    printed = true;
+  }
+  void done() {
+    if (printed && tty) std::fputc('\n', stderr);
+  }
+};
+
+struct SplitStats {
+  int64_t documents = 0;
+};
+
+int tokenize_body(const Parsed &p) {
+  if (p.positional.empty())
+    throw UsageError("tessera data tokenize: expected at least one INPUT text file");
+  const std::string out_arg = p.get("-o", p.get("--output"));
+  if (out_arg.empty()) throw UsageError("tessera data tokenize: -o OUTDIR is required");
+  const std::string encoder_path = p.get("--encoder"), bpe_path = p.get("--bpe");
+  if (encoder_path.empty() != bpe_path.empty())
+    throw UsageError(
+        "tessera data tokenize: --encoder and --bpe go together (GPT-2's "
+        "encoder.json and vocab.bpe)");
+  const double fraction = fraction_option(p);
+  const int64_t shard_tokens = count_option(p, "--shard-tokens", 100'000'000);
+  if (shard_tokens > data::kShardMaxTokens)
+    throw UsageError("tessera data tokenize: --shard-tokens is at most " +
+                     std::to_string(data::kShardMaxTokens) + " (the header's count is an int32)");
+  std::optional<std::string> separator;
+  if (p.has("--doc-separator")) separator = p.get("--doc-separator");
+  if (separator && separator->empty())
+    throw UsageError("tessera data tokenize: --doc-separator needs a non-empty LINE");
+
+  const fs::path out_dir = out_arg;
+  std::string name = p.get("--name");
+  if (name.empty()) name = fs::absolute(out_dir).lexically_normal().filename().string();
+  if (name.empty() || name == "." || name == "..") name = "data";
+  if (name.find('/') != std::string::npos)
+    throw UsageError("tessera data tokenize: --name '" + name + "' must not contain '/'");
+
+  // Inputs first: a missing one fails before anything is written.
+  uint64_t total_bytes = 0;
+  for (const auto &in : p.positional) {
+    std::error_code ec;
+    const auto st = fs::status(in, ec);
+    if (ec || !fs::exists(st)) throw Error(TSR_ERR_IO, "input '" + in + "' does not exist");
+    if (fs::is_directory(st))
+      throw Error(TSR_ERR_IO, "input '" + in + "' is a directory, not a text file");
+    total_bytes += fs::file_size(in, ec);
+  }
+
+  std::unique_ptr<data::Gpt2Bpe> bpe;
+  int64_t vocab = 256;
+  if (!encoder_path.empty()) {
+    bpe = std::make_unique<data::Gpt2Bpe>(data::Gpt2Bpe::load(encoder_path, bpe_path));
+    vocab = bpe->vocab_size();
+  }
+  const int width = data::token_width_for_vocab(vocab);
+
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  if (ec)
+    throw Error(TSR_ERR_IO,
+                "cannot create output directory '" + out_dir.string() + "': " + ec.message());
+  const std::string train_prefix = name + "_train", eval_prefix = name + "_eval";
+  for (const auto &prefix : {train_prefix, eval_prefix}) {
+    for (const auto &old : data::existing_shards(out_dir, prefix)) {
+      fs::remove(old, ec);
+      if (ec)
+        throw Error(TSR_ERR_IO,
+                    "cannot remove earlier shard '" + old.string() + "': " + ec.message());
+    }
+  }
+  data::ShardWriter train(out_dir, train_prefix, width, shard_tokens);
+  data::ShardWriter eval(out_dir, eval_prefix, width, shard_tokens);
+  SplitStats train_stats, eval_stats;
+
+  Progress progress;
+  progress.total_bytes = total_bytes;
+  progress.enabled = total_bytes >= (uint64_t{16} << 20);
+  progress.tty = ::isatty(STDERR_FILENO) != 0;
+
+  const std::string byte_delimiter = separator ? *separator + "\n" : "";
+  std::vector<uint32_t> ids;
+  int64_t doc_index = 0;
+  uint64_t done_bytes = 0;
+  for (const auto &in : p.positional) {
+    const std::string text = read_input(in);
+    for (std::string_view doc : split_documents(text, separator)) {
+      const double d = static_cast<double>(doc_index++);
+      const bool to_eval =
+          fraction > 0 && std::floor((d + 1) * fraction + 0.5) > std::floor(d * fraction + 0.5);
+      data::ShardWriter &w = to_eval ? eval : train;
+      ++(to_eval ? eval_stats : train_stats).documents;
+      ids.clear();
+      if (bpe) {
+        if (auto eot = bpe->end_of_text()) ids.push_back(*eot);
+        try {
+          bpe->encode(doc, ids);
+        } catch (const Error &e) {
+          throw Error(e.code(), "input '" + in + "': " + e.what());
+        }
+      } else {
+        for (unsigned char b : doc) ids.push_back(b);
+        for (unsigned char b : byte_delimiter) ids.push_back(b);
+      }
+      w.add(ids);
+      progress.update(done_bytes + static_cast<uint64_t>(doc.data() + doc.size() - text.data()),
+                      train.tokens() + eval.tokens());
+    }
+    done_bytes += text.size();
+  }
+  train.finish();
+  eval.finish();
+  progress.update(done_bytes, train.tokens() + eval.tokens(), true);
+  progress.done();
+
+  if (train.tokens() == 0)
+    throw Error(TSR_ERR_INVALID, "no text for the train split: " + std::to_string(doc_index) +
+                                     " document(s) in " + std::to_string(p.positional.size()) +
+                                     " input(s)");
+  if (fraction > 0 && eval.tokens() == 0)
+    throw Error(TSR_ERR_INVALID,
+                "no document for the eval split: " + std::to_string(doc_index) +
+                    " document(s) with --eval-fraction " + p.get("--eval-fraction", "0.05") +
+                    " give none; split the inputs into documents (--doc-separator), give more "
+                    "inputs, or pass --eval-fraction 0");
+
+  const double secs = progress.elapsed();
+  std::printf("tokenized %zu input(s), %s, into %lld documents in %.1f s (%s/s)\n",
+              p.positional.size(), human_bytes(static_cast<double>(total_bytes)).c_str(),
+              static_cast<long long>(doc_index), secs,
+              human_bytes(secs > 0 ? static_cast<double>(total_bytes) / secs : 0).c_str());
+  std::printf("  tokenizer  %s, vocab %lld, uint%d tokens\n", bpe ? "GPT-2 BPE" : "byte-level",
+              static_cast<long long>(vocab), width * 8);
+  auto report = [&](const char *label, const SplitStats &s, const data::ShardWriter &w) {
+    std::printf("  %-9s  %lld documents, %lld tokens, %zu shard(s)", label,
+                static_cast<long long>(s.documents), static_cast<long long>(w.tokens()),
+                w.files().size());
+    if (!w.files().empty())
+      std::printf(": %s%s", w.files().front().string().c_str(), w.files().size() > 1 ? " ..." : "");
+    std::printf("\n");
+  };
+  report("train", train_stats, train);
+  report("eval", eval_stats, eval);
+  std::printf("  dataset    [data.train] plugin = \"tokens\", files = \"%s\", vocab = %lld\n",
+              (out_dir / (train_prefix + "_*.bin")).string().c_str(),
+              static_cast<long long>(vocab));
+  return 0;
+}
+
+int data_body(const Parsed &p) {
+  if (p.positional.empty()) throw UsageError("tessera data: expected a command ('tokenize')");
+  throw UsageError("tessera data: unknown command '" + p.positional[0] + "'");
+}
+
+}  // namespace
+
+int cmd_data(const Args &args) {
+  if (!args.empty() && args[0] == "tokenize") {
+    return run_command("data tokenize", kTokenizeUsage, tokenize_body,
+                       Args(args.begin() + 1, args.end()),
+                       {{"-o", true, false},
+                        {"--output", true, false},
+                        {"--encoder", true, false},
+                        {"--bpe", true, false},
+                        {"--eval-fraction", true, false},
+                        {"--shard-tokens", true, false},
+                        {"--name", true, false},
+                        {"--doc-separator", true, false},
+                        {"--help", false, false},
+                        {"-h", false, false}});
+  }
+  return run_command("data", kDataUsage, data_body, args,
+                     {{"--help", false, false}, {"-h", false, false}});
+}
+
+}  // namespace tessera::cli

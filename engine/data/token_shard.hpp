@@ -1,0 +1,71 @@
+// Writing token shards in llm.c's format (docs/data.md): a 1024-byte header
+// of 256 little-endian int32 (magic, version, token count, zeros), then the
+// tokens. uint16 tokens: magic 20240520, version 1 (llm.c's GPT-2 shards);
+// uint32 tokens, for vocabularies over 65536 ids: magic 20240801, version 7
+// (llm.c's Llama-3 shards). The reader is the `tokens` dataset plugin.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace tessera::data {
+
+inline constexpr int32_t kShardMagicU16 = 20240520;
+inline constexpr int32_t kShardVersionU16 = 1;
+inline constexpr int32_t kShardMagicU32 = 20240801;
+inline constexpr int32_t kShardVersionU32 = 7;
+inline constexpr size_t kShardHeaderInts = 256;
+inline constexpr size_t kShardHeaderBytes = kShardHeaderInts * sizeof(int32_t);
+// The count is an int32 in the header.
+inline constexpr int64_t kShardMaxTokens = INT32_MAX;
+
+// Bytes per token a vocabulary of `vocab` ids needs in a shard: 2 up to
+// 65536 ids, 4 beyond.
+int token_width_for_vocab(int64_t vocab);
+
+// Writes one split as a series of shards DIR/PREFIX_000000.bin,
+// PREFIX_000001.bin, ..., each holding at most `shard_tokens` tokens. A
+// shard is written under a temporary name and renamed when complete, so a
+// file with the final name is always whole. Throws tessera::Error naming the
+// file on any I/O failure.
+class ShardWriter {
+ public:
+  ShardWriter(std::filesystem::path dir, std::string prefix, int width, int64_t shard_tokens);
+  ~ShardWriter();
+  ShardWriter(const ShardWriter &) = delete;
+  ShardWriter &operator=(const ShardWriter &) = delete;
+
+  void add(uint32_t token);
+  void add(const std::vector<uint32_t> &tokens) {
+    for (uint32_t t : tokens) add(t);
+  }
+  // Completes the last shard. With no token written at all, writes no file.
+  void finish();
+
+  int64_t tokens() const { return total_; }
+  const std::vector<std::filesystem::path> &files() const { return files_; }
+
+ private:
+  void open_next();
+  void flush_buffer();
+  void close_current();
+
+  std::filesystem::path dir_;
+  std::string prefix_;
+  int width_;
+  int64_t shard_tokens_;
+  std::FILE *file_ = nullptr;
+  std::filesystem::path tmp_path_, final_path_;
+  int64_t in_shard_ = 0, total_ = 0;
+  std::vector<unsigned char> buffer_;
+  std::vector<std::filesystem::path> files_;
+};
+
+// The shard files DIR/PREFIX_NNNNNN.bin (six digits) that exist now, sorted.
+std::vector<std::filesystem::path> existing_shards(const std::filesystem::path &dir,
+                                                   const std::string &prefix);
+
+}  // namespace tessera::data

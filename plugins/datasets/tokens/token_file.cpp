@@ -1,0 +1,135 @@
+#include "token_file.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <tessera/cpp/plugin.hpp>
+
+namespace tessera::tokens {
+
+namespace sdk = tessera::sdk;
+
+static_assert(std::endian::native == std::endian::little,
+              "token shards are little-endian; this reader assumes a little-endian host");
+
+namespace {
+
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+}  // namespace
+
+Shard::Shard(std::string path) : path_(std::move(path)) {
+  const std::string where = "tokens: shard '" + path_ + "'";
+  Fd f;
+  f.fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (f.fd < 0)
+    throw sdk::Error(TSR_ERR_IO,
+                     "tokens: cannot open shard '" + path_ + "': " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(f.fd, &st) != 0)
+    throw sdk::Error(TSR_ERR_IO,
+                     "tokens: cannot stat shard '" + path_ + "': " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) throw sdk::Error(TSR_ERR_INVALID, where + " is not a regular file");
+  const auto size = static_cast<uint64_t>(st.st_size);
+  if (size < kHeaderBytes)
+    throw sdk::Error(TSR_ERR_INVALID, where + " is " + std::to_string(size) +
+                                          " bytes, too short for the 1024-byte header");
+  void *m = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, f.fd, 0);
+  if (m == MAP_FAILED)
+    throw sdk::Error(TSR_ERR_IO,
+                     "tokens: cannot map shard '" + path_ + "': " + std::strerror(errno));
+  map_ = m;
+  map_bytes_ = size;
+  try {
+    int32_t header[3];
+    std::memcpy(header, map_, sizeof header);
+    const int32_t magic = header[0], version = header[1], count = header[2];
+    if (magic == kMagicU16) {
+      if (version != kVersionU16)
+        throw sdk::Error(TSR_ERR_INVALID, where + " has magic " + std::to_string(magic) +
+                                              " (uint16 tokens) but version " +
+                                              std::to_string(version) + ", expected " +
+                                              std::to_string(kVersionU16));
+      width_ = 2;
+    } else if (magic == kMagicU32) {
+      if (version != kVersionU32)
+        throw sdk::Error(TSR_ERR_INVALID, where + " has magic " + std::to_string(magic) +
+                                              " (uint32 tokens) but version " +
+                                              std::to_string(version) + ", expected " +
+                                              std::to_string(kVersionU32));
+      width_ = 4;
+    } else {
+      throw sdk::Error(TSR_ERR_INVALID, where + " has magic " + std::to_string(magic) +
+                                            ", expected " + std::to_string(kMagicU16) +
+                                            " (uint16 tokens) or " + std::to_string(kMagicU32) +
+                                            " (uint32 tokens): not a token shard");
+    }
+    if (count < 0)
+      throw sdk::Error(TSR_ERR_INVALID,
+                       where + " has a negative token count " + std::to_string(count));
+    const uint64_t expect = kHeaderBytes + static_cast<uint64_t>(count) * uint64_t(width_);
+    if (size < expect)
+      throw sdk::Error(TSR_ERR_INVALID,
+                       where + " is truncated: its header says " + std::to_string(count) +
+                           " tokens of " + std::to_string(width_) + " bytes (" +
+                           std::to_string(expect) + " bytes with the header), the file has " +
+                           std::to_string(size) + " bytes");
+    if (size > expect)
+      throw sdk::Error(TSR_ERR_INVALID, where + " has " + std::to_string(size - expect) +
+                                            " bytes after the " + std::to_string(count) +
+                                            " tokens its header declares (" +
+                                            std::to_string(expect) +
+                                            " bytes expected): wrong count or a damaged file");
+    count_ = count;
+    tokens_ = static_cast<const unsigned char *>(map_) + kHeaderBytes;
+  } catch (...) {
+    ::munmap(map_, map_bytes_);
+    map_ = nullptr;
+    throw;
+  }
+}
+
+Shard::~Shard() {
+  if (map_) ::munmap(map_, map_bytes_);
+}
+
+uint32_t Shard::at(int64_t i) const {
+  if (width_ == 2) {
+    uint16_t v;
+    std::memcpy(&v, tokens_ + static_cast<size_t>(i) * 2, 2);
+    return v;
+  }
+  uint32_t v;
+  std::memcpy(&v, tokens_ + static_cast<size_t>(i) * 4, 4);
+  return v;
+}
+
+void Shard::copy(int64_t from, int64_t n, int32_t *out) const {
+  const unsigned char *p = tokens_ + static_cast<size_t>(from) * static_cast<size_t>(width_);
+  if (width_ == 2) {
+    for (int64_t k = 0; k < n; ++k) {
+      uint16_t v;
+      std::memcpy(&v, p + k * 2, 2);
+      out[k] = v;
+    }
+  } else {
+    // uint32 ids above INT32_MAX would wrap: the dataset rejects them.
+    for (int64_t k = 0; k < n; ++k) {
+      uint32_t v;
+      std::memcpy(&v, p + k * 4, 4);
+      out[k] = static_cast<int32_t>(v);
+    }
+  }
+}
+
+}  // namespace tessera::tokens

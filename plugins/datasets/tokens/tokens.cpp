@@ -1,0 +1,282 @@
+// Dataset "tokens": token shards in llm.c's format (token_file.hpp,
+// docs/data.md), uint16 or uint32 tokens, memory-mapped read-only.
+//
+// `files` names the shards: glob patterns (one string or an array), whose
+// matches are taken together, sorted by path and deduplicated. A shard of
+// count tokens holds floor((count - 1) / context) windows of context + 1
+// tokens, back to back without overlap; sample k is window k counting
+// through the shards in order. A window gives input = tokens[i, i + T) and
+// target = tokens[i + 1, i + T + 1), both int32 [T]. The sampler's shuffle
+// is what makes the windows random. With `vocab` > 0 every token of a
+// window is checked to be below it as the window is read. `limit` keeps N
+// windows spread evenly over all of them.
+#include <glob.h>
+#include <tessera/dataset.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <tessera/cpp/plugin.hpp>
+#include <vector>
+
+#include "token_file.hpp"
+
+namespace sdk = tessera::sdk;
+using tessera::tokens::Shard;
+
+namespace {
+
+struct Dataset {
+  const tsr_host *host = nullptr;
+  std::string section;  // "[data.train]", for messages
+  int64_t context = 0;  // T
+  int64_t vocab = 0;    // 0: unknown, no check
+  int64_t length = 0;   // samples: every window, or `limit` of them spread evenly
+  std::vector<std::unique_ptr<Shard>> shards;
+  std::vector<int64_t> first_window;  // per shard, plus the total at the end
+};
+
+// The sorted, deduplicated files the patterns match; a pattern matching
+// nothing is an error naming it.
+std::vector<std::string> expand(const std::vector<std::string> &patterns,
+                                const std::string &section) {
+  std::vector<std::string> out;
+  for (const auto &pattern : patterns) {
+    if (pattern.empty())
+      throw sdk::Error(TSR_ERR_CONFIG, "tokens: " + section + " files: an empty pattern");
+    glob_t g;
+    std::memset(&g, 0, sizeof g);
+    const int rc = ::glob(pattern.c_str(), GLOB_TILDE, nullptr, &g);
+    if (rc == GLOB_NOMATCH) {
+      ::globfree(&g);
+      const bool wild = pattern.find_first_of("*?[") != std::string::npos;
+      throw sdk::Error(TSR_ERR_CONFIG, "tokens: " + section + " files: " +
+                                           (wild ? "pattern '" + pattern + "' matches no file"
+                                                 : "no such file '" + pattern + "'"));
+    }
+    if (rc != 0) {
+      ::globfree(&g);
+      throw sdk::Error(TSR_ERR_IO, "tokens: " + section + " files: cannot expand pattern '" +
+                                       pattern + "'" +
+                                       (rc == GLOB_NOSPACE ? ": out of memory" : ": read error"));
+    }
+    for (size_t i = 0; i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
+    ::globfree(&g);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+tsr_status create(const tsr_host *host, const tsr_config *cfg, const char *split, void **out_self) {
+  return sdk::guard(host, [&] {
+    if (!out_self) throw sdk::Error(TSR_ERR_INVALID, "tokens: out_self is NULL");
+    sdk::Config c(host, cfg);
+    auto ds = std::make_unique<Dataset>();
+    ds->host = host;
+    ds->section = std::string("[data.") + (split ? split : "?") + "]";
+    const std::vector<std::string> patterns = c.get_string_array("files");
+    ds->context = c.get_int("context");
+    ds->vocab = c.get_int("vocab");
+    const int64_t limit = c.get_int("limit");
+    if (limit < 0)
+      throw sdk::Error(TSR_ERR_CONFIG, "tokens: " + ds->section + " limit must be >= 0, got " +
+                                           std::to_string(limit));
+    if (patterns.empty())
+      throw sdk::Error(TSR_ERR_CONFIG, "tokens: " + ds->section + " files is empty");
+    if (ds->context < 1)
+      throw sdk::Error(TSR_ERR_CONFIG, "tokens: " + ds->section + " context must be >= 1, got " +
+                                           std::to_string(ds->context));
+    if (ds->vocab < 0 || ds->vocab > (int64_t{1} << 31))
+      throw sdk::Error(TSR_ERR_CONFIG, "tokens: " + ds->section +
+                                           " vocab must be in [0, 2^31], got " +
+                                           std::to_string(ds->vocab));
+
+    int64_t tokens = 0, windows = 0;
+    int widths = 0;  // bit 2 and/or 4
+    for (const auto &path : expand(patterns, ds->section)) {
+      auto shard = std::make_unique<Shard>(path);
+      ds->first_window.push_back(windows);
+      const int64_t n = shard->count();
+      if (n > ds->context) windows += (n - 1) / ds->context;
+      tokens += n;
+      widths |= shard->width();
+      ds->shards.push_back(std::move(shard));
+    }
+    ds->first_window.push_back(windows);
+    ds->length = limit > 0 && limit < windows ? limit : windows;
+    if (windows == 0)
+      throw sdk::Error(
+          TSR_ERR_INVALID,
+          "tokens: " + ds->section + " the " + std::to_string(ds->shards.size()) +
+              " shard(s) matching files (" + std::to_string(tokens) +
+              " tokens) hold no window of context + 1 = " + std::to_string(ds->context + 1) +
+              " tokens (first: '" + ds->shards.front()->path() + "')");
+
+    if (host->log) {
+      const std::string kind = widths == 2 ? "uint16" : widths == 4 ? "uint32" : "uint16/uint32";
+      const std::string msg = "tokens: " + ds->section + " " + std::to_string(ds->length) +
+                              (ds->length < windows ? " of " + std::to_string(windows) : "") +
+                              " windows of " + std::to_string(ds->context) + "+1 tokens from " +
+                              std::to_string(ds->shards.size()) + " shard(s), " +
+                              std::to_string(tokens) + " " + kind + " tokens, first '" +
+                              ds->shards.front()->path() + "'";
+      host->log(host->ctx, TSR_LOG_INFO, msg.c_str());
+    }
+    *out_self = ds.release();
+  });
+}
+
+void destroy(void *self) {
+  delete static_cast<Dataset *>(self);
+}
+
+tsr_status info(void *self, tsr_data_info *out) {
+  auto *ds = static_cast<Dataset *>(self);
+  return sdk::guard(ds->host, [&] {
+    if (!TSR_HAS_FIELD(out, tsr_data_info, num_classes))
+      throw sdk::Error(TSR_ERR_INVALID, "tokens: info: output struct missing or too small");
+    const size_t size = out->struct_size;
+    auto d = sdk::make<tsr_data_info>();
+    d.length = ds->length;
+    d.input_dtype = sdk::dtype_i32();
+    d.input_ndim = 1;
+    d.input_shape[0] = ds->context;
+    d.target_dtype = sdk::dtype_i32();
+    d.target_ndim = 1;
+    d.target_shape[0] = ds->context;
+    d.num_classes = ds->vocab;
+    std::memcpy(out, &d, std::min(size, sizeof d));
+    out->struct_size = size;
+  });
+}
+
+bool host_memory(const DLTensor &t) {
+  return t.device.device_type == kDLCPU || t.device.device_type == kDLCUDAHost;
+}
+
+void check_tensor(const Dataset &ds, const DLTensor &t, const char *what, int64_t n) {
+  const std::string where = "tokens: " + ds.section + " read: batch " + what;
+  if (!host_memory(t)) throw sdk::Error(TSR_ERR_INVALID, where + " is not in host memory");
+  const DLDataType i32 = sdk::dtype_i32();
+  if (t.dtype.code != i32.code || t.dtype.bits != i32.bits || t.dtype.lanes != i32.lanes)
+    throw sdk::Error(TSR_ERR_INVALID, where + " has the wrong dtype (want int32)");
+  if (t.ndim != 2 || !t.shape || t.shape[0] != n || t.shape[1] != ds.context)
+    throw sdk::Error(TSR_ERR_INVALID, where + " has the wrong shape (want [" + std::to_string(n) +
+                                          ", " + std::to_string(ds.context) + "])");
+  if (t.strides &&
+      !((n == 1 || t.strides[0] == ds.context) && (ds.context == 1 || t.strides[1] == 1)))
+    throw sdk::Error(TSR_ERR_INVALID, where + " is not contiguous");
+  if (!t.data) throw sdk::Error(TSR_ERR_INVALID, where + " has no data");
+}
+
+tsr_status read(void *self, const int64_t *indices, tsr_batch *out) {
+  auto *ds = static_cast<Dataset *>(self);
+  return sdk::guard(ds->host, [&] {
+    if (!TSR_HAS_FIELD(out, tsr_batch, targets))
+      throw sdk::Error(TSR_ERR_INVALID, "tokens: read: batch struct missing or too small");
+    const int64_t n = out->size;
+    if (n < 0)
+      throw sdk::Error(TSR_ERR_INVALID, "tokens: " + ds->section + " read: negative batch size " +
+                                            std::to_string(n));
+    if (n == 0) return;
+    if (!indices) throw sdk::Error(TSR_ERR_INVALID, "tokens: " + ds->section + " read: no indices");
+    check_tensor(*ds, out->inputs, "inputs", n);
+    check_tensor(*ds, out->targets, "targets", n);
+    const int64_t length = ds->length, windows = ds->first_window.back();
+    const int64_t T = ds->context;
+    // vocab 0: only ids that fit int32 (uint32 shards could hold more).
+    const uint64_t limit = ds->vocab > 0 ? uint64_t(ds->vocab) : uint64_t{1} << 31;
+    auto *x = reinterpret_cast<int32_t *>(static_cast<char *>(out->inputs.data) +
+                                          out->inputs.byte_offset);
+    auto *y = reinterpret_cast<int32_t *>(static_cast<char *>(out->targets.data) +
+                                          out->targets.byte_offset);
+    std::vector<int32_t> window(static_cast<size_t>(T + 1));
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t sample = indices[i];
+      if (sample < 0 || sample >= length)
+        throw sdk::Error(TSR_ERR_INVALID, "tokens: " + ds->section + " read: sample index " +
+                                              std::to_string(sample) + " (batch position " +
+                                              std::to_string(i) + ") is out of range [0, " +
+                                              std::to_string(length) + ")");
+      // With a limit, sample j is window floor(j * windows / length).
+      const int64_t k = length == windows
+                            ? sample
+                            : static_cast<int64_t>(static_cast<unsigned __int128>(sample) *
+                                                   static_cast<unsigned __int128>(windows) /
+                                                   static_cast<unsigned __int128>(length));
+      const auto it = std::upper_bound(ds->first_window.begin(), ds->first_window.end(), k);
+      const size_t s = static_cast<size_t>(it - ds->first_window.begin()) - 1;
+      const Shard &shard = *ds->shards[s];
+      const int64_t start = (k - ds->first_window[s]) * T;
+      shard.copy(start, T + 1, window.data());
+      for (int64_t j = 0; j <= T; ++j) {
+        if (static_cast<uint64_t>(static_cast<uint32_t>(window[static_cast<size_t>(j)])) >= limit) {
+          const int64_t pos = start + j;
+          const uint32_t v = static_cast<uint32_t>(window[static_cast<size_t>(j)]);
+          throw sdk::Error(
+              TSR_ERR_INVALID,
+              "tokens: " + ds->section + " shard '" + shard.path() + "': token " +
+                  std::to_string(v) + " at token offset " + std::to_string(pos) + " (byte offset " +
+                  std::to_string(tessera::tokens::kHeaderBytes + uint64_t(pos) * shard.width()) +
+                  ") is " +
+                  (ds->vocab > 0 ? "not below vocab = " + std::to_string(ds->vocab)
+                                 : std::string("above 2^31 - 1")));
+        }
+      }
+      std::memcpy(x + i * T, window.data(), static_cast<size_t>(T) * sizeof(int32_t));
+      std::memcpy(y + i * T, window.data() + 1, static_cast<size_t>(T) * sizeof(int32_t));
+    }
+  });
+}
+
+const tsr_dataset_vtable vtable = {
+    sizeof(tsr_dataset_vtable), create, destroy, info, read,
+};
+
+const tsr_param_decl params[] = {
+    sdk::param("files", TSR_PARAM_STRING_ARRAY, nullptr,
+               "Token shards: a glob pattern or an array of them (relative to the working "
+               "directory), e.g. 'data/fortunes/fortunes_train_*.bin'; all matches, sorted by "
+               "path."),
+    sdk::param_min("context", TSR_PARAM_INT, nullptr,
+                   "Tokens per sample (T): a sample is a window of T + 1 tokens, input its "
+                   "first T, target its last T.",
+                   1),
+    sdk::param_min("vocab", TSR_PARAM_INT, "0",
+                   "Vocabulary size: every token read must be below it (checked per window as "
+                   "it is read) and it is reported as num_classes; 0: no check.",
+                   0),
+    sdk::param_min("limit", TSR_PARAM_INT, "0",
+                   "Use only N windows, spread evenly over the shards (sample j is window "
+                   "floor(j * windows / N)), e.g. for a quicker eval; 0 uses all.",
+                   0),
+};
+
+const tsr_plugin_descriptor descriptor = {
+    sizeof(tsr_plugin_descriptor),
+    TSR_KIND_DATASET,
+    "tokens",
+    "1.0.0",
+    "Token shards in llm.c's format (1024-byte header; magic 20240520 version 1: uint16 "
+    "tokens; magic 20240801 version 7: uint32 tokens), memory-mapped: non-overlapping "
+    "windows of context + 1 tokens, int32 input [T] and next-token target [T].",
+    params,
+    sizeof(params) / sizeof(params[0]),
+    TSR_DEVICE_CPU,
+    &vtable,
+};
+
+const tsr_plugin_descriptor *const plugins[] = {&descriptor};
+
+const tsr_plugin_library library = {
+    sizeof(tsr_plugin_library), TSR_ABI_MAJOR, TSR_ABI_MINOR, plugins, 1,
+};
+
+}  // namespace
+
+TSR_PLUGIN_ENTRY {
+  return &library;
+}
