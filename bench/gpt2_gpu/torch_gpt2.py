@@ -36,7 +36,7 @@ class GPT(nn.Module):
         for b in s.h:
             x = b(x)
         logits = F.linear(s.ln_f(x), s.wte.weight)  # tied head
-        return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1))
 
 def main():
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 30
