@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 
+#include "ckpt/manifest.hpp"
 #include "train/fault.hpp"
 #include "util/error.hpp"
 #include "util/safetensors.hpp"
@@ -202,18 +203,11 @@ void read_range(const fs::path &dir, const std::vector<Piece> &pieces, const std
 
 nlohmann::json read_manifest(const std::string &path) {
   fs::path m = fs::path(path) / "manifest.json";
-  std::ifstream in(m);
+  std::ifstream in(m, std::ios::binary);
   if (!in) throw Error(TSR_ERR_IO, m.string() + ": no manifest (not a checkpoint directory?)");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception &e) {
-    throw Error(TSR_ERR_INVALID, m.string() + ": not valid JSON: " + e.what());
-  }
-  if (j.value("format", "") != "tessera-checkpoint" || j.value("version", 0) != 2)
-    throw Error(TSR_ERR_INVALID,
-                m.string() + ": not a tessera checkpoint manifest (format version 2)");
-  return j;
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // Every size, offset and name in it is checked before it is used.
+  return parse_manifest(text, m.string());
 }
 
 std::string save_checkpoint(Session &s, const TrainState &st, const std::string &dir, int64_t keep,
@@ -345,7 +339,7 @@ std::string resolve_checkpoint(const std::string &spec, const std::string &dir) 
     std::ifstream in(p / "latest");
     std::string name;
     std::getline(in, name);
-    if (name.empty() || name.find('/') != std::string::npos)
+    if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos)
       throw Error(TSR_ERR_INVALID, (p / "latest").string() + ": does not name a checkpoint");
     return (p / name).string();
   }
@@ -442,6 +436,17 @@ void read_canonical_params(const std::string &path, std::vector<float> *canonica
     for (auto d : p.at("shape")) n *= d.get<size_t>();
     total += n;
   }
+  // The allocation is bounded by what the files really hold.
+  uint64_t stored = 0;
+  for (const auto &f : m.at("files")) {
+    std::error_code ec;
+    const auto n = fs::file_size(fs::path(path) / f.at("name").get<std::string>(), ec);
+    if (!ec) stored += n;
+  }
+  if (uint64_t{total} * 4 > stored)
+    throw Error(TSR_ERR_INVALID, path + ": the manifest's parameters need " +
+                                     std::to_string(uint64_t{total} * 4) +
+                                     " bytes, its files hold " + std::to_string(stored));
   canonical->assign(total, 0.f);
   std::vector<Piece> pieces = pieces_of(m);
   std::map<std::string, int> fds;
@@ -481,7 +486,7 @@ std::vector<std::string> verify_checkpoint(const std::string &path) {
       auto blocks = t.at("block_crc32").get<std::vector<uint32_t>>();
       for (size_t k = 0; k * kBlock < nbytes; ++k) {
         size_t b = off + k * kBlock, len = std::min(kBlock, nbytes - k * kBlock);
-        if (b + len > bytes.size() || k >= blocks.size() ||
+        if (b > bytes.size() || len > bytes.size() - b || k >= blocks.size() ||
             crc(bytes.data() + b, len) != blocks[k]) {
           problems.push_back(file.string() + ": tensor '" + t.at("name").get<std::string>() +
                              "' block " + std::to_string(k) + " fails its checksum");

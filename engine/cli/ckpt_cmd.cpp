@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "ckpt/checkpoint.hpp"
+#include "ckpt/export_hf.hpp"
 #include "cli/args.hpp"
 #include "util/error.hpp"
 #include "util/safetensors.hpp"
@@ -17,7 +18,7 @@ namespace {
 
 const char *kCkptUsage = R"(usage: tessera ckpt inspect PATH
        tessera ckpt verify PATH
-       tessera ckpt export PATH -o OUT.safetensors [--dtype fp32|bf16]
+       tessera ckpt export PATH -o OUT [--dtype fp32|bf16] [--format auto|hf|tessera]
 
 PATH is a checkpoint directory (step_NNNNNNNN) or a checkpoint root holding
 'latest'.
@@ -26,8 +27,17 @@ inspect  step, world size, ZeRO stage, optimizer, files, parameters and sizes,
          and whether every checksum holds
 verify   reads every file and tensor block against the manifest's checksums;
          exits 1 naming each damaged file and tensor
-export   one consolidated safetensors file with the model's own tensor names
-         (fp32 master weights, or rounded to bf16), loadable without tessera
+export   the master weights (fp32, or rounded to bf16), loadable without
+         tessera. --format auto (default): a model with a Hugging Face export
+         gets it, others the tessera format.
+           hf       gpt2: OUT is a directory for transformers'
+                    GPT2LMHeadModel.from_pretrained(OUT): model.safetensors
+                    (wte trimmed to the real vocabulary) and config.json; an
+                    OUT ending in .safetensors is written as that file, with
+                    config.json beside it
+           tessera  one consolidated safetensors file OUT with the model's
+                    own tensor names and shapes (what tessera eval --ckpt
+                    FILE reads)
 )";
 
 std::string resolve(const std::string &path) {
@@ -87,22 +97,27 @@ int verify(const std::string &path) {
   return problems.empty() ? 0 : 1;
 }
 
-uint16_t to_bf16(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
-  return static_cast<uint16_t>(u >> 16);
-}
-
-int export_ckpt(const std::string &path, const std::string &out, const std::string &dtype) {
-  if (out.empty()) throw UsageError("tessera ckpt export: -o OUT.safetensors is required");
+int export_ckpt(const std::string &path, const std::string &out, const std::string &dtype,
+                const std::string &format) {
+  if (out.empty()) throw UsageError("tessera ckpt export: -o OUT is required");
   if (dtype != "fp32" && dtype != "bf16")
     throw UsageError("tessera ckpt export: --dtype must be fp32 or bf16");
+  if (format != "auto" && format != "hf" && format != "tessera")
+    throw UsageError("tessera ckpt export: --format must be auto, hf or tessera");
   std::string dir = resolve(path);
+  nlohmann::json m = read_manifest(dir);
+  const std::string model = m.value("model", "");
+  const ModelExporter *exporter = format == "tessera" ? nullptr : find_model_exporter(model);
+  if (format == "hf" && !exporter)
+    throw UsageError("tessera ckpt export: --format hf: model '" + model +
+                     "' has no Hugging Face export (gpt2 has); --format tessera writes its own "
+                     "names and shapes");
   std::vector<float> canonical;
-  nlohmann::json m;
   read_canonical_params(dir, &canonical, &m);
+  if (exporter) {
+    std::printf("%s\n", exporter->write(ExportInput{dir, &m, &canonical, out, dtype}).c_str());
+    return 0;
+  }
   std::vector<StTensor> tensors;
   std::vector<std::vector<uint16_t>> halves;
   size_t off = 0;
@@ -114,7 +129,7 @@ int export_ckpt(const std::string &path, const std::string &out, const std::stri
       tensors.push_back(StTensor{p["name"], "F32", shape, canonical.data() + off, n * 4});
     } else {
       halves.emplace_back(n);
-      for (size_t i = 0; i < n; ++i) halves.back()[i] = to_bf16(canonical[off + i]);
+      for (size_t i = 0; i < n; ++i) halves.back()[i] = fp32_to_bf16(canonical[off + i]);
       tensors.push_back(StTensor{p["name"], "BF16", shape, halves.back().data(), n * 2});
     }
     off += n;
@@ -132,7 +147,8 @@ int ckpt_body(const Parsed &p) {
   if (sub == "inspect") return inspect(path);
   if (sub == "verify") return verify(path);
   if (sub == "export")
-    return export_ckpt(path, p.get("-o", p.get("--output")), p.get("--dtype", "fp32"));
+    return export_ckpt(path, p.get("-o", p.get("--output")), p.get("--dtype", "fp32"),
+                       p.get("--format", "auto"));
   throw UsageError("tessera ckpt: unknown subcommand '" + sub + "' (inspect, verify, export)");
 }
 
@@ -143,6 +159,7 @@ int cmd_ckpt(const Args &args) {
                      {{"-o", true, false},
                       {"--output", true, false},
                       {"--dtype", true, false},
+                      {"--format", true, false},
                       {"--help", false, false},
                       {"-h", false, false}});
 }

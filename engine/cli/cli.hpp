@@ -20,5 +20,6 @@ int cmd_ckpt(const Args &args);
 int cmd_plot(const Args &args);
 int cmd_runs(const Args &args);
 int cmd_data(const Args &args);
+int cmd_generate(const Args &args);
 
 }  // namespace tessera::cli

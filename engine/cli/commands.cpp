@@ -9,7 +9,10 @@
 #include "cli/debug_flags.hpp"
 #include "config/config.hpp"
 #include "dist/dist_context.hpp"
+#include "launch/hostfile.hpp"
+#include "launch/job_secret.hpp"
 #include "launch/launcher.hpp"
+#include "launch/ssh_launch.hpp"
 #include "train/device_select.hpp"
 #include "train/job.hpp"
 #include "train/trainer.hpp"
@@ -20,6 +23,7 @@ namespace tessera::cli {
 namespace {
 
 const char *kRunUsage = R"(usage: tessera run [-n N] CONFIG [options]
+       tessera run --hostfile FILE CONFIG [options]
 
 Trains the job in CONFIG (TOML, or a DeepSpeed JSON on top of one).
 Without -n (or with -n 1) training runs in this process, so a debugger can
@@ -33,10 +37,36 @@ launcher:
   --nnodes M                nodes in the job (default 1)
   --node-rank R             this node's index (0 serves the rendezvous store)
   --master HOST:PORT        where node 0's launcher serves (needed with --nnodes > 1)
+  --job-secret-file FILE    the rendezvous store's secret (mode 600; the same on every
+                            node; needed with --nnodes > 1 unless TESSERA_JOB_SECRET is
+                            set). One node: the launcher makes one. docs/security.md
   --max-restarts K          when a worker fails, restart every worker from the
                             latest checkpoint, at most K times
   --grace S                 after Ctrl-C or SIGTERM, seconds the workers get to
                             save a checkpoint before SIGKILL (default 30)
+  --watch-stdin             stop the workers when standard input ends (as on
+                            SIGTERM), or at once on a "stop" line: how a node
+                            launcher started by --hostfile follows its ssh session
+
+several nodes over ssh (docs/multi-node.md):
+  --hostfile FILE           DeepSpeed's hostfile: 'HOST slots=N' lines, '#' comments.
+                            Starts one node launcher per host over ssh (in this
+                            directory, with this binary's path), each with
+                            -n SLOTS; node r holds ranks r*SLOTS..; a failure on
+                            any node stops every node
+  --include SPEC            only these hosts/slots: 'host1:0,2@host2'
+  --exclude SPEC            all but these hosts/slots (same syntax)
+  --num_nodes N             the first N hosts of the hostfile
+  --num_gpus N              the first N slots of each host
+  --master HOST:PORT        the store's address (default: the first host, port
+                            --master-port)
+  --master-port P           the store's port when --master is not given (29500)
+  --ssh-port P              ssh to this port (default: ssh's, ~/.ssh/config)
+  --ssh-opts "OPTS"         more ssh options (also TESSERA_SSH_OPTS), e.g. "-F cfg"
+  --env NAME[=VALUE]        forward NAME (repeatable); NCCL_*, GLOO_* and
+                            TESSERA_* variables and ~/.tessera_env and
+                            ./.tessera_env (KEY=VALUE lines) are forwarded anyway
+  --dry-run                 print each node's ssh command and exit
 
 A worker started by another launcher (torchrun's RANK/WORLD_SIZE/...,
 mpirun's OMPI_COMM_WORLD_*, Slurm's SLURM_PROCID/...) runs without ours.
@@ -128,17 +158,15 @@ int int_option(const Parsed &p, const std::string &name, int fallback) {
   return static_cast<int>(x);
 }
 
-// The arguments a worker gets: ours minus the launcher's own options.
-std::vector<std::string> worker_args(const Args &args) {
+// "run" and `args` minus the options `with_value` (and their values) and
+// the flags `flags`.
+std::vector<std::string> without_options(const Args &args,
+                                         const std::vector<std::string> &with_value,
+                                         const std::vector<std::string> &flags) {
   std::vector<std::string> out = {"run"};
-  // The --debug-* options reach the workers as TESSERA_DEBUG_* variables.
-  static const char *launcher_opts[] = {
-      "-n",      "--nproc",      "--nnodes",     "--node-rank", "--master", "--max-restarts",
-      "--grace", "--debug-rank", "--debug-wait", "--debug-with"};
   for (size_t i = 0; i < args.size(); ++i) {
     bool skip = false;
-    for (const char *o : launcher_opts) {
-      std::string opt = o;
+    for (const auto &opt : with_value) {
       if (args[i] == opt) {
         skip = true;
         ++i;  // and its value
@@ -149,8 +177,33 @@ std::vector<std::string> worker_args(const Args &args) {
         break;
       }
     }
+    for (const auto &f : flags) skip = skip || args[i] == f;
     if (!skip) out.push_back(args[i]);
   }
+  return out;
+}
+
+// The arguments a worker gets: ours minus the launcher's own options.
+std::vector<std::string> worker_args(const Args &args) {
+  // The --debug-* options reach the workers as TESSERA_DEBUG_* variables.
+  static const std::vector<std::string> launcher_opts = {
+      "-n",           "--nproc",        "--nnodes",         "--node-rank",
+      "--master",     "--max-restarts", "--grace",          "--debug-rank",
+      "--debug-wait", "--debug-with",   "--job-secret-file"};
+  return without_options(args, launcher_opts, {"--watch-stdin"});
+}
+
+// The arguments the node launchers of a --hostfile job get after `tessera
+// run`: ours minus the head's own options (--max-restarts, --grace and the
+// --debug-* options go on to them).
+std::vector<std::string> node_args(const Args &args) {
+  static const std::vector<std::string> head_opts = {
+      "-n",         "--nproc",       "--nnodes",      "--node-rank",
+      "--master",   "--master-port", "--master_port", "--hostfile",
+      "--include",  "--exclude",     "--num_nodes",   "--num_gpus",
+      "--ssh-port", "--ssh-opts",    "--env",         "--job-secret-file"};
+  std::vector<std::string> out = without_options(args, head_opts, {"--dry-run", "--watch-stdin"});
+  out.erase(out.begin());  // "run"
   return out;
 }
 
@@ -203,18 +256,79 @@ int train_here(const Parsed &p) {
   return 0;
 }
 
+// comm.interface as the workers will resolve it (config, DeepSpeed JSON,
+// --set, then GLOO_SOCKET_IFNAME): node 0's launcher serves the store on its
+// address. A config that does not load is the workers' to report.
+std::string configured_interface(const Parsed &p) {
+  std::string iface;
+  try {
+    JobOptions o = job_options(p, "run");
+    config::Document doc = config::Document::load(o.config_path);
+    if (!o.deepspeed_path.empty()) doc.apply_deepspeed(o.deepspeed_path);
+    for (const auto &s : o.sets) doc.apply_set(s);
+    if (const toml::node *n = config::find(doc.root(), "comm.interface"))
+      if (auto v = n->value<std::string>()) iface = *v;
+  } catch (const std::exception &) {
+  }
+  if (iface.empty())
+    if (const char *e = std::getenv("GLOO_SOCKET_IFNAME")) iface = e;
+  return iface;
+}
+
+// `tessera run --hostfile FILE`: one node launcher per host, over ssh.
+int run_hostfile(const Parsed &p) {
+  for (const char *o : {"-n", "--nproc", "--nnodes", "--node-rank"})
+    if (p.has(o))
+      throw UsageError(std::string("tessera run: ") + o +
+                       " cannot be used with --hostfile (the hostfile gives the nodes and slots)");
+  auto count = [&](const char *name) { return p.has(name) ? int_option(p, name, 0) : -1; };
+  SshLaunchOptions so;
+  so.hosts = select_hosts(parse_hostfile(p.get("--hostfile")), p.get("--include"),
+                          p.get("--exclude"), count("--num_nodes"), count("--num_gpus"));
+  so.master = p.get("--master");
+  if (so.master.empty()) {
+    const char *name = p.has("--master-port") ? "--master-port" : "--master_port";
+    const int v = int_option(p, name, 29500);
+    if (v < 1 || v > 65535)
+      throw UsageError(std::string(name) + ": " + std::to_string(v) + " is not a port");
+    so.master = so.hosts.front().host + ":" + std::to_string(v);
+  }
+  so.ssh_port = count("--ssh-port");
+  if (so.ssh_port > 65535) throw UsageError("--ssh-port: not a port");
+  if (const char *e = std::getenv("TESSERA_SSH_OPTS")) so.ssh_opts = split_words(e);
+  for (const auto &w : split_words(p.get("--ssh-opts"))) so.ssh_opts.push_back(w);
+  std::vector<std::string> notes;
+  so.env = forwarded_env(p.all("--env"), &notes);
+  for (const auto &n : notes) spdlog::info("{}", n);
+  if (p.has("--grace")) so.grace_s = int_option(p, "--grace", 30);
+  so.dry_run = p.has("--dry-run");
+  so.job_secret = launcher_job_secret(p.get("--job-secret-file"), false, 1);
+  return launch_over_ssh(so, node_args(*g_run_args));
+}
+
 int run_body(const Parsed &p) {
+  if (p.has("--hostfile")) {
+    if (p.positional.size() != 1) throw UsageError("tessera run: expected exactly one CONFIG file");
+    return run_hostfile(p);
+  }
+  for (const char *o : {"--include", "--exclude", "--num_nodes", "--num_gpus", "--ssh-port",
+                        "--ssh-opts", "--env", "--dry-run"})
+    if (p.has(o)) throw UsageError(std::string("tessera run: ") + o + " needs --hostfile");
   int n = int_option(p, "-n", int_option(p, "--nproc", 1));
   int nnodes = int_option(p, "--nnodes", 1);
-  export_debug_flags(p, n <= 1 && nnodes <= 1 ? 0 : n * nnodes);
-  if (n <= 1 && nnodes <= 1) return train_here(p);
+  const bool watch = p.has("--watch-stdin");
+  export_debug_flags(p, n <= 1 && nnodes <= 1 && !watch ? 0 : n * nnodes);
+  if (n <= 1 && nnodes <= 1 && !watch) return train_here(p);
   if (p.positional.size() != 1) throw UsageError("tessera run: expected exactly one CONFIG file");
   LaunchOptions lo;
+  lo.watch_stdin = watch;
+  lo.interface = configured_interface(p);
   lo.nproc = n;
   lo.nnodes = nnodes;
   lo.node_rank = int_option(p, "--node-rank", 0);
   lo.master = p.get("--master");
   lo.max_restarts = int_option(p, "--max-restarts", 0);
+  lo.job_secret_file = p.get("--job-secret-file");
   if (p.has("--grace")) lo.grace_s = int_option(p, "--grace", 30);
   return launch(lo, worker_args(*g_run_args));
 }
@@ -270,8 +384,12 @@ int config_body(const Parsed &p) {
 int cmd_run(const Args &args) {
   auto specs = config_options();
   for (const char *o :
-       {"-n", "--nproc", "--nnodes", "--node-rank", "--master", "--max-restarts", "--grace"})
+       {"-n", "--nproc", "--nnodes", "--node-rank", "--master", "--max-restarts", "--grace",
+        "--hostfile", "--include", "--exclude", "--num_nodes", "--num_gpus", "--master-port",
+        "--master_port", "--ssh-port", "--ssh-opts", "--job-secret-file"})
     specs.push_back({o, true, false});
+  specs.push_back({"--env", true, true});
+  for (const char *o : {"--dry-run", "--watch-stdin"}) specs.push_back({o, false, false});
   for (const auto &s : debug_option_specs()) specs.push_back(s);
   g_run_args = &args;
   return run_command("run", kRunUsage, run_body, args, specs);

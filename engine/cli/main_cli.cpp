@@ -18,6 +18,8 @@ usage: tessera <command> [options]
 commands:
   run CONFIG        train (tessera run --help)
   eval CONFIG       evaluate a checkpoint with a frozen model
+  generate          continue a prompt with a trained language model
+                    (tessera generate --ckpt runs/NAME/ckpt --prompt TEXT)
   plugins [show N]  list plugins, or every parameter of one
   plugin new K N    write a new plugin project of kind K named N
   config check F    validate a config and print it resolved
@@ -58,6 +60,7 @@ int main(int argc, char **argv) {
   if (cmd == "plot") return cmd_plot(rest);
   if (cmd == "runs") return cmd_runs(rest);
   if (cmd == "data") return cmd_data(rest);
+  if (cmd == "generate") return cmd_generate(rest);
   std::fprintf(stderr, "tessera: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
   return 2;
 }

@@ -5,6 +5,7 @@
 #include "cli/args.hpp"
 #include "config/validate.hpp"
 #include "plugin/registry.hpp"
+#include "plugin/verify.hpp"
 
 namespace tessera::cli {
 
@@ -12,6 +13,7 @@ namespace {
 
 const char *kPluginsUsage = R"(usage: tessera plugins [--plugin-path DIR]...
        tessera plugins show NAME [--kind KIND] [--plugin-path DIR]...
+       tessera plugins --verify [--plugin-path DIR]... [LIBRARY.so]...
 
 Without arguments, a table of every plugin found: kind, name, version,
 devices and the library it lives in, then any library that was refused
@@ -21,8 +23,33 @@ type, default and documentation.
 Plugins are searched in --plugin-path, then TESSERA_PLUGIN_PATH
 (colon-separated), then lib/tessera/plugins next to the binary, then the
 install prefix. (A run also searches its config's run.plugin_path, after
---plugin-path.)
+--plugin-path.) A directory or library that is world-writable, or owned by
+another user than you and root, is refused (docs/security.md).
+
+--verify checks every library found (or the ones named): it exports only
+tessera_plugin_library (read from its ELF symbol table, before loading it),
+its ABI version, descriptor and function-table sizes, kinds, and each
+declared parameter (type, default, range). Exits 1 when any fails.
 )";
+
+int verify_body(const Parsed &p) {
+  std::vector<std::string> libs = p.positional;
+  if (libs.empty()) libs = plugin_libraries(Registry::search_dirs(p.all("--plugin-path")));
+  int bad = 0;
+  for (const auto &lib : libs) {
+    const PluginVerdict v = verify_plugin_library(lib);
+    std::string names;
+    for (const auto &n : v.plugins) names += (names.empty() ? "" : "; ") + n;
+    std::printf("%s %s%s%s\n", v.problems.empty() ? "ok  " : "FAIL", lib.c_str(),
+                names.empty() ? "" : ": ", names.c_str());
+    for (const auto &pr : v.problems) std::printf("       %s\n", pr.c_str());
+    bad += v.problems.empty() ? 0 : 1;
+  }
+  if (libs.empty()) std::printf("no plugin libraries found\n");
+  std::printf("%zu librar%s verified, %d with problems\n", libs.size(),
+              libs.size() == 1 ? "y" : "ies", bad);
+  return bad ? 1 : 0;
+}
 
 const char *kVersionUsage =
     "usage: tessera version\n\nPrints the tessera version and its plugin ABI.\n";
@@ -35,6 +62,7 @@ std::string devices_of(uint32_t d) {
 }
 
 int plugins_body(const Parsed &p) {
+  if (p.has("--verify")) return verify_body(p);
   Registry reg;
   reg.scan(Registry::search_dirs(p.all("--plugin-path")));
   if (!p.positional.empty()) {
@@ -105,6 +133,7 @@ int cmd_plugins(const Args &args) {
   return run_command("plugins", kPluginsUsage, plugins_body, args,
                      {{"--plugin-path", true, true},
                       {"--kind", true, false},
+                      {"--verify", false, false},
                       {"--help", false, false},
                       {"-h", false, false}});
 }

@@ -360,7 +360,33 @@ Gpt2Bpe::Gpt2Bpe(const std::string &encoder_json_text, const std::string &encode
     encoder_.emplace(key, id);
     vocab_size_ = std::max<int64_t>(vocab_size_, int64_t{id} + 1);
   }
+  // The decoder below has one entry per id up to the largest: ids far
+  // beyond the token count would size it by a number from the file alone.
+  if (static_cast<uint64_t>(vocab_size_) > 4 * uint64_t{encoder_.size()} + 1024)
+    throw Error(TSR_ERR_INVALID, "encoder file '" + encoder_name + "': the largest id is " +
+                                     std::to_string(vocab_size_ - 1) + " for " +
+                                     std::to_string(encoder_.size()) +
+                                     " tokens; ids must be (nearly) dense");
   if (auto it = encoder_.find("<|endoftext|>"); it != encoder_.end()) eot_ = it->second;
+  // The decoder: each symbol's characters back to the bytes they stand for.
+  // A character outside bytes_to_unicode's image (none in GPT-2's
+  // encoder.json but special tokens' ASCII) stands for its own UTF-8.
+  std::unordered_map<uint32_t, uint8_t> byte_of;
+  for (int b = 0; b < 256; ++b) {
+    const std::vector<Char> c = decode_utf8(byte_to_unicode(static_cast<uint8_t>(b)));
+    byte_of.emplace(c.front().cp, static_cast<uint8_t>(b));
+  }
+  decoded_.resize(static_cast<size_t>(vocab_size_));
+  for (const auto &[sym, id] : encoder_) {
+    std::string &bytes = decoded_[id];
+    for (const Char &c : decode_utf8(sym)) {
+      auto it = c.cp == kInvalid ? byte_of.end() : byte_of.find(c.cp);
+      if (it != byte_of.end())
+        bytes += static_cast<char>(it->second);
+      else
+        bytes.append(sym, c.start, c.len);
+    }
+  }
   for (int b = 0; b < 256; ++b) {
     if (!encoder_.count(byte_to_unicode(static_cast<uint8_t>(b))))
       throw Error(TSR_ERR_INVALID, "encoder file '" + encoder_name + "' has no token for byte " +

@@ -57,6 +57,19 @@ class Gpt2Bpe {
     return out;
   }
 
+  // The bytes token `id` stands for (encoder.json's symbol mapped back
+  // through bytes_to_unicode; "<|endoftext|>" as its own text); empty for
+  // an id the encoder does not have. A token may end inside a UTF-8
+  // sequence: concatenate before showing text.
+  std::string_view decode(uint32_t id) const {
+    return id < decoded_.size() ? std::string_view(decoded_[id]) : std::string_view();
+  }
+  std::string decode(const std::vector<uint32_t> &ids) const {
+    std::string out;
+    for (uint32_t id : ids) out += decode(id);
+    return out;
+  }
+
   // The largest id plus one.
   int64_t vocab_size() const { return vocab_size_; }
   // The id of "<|endoftext|>" (50256 in GPT-2), if the encoder has one.
@@ -69,6 +82,7 @@ class Gpt2Bpe {
   std::unordered_map<std::string, uint32_t> encoder_;  // symbol (unicode form) -> id
   std::unordered_map<std::string, uint32_t> ranks_;    // "A B" -> rank
   std::unordered_map<std::string, std::vector<uint32_t>> cache_;
+  std::vector<std::string> decoded_;  // id -> bytes
   int64_t vocab_size_ = 0;
   std::optional<uint32_t> eot_;
   std::string encoder_name_;

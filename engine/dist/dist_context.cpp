@@ -1,12 +1,16 @@
 #include "dist/dist_context.hpp"
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netdb.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "util/error.hpp"
 
@@ -47,6 +51,100 @@ std::string local_address_toward(const std::string &host, uint16_t port) {
   return out;
 }
 
+namespace {
+
+std::string numeric_host(const sockaddr *sa) {
+  char buf[INET6_ADDRSTRLEN] = {};
+  const void *a =
+      sa->sa_family == AF_INET6
+          ? static_cast<const void *>(&reinterpret_cast<const sockaddr_in6 *>(sa)->sin6_addr)
+          : static_cast<const void *>(&reinterpret_cast<const sockaddr_in *>(sa)->sin_addr);
+  return inet_ntop(sa->sa_family, a, buf, sizeof buf) ? buf : "";
+}
+
+bool is_loopback(const sockaddr *sa) {
+  if (sa->sa_family == AF_INET)
+    return (ntohl(reinterpret_cast<const sockaddr_in *>(sa)->sin_addr.s_addr) >> 24) == 127;
+  if (sa->sa_family == AF_INET6)
+    return IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6 *>(sa)->sin6_addr);
+  return false;
+}
+
+// True when a socket can bind to the address: it belongs to this host.
+bool is_local(const sockaddr *sa, socklen_t len) {
+  int fd = ::socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_storage ss{};
+  std::memcpy(&ss, sa, len);
+  // Port 0: any free one; only the address matters.
+  if (ss.ss_family == AF_INET) reinterpret_cast<sockaddr_in *>(&ss)->sin_port = 0;
+  if (ss.ss_family == AF_INET6) reinterpret_cast<sockaddr_in6 *>(&ss)->sin6_port = 0;
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr *>(&ss), len) == 0;
+  ::close(fd);
+  return ok;
+}
+
+}  // namespace
+
+std::string interface_address(const std::string &iface) {
+  ifaddrs *list = nullptr;
+  if (::getifaddrs(&list) != 0)
+    throw Error(TSR_ERR_COMM,
+                std::string("cannot list network interfaces: ") + std::strerror(errno));
+  std::string v4, v6, names;
+  for (ifaddrs *i = list; i; i = i->ifa_next) {
+    if (!i->ifa_addr || (i->ifa_addr->sa_family != AF_INET && i->ifa_addr->sa_family != AF_INET6))
+      continue;
+    const std::string name = i->ifa_name ? i->ifa_name : "";
+    if (name != iface) {
+      if ((" " + names + ",").find(" " + name + ",") == std::string::npos)
+        names += (names.empty() ? "" : ", ") + name;
+      continue;
+    }
+    if (i->ifa_addr->sa_family == AF_INET && v4.empty()) v4 = numeric_host(i->ifa_addr);
+    if (i->ifa_addr->sa_family == AF_INET6 && v6.empty() &&
+        !IN6_IS_ADDR_LINKLOCAL(&reinterpret_cast<sockaddr_in6 *>(i->ifa_addr)->sin6_addr))
+      v6 = numeric_host(i->ifa_addr);
+  }
+  ::freeifaddrs(list);
+  if (!v4.empty()) return v4;
+  if (!v6.empty()) return v6;
+  throw Error(TSR_ERR_CONFIG, "network interface '" + iface +
+                                  "' (comm.interface or GLOO_SOCKET_IFNAME) has no address on "
+                                  "this host; interfaces with one: " +
+                                  (names.empty() ? "none" : names));
+}
+
+std::string store_listen_address(const std::string &master, const std::string &iface,
+                                 std::string *note) {
+  if (!iface.empty()) return interface_address(iface);
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  if (getaddrinfo(master.c_str(), nullptr, &hints, &res) != 0 || !res) {
+    if (note) *note = "'" + master + "' does not resolve here; serving on every interface";
+    return "";
+  }
+  const bool literal_loopback = master == "localhost" || master == "::1" ||
+                                (is_loopback(res->ai_addr) && numeric_host(res->ai_addr) == master);
+  std::string out;
+  bool all_loopback = true;
+  for (addrinfo *a = res; a; a = a->ai_next) {
+    all_loopback &= is_loopback(a->ai_addr);
+    if (out.empty() && !is_loopback(a->ai_addr) && is_local(a->ai_addr, a->ai_addrlen))
+      out = numeric_host(a->ai_addr);
+  }
+  if (literal_loopback) out = numeric_host(res->ai_addr);
+  freeaddrinfo(res);
+  if (out.empty() && note)
+    *note = all_loopback
+                ? "'" + master +
+                      "' resolves to a loopback address on this host; serving on every "
+                      "interface (set comm.interface to pick one)"
+                : "'" + master + "' is not an address of this host; serving on every interface";
+  return out;
+}
+
 DistOptions dist_options_from_env(uint32_t rank, uint32_t world, int timeout_s,
                                   const std::string &iface) {
   DistOptions o;
@@ -81,9 +179,54 @@ DistOptions dist_options_from_env(uint32_t rank, uint32_t world, int timeout_s,
   return o;
 }
 
+void check_open_store(const std::string &listen_at) {
+  // Under another launcher (torchrun, mpirun, Slurm) nobody made a job
+  // secret: rank 0's store may go without one only on loopback, where only
+  // this host can reach it (docs/security.md).
+  const std::string secret = job_secret_from_env();
+  if (!secret.empty()) {
+    if (secret.size() < 16)
+      throw Error(TSR_ERR_CONFIG,
+                  "TESSERA_JOB_SECRET is shorter than 16 characters; use e.g. "
+                  "'head -c 32 /dev/urandom | od -An -tx1 | tr -d \" \\n\"'");
+    return;
+  }
+  const bool loopback =
+      listen_at.rfind("127.", 0) == 0 || listen_at == "::1" || listen_at == "localhost";
+  if (loopback) return;
+  const char *insecure = std::getenv("TESSERA_INSECURE_STORE");
+  if (insecure && std::string(insecure) == "1") {
+    std::fprintf(stderr,
+                 "tessera: rendezvous store: serving on %s without a job secret "
+                 "(TESSERA_INSECURE_STORE=1): anyone who reaches the port can join or stop the "
+                 "job\n",
+                 listen_at.empty() ? "every interface" : listen_at.c_str());
+    return;
+  }
+  throw Error(TSR_ERR_CONFIG,
+              "rank 0 would serve the rendezvous store on " +
+                  (listen_at.empty() ? std::string("every interface") : listen_at) +
+                  " without a job secret: set TESSERA_JOB_SECRET to the same random value on every "
+                  "rank (e.g. export TESSERA_JOB_SECRET=$(head -c 32 /dev/urandom | od -An -tx1 | "
+                  "tr -d ' \\n') before torchrun/mpirun/srun), or TESSERA_INSECURE_STORE=1 on a "
+                  "trusted network (docs/security.md)");
+}
+
 DistContext::DistContext(const DistOptions &opt) : opt_(opt) {
   auto timeout = std::chrono::seconds(opt.timeout_s);
-  if (opt.serve_store) server_ = std::make_unique<StoreServer>("", opt.master_port);
+#ifdef TESSERA_HAVE_CUDA
+  // NCCL picks its own interface: the one chosen for Gloo unless the user
+  // named another.
+  if (!opt.interface.empty()) ::setenv("NCCL_SOCKET_IFNAME", opt.interface.c_str(), 0);
+#endif
+  if (opt.serve_store) {
+    // Rank 0 under another launcher: serve where the ranks will connect.
+    std::string note;
+    const std::string at = store_listen_address(opt.master_addr, opt.interface, &note);
+    if (!note.empty()) std::fprintf(stderr, "tessera: rendezvous store: %s\n", note.c_str());
+    check_open_store(at);
+    server_ = std::make_unique<StoreServer>(at, opt.master_port);
+  }
   client_ = std::make_unique<StoreClient>(opt.master_addr, opt.master_port, timeout);
   watch_client_ = std::make_unique<StoreClient>(opt.master_addr, opt.master_port, timeout);
   watcher_ = std::thread([this] { watch(); });

@@ -39,6 +39,26 @@ DistOptions dist_options_from_env(uint32_t rank, uint32_t world, int timeout_s,
 // The local address on the route to host:port.
 std::string local_address_toward(const std::string &host, uint16_t port);
 
+// The IPv4 (else IPv6) address of network interface `iface` on this host;
+// throws Error naming the interface (and those there are) when it has none.
+std::string interface_address(const std::string &iface);
+
+// Where a rendezvous store for clients connecting to `master` listens:
+//   - `iface` (comm.interface, GLOO_SOCKET_IFNAME) set: that interface's address;
+//   - `master` a literal loopback (127.x, localhost, ::1): that address (one host);
+//   - `master` an address of this host: that address;
+//   - otherwise ("" = every interface): a name that resolves to loopback
+//     here (Debian's 127.0.1.1 for the host name) or to no local address
+//     (NAT, a virtual IP); `note`, when given, then says why.
+std::string store_listen_address(const std::string &master, const std::string &iface,
+                                 std::string *note = nullptr);
+
+// Rank 0 under another launcher serves its store without a job secret
+// (TESSERA_JOB_SECRET unset) only on loopback, or with
+// TESSERA_INSECURE_STORE=1; throws a ConfigError-coded Error saying how to
+// set one otherwise (docs/security.md).
+void check_open_store(const std::string &listen_at);
+
 class DistContext {
  public:
   explicit DistContext(const DistOptions &opt);

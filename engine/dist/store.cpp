@@ -5,12 +5,17 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "util/error.hpp"
+#include "util/hmac_sha256.hpp"
 
 namespace tessera {
 
@@ -24,6 +29,56 @@ enum : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kWait = 4, kCheck = 5 };
 enum : uint8_t { kOk = 0, kTimeout = 1, kMissing = 2, kBad = 3 };
 constexpr uint32_t kMaxKey = 4096;
 constexpr uint32_t kMaxValue = 64u << 20;
+
+// The handshake, before any request (docs/security.md, "Rendezvous"):
+//   server -> client  "TSR" 0x01, mode u8 (0 open, 1 secret), server nonce (32)
+//   client -> server  client nonce (32), HMAC-SHA256(secret, "tessera-store client" sn cn)
+//   server -> client  status u8 (0 ok), HMAC-SHA256(secret, "tessera-store server" sn cn)
+// Only mode 1 has the last two steps. Each side's MAC carries its own label,
+// so neither can be replayed as the other's.
+constexpr char kHelloMagic[4] = {'T', 'S', 'R', 1};
+constexpr size_t kNonce = 32, kMac = 32;
+constexpr uint8_t kModeOpen = 0, kModeSecret = 1;
+// A peer gets this long to finish its handshake; at most this many may be
+// in theirs at once (more are refused at once).
+constexpr int kHandshakeTimeoutS = 10;
+constexpr size_t kMaxPending = 64;
+
+std::string proof(const std::string &secret, const char *label, const std::string &sn,
+                  const std::string &cn) {
+  const Sha256Digest d = hmac_sha256(secret, std::string(label) + sn + cn);
+  return std::string(reinterpret_cast<const char *>(d.data()), d.size());
+}
+
+void set_recv_timeout(int fd, std::chrono::milliseconds t) {
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(t.count() / 1000);
+  tv.tv_usec = static_cast<suseconds_t>((t.count() % 1000) * 1000);
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
+std::string peer_name(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  if (::getpeername(fd, reinterpret_cast<sockaddr *>(&ss), &len) != 0) return "?";
+  char host[INET6_ADDRSTRLEN] = {};
+  uint16_t port = 0;
+  if (ss.ss_family == AF_INET6) {
+    const auto *a = reinterpret_cast<const sockaddr_in6 *>(&ss);
+    inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
+    port = ntohs(a->sin6_port);
+    std::string out = "[";
+    out.append(host).append("]:").append(std::to_string(port));
+    return out;
+  }
+  const auto *a = reinterpret_cast<const sockaddr_in *>(&ss);
+  inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
+  port = ntohs(a->sin_port);
+  std::string out = host;
+  out.append(":").append(std::to_string(port));
+  return out;
+}
 
 bool write_all(int fd, const void *data, size_t n) {
   const char *p = static_cast<const char *>(data);
@@ -78,7 +133,13 @@ addrinfo *resolve(const std::string &host, uint16_t port, bool passive) {
 
 }  // namespace
 
-StoreServer::StoreServer(const std::string &host, uint16_t port) {
+std::string job_secret_from_env() {
+  const char *s = std::getenv("TESSERA_JOB_SECRET");
+  return s ? s : "";
+}
+
+StoreServer::StoreServer(const std::string &host, uint16_t port, const std::string &secret)
+    : secret_(secret) {
   addrinfo *res = resolve(host, port, true);
   std::string err;
   for (addrinfo *a = res; a; a = a->ai_next) {
@@ -104,6 +165,44 @@ StoreServer::StoreServer(const std::string &host, uint16_t port) {
   port_ = ntohs(ss.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6 *>(&ss)->sin6_port
                                          : reinterpret_cast<sockaddr_in *>(&ss)->sin_port);
   acceptor_ = std::thread([this] { accept_loop(); });
+}
+
+void StoreServer::note_refused(const std::string &peer, const std::string &why) {
+  const size_t n = ++refused_;
+  // Every refusal up to 20, then one in 1000: a flood must not flood the log.
+  if (n <= 20 || n % 1000 == 0)
+    std::fprintf(stderr, "tessera: rendezvous store: refused the connection from %s: %s%s\n",
+                 peer.c_str(), why.c_str(),
+                 n == 20 ? " (further refusals: every 1000th is logged)" : "");
+}
+
+bool StoreServer::handshake(int fd, const std::string &peer) {
+  std::string sn = random_bytes(kNonce);
+  std::string hello(kHelloMagic, sizeof kHelloMagic);
+  hello.push_back(static_cast<char>(secret_.empty() ? kModeOpen : kModeSecret));
+  hello += sn;
+  if (!write_all(fd, hello.data(), hello.size())) {
+    note_refused(peer, "it left before the handshake");
+    return false;
+  }
+  if (secret_.empty()) return true;
+  std::string answer(kNonce + kMac, '\0');
+  if (!read_all(fd, answer.data(), answer.size())) {
+    note_refused(peer, "no answer to the challenge (it closed, or sent none within " +
+                           std::to_string(kHandshakeTimeoutS) +
+                           " s: not a tessera rank, or one without the job secret)");
+    return false;
+  }
+  const std::string cn = answer.substr(0, kNonce);
+  if (!equal_constant_time(answer.substr(kNonce), proof(secret_, "tessera-store client", sn, cn))) {
+    const uint8_t no = 1;
+    (void)write_all(fd, &no, 1);
+    note_refused(peer, "wrong answer to the challenge (not this job's TESSERA_JOB_SECRET)");
+    return false;
+  }
+  std::string reply(1, '\0');
+  reply += proof(secret_, "tessera-store server", sn, cn);
+  return write_all(fd, reply.data(), reply.size());
 }
 
 StoreServer::~StoreServer() {
@@ -144,18 +243,57 @@ void StoreServer::accept_loop() {
     }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    std::lock_guard<std::mutex> lk(mu_);
-    if (stopping_) {
-      ::close(fd);
-      return;
+    std::vector<std::thread> done;
+    std::string busy_peer;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (stopping_) {
+        ::close(fd);
+        return;
+      }
+      // Threads of connections that ended: joined here, so that a stream of
+      // short connections does not pile them up.
+      for (auto it = threads_.begin(); it != threads_.end();) {
+        if (std::find(finished_.begin(), finished_.end(), it->get_id()) != finished_.end()) {
+          done.push_back(std::move(*it));
+          it = threads_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      finished_.clear();
+      if (pending_ >= kMaxPending) {
+        busy_peer = peer_name(fd);
+        ::close(fd);
+        fd = -1;
+      } else {
+        ++pending_;
+        clients_.push_back(fd);
+        threads_.emplace_back([this, fd] { serve(fd); });
+      }
     }
-    clients_.push_back(fd);
-    threads_.emplace_back([this, fd] { serve(fd); });
+    for (auto &t : done) t.join();
+    if (fd < 0)
+      note_refused(busy_peer,
+                   std::to_string(kMaxPending) + " connections already in their handshake");
   }
 }
 
 void StoreServer::serve(int fd) {
-  for (;;) {
+  const std::string peer = peer_name(fd);
+  set_recv_timeout(fd, std::chrono::seconds(kHandshakeTimeoutS));
+  bool ok = false;
+  try {
+    ok = handshake(fd, peer);
+  } catch (const std::exception &e) {
+    note_refused(peer, e.what());
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    --pending_;
+  }
+  if (ok) set_recv_timeout(fd, std::chrono::milliseconds(0));
+  for (; ok;) {
     uint8_t op;
     std::string key, value;
     int64_t arg = 0;
@@ -215,9 +353,11 @@ void StoreServer::serve(int fd) {
       break;
     }
   ::close(fd);
+  finished_.push_back(std::this_thread::get_id());
 }
 
-StoreClient::StoreClient(const std::string &host, uint16_t port, std::chrono::milliseconds timeout)
+StoreClient::StoreClient(const std::string &host, uint16_t port, std::chrono::milliseconds timeout,
+                         const std::string &secret)
     : endpoint_(host + ":" + std::to_string(port)) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
   std::string err = "timed out";
@@ -243,6 +383,59 @@ StoreClient::StoreClient(const std::string &host, uint16_t port, std::chrono::mi
   }
   int one = 1;
   setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  try {
+    handshake(secret, timeout);
+  } catch (...) {
+    ::close(fd_);
+    fd_ = -1;
+    throw;
+  }
+}
+
+void StoreClient::handshake(const std::string &secret, std::chrono::milliseconds timeout) {
+  set_recv_timeout(fd_, std::max<std::chrono::milliseconds>(timeout, std::chrono::seconds(5)));
+  char hello[sizeof kHelloMagic + 1 + kNonce];
+  if (!read_all(fd_, hello, sizeof hello))
+    throw Error(TSR_ERR_COMM, "the rendezvous store at " + endpoint_ +
+                                  " closed the connection or did not greet within the timeout "
+                                  "(another job's store, or not a tessera store?)");
+  if (std::memcmp(hello, kHelloMagic, sizeof kHelloMagic) != 0)
+    throw Error(TSR_ERR_COMM, endpoint_ +
+                                  " is not a tessera rendezvous store (is MASTER_ADDR/MASTER_PORT "
+                                  "another service's?)");
+  const auto mode = static_cast<uint8_t>(hello[sizeof kHelloMagic]);
+  const std::string sn(hello + sizeof kHelloMagic + 1, kNonce);
+  if (mode == kModeOpen) {
+    if (!secret.empty())
+      throw Error(TSR_ERR_COMM,
+                  "the rendezvous store at " + endpoint_ +
+                      " does not authenticate, but this rank has TESSERA_JOB_SECRET: refusing to "
+                      "trust it (every rank of a job needs the same secret, or none)");
+  } else if (mode == kModeSecret) {
+    if (secret.empty())
+      throw Error(TSR_ERR_COMM, "the rendezvous store at " + endpoint_ +
+                                    " requires the job secret, and this rank has no "
+                                    "TESSERA_JOB_SECRET (docs/security.md)");
+    const std::string cn = random_bytes(kNonce);
+    const std::string answer = cn + proof(secret, "tessera-store client", sn, cn);
+    if (!write_all(fd_, answer.data(), answer.size()))
+      throw Error(TSR_ERR_COMM, "lost the rendezvous store at " + endpoint_ + " in the handshake");
+    char reply[1 + kMac];
+    if (!read_all(fd_, reply, 1) || reply[0] != 0)
+      throw Error(TSR_ERR_COMM, "the rendezvous store at " + endpoint_ +
+                                    " refused this rank's job secret (TESSERA_JOB_SECRET differs "
+                                    "from the launcher's?)");
+    if (!read_all(fd_, reply + 1, kMac) ||
+        !equal_constant_time(std::string(reply + 1, kMac),
+                             proof(secret, "tessera-store server", sn, cn)))
+      throw Error(TSR_ERR_COMM, "the rendezvous store at " + endpoint_ +
+                                    " failed to prove it knows the job secret: not this job's "
+                                    "store; refusing it");
+  } else {
+    throw Error(TSR_ERR_COMM, "the rendezvous store at " + endpoint_ +
+                                  " speaks an unknown handshake mode " + std::to_string(mode));
+  }
+  set_recv_timeout(fd_, std::chrono::milliseconds(0));
 }
 
 StoreClient::~StoreClient() {

@@ -3,6 +3,7 @@
 // rendezvous, NCCL's unique id, start-up barriers and the abort key.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -15,6 +16,11 @@
 
 namespace tessera {
 
+// The job's shared secret (TESSERA_JOB_SECRET), "" when unset. Every store
+// connection proves it knows it before any key is read or written, and the
+// store proves it back (docs/security.md, "Rendezvous").
+std::string job_secret_from_env();
+
 // The key a failing rank writes its reason to ("rank R: reason"), under the
 // job attempt's key prefix.
 inline std::string abort_key(const std::string &prefix) {
@@ -23,8 +29,12 @@ inline std::string abort_key(const std::string &prefix) {
 
 class StoreServer {
  public:
-  // Listens on host:port (port 0 picks a free one; see port()).
-  StoreServer(const std::string &host, uint16_t port);
+  // Listens on host:port (port 0 picks a free one; see port()). With a
+  // secret, a connection that cannot prove it knows it is logged with its
+  // address and dropped; without one the store is open (the callers decide
+  // when that is allowed: docs/security.md).
+  StoreServer(const std::string &host, uint16_t port,
+              const std::string &secret = job_secret_from_env());
   ~StoreServer();
   StoreServer(const StoreServer &) = delete;
   StoreServer &operator=(const StoreServer &) = delete;
@@ -33,10 +43,15 @@ class StoreServer {
   // and posts one for a rank that died without a word).
   bool peek(const std::string &key, std::string *value);
   void put(const std::string &key, const std::string &value);
+  // Connections refused so far (failed the handshake, or too many pending).
+  size_t refused() const { return refused_; }
 
  private:
   void accept_loop();
   void serve(int fd);
+  // The challenge-response; false (and the connection logged) on failure.
+  bool handshake(int fd, const std::string &peer);
+  void note_refused(const std::string &peer, const std::string &why);
 
   int listen_fd_ = -1;
   uint16_t port_ = 0;
@@ -47,12 +62,19 @@ class StoreServer {
   std::vector<std::thread> threads_;
   std::thread acceptor_;
   bool stopping_ = false;
+  std::string secret_;
+  std::atomic<size_t> refused_{0};
+  size_t pending_ = 0;                     // connections still in their handshake
+  std::vector<std::thread::id> finished_;  // serve threads to join
 };
 
 class StoreClient {
  public:
-  // Connects, retrying until `timeout` (the server may start after us).
-  StoreClient(const std::string &host, uint16_t port, std::chrono::milliseconds timeout);
+  // Connects, retrying until `timeout` (the server may start after us), then
+  // authenticates both ways with `secret` (throws Error when either side
+  // fails to prove it knows it, or when only one side has one).
+  StoreClient(const std::string &host, uint16_t port, std::chrono::milliseconds timeout,
+              const std::string &secret = job_secret_from_env());
   ~StoreClient();
   StoreClient(const StoreClient &) = delete;
   StoreClient &operator=(const StoreClient &) = delete;
@@ -75,6 +97,7 @@ class StoreClient {
     std::string value;
   };
   Reply request(uint8_t op, const std::string &key, const std::string &value, int64_t arg);
+  void handshake(const std::string &secret, std::chrono::milliseconds timeout);
 
   int fd_ = -1;
   std::mutex mu_;

@@ -20,6 +20,7 @@
 #include "dist/dist_context.hpp"
 #include "dist/store.hpp"
 #include "launch/core_dump.hpp"
+#include "launch/job_secret.hpp"
 #include "util/error.hpp"
 
 namespace tessera {
@@ -96,7 +97,8 @@ std::string worker_exe() {
   return path;
 }
 
-pid_t spawn(Worker &w, const std::vector<std::string> &args, const std::vector<std::string> &env) {
+pid_t spawn(Worker &w, const std::vector<std::string> &args, const std::vector<std::string> &env,
+            bool null_stdin) {
   const std::string exe = worker_exe();
   int out[2], err[2];
   if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)
@@ -110,6 +112,11 @@ pid_t spawn(Worker &w, const std::vector<std::string> &args, const std::vector<s
     if (::getppid() != parent) ::_exit(1);
     ::dup2(out[1], 1);
     ::dup2(err[1], 2);
+    if (null_stdin) {
+      // Our standard input is the ssh session's: it is the launcher's to watch.
+      int in = ::open("/dev/null", O_RDONLY);
+      if (in >= 0) ::dup2(in, 0);
+    }
     for (const auto &e : env) ::putenv(const_cast<char *>(e.c_str()));
     std::vector<char *> argv;
     argv.push_back(const_cast<char *>("tessera"));
@@ -126,12 +133,32 @@ pid_t spawn(Worker &w, const std::vector<std::string> &args, const std::vector<s
   return pid;
 }
 
+// What a node launcher without the store (node rank > 0) needs to post an
+// abort reason, and whether it watches its standard input (--watch-stdin).
+struct NodeLink {
+  std::string master_host;
+  uint16_t master_port = 0;
+  bool watch_stdin = false;
+  bool stopped_by_head = false;  // out: a "stop" line arrived
+};
+
+// Posts `reason` under the abort key of the store at host:port unless some
+// rank posted one first (as DistContext::post_abort does). Best effort.
+void post_abort_remote(const NodeLink &link, const std::string &prefix, const std::string &reason) {
+  try {
+    StoreClient c(link.master_host, link.master_port, std::chrono::seconds(2));
+    if (c.add(abort_key(prefix) + "/count", 1) == 1) c.set(abort_key(prefix), reason);
+  } catch (const std::exception &) {
+    // The store is gone (node 0 stopped already): its workers stop on their own.
+  }
+}
+
 // Forwards output and watches the workers until all have exited. On the
 // first failure the others are stopped: the abort key tells them at once,
 // SIGTERM follows, SIGKILL after the grace period. Returns true when every
 // worker exited 0 without a signal to the launcher.
 bool supervise(std::vector<Worker> &workers, StoreServer *store, const std::string &prefix,
-               double grace_s, std::string *reason) {
+               double grace_s, std::string *reason, NodeLink &link) {
   // Workers run in the launcher's directory: a core_pattern without a
   // directory puts their core dumps there.
   std::error_code ec;
@@ -146,9 +173,14 @@ bool supervise(std::vector<Worker> &workers, StoreServer *store, const std::stri
       if (!w.exited) ::kill(w.pid, sig);
   };
   auto grace = std::chrono::milliseconds(static_cast<int>(grace_s * 1000));
+  int stdin_fd = link.watch_stdin ? 0 : -1;
   for (;;) {
     std::vector<pollfd> fds;
     std::vector<std::pair<Worker *, bool>> owners;
+    if (stdin_fd >= 0) {
+      fds.push_back({stdin_fd, POLLIN, 0});
+      owners.push_back({nullptr, false});
+    }
     for (auto &w : workers) {
       if (w.out_fd >= 0) {
         fds.push_back({w.out_fd, POLLIN, 0});
@@ -165,6 +197,36 @@ bool supervise(std::vector<Worker> &workers, StoreServer *store, const std::stri
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     for (size_t i = 0; i < fds.size(); ++i) {
       if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      if (!owners[i].first) {
+        // The head launcher's word (ssh carries it): "stop", or the end of
+        // the session.
+        char buf[256];
+        ssize_t n = ::read(stdin_fd, buf, sizeof buf);
+        if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+        const bool stop =
+            n > 0 && std::string(buf, static_cast<size_t>(n)).find("stop") != std::string::npos;
+        if (n > 0 && !stop) continue;
+        stdin_fd = -1;
+        if (phase != 0) continue;
+        if (stop) {
+          link.stopped_by_head = true;
+          std::fprintf(stderr,
+                       "tessera run: the head launcher stopped the job (another node failed); "
+                       "stopping every worker\n");
+          stop_all(SIGTERM);
+          phase = 2;
+          deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+        } else {
+          std::fprintf(stderr,
+                       "tessera run: the ssh session to the head launcher ended; stopping every "
+                       "worker (they save a checkpoint first)\n");
+          g_signal = SIGTERM;
+          stop_all(SIGTERM);
+          phase = 2;
+          deadline = std::chrono::steady_clock::now() + grace;
+        }
+        continue;
+      }
       Worker &w = *owners[i].first;
       if (owners[i].second)
         pump(w, w.out_fd, w.out_buf, stdout, false);
@@ -223,6 +285,9 @@ bool supervise(std::vector<Worker> &workers, StoreServer *store, const std::stri
         // A rank that died without a word gets its death posted for it, so
         // the others stop at once instead of waiting in a collective.
         store->put(abort_key(prefix), *reason);
+      } else if (!link.master_host.empty()) {
+        // The same from a node without the store, through node 0's.
+        post_abort_remote(link, prefix, *reason);
       }
       std::fprintf(stderr, "tessera run: %s; stopping the other workers\n", reason->c_str());
       // The abort key stops them within a fraction of a second; SIGTERM and
@@ -255,7 +320,7 @@ bool supervise(std::vector<Worker> &workers, StoreServer *store, const std::stri
   for (auto &w : workers)
     if (std::string core = core_dump_note(w.pid, w.status, cwd); !core.empty())
       std::fprintf(stderr, "tessera run: rank %d: %s\n", w.rank, core.c_str());
-  return first_failed < 0 && !g_signal;
+  return first_failed < 0 && !g_signal && !link.stopped_by_head;
 }
 
 }  // namespace
@@ -282,11 +347,26 @@ int launch(const LaunchOptions &opt, const std::vector<std::string> &worker_args
   } else if (const char *mp = std::getenv("MASTER_PORT")) {
     port = static_cast<uint16_t>(std::strtol(mp, nullptr, 10));
   }
-  // Node 0 serves the rendezvous store for the whole job.
+  // Node 0 serves the rendezvous store for the whole job: on comm.interface's
+  // address, else on the master address (loopback for one node), else on
+  // every interface (store_listen_address says when and why).
+  // The job's secret (docs/security.md): every store connection proves it
+  // knows it. The workers inherit it with the environment; it is never printed.
+  const std::string secret = launcher_job_secret(opt.job_secret_file, opt.watch_stdin, opt.nnodes);
+  ::setenv("TESSERA_JOB_SECRET", secret.c_str(), 1);
   std::unique_ptr<StoreServer> store;
   if (opt.node_rank == 0) {
-    store = std::make_unique<StoreServer>(opt.nnodes > 1 ? "" : host, port);
+    std::string note;
+    const std::string at = store_listen_address(host, opt.interface, &note);
+    if (!note.empty()) std::fprintf(stderr, "tessera run: rendezvous store: %s\n", note.c_str());
+    store = std::make_unique<StoreServer>(at, port);
     port = store->port();
+  }
+  NodeLink link;
+  link.watch_stdin = opt.watch_stdin;
+  if (opt.node_rank != 0) {
+    link.master_host = host;
+    link.master_port = port;
   }
 
   struct sigaction sa {};
@@ -317,11 +397,16 @@ int launch(const LaunchOptions &opt, const std::vector<std::string> &worker_args
           "TESSERA_ATTEMPT=" + std::to_string(attempt),
       };
       if (attempt > 0) env.push_back("TESSERA_RESUME=auto");
-      w.pid = spawn(w, worker_args, env);
+      w.pid = spawn(w, worker_args, env, opt.watch_stdin);
     }
     std::string reason;
-    bool ok = supervise(workers, store.get(), prefix, opt.grace_s, &reason);
+    bool ok = supervise(workers, store.get(), prefix, opt.grace_s, &reason, link);
     if (ok) return 0;
+    if (link.stopped_by_head) {
+      std::fprintf(stderr, "tessera run: failed: stopped by the head launcher%s%s\n",
+                   reason.empty() ? "" : "; here: ", reason.c_str());
+      return 1;
+    }
     if (g_signal) {
       // Preemption: workers saved a checkpoint and exited 0 if they could.
       bool clean = true;

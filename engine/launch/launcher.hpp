@@ -14,6 +14,17 @@ struct LaunchOptions {
   std::string master;    // --master host:port ("" on one node: loopback, a free port)
   double grace_s = 30;   // after a SIGINT/SIGTERM: time to save before SIGKILL
   int max_restarts = 0;  // --max-restarts: restarts from the latest checkpoint
+  // --watch-stdin (a node launcher started over ssh by --hostfile): end of
+  // input (the ssh session died, or the head launcher closed it) stops the
+  // workers as SIGTERM does; a "stop" line stops them at once (another node
+  // failed).
+  bool watch_stdin = false;
+  // comm.interface (or GLOO_SOCKET_IFNAME): node 0 serves the store on its
+  // address ("" : see store_listen_address).
+  std::string interface;
+  // --job-secret-file: the rendezvous store's secret (docs/security.md); ""
+  // takes TESSERA_JOB_SECRET, the head's over stdin, or makes one.
+  std::string job_secret_file;
 };
 
 // Runs the job; returns the launcher's exit status (0 when every worker

@@ -4,7 +4,9 @@
 #include "plugin/registry.hpp"
 
 #include <dlfcn.h>
+#include <sys/stat.h>
 #include <tessera/tessera.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <boost/dll/shared_library.hpp>
@@ -38,7 +40,7 @@ struct KindInfo {
 };
 
 const KindInfo kKinds[] = {
-    {TSR_KIND_MODEL, "model", sizeof(tsr_model_vtable)},
+    {TSR_KIND_MODEL, "model", offsetof(tsr_model_vtable, predict)},  // predict: ABI 1.1
     {TSR_KIND_DATASET, "dataset", sizeof(tsr_dataset_vtable)},
     {TSR_KIND_SAMPLER, "sampler", sizeof(tsr_sampler_vtable)},
     {TSR_KIND_OPTIMIZER, "optimizer", sizeof(tsr_optimizer_vtable)},
@@ -57,6 +59,21 @@ bool is_shared_library(const fs::path &p) {
 }
 
 }  // namespace
+
+std::string unsafe_plugin_location(const std::string &path, const char *what) {
+  // Code is loaded only from places no other user can write to: a
+  // world-writable directory or library, or one another (non-root) user
+  // owns, could hold anyone's code (docs/security.md, "Plugins").
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return "";
+  if (st.st_mode & S_IWOTH)
+    return path + ": " + what + " is world-writable, so anyone could put code there; refusing to " +
+           "load from it (chmod o-w " + path + ")";
+  if (st.st_uid != 0 && st.st_uid != ::geteuid())
+    return path + ": " + what + " is owned by another user (uid " + std::to_string(st.st_uid) +
+           "); refusing to load code from it";
+  return "";
+}
 
 std::string kind_short_name(const char *kind_id) {
   if (!kind_id) return "";
@@ -79,6 +96,10 @@ Registry::~Registry() {
 }
 
 void Registry::load_file(const std::string &path) {
+  for (const auto &[p, what] : {std::pair<std::string, const char *>{path, "plugin library"},
+                                {fs::path(path).parent_path().string(), "plugin directory"}})
+    if (std::string why = unsafe_plugin_location(p.empty() ? "." : p, what); !why.empty())
+      throw Error(TSR_ERR_INVALID, why);
   boost::dll::shared_library lib;
   std::error_code ec;
   lib.load(path, ec, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
@@ -168,6 +189,10 @@ void Registry::scan(const std::vector<std::string> &dirs) {
   for (const auto &dir : dirs) {
     std::error_code ec;
     if (!fs::is_directory(dir, ec)) continue;
+    if (std::string why = unsafe_plugin_location(dir, "plugin directory"); !why.empty()) {
+      refusals_.push_back(why);
+      continue;
+    }
     std::vector<fs::path> files;
     for (const auto &ent : fs::directory_iterator(dir, ec))
       if (ent.is_regular_file() && is_shared_library(ent.path())) files.push_back(ent.path());

@@ -53,6 +53,11 @@ class Registry {
   std::vector<std::string> refusals_;
 };
 
+// Why code must not be loaded from `path` (`what`: "plugin directory" or
+// "plugin library"): world-writable, or owned by a user other than this one
+// and root. "" when it may (or does not exist).
+std::string unsafe_plugin_location(const std::string &path, const char *what);
+
 // "tessera.model/1" -> "model"; "" when the id is not a known kind.
 std::string kind_short_name(const char *kind_id);
 // Minimum struct_size of each kind's 1.0 vtable.

@@ -10,7 +10,9 @@ namespace tessera {
 
 config::Document load_document(const JobOptions &opts) {
   if (opts.config_path.empty()) throw config::ConfigError("no config file given");
-  config::Document doc = config::Document::load(opts.config_path);
+  config::Document doc = opts.config_text.empty()
+                             ? config::Document::load(opts.config_path)
+                             : config::Document::from_string(opts.config_text, opts.config_path);
   // run.deepspeed names a JSON relative to the config file (or to the
   // working directory when --set gives it). The overrides are applied to a
   // copy first so that --set run.deepspeed=F counts too.

@@ -15,6 +15,9 @@ namespace tessera {
 
 struct JobOptions {
   std::string config_path;
+  // The config's TOML itself, when it does not come from a file (a
+  // checkpoint's manifest): config_path then only names it in messages.
+  std::string config_text;
   std::string deepspeed_path;             // --deepspeed_config
   std::vector<std::string> sets;          // --set key=value, in order
   std::vector<std::string> plugin_paths;  // --plugin-path

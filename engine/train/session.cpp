@@ -64,11 +64,18 @@ void create_dataset(Session &s, Instance<tsr_dataset_vtable> &inst, tsr_data_inf
 
 }  // namespace
 
-Session::Session(const Job &j, Host::RunFacts facts, bool train, ParamInitializer initializer)
+Session::Session(const Job &j, Host::RunFacts facts, bool train, ParamInitializer initializer,
+                 const tsr_data_info *model_data)
     : job(j), host(std::move(facts)), training(train) {
   const auto &st = job.settings;
-  create_dataset(*this, train_data, train_info, "data.train", "train");
-  if (job.has("data.eval")) create_dataset(*this, eval_data, eval_info, "data.eval", "eval");
+  TSR_CHECK(!(model_data && training), TSR_ERR_INTERNAL,
+            "a training session needs its datasets (model_data is for frozen models)");
+  if (model_data) {
+    train_info = *model_data;
+  } else {
+    create_dataset(*this, train_data, train_info, "data.train", "train");
+    if (job.has("data.eval")) create_dataset(*this, eval_data, eval_info, "data.eval", "eval");
+  }
   if (training) create_simple(*this, sampler, "sampler");
 
   // The model, built for the training data's sample shape.
@@ -189,6 +196,7 @@ Session::Session(const Job &j, Host::RunFacts facts, bool train, ParamInitialize
   os.state_count = state_count;
   os.device = host.facts().device;
   os.compute_dtype = compute_dtype();
+  os.zero_plan = &plan;
   plugin_ok(host, offload.vt->setup(offload.self, &os),
             "[offload] plugin '" + offload.name + "' setup");
   // The fp32 master copy starts from the initial values of what we own.

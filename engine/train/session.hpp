@@ -40,7 +40,11 @@ struct Instance {
 using ParamInitializer = std::function<void(const Layout &, float *)>;
 
 struct Session {
-  Session(const Job &job, Host::RunFacts facts, bool training, ParamInitializer init = nullptr);
+  // `model_data`, when given, is the sample shape the model is built for
+  // instead of the training data's: no dataset is opened (generation from a
+  // checkpoint, whose data files may be elsewhere); needs training = false.
+  Session(const Job &job, Host::RunFacts facts, bool training, ParamInitializer init = nullptr,
+          const tsr_data_info *model_data = nullptr);
   ~Session();
 
   const Job &job;

@@ -79,7 +79,10 @@ SafetensorsFile::SafetensorsFile(const std::string &path) : path_(path) {
     throw Error(TSR_ERR_INVALID, path + ": header is not valid JSON: " + e.what());
   }
   if (!j.is_object()) throw Error(TSR_ERR_INVALID, path + ": header is not a JSON object");
-  for (auto &[name, t] : j.items()) {
+  for (auto &item : j.items()) {
+    // (Named, not a structured binding: the lambda below captures it.)
+    const std::string name = item.key();
+    auto &t = item.value();
     if (name == "__metadata__") {
       if (t.is_object())
         for (auto &[k, v] : t.items())
@@ -102,12 +105,15 @@ SafetensorsFile::SafetensorsFile(const std::string &path) : path_(path) {
       bad("shape must be an array of at most 16 dims");
     size_t numel = 1;
     for (const auto &d : t["shape"]) {
+      // A dimension is a non-negative integer no larger than the data: the
+      // element count can then neither overflow nor exceed the file.
       if (!d.is_number_unsigned() && !(d.is_number_integer() && d.get<int64_t>() >= 0))
         bad("bad dimension");
-      int64_t v = d.get<int64_t>();
-      if (v > 0 && numel > data_len / static_cast<size_t>(v)) bad("shape larger than the file");
+      const uint64_t v = d.get<uint64_t>();
+      if (v > data_len) bad("dimension " + std::to_string(v) + " is larger than the file");
+      if (v > 0 && numel > data_len / v) bad("shape larger than the file");
       numel *= static_cast<size_t>(v);
-      st.shape.push_back(v);
+      st.shape.push_back(static_cast<int64_t>(v));
     }
     const auto &off = t["data_offsets"];
     if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||

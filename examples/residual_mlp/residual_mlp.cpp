@@ -378,8 +378,8 @@ const tsr_param_decl kParams[] = {
 };
 
 const tsr_model_vtable kVtable = {
-    sizeof(tsr_model_vtable), create, destroy, num_params, param_info, forward, backward,
-    flops_per_sample,
+    sizeof(tsr_model_vtable), create,  destroy, num_params, param_info, forward, backward,
+    flops_per_sample,         nullptr,  // predict (ABI 1.1, optional): none
 };
 
 const tsr_plugin_descriptor kDescriptor = {

@@ -41,6 +41,7 @@ const char *const kDefaultUnset[] = {
     "SLURM_NTASKS",
     "SLURM_LOCALID",
     "TESSERA_PLUGIN_PATH",
+    "TESSERA_JOB_SECRET",
 };
 
 std::string sanitize(const std::string &name) {
@@ -379,6 +380,12 @@ RunResult Process::wait() {
 }
 
 Process start_cli(const std::vector<std::string> &args, const RunOptions &opts) {
+  std::vector<std::string> argv = {TESSERA_BINARY};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return start_command(argv, opts);
+}
+
+Process start_command(const std::vector<std::string> &argv_in, const RunOptions &opts) {
   const fs::path dir = scratch() / "proc";
   fs::create_directories(dir);
   static int counter = 0;
@@ -389,8 +396,7 @@ Process start_cli(const std::vector<std::string> &args, const RunOptions &opts) 
   p.timeout_s = opts.timeout_s;
   const fs::path cwd = opts.cwd.empty() ? scratch() : opts.cwd;
 
-  std::vector<std::string> argv_s = {TESSERA_BINARY};
-  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<std::string> argv_s = argv_in;
   std::vector<char *> argv;
   for (auto &a : argv_s) argv.push_back(a.data());
   argv.push_back(nullptr);

@@ -111,6 +111,9 @@ struct Process {
 // Starts TESSERA_BINARY with `args` like run_cli, without waiting. The child
 // gets its own process group so signals to it reach only it.
 Process start_cli(const std::vector<std::string> &args, const RunOptions &opts = {});
+// The same for any program: argv[0] is its absolute path (e.g. /usr/sbin/ip,
+// to run tessera inside a network namespace).
+Process start_command(const std::vector<std::string> &argv, const RunOptions &opts = {});
 
 // Waits until `text` appears in the process's stdout (or stderr when
 // `in_stderr`); false if it exits first or `timeout_s` passes.

@@ -153,6 +153,7 @@ TEST_CASE("--help works for tessera and every command", "[cli][help]") {
                                                        {"plugins", "--help"},
                                                        {"config", "--help"},
                                                        {"version", "--help"},
+                                                       {"generate", "--help"},
                                                        {"run", "-h"}};
   for (const auto &args : cases) {
     RunResult r = run_cli(args);
@@ -162,15 +163,31 @@ TEST_CASE("--help works for tessera and every command", "[cli][help]") {
     CHECK(r.err.empty());
   }
   RunResult top = run_cli({"--help"});
-  for (const char *cmd : {"run", "eval", "plugins", "config", "version"})
+  for (const char *cmd : {"run", "eval", "generate", "plugins", "config", "version"})
     CHECK(contains(top.out, std::string("  ") + cmd));
   // Help on a command wins over its missing arguments.
   CHECK(contains(run_cli({"run", "--help"}).out, "--set"));
   CHECK(contains(run_cli({"eval", "--help"}).out, "--ckpt"));
+  CHECK(contains(run_cli({"generate", "--help"}).out, "--top-k"));
   // No arguments at all: usage on stderr, exit 2.
   RunResult none = run_cli({});
   CHECK(none.status == 2);
   CHECK(contains(none.err, "usage: tessera"));
+}
+
+TEST_CASE("generate names the flag or file that is wrong", "[cli][generate]") {
+  RunResult r = run_cli({"generate", "--ckpt", (scratch() / "none").string()});
+  CHECK(r.status == 2);
+  CHECK(contains(r.err, "--prompt"));
+  r = run_cli({"generate", "--ckpt", (scratch() / "none").string(), "--prompt", "x"});
+  CHECK(r.status == 1);
+  CHECK(contains(r.err, (scratch() / "none").string()));
+  r = run_cli({"generate", "--ckpt", "x", "--prompt", "x", "--top-k", "-1"});
+  CHECK(r.status == 2);
+  CHECK(contains(r.err, "--top-k"));
+  r = run_cli({"generate", "--ckpt", "x", "--prompt", "x", "--encoder", "e.json"});
+  CHECK(r.status == 2);
+  CHECK(contains(r.err, "--bpe"));
 }
 
 TEST_CASE("config check prints the resolved config", "[cli][config]") {

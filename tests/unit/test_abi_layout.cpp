@@ -99,7 +99,7 @@ const CurrentSize kCurrentSizes[] = {
     TSR_CURRENT(tsr_param_info, 112),
     TSR_CURRENT(tsr_model_init, 24),
     TSR_CURRENT(tsr_forward_result, 32),
-    TSR_CURRENT(tsr_model_vtable, 64),
+    TSR_CURRENT(tsr_model_vtable, 72),
     TSR_CURRENT(tsr_sampler_args, 40),
     TSR_CURRENT(tsr_sampler_vtable, 40),
     TSR_CURRENT(tsr_segment, 24),
@@ -112,7 +112,7 @@ const CurrentSize kCurrentSizes[] = {
     TSR_CURRENT(tsr_owned_range, 48),
     TSR_CURRENT(tsr_zero_step, 32),
     TSR_CURRENT(tsr_zero_vtable, 120),
-    TSR_CURRENT(tsr_offload_setup, 48),
+    TSR_CURRENT(tsr_offload_setup, 56),
     TSR_CURRENT(tsr_offload_step, 80),
     TSR_CURRENT(tsr_offload_vtable, 64),
 };

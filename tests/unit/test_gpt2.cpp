@@ -498,6 +498,67 @@ TEST_CASE("gpt2 log-probabilities match Hugging Face's logits, any T <= context"
   CHECK(worst <= 1e-5);
 }
 
+TEST_CASE("gpt2 predict gives Hugging Face's logits of the last position", "[gpt2]") {
+  // Shorter prompts than the model was built for (T' < T), no targets: the
+  // logits of position T' - 1 over the real vocabulary, as float32.
+  Fixture f;
+  Model m(f);
+  REQUIRE(m.create(f.config("model", "gpt2", golden_config()), token_data(kT), kBatch) == TSR_OK);
+  REQUIRE(TSR_HAS_FIELD(m.vt, tsr_model_vtable, predict));
+  REQUIRE(m.vt->predict != nullptr);
+  State s(m);
+  s.load_hf();
+  tsr_step *step = f.host.step_handle(&s.hooks);
+
+  // The size query: classes without computing anything.
+  int64_t qshape[2] = {1, 0};
+  DLTensor q{nullptr, DLDevice{kDLCPU, 0}, 2, DLDataType{kDLFloat, 32, 1}, qshape, nullptr, 0};
+  REQUIRE(m.vt->predict(m.self, step, nullptr, &q) == TSR_OK);
+  CHECK(qshape[1] == kVocab);
+
+  const std::vector<int32_t> ids = ids_of("input_ids");
+  const RefTensor &z = ref("reference.safetensors", "logits");
+  for (int64_t T : {int64_t{1}, int64_t{20}, kT}) {
+    INFO("T' = " << T);
+    std::vector<int32_t> x;
+    for (int64_t b = 0; b < kBatch; ++b)
+      x.insert(x.end(), ids.begin() + b * kT, ids.begin() + b * kT + T);
+    Batch batch(x, {}, kBatch, T);
+    tsr_batch *bp = const_cast<tsr_batch *>(batch.get());
+    bp->targets = DLTensor{};  // absent
+    std::vector<float> out(static_cast<size_t>(kBatch * kVocab), 0.0f);
+    int64_t oshape[2] = {kBatch, kVocab};
+    DLTensor logits{
+        out.data(), DLDevice{kDLCPU, 0}, 2, DLDataType{kDLFloat, 32, 1}, oshape, nullptr, 0};
+    s.params_released.clear();
+    INFO(f.host.last_error());
+    REQUIRE(m.vt->predict(m.self, step, bp, &logits) == TSR_OK);
+    std::vector<double> want;
+    for (int64_t b = 0; b < kBatch; ++b)
+      want.insert(want.end(), z.data.begin() + (b * kT + T - 1) * kVocab,
+                  z.data.begin() + (b * kT + T) * kVocab);
+    CHECK(rel_err(out, want) <= 1e-5);
+    // Every group released, wte's (0) after the head, last.
+    REQUIRE(!s.params_released.empty());
+    CHECK(s.params_released.back() == 0);
+    CHECK(s.params_released.size() == static_cast<size_t>(kLayers + 2));
+  }
+  // Nothing kept for backward.
+  Batch full = reference_batch();
+  CHECK(m.vt->backward(m.self, step, full.get(), 1.0f) == TSR_ERR_INVALID);
+  // Wrong logits: shape, dtype.
+  std::vector<float> out(static_cast<size_t>(kBatch * kPadded), 0.0f);
+  int64_t padded[2] = {kBatch, kPadded};
+  DLTensor wide{out.data(), DLDevice{kDLCPU, 0}, 2, DLDataType{kDLFloat, 32, 1}, padded, nullptr,
+                0};
+  CHECK(m.vt->predict(m.self, step, full.get(), &wide) == TSR_ERR_INVALID);
+  CHECK_THAT(f.host.last_error(), Catch::Contains("[3, 96]"));
+  int64_t right[2] = {kBatch, kVocab};
+  DLTensor f64{out.data(), DLDevice{kDLCPU, 0}, 2, DLDataType{kDLFloat, 64, 1}, right, nullptr, 0};
+  CHECK(m.vt->predict(m.self, step, full.get(), &f64) == TSR_ERR_INVALID);
+  CHECK_THAT(f.host.last_error(), Catch::Contains("float32"));
+}
+
 TEST_CASE("gpt2 recompute gives bitwise the same gradients", "[gpt2]") {
   Fixture f;
   std::vector<std::vector<float>> grads[2];

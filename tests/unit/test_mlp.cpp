@@ -439,6 +439,45 @@ TEST_CASE("mlp forward and backward match PyTorch", "[mlp]") {
   }
 }
 
+TEST_CASE("mlp predict returns the logits forward's loss is made of", "[mlp]") {
+  Fixture f;
+  Model m(f);
+  REQUIRE(m.create(f.config("model", "mlp", "hidden = [16, 12]\nactivation = \"relu\""),
+                   data_info(kIn, kClasses), 12) == TSR_OK);
+  REQUIRE(TSR_HAS_FIELD(m.vt, tsr_model_vtable, predict));
+  State s(m);
+  s.load_reference_params();
+  Batch batch = reference_batch();
+  tsr_step *step = f.host.step_handle(&s.hooks);
+  tsr_forward_result r = fresh_result();
+  REQUIRE(m.vt->forward(m.self, step, batch.get(), 0, &r) == TSR_OK);
+
+  int64_t qshape[2] = {1, 0};
+  DLTensor q{nullptr, DLDevice{kDLCPU, 0}, 2, DLDataType{kDLFloat, 32, 1}, qshape, nullptr, 0};
+  REQUIRE(m.vt->predict(m.self, step, nullptr, &q) == TSR_OK);
+  CHECK(qshape[1] == kClasses);
+
+  tsr_batch no_targets = *batch.get();
+  no_targets.targets = DLTensor{};
+  std::vector<float> z(static_cast<size_t>(kBatch * kClasses), 0.0f);
+  int64_t zshape[2] = {kBatch, kClasses};
+  DLTensor logits{z.data(), DLDevice{kDLCPU, 0}, 2, DLDataType{kDLFloat, 32, 1}, zshape, nullptr,
+                  0};
+  INFO(f.host.last_error());
+  REQUIRE(m.vt->predict(m.self, step, &no_targets, &logits) == TSR_OK);
+  double loss = 0;
+  for (int64_t i = 0; i < kBatch; ++i) {
+    const float *row = z.data() + i * kClasses;
+    const double mx = *std::max_element(row, row + kClasses);
+    double sum = 0;
+    for (int64_t c = 0; c < kClasses; ++c) sum += std::exp(row[c] - mx);
+    loss -= row[batch.y[static_cast<size_t>(i)]] - mx - std::log(sum);
+  }
+  CHECK(loss == Approx(r.loss_sum).epsilon(1e-5));
+  // Nothing kept for backward.
+  CHECK(m.vt->backward(m.self, step, batch.get(), 1.0f) == TSR_ERR_INVALID);
+}
+
 TEST_CASE("mlp gelu and tanh gradients match finite differences", "[mlp]") {
   for (const std::string act : {"gelu", "tanh"}) {
     DYNAMIC_SECTION("activation " << act) {

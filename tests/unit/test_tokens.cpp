@@ -512,6 +512,13 @@ TEST_CASE("GPT-2 BPE on a hand-made vocabulary", "[tokens][bpe]") {
   CHECK(bpe.encode("") == V{});
   // Cached pieces give the same ids again.
   CHECK(bpe.encode("hello hello") == V{260, ' ', 260});
+  // decode inverts encode, byte for byte; an unknown id decodes to nothing.
+  for (const char *text : {"hello world", "llll", "he's", "\xC3\xA9 w", "a\xFF\n\x01"})
+    CHECK(bpe.decode(bpe.encode(text)) == text);
+  CHECK(bpe.decode(263) == " wor");
+  CHECK(bpe.decode(264) == "<|endoftext|>");
+  CHECK(bpe.decode(0xC3) == "\xC3");
+  CHECK(bpe.decode(9999).empty());
 
   CHECK_THROWS_WITH(data::Gpt2Bpe("[1, 2]", "bad.json", kTinyMerges, "tiny.bpe"),
                     Catch::Contains("bad.json"));
@@ -554,6 +561,7 @@ TEST_CASE("GPT-2 BPE matches OpenAI's encoder on the goldens", "[tokens][bpe]") 
     const std::string text = g["text"];
     INFO(text);
     CHECK(bpe.encode(text) == g["ids"].get<std::vector<uint32_t>>());
+    CHECK(bpe.decode(g["ids"].get<std::vector<uint32_t>>()) == text);
   }
 }
 

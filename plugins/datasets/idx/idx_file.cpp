@@ -121,13 +121,17 @@ IdxArray read_idx_u8(const std::string &path, const std::string &role, uint32_t 
   if (total == 0)
     throw sdk::Error(TSR_ERR_INVALID, "idx: " + in.where() + " holds no data (a dimension is 0)");
 
-  // Grow with what the file actually holds, never more than the header says.
-  const size_t chunk = size_t{16} << 20;
+  // Grow with what the file actually holds, never more than the header
+  // says: read through a fixed buffer, so that memory follows the data that
+  // arrives rather than the header's number (a gzip stream's length is not
+  // known before it is read).
+  const size_t chunk = size_t{1} << 20;
+  std::unique_ptr<uint8_t[]> buf(new uint8_t[chunk]);
   size_t have = 0;
   while (have < total) {
     const size_t want = std::min<size_t>(chunk, total - have);
-    out.data.resize(have + want);
-    const size_t got = in.read(out.data.data() + have, want);
+    const size_t got = in.read(buf.get(), want);
+    out.data.insert(out.data.end(), buf.get(), buf.get() + got);
     have += got;
     if (got < want) {
       throw sdk::Error(TSR_ERR_INVALID, "idx: " + in.where() + " is truncated: its header says " +

@@ -12,6 +12,10 @@
 // per sample (targets < 0 are ignored); the model does not shift them, the
 // dataset does. Any T up to `context` is accepted at run time.
 //
+// predict (ABI 1.1, for generation) runs the same forward on inputs alone
+// and returns float32 logits [B, vocab] of each sequence's last position
+// only: ln_f and the LM head run on those B rows, over the real vocabulary.
+//
 // Parameters (Hugging Face names, their Conv1D layout [in, out] kept as is,
 // so the forward is x[rows, in] @ W[in, out] with no transpose):
 //   group 0:      transformer.wte.weight [padded_vocab, C]   (see below)
@@ -334,7 +338,8 @@ struct Gpt2 {
   DLDataType adt = sdk::dtype_f32();
   size_t esize = 4;
   Buffer act, stats;
-  struct Set {                                  // one block's activations
+  Buffer predict_f32;  // predict's float32 logits on the device (16-bit runs only)
+  struct Set {         // one block's activations
     size_t ln1, qkv, atty, r2, ln2, fch, fchg;  // in act
     size_t m1, s1, m2, s2, lse;                 // in stats
   };
@@ -479,8 +484,9 @@ struct Gpt2 {
 
   // ---- batch ---------------------------------------------------------------
 
-  // Checks the batch and returns its sequence length.
-  int64_t check_batch(const tsr_batch *batch) const {
+  // Checks the batch and returns its sequence length. predict passes
+  // with_targets = false: its targets may be absent and are not read.
+  int64_t check_batch(const tsr_batch *batch, bool with_targets = true) const {
     if (!batch) throw Error(TSR_ERR_INVALID, "gpt2: batch is NULL");
     const int64_t n = batch->size;
     if (n < 0 || n > max_batch)
@@ -490,6 +496,7 @@ struct Gpt2 {
     if (n == 0) return 0;
     const DLTensor &x = batch->inputs, &y = batch->targets;
     for (const DLTensor *t : {&x, &y}) {
+      if (t == &y && !with_targets) break;
       const char *what = t == &x ? "inputs" : "targets";
       if (!is_i32(t->dtype))
         throw Error(TSR_ERR_INVALID, std::string("gpt2: batch ") + what +
@@ -507,7 +514,7 @@ struct Gpt2 {
                     std::string("gpt2: batch ") + what + " must be contiguous row-major");
     }
     const int64_t T = x.shape[1];
-    if (y.shape[1] != T)
+    if (with_targets && y.shape[1] != T)
       throw Error(TSR_ERR_INVALID, "gpt2: batch targets have " + std::to_string(y.shape[1]) +
                                        " tokens per sequence, inputs " + std::to_string(T));
     if (T < 1 || T > d.context)
@@ -561,6 +568,30 @@ struct Gpt2 {
     check(ops->axpy(ctx, 1.0f, r2.get(), y.get()));  // x_{l+1} = r + mlp
   }
 
+  // Embeddings and blocks: x_L into resid[L] for B sequences of T tokens.
+  // Returns wte's view, which serves the LM head too: group 0 stays live
+  // (the caller says params_done(0) after the head).
+  DLTensor trunk(tsr_step *step, const DLTensor &inputs, int64_t B, int64_t T) {
+    const int64_t R = B * T, C = d.width;
+    tsr_host_ctx *ctx = host->ctx;
+    View ids(inputs, {R});
+    DLTensor wte = param(step, kWte);
+    ensure_dtype(wte);
+    DLTensor wpe = param(step, kWpe);
+    View x0 = A(resid[0], {R, C});
+    check(ops->embedding_forward(ctx, ids.get(), &wte, x0.get(), 0));
+    View pos(wpe, {T * C});  // wpe[0..T) as one run
+    for (int64_t b = 0; b < B; ++b) {
+      View xb = A(resid[0] + static_cast<size_t>(b * T * C), {T * C});
+      check(ops->axpy(ctx, 1.0f, pos.get(), xb.get()));
+    }
+    for (uint32_t l = 0; l < L(); ++l) {
+      block_forward(step, l, sets[recompute ? 0 : l], B, T, true);
+      params_done(step, l + 1);
+    }
+    return wte;
+  }
+
   void forward(tsr_step *step, const tsr_batch *batch, int32_t training, tsr_forward_result *out) {
     ready = false;
     if (!out) throw Error(TSR_ERR_INVALID, "gpt2: forward result is NULL");
@@ -571,24 +602,8 @@ struct Gpt2 {
     if (B > 0) {
       const int64_t R = B * T, C = d.width;
       tsr_host_ctx *ctx = host->ctx;
-      View ids(batch->inputs, {R}), tgt(batch->targets, {R});
-
-      // Embeddings. wte's view serves the LM head too: group 0 stays live.
-      DLTensor wte = param(step, kWte);
-      ensure_dtype(wte);
-      DLTensor wpe = param(step, kWpe);
-      View x0 = A(resid[0], {R, C});
-      check(ops->embedding_forward(ctx, ids.get(), &wte, x0.get(), 0));
-      View pos(wpe, {T * C});  // wpe[0..T) as one run
-      for (int64_t b = 0; b < B; ++b) {
-        View xb = A(resid[0] + static_cast<size_t>(b * T * C), {T * C});
-        check(ops->axpy(ctx, 1.0f, pos.get(), xb.get()));
-      }
-
-      for (uint32_t l = 0; l < L(); ++l) {
-        block_forward(step, l, sets[recompute ? 0 : l], B, T, true);
-        params_done(step, l + 1);
-      }
+      View tgt(batch->targets, {R});
+      DLTensor wte = trunk(step, batch->inputs, B, T);
 
       View xL = A(resid[L()], {R, C}), lnf_y = A(lnf, {R, C});
       View m = S(lnf_m, {R}), s = S(lnf_s, {R});
@@ -610,6 +625,83 @@ struct Gpt2 {
     ready = training != 0;
     ready_n = B;
     ready_T = T;
+  }
+
+  // ---- predict -------------------------------------------------------------
+
+  // The caller's logits: float32 [B, vocab], compact, in host memory or on
+  // the model's device.
+  void check_logits(const DLTensor *out, int64_t B) const {
+    if (!out) throw Error(TSR_ERR_INVALID, "gpt2: predict logits is NULL");
+    std::string want = "[";  // built up in steps: GCC 12 misreads "[" + std::string
+    want += std::to_string(B) + ", " + std::to_string(d.vocab) + "]";
+    if (!same_dtype(out->dtype, sdk::dtype_f32()))
+      throw Error(TSR_ERR_INVALID,
+                  "gpt2: predict logits must be float32, got " + dtype_str(out->dtype));
+    if (out->ndim != 2 || !out->shape || out->shape[0] != B || out->shape[1] != d.vocab)
+      throw Error(TSR_ERR_INVALID, "gpt2: predict logits are " +
+                                       (out->shape ? shape_str(out->shape, out->ndim) : "?") +
+                                       ", expected " + want + " (batch, vocab)");
+    if (out->strides &&
+        ((d.vocab != 1 && out->strides[1] != 1) || (B != 1 && out->strides[0] != d.vocab)))
+      throw Error(TSR_ERR_INVALID, "gpt2: predict logits must be contiguous row-major");
+    const int32_t dt = out->device.device_type;
+    const bool on_model = dt == device.device_type && out->device.device_id == device.device_id;
+    if (!on_model && dt != kDLCPU && dt != kDLCUDAHost)
+      throw Error(TSR_ERR_INVALID,
+                  "gpt2: predict logits must be in host memory or on the model's device");
+  }
+
+  // Logits for the token after each sequence's last position: the trunk over
+  // every position (attention needs them all), then ln_f and the LM head on
+  // the B last rows only, over the real vocabulary (wte's first vocab rows).
+  void predict(tsr_step *step, const tsr_batch *batch, DLTensor *out) {
+    ready = false;
+    if (out && !out->data) {  // the size query
+      if (out->ndim != 2 || !out->shape)
+        throw Error(TSR_ERR_INVALID, "gpt2: predict's size query needs logits of 2 dims");
+      out->shape[1] = d.vocab;
+      return;
+    }
+    const int64_t T = check_batch(batch, false);
+    const int64_t B = batch->size;
+    check_logits(out, B);
+    if (B == 0) return;
+    const int64_t C = d.width, V = d.vocab;
+    tsr_host_ctx *ctx = host->ctx;
+    DLTensor wte = trunk(step, batch->inputs, B, T);
+
+    View last = A(dsmall, {B, C});
+    for (int64_t b = 0; b < B; ++b) {
+      View src = A(resid[L()] + static_cast<size_t>((b * T + T - 1) * C), {C});
+      View dst = A(dsmall + static_cast<size_t>(b * C), {C});
+      check(ops->copy(ctx, src.get(), dst.get()));
+    }
+    View y = A(lnf, {B, C}), m = S(lnf_m, {B}), s = S(lnf_s, {B});
+    DLTensor w = param(step, lnf_w()), b = param(step, lnf_b());
+    check(
+        ops->layernorm_forward(ctx, last.get(), &w, &b, kLayerNormEps, y.get(), m.get(), s.get()));
+    params_done(step, L() + 1);
+    View head(wte, {V, C});  // the real vocabulary: wte's first V rows
+    View z = A(logits, {B, V});
+    check(ops->linear(ctx, y.get(), 0, head.get(), 1, nullptr, TSR_ACT_NONE, z.get(), nullptr));
+    params_done(step, 0);
+
+    // To the caller's float32 tensor: cast on the device, then copy across.
+    const bool on_model =
+        out->device.device_type == device.device_type && out->device.device_id == device.device_id;
+    if (same_dtype(adt, sdk::dtype_f32())) {
+      check(ops->copy(ctx, z.get(), out));
+    } else if (on_model) {
+      check(ops->cast(ctx, z.get(), out));
+    } else {
+      if (predict_f32.bytes() < static_cast<size_t>(B * V) * 4)
+        predict_f32 =
+            Buffer(host, device, static_cast<size_t>(max_batch * V) * 4, TSR_MEM_ACTIVATIONS);
+      View zf(predict_f32.get(), 0, device, sdk::dtype_f32(), {B, V});
+      check(ops->cast(ctx, z.get(), zf.get()));
+      check(ops->copy(ctx, zf.get(), out));
+    }
   }
 
   // ---- backward ------------------------------------------------------------
@@ -1070,6 +1162,12 @@ tsr_status gpt2_backward(void *self, tsr_step *step, const tsr_batch *batch, flo
   return sdk::guard(m->host, [&] { m->backward(step, batch, loss_scale); });
 }
 
+tsr_status gpt2_predict(void *self, tsr_step *step, const tsr_batch *batch, DLTensor *logits) {
+  Gpt2 *m = static_cast<Gpt2 *>(self);
+  if (!m) return TSR_ERR_INVALID;
+  return sdk::guard(m->host, [&] { m->predict(step, batch, logits); });
+}
+
 double gpt2_flops_per_sample(void *self) {
   const Gpt2 *m = static_cast<const Gpt2 *>(self);
   return m ? m->flops_per_sample() : 0.0;
@@ -1112,8 +1210,15 @@ const tsr_param_decl kParams[] = {
 };
 
 const tsr_model_vtable kVtable = {
-    sizeof(tsr_model_vtable), gpt2_create,  gpt2_destroy,  gpt2_num_params,
-    gpt2_param_info,          gpt2_forward, gpt2_backward, gpt2_flops_per_sample,
+    sizeof(tsr_model_vtable),
+    gpt2_create,
+    gpt2_destroy,
+    gpt2_num_params,
+    gpt2_param_info,
+    gpt2_forward,
+    gpt2_backward,
+    gpt2_flops_per_sample,
+    gpt2_predict,
 };
 
 const tsr_plugin_descriptor kDescriptor = {

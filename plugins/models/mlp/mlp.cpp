@@ -122,6 +122,7 @@ struct Mlp {
   Buffer logits;             // [M, classes]; backward turns it into dlogits
   Buffer input;              // [M, d0] in the compute dtype, when it is not float32
   Buffer scratch[2];         // [M, max hidden]: dX ping-pong in backward
+  Buffer predict_f32;        // [M, classes] float32: predict's logits in 16-bit runs
 
   // What backward may rely on: a training forward over `ready_n` samples.
   bool ready = false;
@@ -206,7 +207,8 @@ struct Mlp {
     return cols ? View(t, 2, n, cols) : View(t, 1, n);
   }
 
-  void check_batch(const tsr_batch *batch) const {
+  // predict passes with_targets = false: its targets may be absent.
+  void check_batch(const tsr_batch *batch, bool with_targets = true) const {
     if (!batch) throw Error(TSR_ERR_INVALID, "mlp: batch is NULL");
     if (batch->size < 0 || batch->size > max_batch)
       throw Error(TSR_ERR_INVALID, "mlp: batch of " + std::to_string(batch->size) +
@@ -215,7 +217,7 @@ struct Mlp {
     if (!is_dtype(batch->inputs.dtype, kDLFloat, 32))
       throw Error(TSR_ERR_INVALID,
                   "mlp: batch inputs must be float32, got " + dtype_str(batch->inputs.dtype));
-    if (!is_dtype(batch->targets.dtype, kDLInt, 32))
+    if (with_targets && !is_dtype(batch->targets.dtype, kDLInt, 32))
       throw Error(TSR_ERR_INVALID,
                   "mlp: batch targets must be int32, got " + dtype_str(batch->targets.dtype));
   }
@@ -228,35 +230,8 @@ struct Mlp {
     double loss_sum = 0;
     int64_t count = 0, correct = 0;
     if (n > 0) {
-      View x = batch_view(batch->inputs, "inputs", n, dims[0]);
-      if (input.get()) {
-        View xc = buf(input, n, dims[0]);
-        check(ops->cast(host->ctx, x.get(), xc.get()));
-      }
       View y = batch_view(batch->targets, "targets", n, 0);
-      const bool keep_pre = training && act == TSR_ACT_GELU;
-      const size_t L = layers();
-      for (size_t i = 0; i < L; ++i) {
-        const uint32_t wi = static_cast<uint32_t>(2 * i);
-        DLTensor w = param(step, wi), b = param(step, wi + 1);
-        View in = layer_input(i, *batch, n);
-        const int64_t width = dims[i + 1];
-        if (i + 1 == L) {
-          View z = buf(logits, n, width);
-          linear(in, w, b, TSR_ACT_NONE, z, nullptr);
-        } else if (keep_pre) {
-          View z = buf(pre[i], n, width), a = buf(post[i], n, width);
-          linear(in, w, b, act, a, &z);
-        } else {
-          View a = buf(post[i], n, width);
-          linear(in, w, b, act, a, nullptr);
-        }
-        // Layer i's parameters are not needed again in this pass (stage 3
-        // releases the gathered group). Hosts before params_done existed
-        // have no such entry.
-        if (TSR_HAS_FIELD(host, tsr_host, params_done) && host->params_done)
-          check(host->params_done(step, static_cast<uint32_t>(i)));
-      }
+      layers_forward(step, *batch, n, training && act == TSR_ACT_GELU);
       View z = buf(logits, n, classes());
       check(ops->cross_entropy(host->ctx, z.get(), y.get(), classes(), 1.0f, nullptr, &loss_sum,
                                &count, &correct));
@@ -266,6 +241,79 @@ struct Mlp {
     out->correct = correct;
     ready = training != 0;
     ready_n = n;
+  }
+
+  // The logits of each sample, float32 [n, classes], into the caller's
+  // tensor (host memory or the model's device).
+  void predict(tsr_step *step, const tsr_batch *batch, DLTensor *out) {
+    ready = false;
+    if (out && !out->data) {  // the size query
+      if (out->ndim != 2 || !out->shape)
+        throw Error(TSR_ERR_INVALID, "mlp: predict's size query needs logits of 2 dims");
+      out->shape[1] = classes();
+      return;
+    }
+    check_batch(batch, false);
+    if (!out) throw Error(TSR_ERR_INVALID, "mlp: predict logits is NULL");
+    const int64_t n = batch->size;
+    if (!is_dtype(out->dtype, kDLFloat, 32))
+      throw Error(TSR_ERR_INVALID,
+                  "mlp: predict logits must be float32, got " + dtype_str(out->dtype));
+    if (out->ndim != 2 || !out->shape || out->shape[0] != n || out->shape[1] != classes())
+      throw Error(TSR_ERR_INVALID, "mlp: predict logits are " + shape_str(*out) + ", expected [" +
+                                       std::to_string(n) + ", " + std::to_string(classes()) + "]");
+    const int32_t dt = out->device.device_type;
+    const bool on_model = dt == device.device_type && out->device.device_id == device.device_id;
+    if (!on_model && dt != kDLCPU && dt != kDLCUDAHost)
+      throw Error(TSR_ERR_INVALID,
+                  "mlp: predict logits must be in host memory or on the model's device");
+    if (n == 0) return;
+    layers_forward(step, *batch, n, false);
+    View z = buf(logits, n, classes());
+    if (is_dtype(dtype, kDLFloat, 32)) {
+      check(ops->copy(host->ctx, z.get(), out));
+    } else if (on_model) {
+      check(ops->cast(host->ctx, z.get(), out));
+    } else {
+      // Cast on the device, then copy across.
+      if (!predict_f32.get())
+        predict_f32 = Buffer(host, device, static_cast<size_t>(max_batch * classes()) * 4,
+                             TSR_MEM_ACTIVATIONS);
+      View zf(predict_f32.get(), device, f32(), n, classes());
+      check(ops->cast(host->ctx, z.get(), zf.get()));
+      check(ops->copy(host->ctx, zf.get(), out));
+    }
+  }
+
+  // Every layer over n samples; the last layer's output lands in `logits`.
+  void layers_forward(tsr_step *step, const tsr_batch &batch, int64_t n, bool keep_pre) {
+    View x = batch_view(batch.inputs, "inputs", n, dims[0]);
+    if (input.get()) {
+      View xc = buf(input, n, dims[0]);
+      check(ops->cast(host->ctx, x.get(), xc.get()));
+    }
+    const size_t L = layers();
+    for (size_t i = 0; i < L; ++i) {
+      const uint32_t wi = static_cast<uint32_t>(2 * i);
+      DLTensor w = param(step, wi), b = param(step, wi + 1);
+      View in = layer_input(i, batch, n);
+      const int64_t width = dims[i + 1];
+      if (i + 1 == L) {
+        View z = buf(logits, n, width);
+        linear(in, w, b, TSR_ACT_NONE, z, nullptr);
+      } else if (keep_pre) {
+        View z = buf(pre[i], n, width), a = buf(post[i], n, width);
+        linear(in, w, b, act, a, &z);
+      } else {
+        View a = buf(post[i], n, width);
+        linear(in, w, b, act, a, nullptr);
+      }
+      // Layer i's parameters are not needed again in this pass (stage 3
+      // releases the gathered group). Hosts before params_done existed
+      // have no such entry.
+      if (TSR_HAS_FIELD(host, tsr_host, params_done) && host->params_done)
+        check(host->params_done(step, static_cast<uint32_t>(i)));
+    }
   }
 
   void backward(tsr_step *step, const tsr_batch *batch, float loss_scale) {
@@ -523,6 +571,12 @@ tsr_status mlp_backward(void *self, tsr_step *step, const tsr_batch *batch, floa
   return sdk::guard(m->host, [&] { m->backward(step, batch, loss_scale); });
 }
 
+tsr_status mlp_predict(void *self, tsr_step *step, const tsr_batch *batch, DLTensor *logits) {
+  Mlp *m = static_cast<Mlp *>(self);
+  if (!m) return TSR_ERR_INVALID;
+  return sdk::guard(m->host, [&] { m->predict(step, batch, logits); });
+}
+
 // 2 FLOPs per multiply-add forward, 4 backward (dW and dX).
 double mlp_flops_per_sample(void *self) {
   const Mlp *m = static_cast<const Mlp *>(self);
@@ -545,8 +599,15 @@ const tsr_param_decl kParams[] = {
 };
 
 const tsr_model_vtable kVtable = {
-    sizeof(tsr_model_vtable), mlp_create,  mlp_destroy,  mlp_num_params,
-    mlp_param_info,           mlp_forward, mlp_backward, mlp_flops_per_sample,
+    sizeof(tsr_model_vtable),
+    mlp_create,
+    mlp_destroy,
+    mlp_num_params,
+    mlp_param_info,
+    mlp_forward,
+    mlp_backward,
+    mlp_flops_per_sample,
+    mlp_predict,
 };
 
 const tsr_plugin_descriptor kDescriptor = {

@@ -7,8 +7,10 @@
 // inside segments whose decay flag is set.
 //
 // The CPU kernel is a plain loop over one segment with no allocation, so the
-// compiler vectorizes it; the optional low-precision compute copy of the
-// params is written in the same pass, while the value is still in a register.
+// compiler vectorizes it (built for AVX-512, AVX2 and SSE2, the best picked
+// at load time: TSR_CPU_CLONES in host_device.hpp); the optional
+// low-precision compute copy of the params is written in the same pass,
+// while the value is still in a register.
 // (The compute-copy and argument-check helpers are the same as sgd's: each
 // plugin library stands alone.)
 #include "adam.hpp"
@@ -46,8 +48,8 @@ constexpr StepSupport kSupport = {kDevices, true};
 // CPU kernel: one segment, pointers already offset to its first element.
 
 template <typename Grads, typename Out>
-void adam_segment(float *__restrict p, Grads g, float *__restrict m, float *__restrict v, size_t n,
-                  const AdamConsts &k, Out out) {
+TSR_CPU_CLONES void adam_segment(float *__restrict p, Grads g, float *__restrict m,
+                                 float *__restrict v, size_t n, const AdamConsts &k, Out out) {
   for (size_t i = 0; i < n; ++i) {
     float mi = m[i], vi = v[i];
     const float pi = adam_update(p[i], g[i], mi, vi, k);

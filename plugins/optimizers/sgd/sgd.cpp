@@ -40,8 +40,8 @@ constexpr StepSupport kSupport = {kDevices, true};
 // The branches inside sgd_update are loop-invariant (momentum, nesterov,
 // step 1, decay), so the compiler hoists them out of the loop.
 template <typename Grads, typename Out>
-void sgd_segment(float *__restrict p, Grads g, float *__restrict buf, size_t n, bool decay,
-                 const SgdStep &k, Out out) {
+TSR_CPU_CLONES void sgd_segment(float *__restrict p, Grads g, float *__restrict buf, size_t n,
+                                bool decay, const SgdStep &k, Out out) {
   if (!k.has_momentum) {
     for (size_t i = 0; i < n; ++i) {
       float unused = 0.0f;

@@ -60,6 +60,27 @@ typedef struct tsr_model_vtable {
   tsr_status (*backward)(void *self, tsr_step *step, const tsr_batch *batch, float loss_scale);
   /* Forward+backward FLOPs per sample, for MFU; 0 if unknown. */
   double (*flops_per_sample)(void *self);
+
+  /* ---- ABI 1.1 (check TSR_HAS_FIELD(vt, tsr_model_vtable, predict) and
+   * that it is not NULL: a model may leave it out) ---- */
+
+  /* Inference: forward over `batch` without a loss, writing the logits of
+   * each sample's prediction into `logits`, float32 [batch->size, classes],
+   * compact, in host memory (kDLCPU, kDLCUDAHost) or on the run's device;
+   * the model casts and copies into it. classes is the model's number of
+   * real classes (a language model's vocabulary without padding rows). For
+   * a sequence model the prediction is the one after each sample's LAST
+   * input position (inputs [n, T'], T' up to the model's context; shorter
+   * than the training windows works); for a classifier, each sample's.
+   * `batch->targets` may be absent (data NULL) and is not read. Keeps
+   * nothing for backward: a backward after predict is an error. With
+   * pinned memory (kDLCUDAHost) the copy may still be in flight on
+   * compute_stream when predict returns; kDLCPU memory is written when it
+   * returns.
+   * Size query: with `logits->data` NULL (ndim 2, shape pointing at two
+   * int64_t), predict computes nothing, sets logits->shape[1] to classes
+   * and returns TSR_OK; `batch` is not read and may be NULL. */
+  tsr_status (*predict)(void *self, tsr_step *step, const tsr_batch *batch, DLTensor *logits);
 } tsr_model_vtable;
 
 #endif /* TESSERA_MODEL_H */

@@ -4,6 +4,7 @@
 #define TESSERA_OFFLOAD_H
 
 #include <tessera/optimizer.h>
+#include <tessera/zero.h>
 
 typedef struct tsr_offload_setup {
   size_t struct_size;
@@ -13,6 +14,11 @@ typedef struct tsr_offload_setup {
   uint32_t state_count; /* optimizer state arrays per element */
   DLDevice device;      /* where compute parameters and gradients live */
   DLDataType compute_dtype;
+  /* ---- ABI 1.1 (check TSR_HAS_FIELD(setup, tsr_offload_setup, zero_plan)) ----
+   * What the run's ZeRO stage partitions across host->run->world_size
+   * ranks, valid during setup: partition_optimizer is 0 under stage 0,
+   * where every rank owns (and updates) every element. */
+  const tsr_zero_plan *zero_plan;
 } tsr_offload_setup;
 
 /* One update of owned elements [offset, offset + count). */

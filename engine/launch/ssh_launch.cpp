@@ -1,0 +1,385 @@
+#include "launch/ssh_launch.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <regex>
+#include <thread>
+
+#include "util/error.hpp"
+
+namespace tessera {
+
+namespace {
+
+std::atomic<int> g_signal{0};
+void on_signal(int sig) {
+  g_signal = sig;
+}
+
+struct Node {
+  size_t index = 0;
+  std::string host;
+  int first_rank = 0, nranks = 0;
+  pid_t pid = -1;
+  int in_fd = -1, out_fd = -1, err_fd = -1;
+  std::string out_buf, err_buf;
+  std::string verdict;   // its launcher's "tessera run: failed: ..." line, without that
+  std::string last_err;  // its last line on stderr
+  bool exited = false;
+  int status = 0;
+};
+
+// This binary, by its path: the nodes run the same one (a shared or
+// identical installation, as the config and data paths must be).
+std::string self_exe() {
+  char buf[PATH_MAX];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) throw Error(TSR_ERR_IO, "cannot find this program's path in /proc/self/exe");
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+std::string join(const std::vector<std::string> &words) {
+  std::string s;
+  for (const auto &w : words) {
+    if (!s.empty()) s.push_back(' ');
+    s.append(shell_quote(w));
+  }
+  return s;
+}
+
+std::string ranks_of(const Node &n) {
+  return n.nranks == 1 ? "rank " + std::to_string(n.first_rank)
+                       : "ranks " + std::to_string(n.first_rank) + "-" +
+                             std::to_string(n.first_rank + n.nranks - 1);
+}
+
+void pump(Node &n, int &fd, std::string &buf, FILE *to, bool flush_all, bool is_err) {
+  if (fd >= 0) {
+    char tmp[65536];
+    ssize_t r = ::read(fd, tmp, sizeof tmp);
+    if (r > 0)
+      buf.append(tmp, static_cast<size_t>(r));
+    else if (r == 0 || (r < 0 && errno != EINTR && errno != EAGAIN)) {
+      ::close(fd);
+      fd = -1;
+      flush_all = true;
+    }
+  }
+  auto emit = [&](const std::string &line) {
+    std::fprintf(to, "%s: %s\n", n.host.c_str(), line.c_str());
+    if (!is_err) return;
+    static const std::string failed = "tessera run: failed: ";
+    if (line.rfind(failed, 0) == 0) n.verdict = line.substr(failed.size());
+    if (!line.empty()) n.last_err = line;
+  };
+  size_t start = 0;
+  for (size_t nl; (nl = buf.find('\n', start)) != std::string::npos; start = nl + 1)
+    emit(buf.substr(start, nl - start));
+  buf.erase(0, start);
+  if (flush_all && !buf.empty()) {
+    emit(buf);
+    buf.clear();
+  }
+  std::fflush(to);
+}
+
+pid_t spawn_ssh(Node &n, const std::vector<std::string> &argv_s) {
+  int in[2], out[2], err[2];
+  if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)
+    throw Error(TSR_ERR_IO, std::string("cannot create pipes: ") + std::strerror(errno));
+  pid_t parent = ::getpid();
+  pid_t pid = ::fork();
+  if (pid < 0) throw Error(TSR_ERR_IO, std::string("fork failed: ") + std::strerror(errno));
+  if (pid == 0) {
+    // ssh must not outlive us: its end closes the session, and the node
+    // launcher then stops its workers.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(1);
+    // Its own process group: a Ctrl-C at the terminal reaches us, and we
+    // stop the nodes (they save a checkpoint first) rather than cut ssh.
+    ::setpgid(0, 0);
+    ::signal(SIGPIPE, SIG_DFL);
+    ::dup2(in[0], 0);
+    ::dup2(out[1], 1);
+    ::dup2(err[1], 2);
+    std::vector<char *> argv;
+    for (const auto &a : argv_s) argv.push_back(const_cast<char *>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execvp(argv[0], argv.data());
+    std::fprintf(stderr, "cannot run %s: %s (install openssh-client)\n", argv[0],
+                 std::strerror(errno));
+    ::_exit(127);
+  }
+  ::close(in[0]);
+  ::close(out[1]);
+  ::close(err[1]);
+  n.in_fd = in[1];
+  n.out_fd = out[0];
+  n.err_fd = err[0];
+  return pid;
+}
+
+// A node launcher's verdict names one of its own ranks as the cause
+// ("rank 3 was killed by signal ..."), not a rank that stopped because of
+// another.
+bool names_own_rank(const Node &n) {
+  static const std::regex re(R"(^rank (\d+) )");
+  std::smatch m;
+  if (!std::regex_search(n.verdict, m, re)) return false;
+  const int r = std::stoi(m[1]);
+  return r >= n.first_rank && r < n.first_rank + n.nranks &&
+         n.verdict.find("because another rank failed") == std::string::npos;
+}
+
+std::string describe_node_failure(const Node &n) {
+  const std::string where =
+      "on " + n.host + " (node " + std::to_string(n.index) + ", " + ranks_of(n) + "): ";
+  if (!n.verdict.empty()) return where + n.verdict;
+  std::string how;
+  if (WIFSIGNALED(n.status)) {
+    const char *name = sigabbrev_np(WTERMSIG(n.status));
+    how = std::string("ssh was killed by signal SIG") + (name ? name : "?");
+  } else if (WIFEXITED(n.status) && WEXITSTATUS(n.status) == 255) {
+    how = "ssh to " + n.host + " failed (status 255)";
+  } else {
+    how = "the node launcher exited with status " +
+          std::to_string(WIFEXITED(n.status) ? WEXITSTATUS(n.status) : n.status);
+  }
+  return where + how + (n.last_err.empty() ? "" : ": " + n.last_err);
+}
+
+bool failed(int status) {
+  return !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+}  // namespace
+
+std::vector<std::string> ssh_command(const SshLaunchOptions &opt, size_t node,
+                                     const std::vector<std::string> &node_args) {
+  const HostSlots &h = opt.hosts.at(node);
+  std::error_code ec;
+  const std::string cwd = std::filesystem::current_path(ec).string();
+  // The remote side: into the same directory, then the node launcher with
+  // the forwarded variables (env keeps them off the shell's expansion).
+  std::vector<std::string> remote = {"cd", cwd};
+  std::string cmd = join(remote) + " && exec env";
+  std::vector<std::pair<std::string, std::string>> env = opt.env;
+  // --include/--exclude picked some slots of this host: only those devices.
+  bool all = true;
+  for (size_t i = 0; i < h.slots.size(); ++i) all &= h.slots[i] == static_cast<int>(i);
+  if (!all) {
+    std::string list;
+    for (int s : h.slots) {
+      if (!list.empty()) list.push_back(',');
+      list.append(std::to_string(s));
+    }
+    env.emplace_back("CUDA_VISIBLE_DEVICES", list);
+  }
+  for (const auto &[k, v] : env) {
+    // The job secret goes over the session's input, never on a command line.
+    if (k == "TESSERA_JOB_SECRET") continue;
+    cmd.push_back(' ');
+    cmd.append(shell_quote(k + "=" + v));
+  }
+  std::vector<std::string> launcher = {self_exe(),     "run",
+                                       "--nnodes",     std::to_string(opt.hosts.size()),
+                                       "--node-rank",  std::to_string(node),
+                                       "--master",     opt.master,
+                                       "-n",           std::to_string(h.slots.size()),
+                                       "--watch-stdin"};
+  launcher.insert(launcher.end(), node_args.begin(), node_args.end());
+  cmd.push_back(' ');
+  cmd.append(join(launcher));
+
+  // No terminal (a pty would change the output and the end-of-input that
+  // tells the node launcher its session ended); never a password prompt.
+  std::vector<std::string> argv = {"ssh", "-T", "-o", "BatchMode=yes"};
+  if (opt.ssh_port > 0) {
+    argv.push_back("-p");
+    argv.push_back(std::to_string(opt.ssh_port));
+  }
+  argv.insert(argv.end(), opt.ssh_opts.begin(), opt.ssh_opts.end());
+  argv.push_back(h.host);
+  argv.push_back(cmd);
+  return argv;
+}
+
+int launch_over_ssh(const SshLaunchOptions &opt, const std::vector<std::string> &node_args) {
+  if (opt.hosts.empty()) throw Error(TSR_ERR_CONFIG, "--hostfile: no hosts to run on");
+  const int slots = static_cast<int>(opt.hosts.front().slots.size());
+  for (const auto &h : opt.hosts)
+    if (static_cast<int>(h.slots.size()) != slots)
+      throw Error(TSR_ERR_CONFIG, "every node needs the same number of slots: " +
+                                      opt.hosts.front().host + " has " + std::to_string(slots) +
+                                      ", " + h.host + " has " + std::to_string(h.slots.size()) +
+                                      " (even them with --num_gpus, --include or --exclude)");
+  std::vector<Node> nodes(opt.hosts.size());
+  std::vector<std::vector<std::string>> commands;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    nodes[i].index = i;
+    nodes[i].host = opt.hosts[i].host;
+    nodes[i].first_rank = static_cast<int>(i) * slots;
+    nodes[i].nranks = slots;
+    commands.push_back(ssh_command(opt, i, node_args));
+  }
+  if (opt.dry_run) {
+    for (size_t i = 0; i < nodes.size(); ++i)
+      std::printf("# node %zu: %s, %s\n%s\n", i, nodes[i].host.c_str(), ranks_of(nodes[i]).c_str(),
+                  join(commands[i]).c_str());
+    return 0;
+  }
+
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  std::fprintf(stderr, "tessera run: %zu nodes x %d ranks, rendezvous store at %s\n", nodes.size(),
+               slots, opt.master.c_str());
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    std::fprintf(stderr, "tessera run: node %zu: %s (%s) over ssh\n", i, nodes[i].host.c_str(),
+                 ranks_of(nodes[i]).c_str());
+    nodes[i].pid = spawn_ssh(nodes[i], commands[i]);
+    // The node launcher's first line of input: the job's secret
+    // (docs/security.md); ssh encrypts it, and no command line shows it.
+    const std::string line = "secret " + opt.job_secret + "\n";
+    if (nodes[i].in_fd >= 0) (void)!::write(nodes[i].in_fd, line.data(), line.size());
+  }
+  std::fflush(stderr);
+
+  // 0: running; 1: a node failed, the others get a moment to stop on their
+  // own (the abort key reaches their workers); 2: "stop" sent to the rest;
+  // 3: ssh killed. Ctrl-C or SIGTERM: 2 with the grace period (the node
+  // launchers see their input end and stop their workers as on SIGTERM).
+  int phase = 0;
+  const Node *culprit = nullptr;
+  std::chrono::steady_clock::time_point deadline{};
+  auto close_input = [&](bool stop) {
+    for (auto &n : nodes) {
+      if (n.in_fd < 0) continue;
+      if (stop && !n.exited) (void)!::write(n.in_fd, "stop\n", 5);
+      ::close(n.in_fd);
+      n.in_fd = -1;
+    }
+  };
+  for (;;) {
+    std::vector<pollfd> fds;
+    std::vector<std::pair<Node *, bool>> owners;
+    for (auto &n : nodes) {
+      if (n.out_fd >= 0) {
+        fds.push_back({n.out_fd, POLLIN, 0});
+        owners.push_back({&n, false});
+      }
+      if (n.err_fd >= 0) {
+        fds.push_back({n.err_fd, POLLIN, 0});
+        owners.push_back({&n, true});
+      }
+    }
+    if (!fds.empty())
+      ::poll(fds.data(), fds.size(), 100);
+    else
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      Node &n = *owners[i].first;
+      if (owners[i].second)
+        pump(n, n.err_fd, n.err_buf, stderr, false, true);
+      else
+        pump(n, n.out_fd, n.out_buf, stdout, false, false);
+    }
+    bool all_done = true;
+    bool newly_failed = false;
+    for (auto &n : nodes) {
+      if (n.exited) continue;
+      int st = 0;
+      if (::waitpid(n.pid, &st, WNOHANG) != n.pid) {
+        all_done = false;
+        continue;
+      }
+      n.exited = true;
+      n.status = st;
+      // Its last words, for the verdict.
+      while (n.err_fd >= 0) pump(n, n.err_fd, n.err_buf, stderr, true, true);
+      while (n.out_fd >= 0) pump(n, n.out_fd, n.out_buf, stdout, true, false);
+      if (failed(st) && phase == 0 && !g_signal) newly_failed = true;
+    }
+    if (newly_failed) {
+      // Let the other nodes' verdicts arrive: the node whose own rank failed
+      // is the cause, not one whose ranks stopped because of it.
+      deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+      phase = 1;
+    }
+    if (phase == 1 && (all_done || std::chrono::steady_clock::now() > deadline) && !culprit) {
+      const Node *first = nullptr, *own = nullptr, *signaled = nullptr, *other = nullptr;
+      for (const auto &n : nodes) {
+        if (!n.exited || !failed(n.status)) continue;
+        if (!first) first = &n;
+        if (names_own_rank(n)) {
+          if (!own) own = &n;
+          if (!signaled && n.verdict.find("killed by signal") != std::string::npos) signaled = &n;
+        }
+        if (!other && n.verdict.empty()) other = &n;  // ssh or the node launcher itself failed
+      }
+      culprit = signaled ? signaled : own ? own : other ? other : first;
+      if (!all_done)
+        std::fprintf(stderr, "tessera run: %s; stopping the other nodes\n",
+                     describe_node_failure(*culprit).c_str());
+      close_input(true);
+      phase = 2;
+      deadline = std::chrono::steady_clock::now() + std::chrono::seconds(8);
+    }
+    if (g_signal && phase == 0) {
+      std::fprintf(stderr,
+                   "tessera run: %s received; stopping every node (their workers save a "
+                   "checkpoint first)\n",
+                   g_signal == SIGINT ? "SIGINT" : "SIGTERM");
+      close_input(false);
+      phase = 2;
+      deadline = std::chrono::steady_clock::now() +
+                 std::chrono::milliseconds(static_cast<int>(opt.grace_s * 1000) + 10000);
+    }
+    if (!all_done && phase == 2 && std::chrono::steady_clock::now() > deadline) {
+      for (auto &n : nodes)
+        if (!n.exited) {
+          std::fprintf(stderr, "tessera run: node %zu (%s) did not stop; killing its ssh\n",
+                       n.index, n.host.c_str());
+          ::kill(n.pid, SIGKILL);
+        }
+      phase = 3;
+    }
+    if (all_done) break;
+  }
+  close_input(false);
+  std::fflush(stdout);
+  if (culprit) {
+    std::fprintf(stderr, "tessera run: failed: %s\n", describe_node_failure(*culprit).c_str());
+    return 1;
+  }
+  bool clean = true;
+  for (const auto &n : nodes) clean &= !failed(n.status);
+  if (g_signal) {
+    if (clean) {
+      std::fprintf(stderr, "tessera run: stopped by %s after every node saved and exited\n",
+                   g_signal == SIGINT ? "SIGINT" : "SIGTERM");
+      return 0;
+    }
+    return 128 + g_signal;
+  }
+  return clean ? 0 : 1;
+}
+
+}  // namespace tessera

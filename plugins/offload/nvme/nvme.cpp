@@ -1,0 +1,623 @@
+// Offload "nvme": the fp32 master weights and the optimizer state of the
+// elements this rank owns live in a file, `path`/rank<R>.state, and stream
+// through three 4096-byte-aligned host buffers (pinned in CUDA runs) while
+// the optimizer's CPU step updates them on a thread pool.
+//
+// File layout: the owned elements in blocks of `sub_group_size` elements B
+// (a multiple of 1024, so every block and slot is 4096-byte aligned); block
+// b holds its master weights, then each state array, B floats each, at byte
+// b * (1 + k) * 4B. One block is one read and one write.
+//
+// step() only records the range (its gradients and compute parameters stay
+// valid until flush, the segments are copied). flush() then walks every
+// block the recorded ranges touch, once, in order:
+//
+//   buffer (i + 1) % 3:  read block i + 1           (io_uring)
+//   buffer i % 3:        update block i             (CPU threads)
+//   buffer (i - 1) % 3:  write block i - 1 back     (io_uring)
+//
+// so disk reads, writes and the update overlap. Reads and writes use
+// O_DIRECT where the file system takes it (not tmpfs: buffered I/O then,
+// with a warning), through io_uring (liburing) where the kernel allows it
+// (synchronous pread / pwrite otherwise, with a warning).
+//
+// Setup checks the file system's free space (statvfs) and preallocates the
+// whole file (fallocate), so a full disk or an unwritable path is an error
+// at start-up, not mid-run. The file is scratch: it is removed when the run
+// ends (checkpoints hold the state).
+#include <fcntl.h>
+#include <liburing.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+
+#include "offload_common.hpp"
+
+namespace {
+
+using namespace tessera::offload;
+using sdk::Error;
+
+constexpr const char *kWho = "offload nvme";
+constexpr size_t kDirectAlign = 4096;
+constexpr int kBuffers = 3;
+
+#if TSR_PLUGIN_CUDA
+constexpr uint32_t kDevices = TSR_DEVICE_CPU | TSR_DEVICE_CUDA;
+#else
+constexpr uint32_t kDevices = TSR_DEVICE_CPU;
+#endif
+
+// Reads and writes of whole buffers, one operation in flight per buffer
+// (tag). io_uring when available; a short transfer is resubmitted for the
+// rest. Without a ring every operation completes in start().
+class Io {
+ public:
+  Io() = default;
+  Io(const Io &) = delete;
+  Io &operator=(const Io &) = delete;
+  ~Io() {
+    if (ring_ok_) {
+      drain();
+      io_uring_queue_exit(&ring_);
+    }
+  }
+  // Returns 0, or the errno io_uring_queue_init failed with.
+  int init_ring() {
+    const int r = io_uring_queue_init(2 * kBuffers, &ring_, 0);
+    ring_ok_ = r == 0;
+    return r < 0 ? -r : 0;
+  }
+  bool ring() const { return ring_ok_; }
+
+  int fd = -1;
+  std::string name;  // for messages
+
+  void start(int tag, bool write, char *buf, size_t len, off_t off) {
+    Op &o = ops_[tag];
+    if (o.busy) throw Error(TSR_ERR_INTERNAL, fmt("%s: buffer %d is busy", kWho, tag));
+    o = Op{write, true, buf, len, 0, off, 0};
+    if (!ring_ok_) {
+      o.busy = false;
+      sync(write, buf, len, off);
+      return;
+    }
+    submit(tag);
+  }
+  // Waits for the operation of `tag`; throws if it failed.
+  void wait(int tag) {
+    Op &o = ops_[tag];
+    while (o.busy) reap();
+    if (o.err) {
+      const int e = o.err;
+      o.err = 0;
+      fail(o.write, o.len, o.off, e);
+    }
+  }
+  // Waits for everything in flight, ignoring failures (teardown).
+  void drain() {
+    for (int t = 0; t < kBuffers; ++t) {
+      while (ops_[t].busy) reap();
+      ops_[t].err = 0;
+    }
+  }
+  // A blocking transfer (checkpoints, start-up).
+  void sync(bool write, char *buf, size_t len, off_t off) {
+    size_t done = 0;
+    while (done < len) {
+      const ssize_t r = write ? pwrite(fd, buf + done, len - done, off + done)
+                              : pread(fd, buf + done, len - done, off + done);
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) fail(write, len, off, r < 0 ? errno : EIO);
+      done += static_cast<size_t>(r);
+    }
+  }
+
+ private:
+  struct Op {
+    bool write = false, busy = false;
+    char *buf = nullptr;
+    size_t len = 0, done = 0;
+    off_t off = 0;
+    int err = 0;
+  };
+
+  [[noreturn]] void fail(bool write, size_t len, off_t off, int err) const {
+    throw Error(TSR_ERR_IO,
+                fmt("%s: %s of %zu bytes at offset %lld of %s failed: %s", kWho,
+                    write ? "write" : "read", len, static_cast<long long>(off), name.c_str(),
+                    err == EIO ? "I/O error or end of file" : std::strerror(err)));
+  }
+  void submit(int tag) {
+    Op &o = ops_[tag];
+    io_uring_sqe *sqe = io_uring_get_sqe(&ring_);
+    if (!sqe) {
+      io_uring_submit(&ring_);
+      sqe = io_uring_get_sqe(&ring_);
+      if (!sqe) throw Error(TSR_ERR_INTERNAL, fmt("%s: io_uring queue full", kWho));
+    }
+    const unsigned len = static_cast<unsigned>(std::min<size_t>(o.len - o.done, 1u << 30));
+    if (o.write)
+      io_uring_prep_write(sqe, fd, o.buf + o.done, len, static_cast<__u64>(o.off) + o.done);
+    else
+      io_uring_prep_read(sqe, fd, o.buf + o.done, len, static_cast<__u64>(o.off) + o.done);
+    sqe->user_data = static_cast<__u64>(tag);
+    const int r = io_uring_submit(&ring_);
+    if (r < 0) throw Error(TSR_ERR_IO, fmt("%s: io_uring_submit: %s", kWho, std::strerror(-r)));
+  }
+  // Takes one completion and moves its operation on.
+  void reap() {
+    io_uring_cqe *cqe = nullptr;
+    const int r = io_uring_wait_cqe(&ring_, &cqe);
+    if (r == -EINTR) return;
+    if (r < 0) throw Error(TSR_ERR_IO, fmt("%s: io_uring_wait_cqe: %s", kWho, std::strerror(-r)));
+    const int tag = static_cast<int>(cqe->user_data);
+    const int res = cqe->res;
+    io_uring_cqe_seen(&ring_, cqe);
+    Op &o = ops_[tag];
+    if (res == -EINTR || res == -EAGAIN) return submit(tag);
+    if (res <= 0) {
+      o.busy = false;
+      o.err = res < 0 ? -res : EIO;
+      return;
+    }
+    o.done += static_cast<size_t>(res);
+    if (o.done < o.len) return submit(tag);
+    o.busy = false;
+  }
+
+  io_uring ring_{};
+  bool ring_ok_ = false;
+  Op ops_[kBuffers];
+};
+
+// One range recorded by step(), updated in flush().
+struct Pending {
+  size_t offset = 0, count = 0;
+  const void *grads = nullptr;
+  void *params = nullptr;
+  std::vector<tsr_segment> segments;
+  double lr = 0, grad_scale = 1;
+  int64_t step = 0;
+};
+
+struct Nvme {
+  const tsr_host *host = nullptr;
+  std::string path;
+  int64_t threads_cfg = 0;
+  size_t sub_group = 0;
+
+  size_t n = 0;
+  const tsr_optimizer_vtable *opt = nullptr;
+  void *opt_self = nullptr;
+  uint32_t state_count = 0;
+  bool cuda = false;
+  DLDataType compute_dtype{};
+
+  size_t block = 0;        // B: elements per block
+  size_t blocks = 0;       // ceil(n / B)
+  size_t block_bytes = 0;  // (1 + k) * 4B
+  std::string file;
+  bool direct = true;
+  Io io;
+  sdk::Buffer raw[kBuffers];
+  char *buf[kBuffers] = {};  // 4096-aligned views of raw
+  std::unique_ptr<ThreadPool> pool;
+  std::vector<Pending> pending;
+
+  // What it did, for the closing log line.
+  uint64_t updates = 0, bytes_read = 0, bytes_written = 0;
+  double update_s = 0, io_wait_s = 0;
+
+#if TSR_PLUGIN_CUDA
+  CopyStreams copies;
+  sdk::Buffer grads_stage, params_stage[2];  // pinned, B elements of the compute dtype
+  cudaEvent_t grads_ev = nullptr, params_ev[2] = {};
+  int next_params = 0;
+#endif
+
+  ~Nvme() {
+    io.drain();
+    if (io.fd >= 0) {
+      close(io.fd);
+      unlink(file.c_str());
+    }
+#if TSR_PLUGIN_CUDA
+    if (grads_ev) cudaEventDestroy(grads_ev);
+    for (cudaEvent_t e : params_ev)
+      if (e) cudaEventDestroy(e);
+#endif
+  }
+
+  void check_range(size_t offset, size_t count) const {
+    if (offset > n || count > n - offset)
+      throw Error(TSR_ERR_INVALID, fmt("%s: range [%zu, %zu + %zu) is past the %zu owned elements",
+                                       kWho, offset, offset, count, n));
+  }
+  off_t block_offset(size_t b) const {
+    return static_cast<off_t>(b * block_bytes);
+  }
+  void wait(int tag) {
+    const auto t0 = std::chrono::steady_clock::now();
+    io.wait(tag);
+    io_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+};
+
+tsr_status create(const tsr_host *host, const tsr_config *cfg, void **out) {
+  return sdk::guard(host, [&] {
+    sdk::Config c(host, cfg);
+    auto s = std::make_unique<Nvme>();
+    s->host = host;
+    s->path = c.get_string("path");
+    s->threads_cfg = c.get_int("threads");
+    s->sub_group = static_cast<size_t>(c.get_int("sub_group_size"));
+    *out = s.release();
+  });
+}
+
+void destroy(void *self) {
+  auto *s = static_cast<Nvme *>(self);
+  if (!s) return;
+  if (s->updates > 0) {
+    const std::string msg =
+        fmt("%s: %llu block updates, %.1f MiB read, %.1f MiB written, %.3f s updating, %.3f s "
+            "waiting for the disk",
+            kWho, static_cast<unsigned long long>(s->updates), mib(double(s->bytes_read)),
+            mib(double(s->bytes_written)), s->update_s, s->io_wait_s);
+    s->host->log(s->host->ctx, TSR_LOG_DEBUG, msg.c_str());
+  }
+  delete s;
+}
+
+void check_stage(const tsr_host *host, const tsr_offload_setup *st) {
+  const uint32_t world = host->run ? host->run->world_size : 1;
+  if (world <= 1 || !TSR_HAS_FIELD(st, tsr_offload_setup, zero_plan) || !st->zero_plan) return;
+  if (!st->zero_plan->partition_optimizer)
+    throw Error(TSR_ERR_UNSUPPORTED,
+                fmt("%s: ZeRO stage 0 at %u ranks would keep a full copy of the optimizer state "
+                    "on every rank's disk; use zero.plugin = \"stage1\", \"stage2\" or "
+                    "\"stage3\" with offload (or run on one rank)",
+                    kWho, world));
+}
+
+// Creates and preallocates the state file; every failure here is a clear
+// start-up error.
+void open_file(Nvme *s) {
+  namespace fs = std::filesystem;
+  if (s->path.empty())
+    throw Error(TSR_ERR_CONFIG,
+                fmt("%s: set offload.path to a directory on a fast local disk (NVMe)", kWho));
+  std::error_code ec;
+  fs::create_directories(s->path, ec);
+  if (ec || !fs::is_directory(s->path))
+    throw Error(TSR_ERR_IO,
+                fmt("%s: offload.path '%s' is not a directory that can be created: %s", kWho,
+                    s->path.c_str(), ec ? ec.message().c_str() : "a file is in the way"));
+  const uint32_t rank = s->host->run ? s->host->run->rank : 0;
+  s->file = (fs::path(s->path) / fmt("rank%u.state", rank)).string();
+  s->io.name = s->file;
+  const size_t need = s->blocks * s->block_bytes;
+  struct statvfs vfs {};
+  if (statvfs(s->path.c_str(), &vfs) == 0) {
+    const double avail = double(vfs.f_bavail) * double(vfs.f_frsize);
+    if (double(need) > avail)
+      throw Error(TSR_ERR_IO,
+                  fmt("%s: rank %u needs %.2f GiB in '%s' for its master weights and optimizer "
+                      "state, but that file system has %.2f GiB free; free space, use a larger "
+                      "disk or more ranks",
+                      kWho, rank, need / 1073741824.0, s->path.c_str(), avail / 1073741824.0));
+  }
+  int fd = open(s->file.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0600);
+  if (fd < 0 && errno == EINVAL) {
+    s->direct = false;
+    fd = open(s->file.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  }
+  if (fd < 0)
+    throw Error(TSR_ERR_IO,
+                fmt("%s: cannot create '%s': %s", kWho, s->file.c_str(), std::strerror(errno)));
+  s->io.fd = fd;
+  if (need > 0) {
+    int err = fallocate(fd, 0, 0, static_cast<off_t>(need)) == 0 ? 0 : errno;
+    if (err == EOPNOTSUPP) err = posix_fallocate(fd, 0, static_cast<off_t>(need));
+    if (err)
+      throw Error(TSR_ERR_IO, fmt("%s: cannot preallocate %.2f GiB for '%s': %s", kWho,
+                                  need / 1073741824.0, s->file.c_str(), std::strerror(err)));
+  }
+  // Some file systems open with O_DIRECT and refuse it on the first
+  // transfer: try one block, fall back to buffered I/O.
+  if (s->direct && need > 0) {
+    const ssize_t r = pwrite(fd, s->buf[0], s->block_bytes, 0);
+    if (r < 0 && errno == EINVAL) {
+      s->direct = false;
+      const int flags = fcntl(fd, F_GETFL);
+      if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_DIRECT) < 0)
+        throw Error(TSR_ERR_IO, fmt("%s: cannot turn O_DIRECT off on '%s': %s", kWho,
+                                    s->file.c_str(), std::strerror(errno)));
+    } else if (r != static_cast<ssize_t>(s->block_bytes)) {
+      throw Error(TSR_ERR_IO, fmt("%s: cannot write '%s': %s", kWho, s->file.c_str(),
+                                  r < 0 ? std::strerror(errno) : "short write"));
+    }
+  }
+  if (!s->direct) {
+    const std::string w =
+        fmt("%s: '%s' does not take O_DIRECT (tmpfs?); using buffered I/O, so "
+            "the page cache may hold a second copy of the state",
+            kWho, s->path.c_str());
+    s->host->log(s->host->ctx, TSR_LOG_WARN, w.c_str());
+  }
+}
+
+tsr_status setup(void *self, const tsr_offload_setup *st) {
+  auto *s = static_cast<Nvme *>(self);
+  return sdk::guard(s->host, [&] {
+    if (!TSR_HAS_FIELD(st, tsr_offload_setup, compute_dtype))
+      throw Error(TSR_ERR_INVALID, fmt("%s: setup struct missing or too small", kWho));
+    const int32_t dev = st->device.device_type;
+    s->cuda = dev == kDLCUDA;
+    if (dev != kDLCPU && !(s->cuda && (kDevices & TSR_DEVICE_CUDA)))
+      throw Error(TSR_ERR_UNSUPPORTED,
+                  fmt("%s: device type %d is not supported (CPU%s)", kWho, int(dev),
+                      (kDevices & TSR_DEVICE_CUDA) ? " and CUDA" : " only: built without CUDA"));
+    if (!s->cuda && !is_f32(st->compute_dtype))
+      throw Error(TSR_ERR_UNSUPPORTED, fmt("%s: CPU runs compute in float32", kWho));
+    if (st->state_count > kMaxStates)
+      throw Error(TSR_ERR_UNSUPPORTED, fmt("%s: the optimizer has %u state arrays; at most %u",
+                                           kWho, st->state_count, kMaxStates));
+    check_stage(s->host, st);
+    s->n = st->n;
+    s->opt = st->optimizer;
+    s->opt_self = st->optimizer_self;
+    s->state_count = st->state_count;
+    s->compute_dtype = st->compute_dtype;
+    // Blocks: a multiple of 1024 floats (4096 bytes), no larger than needed.
+    s->block = align_up(std::min(s->sub_group, std::max<size_t>(s->n, 1)), kDirectAlign / 4);
+    s->blocks = (s->n + s->block - 1) / s->block;
+    s->block_bytes = (1 + s->state_count) * s->block * sizeof(float);
+    const DLDevice mem{s->cuda ? kDLCUDAHost : kDLCPU, 0};
+    for (int i = 0; i < kBuffers; ++i) {
+      s->raw[i] = sdk::Buffer(s->host, mem, s->block_bytes + kDirectAlign, TSR_MEM_OPTIMIZER);
+      const auto p = reinterpret_cast<uintptr_t>(s->raw[i].get());
+      s->buf[i] = reinterpret_cast<char *>(align_up(p, kDirectAlign));
+    }
+    open_file(s);
+    const int ring_err = s->io.init_ring();
+    if (ring_err) {
+      const std::string w =
+          fmt("%s: io_uring is not available (%s); reading and writing with "
+              "blocking pread / pwrite, without overlap",
+              kWho, std::strerror(ring_err));
+      s->host->log(s->host->ctx, TSR_LOG_WARN, w.c_str());
+    }
+    const unsigned threads =
+        s->threads_cfg > 0 ? static_cast<unsigned>(s->threads_cfg) : default_threads(s->host);
+    s->pool = std::make_unique<ThreadPool>(threads);
+    double staging = kBuffers * double(s->block_bytes);
+#if TSR_PLUGIN_CUDA
+    if (s->cuda) {
+      s->copies.init(kWho);
+      const size_t cb = dtype_bytes(s->compute_dtype);
+      s->grads_stage = sdk::Buffer(s->host, mem, s->block * cb, TSR_MEM_OTHER);
+      for (auto &b : s->params_stage) b = sdk::Buffer(s->host, mem, s->block * cb, TSR_MEM_OTHER);
+      s->grads_ev = make_event(kWho);
+      for (auto &e : s->params_ev) e = make_event(kWho);
+      staging += 3.0 * s->block * cb;
+    }
+#endif
+    std::string names;
+    for (uint32_t i = 0; i < s->state_count; ++i) {
+      const char *nm = s->opt->state_name(s->opt_self, i);
+      names += (i ? ", " : "") + std::string(nm ? nm : "?");
+    }
+    const std::string msg = fmt(
+        "%s (rank %u): fp32 master weights and %u optimizer state array%s%s%s%s of %zu owned "
+        "elements on disk: disk %.2f MiB in %s (%s, %s), host %.2f MiB of %s staging "
+        "buffers, GPU 0 MiB; step on the CPU on %u thread(s), blocks of %zu elements",
+        kWho, s->host->run ? s->host->run->rank : 0u, s->state_count,
+        s->state_count == 1 ? "" : "s", names.empty() ? "" : " (", names.c_str(),
+        names.empty() ? "" : ")", s->n, mib(double(s->blocks * s->block_bytes)), s->file.c_str(),
+        s->direct ? "O_DIRECT" : "buffered", s->io.ring() ? "io_uring" : "pread/pwrite",
+        mib(staging), s->cuda ? "pinned" : "aligned", threads, s->block);
+    s->host->log(s->host->ctx, TSR_LOG_INFO, msg.c_str());
+  });
+}
+
+tsr_status step(void *self, const tsr_offload_step *st) {
+  auto *s = static_cast<Nvme *>(self);
+  return sdk::guard(s->host, [&] {
+    s->check_range(st->offset, st->count);
+    if (st->count == 0) return;
+    if (!s->pending.empty() && st->offset < s->pending.back().offset + s->pending.back().count)
+      throw Error(TSR_ERR_INVALID,
+                  fmt("%s: ranges must come in owned-offset order without overlap", kWho));
+    Pending p;
+    p.offset = st->offset;
+    p.count = st->count;
+    p.grads = st->grads;
+    p.params = st->params;
+    p.segments.assign(st->segments, st->segments + st->num_segments);
+    p.lr = st->lr;
+    p.grad_scale = st->grad_scale;
+    p.step = st->step;
+    s->pending.push_back(std::move(p));
+  });
+}
+
+// Updates [lo, hi) of range p, whose block is in buffer `bb` starting at
+// owned element `first`.
+void update(Nvme *s, const Pending &p, char *bb, size_t first, size_t lo, size_t hi) {
+  const size_t rel = lo - p.offset, cb = dtype_bytes(s->compute_dtype);
+  std::vector<tsr_segment> segs;
+  slice_segments(p.segments.data(), p.segments.size(), rel, rel + (hi - lo), segs);
+  HostUpdate u;
+  float *base = reinterpret_cast<float *>(bb);
+  u.master = base + (lo - first);
+  u.state_count = s->state_count;
+  for (uint32_t i = 0; i < s->state_count; ++i)
+    u.state[i] = base + (1 + i) * s->block + (lo - first);
+  u.owned = lo;
+  u.count = hi - lo;
+  u.segments = segs.data();
+  u.num_segments = segs.size();
+  u.lr = p.lr;
+  u.grad_scale = p.grad_scale;
+  u.step = p.step;
+  u.grads_dtype = s->compute_dtype;
+  u.out_dtype = s->compute_dtype;
+  u.grads = static_cast<const char *>(p.grads) + rel * cb;
+  u.params_out = static_cast<char *>(p.params) + rel * cb;
+#if TSR_PLUGIN_CUDA
+  if (s->cuda) {
+    // Gradients to the pinned stage (the disk dominates: no overlap here),
+    // the compute copy out through one of two stages.
+    s->copies.to_host(s->grads_stage.get(), u.grads, u.count * cb, s->grads_ev);
+    s->copies.wait(s->grads_ev);
+    const int j = s->next_params;
+    s->next_params ^= 1;
+    s->copies.wait(s->params_ev[j]);
+    void *dst = u.params_out;
+    u.grads = s->grads_stage.get();
+    u.params_out = s->params_stage[j].get();
+    const auto t0 = std::chrono::steady_clock::now();
+    sdk::check(run_update(*s->pool, s->opt, s->opt_self, u));
+    s->update_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    s->copies.to_device(dst, s->params_stage[j].get(), u.count * cb, s->params_ev[j]);
+    return;
+  }
+#endif
+  const auto t0 = std::chrono::steady_clock::now();
+  sdk::check(run_update(*s->pool, s->opt, s->opt_self, u));
+  s->update_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The block pipeline over every recorded range (see the top of the file).
+void run_pending(Nvme *s) {
+  if (s->pending.empty()) return;
+  std::vector<size_t> blocks;
+  for (const Pending &p : s->pending)
+    for (size_t b = p.offset / s->block; b <= (p.offset + p.count - 1) / s->block; ++b)
+      if (blocks.empty() || blocks.back() < b) blocks.push_back(b);
+  const size_t nb = blocks.size();
+  try {
+#if TSR_PLUGIN_CUDA
+    if (s->cuda) s->copies.after_compute(s->host->compute_stream);
+#endif
+    s->io.start(0, false, s->buf[0], s->block_bytes, s->block_offset(blocks[0]));
+    size_t first_range = 0;
+    for (size_t i = 0; i < nb; ++i) {
+      const int cur = static_cast<int>(i % kBuffers);
+      if (i + 1 < nb) {
+        const int nx = static_cast<int>((i + 1) % kBuffers);
+        s->wait(nx);  // block i - 2 written back
+        s->io.start(nx, false, s->buf[nx], s->block_bytes, s->block_offset(blocks[i + 1]));
+      }
+      s->wait(cur);
+      s->bytes_read += s->block_bytes;
+      const size_t lo_b = blocks[i] * s->block, hi_b = std::min(s->n, lo_b + s->block);
+      while (first_range < s->pending.size() &&
+             s->pending[first_range].offset + s->pending[first_range].count <= lo_b)
+        ++first_range;
+      for (size_t q = first_range; q < s->pending.size() && s->pending[q].offset < hi_b; ++q) {
+        const Pending &p = s->pending[q];
+        update(s, p, s->buf[cur], lo_b, std::max(lo_b, p.offset),
+               std::min(hi_b, p.offset + p.count));
+      }
+      ++s->updates;
+      s->io.start(cur, true, s->buf[cur], s->block_bytes, s->block_offset(blocks[i]));
+      s->bytes_written += s->block_bytes;
+    }
+    for (int t = 0; t < kBuffers; ++t) s->wait(t);
+  } catch (...) {
+    s->io.drain();
+    s->pending.clear();
+    throw;
+  }
+  s->pending.clear();
+}
+
+tsr_status flush(void *self) {
+  auto *s = static_cast<Nvme *>(self);
+  return sdk::guard(s->host, [&] {
+    run_pending(s);
+#if TSR_PLUGIN_CUDA
+    if (s->cuda) s->copies.finish();
+#endif
+  });
+}
+
+// Slot `slot` of owned elements [offset, offset + count) to or from host
+// memory, block by block through buffer 0 (nothing is in flight outside
+// flush).
+void copy_state(Nvme *s, uint32_t slot, size_t offset, size_t count, float *dst, const float *src) {
+  s->check_range(offset, count);
+  if (slot > s->state_count) throw Error(TSR_ERR_INVALID, fmt("%s: no state slot %u", kWho, slot));
+  run_pending(s);
+  const size_t slot_bytes = s->block * sizeof(float);
+  float *bb = reinterpret_cast<float *>(s->buf[0]);
+  for (size_t pos = offset, end = offset + count; pos < end;) {
+    const size_t b = pos / s->block, lo_b = b * s->block;
+    const size_t e = std::min(end, lo_b + s->block);
+    const off_t at = s->block_offset(b) + static_cast<off_t>(slot * slot_bytes);
+    if (dst) {
+      s->io.sync(false, s->buf[0], slot_bytes, at);
+      std::memcpy(dst + (pos - offset), bb + (pos - lo_b), (e - pos) * sizeof(float));
+    } else {
+      if (pos != lo_b || e != lo_b + s->block) s->io.sync(false, s->buf[0], slot_bytes, at);
+      std::memcpy(bb + (pos - lo_b), src + (pos - offset), (e - pos) * sizeof(float));
+      s->io.sync(true, s->buf[0], slot_bytes, at);
+    }
+    pos = e;
+  }
+}
+
+tsr_status read_state(void *self, uint32_t slot, size_t offset, size_t count, float *dst) {
+  auto *s = static_cast<Nvme *>(self);
+  return sdk::guard(s->host, [&] { copy_state(s, slot, offset, count, dst, nullptr); });
+}
+
+tsr_status write_state(void *self, uint32_t slot, size_t offset, size_t count, const float *src) {
+  auto *s = static_cast<Nvme *>(self);
+  return sdk::guard(s->host, [&] { copy_state(s, slot, offset, count, nullptr, src); });
+}
+
+const tsr_param_decl kParams[] = {
+    sdk::param("path", TSR_PARAM_STRING, "\"\"",
+               "directory for the state files (one per rank, rank<R>.state), on a fast local "
+               "disk; created if missing, the files removed at the end"),
+    sdk::param_min("threads", TSR_PARAM_INT, "0",
+                   "threads for the CPU step; 0: the cores of this process / ranks on the machine",
+                   0),
+    sdk::param_min("sub_group_size", TSR_PARAM_INT, "4194304",
+                   "elements per block streamed through each of the three buffers (rounded up "
+                   "to a multiple of 1024)",
+                   1024),
+};
+
+const tsr_offload_vtable kVtable = {
+    sizeof(tsr_offload_vtable), create, destroy, setup, step, flush, read_state, write_state};
+
+const tsr_plugin_descriptor kNvme = {
+    sizeof(tsr_plugin_descriptor),
+    TSR_KIND_OFFLOAD,
+    "nvme",
+    "1.0.0",
+    "optimizer state in files on a local disk (io_uring, O_DIRECT), step on the CPU",
+    kParams,
+    sizeof(kParams) / sizeof(kParams[0]),
+    kDevices,
+    &kVtable};
+const tsr_plugin_descriptor *const kPlugins[] = {&kNvme};
+const tsr_plugin_library kLibrary = {sizeof(tsr_plugin_library), TSR_ABI_MAJOR, TSR_ABI_MINOR,
+                                     kPlugins, 1};
+
+}  // namespace
+
+TSR_PLUGIN_ENTRY {
+  return &kLibrary;
+}
