@@ -345,7 +345,12 @@ void deepspeed_apply(Document &doc, const std::string &path) {
   } catch (const json::parse_error &e) {
     throw ConfigError(path + ": invalid JSON: " + e.what());
   }
-  Mapper{doc, path}.apply(j);
+  try {
+    Mapper{doc, path}.apply(j);
+  } catch (const json::exception &e) {
+    // A field of the wrong JSON type that no check above names.
+    throw ConfigError(path + ": a field has the wrong type: " + e.what());
+  }
 }
 
 }  // namespace tessera::config
