@@ -115,10 +115,16 @@ uint64_t parse_bytes(const std::string &text, const std::string &where) {
   while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
   char *end = nullptr;
   double v = num.empty() ? -1 : std::strtod(num.c_str(), &end);
-  static const std::pair<const char *, double> units[] = {
-      {"", 1},           {"B", 1},          {"KB", 1e3},       {"MB", 1e6},
-      {"GB", 1e9},       {"TB", 1e12},      {"KiB", 1024.0},   {"MiB", 1048576.0},
-      {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
+  static const std::pair<const char *, double> units[] = {{"", 1},
+                                                          {"B", 1},
+                                                          {"KB", 1e3},
+                                                          {"MB", 1e6},
+                                                          {"GB", 1e9},
+                                                          {"TB", 1e12},
+                                                          {"KiB", 1024.0},
+                                                          {"MiB", 1048576.0},
+                                                          {"GiB", 1073741824.0},
+                                                          {"TiB", 1099511627776.0}};
   for (const auto &[name, mult] : units)
     if (v > 0 && end && *end == 0 && unit == name) return static_cast<uint64_t>(v * mult);
   throw ConfigError(where + " = \"" + text +
@@ -225,10 +231,10 @@ Settings resolve_settings(const Document &doc, uint32_t world, toml::table *reso
   s.eval_every = i64("run", "eval_every");
   s.threads = i64("run", "threads");
   s.gradient_clipping = f64("run", "gradient_clipping");
-  s.max_gpu_memory = parse_bytes(str("run", "max_gpu_memory"),
-                                 doc.where("run.max_gpu_memory",
-                                           find(doc.root(), "run.max_gpu_memory")) +
-                                     ": run.max_gpu_memory");
+  s.max_gpu_memory =
+      parse_bytes(str("run", "max_gpu_memory"),
+                  doc.where("run.max_gpu_memory", find(doc.root(), "run.max_gpu_memory")) +
+                      ": run.max_gpu_memory");
   s.global_batch = i64("batch", "global");
   s.micro_batch = i64("batch", "micro");
   s.accumulation = i64("batch", "accumulation");

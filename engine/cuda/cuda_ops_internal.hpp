@@ -322,7 +322,7 @@ void launch_act_forward(tsr_activation act, const View &x, const View &y);
 void launch_scale(const View &y, float alpha);
 void launch_bias_act(const View &y, const View *bias, tsr_activation act);
 
-// attention*.cu (written separately; attention_stub.cpp until they land):
+// attention_forward.cu / attention_backward.cu:
 tsr_status attention_forward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
                              const DLTensor *v, float scale, DLTensor *out, DLTensor *lse) noexcept;
 tsr_status attention_backward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,

@@ -34,8 +34,8 @@ tsr_status copy_through(tsr_host_ctx *ctx, const DLTensor *in, DLTensor *out, ts
 #ifdef TESSERA_HAVE_CUDA
     // A CUDA run of one rank: device buffers, copied in compute-stream order.
     if (in->device.device_type == kDLCUDA || out->device.device_type == kDLCUDA) {
-      TSR_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes_of(in), cudaMemcpyDefault,
-                                     cuda::compute_stream()));
+      TSR_CUDA_CHECK(
+          cudaMemcpyAsync(dst, src, bytes_of(in), cudaMemcpyDefault, cuda::compute_stream()));
       return;
     }
 #endif

@@ -359,8 +359,8 @@ void *Host::alloc(DLDevice device, size_t bytes, tsr_mem_purpose purpose) {
     // asks for it where it would overlap copies on a GPU).
     kind = cuda_run ? Impl::Kind::pinned : Impl::Kind::host;
   } else if (device.device_type != kDLCPU) {
-    throw Error(TSR_ERR_UNSUPPORTED, "alloc: device type " + std::to_string(device.device_type) +
-                                         " is not supported");
+    throw Error(TSR_ERR_UNSUPPORTED,
+                "alloc: device type " + std::to_string(device.device_type) + " is not supported");
   }
   if (kind == Impl::Kind::cuda && !cuda_run)
     throw Error(TSR_ERR_UNSUPPORTED,
@@ -387,8 +387,8 @@ void *Host::alloc(DLDevice device, size_t bytes, tsr_mem_purpose purpose) {
         throw Error(TSR_ERR_NO_MEMORY,
                     "run.max_gpu_memory = " + mib_str(facts_.max_gpu_memory) + " on rank " +
                         std::to_string(facts_.rank) + ": " + mib_str(bytes) + " of " +
-                        purpose_name(purpose) + " do not fit (in use: " +
-                        (use.empty() ? std::string("nothing") : use) +
+                        purpose_name(purpose) +
+                        " do not fit (in use: " + (use.empty() ? std::string("nothing") : use) +
                         "); raise the cap, use a higher ZeRO stage or offload");
       }
     }

@@ -35,9 +35,8 @@ DLDevice choose_device(const config::Settings &st, uint32_t local_rank, uint32_t
                 "found at build time); use \"cpu\" or \"auto\"");
 #endif
     if (gpus_visible() == 0)
-      throw Error(TSR_ERR_UNSUPPORTED,
-                  "run.device = \"cuda\": no GPU is visible to this process" + visible_env() +
-                      "; use \"cpu\" or \"auto\"");
+      throw Error(TSR_ERR_UNSUPPORTED, "run.device = \"cuda\": no GPU is visible to this process" +
+                                           visible_env() + "; use \"cpu\" or \"auto\"");
     cuda = true;
   } else if (st.device == "auto") {
     cuda = gpus_visible() > 0;
@@ -54,10 +53,10 @@ DLDevice choose_device(const config::Settings &st, uint32_t local_rank, uint32_t
 #ifdef TESSERA_HAVE_CUDA
   const int n = gpus_visible();
   if (local_world > static_cast<uint32_t>(n))
-    throw Error(TSR_ERR_CONFIG,
-                std::to_string(local_world) + " ranks on this host but only " + std::to_string(n) +
-                    " GPU" + (n == 1 ? "" : "s") + " visible" + visible_env() +
-                    ": one rank per GPU (lower -n, or set run.device = \"cpu\")");
+    throw Error(TSR_ERR_CONFIG, std::to_string(local_world) + " ranks on this host but only " +
+                                    std::to_string(n) + " GPU" + (n == 1 ? "" : "s") + " visible" +
+                                    visible_env() +
+                                    ": one rank per GPU (lower -n, or set run.device = \"cpu\")");
   const int ordinal = static_cast<int>(local_rank % static_cast<uint32_t>(n));
   cuda::select_device(ordinal);
   return DLDevice{kDLCUDA, ordinal};

@@ -1,8 +1,9 @@
 #include "train/init_from.hpp"
 
+#include <tessera/abi.h>
+
 #include <cstring>
 #include <filesystem>
-#include <tessera/abi.h>
 
 #include "util/error.hpp"
 #include "util/safetensors.hpp"
@@ -49,16 +50,17 @@ std::string init_from_safetensors(const std::string &given, const Layout &layout
   std::string path = given;
   if (fs::is_directory(path)) path = (fs::path(path) / "model.safetensors").string();
   if (!fs::exists(path))
-    throw Error(TSR_ERR_IO, "[model] init_from: " + path + " does not exist (expected a "
-                            "safetensors file or a directory holding model.safetensors)");
+    throw Error(TSR_ERR_IO, "[model] init_from: " + path +
+                                " does not exist (expected a "
+                                "safetensors file or a directory holding model.safetensors)");
   SafetensorsFile file(path);
   size_t loaded = 0;
   for (const ParamSlot &p : layout.params) {
     auto it = file.tensors().find(p.name);
     if (it == file.tensors().end())
       throw Error(TSR_ERR_INVALID, "[model] init_from " + path + ": no tensor '" + p.name +
-                                       "' (the model declares it with shape " +
-                                       shape_str(p.shape) + ")");
+                                       "' (the model declares it with shape " + shape_str(p.shape) +
+                                       ")");
     const StTensor &t = it->second;
     bool ok = t.shape.size() == p.shape.size() && !t.shape.empty();
     for (size_t d = 0; ok && d < t.shape.size(); ++d)

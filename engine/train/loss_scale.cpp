@@ -44,15 +44,18 @@ bool LossScaler::update(bool overflow, int64_t step) {
   }
   if (hysteresis_left > 1) {
     --hysteresis_left;
-    spdlog::warn("step {}: gradients overflowed at loss scale {}; step skipped (the scale halves "
-                 "after {} more)",
-                 step, scale, hysteresis_left);
+    spdlog::warn(
+        "step {}: gradients overflowed at loss scale {}; step skipped (the scale halves "
+        "after {} more)",
+        step, scale, hysteresis_left);
     return false;
   }
   if (scale <= min_scale)
     throw Error(TSR_ERR_INVALID,
-                "step " + std::to_string(step) + ": gradients overflow even at the minimum loss "
-                "scale fp16.min_loss_scale = " + std::to_string(min_scale) +
+                "step " + std::to_string(step) +
+                    ": gradients overflow even at the minimum loss "
+                    "scale fp16.min_loss_scale = " +
+                    std::to_string(min_scale) +
                     "; the run cannot continue in fp16 (try run.precision = \"bf16\", a lower "
                     "optimizer.lr, or run.gradient_clipping)");
   const double old = scale;

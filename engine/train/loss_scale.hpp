@@ -18,10 +18,10 @@ struct LossScaler {
   double scale = 1;
   double min_scale = 1;
   int64_t window = 1000;
-  int64_t hysteresis = 2;      // configured
-  int64_t hysteresis_left = 2; // overflows left before the scale halves
-  int64_t good_steps = 0;      // steps since the last overflow (or change)
-  int64_t skipped = 0;         // overflowing steps skipped so far
+  int64_t hysteresis = 2;       // configured
+  int64_t hysteresis_left = 2;  // overflows left before the scale halves
+  int64_t good_steps = 0;       // steps since the last overflow (or change)
+  int64_t skipped = 0;          // overflowing steps skipped so far
 
   // From run.precision and [fp16]: fp16 with loss_scale = 0 is dynamic,
   // a fixed loss_scale is static, bf16/fp32 are 1.

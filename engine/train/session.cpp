@@ -1,10 +1,9 @@
 #include "train/session.hpp"
 
-#include <tessera/cpp/optimizer.hpp>
-
 #include <spdlog/spdlog.h>
 
 #include <cstring>
+#include <tessera/cpp/optimizer.hpp>
 
 #include "ops/cpu_ops.hpp"
 #include "train/init_from.hpp"
@@ -129,8 +128,8 @@ Session::Session(const Job &j, Host::RunFacts facts, bool train, ParamInitialize
     initial_narrow.resize(initial.size());
     const bool bf16 = compute_dtype().code == kDLBfloat;
     for (size_t i = 0; i < initial.size(); ++i)
-      initial_narrow[i] = bf16 ? sdk::optim::float_to_bf16(initial[i])
-                               : sdk::optim::float_to_f16(initial[i]);
+      initial_narrow[i] =
+          bf16 ? sdk::optim::float_to_bf16(initial[i]) : sdk::optim::float_to_f16(initial[i]);
     zs.initial_params = initial_narrow.data();
   } else {
     zs.initial_params = initial.data();
@@ -268,8 +267,13 @@ std::vector<float> Session::gather_params() {
     if (!narrow.empty()) {
       int64_t len = n;
       DLTensor in{narrow.data(), DLDevice{kDLCPU, 0}, 1, dt, &len, nullptr, 0};
-      DLTensor out{flat.data() + layout.group_offset[g], DLDevice{kDLCPU, 0}, 1,
-                   DLDataType{kDLFloat, 32, 1}, &len, nullptr, 0};
+      DLTensor out{flat.data() + layout.group_offset[g],
+                   DLDevice{kDLCPU, 0},
+                   1,
+                   DLDataType{kDLFloat, 32, 1},
+                   &len,
+                   nullptr,
+                   0};
       plugin_ok(host, cpu_ops()->cast(host.ctx(), &in, &out), "widen parameters");
     }
     plugin_ok(host, zero.vt->params_done(zero.self, g), "[zero] params_done");

@@ -159,10 +159,8 @@ nlohmann::json report_memory(Session &s) {
         "tessera: expected for %s at %u ranks (DESIGN.md, %s, Psi = %.0f): parameters %.2f MiB "
         "(%s), gradients %.2f MiB (%s), optimizer state %.2f MiB (%s)\n",
         stage, f.world_size, s.job.settings.precision.c_str(), psi,
-        mib(cb * psi / (s.plan.partition_params ? w : 1)),
-        p_rule.c_str(),
-        mib(cb * psi / (s.plan.partition_grads ? w : 1)),
-        g_rule.c_str(),
+        mib(cb * psi / (s.plan.partition_params ? w : 1)), p_rule.c_str(),
+        mib(cb * psi / (s.plan.partition_grads ? w : 1)), g_rule.c_str(),
         mib(4 * states * psi / (s.plan.partition_optimizer ? w : 1)),
         s.plan.partition_optimizer ? "4(1+k)Psi/N" : "4(1+k)Psi");
     std::fflush(stdout);
@@ -179,8 +177,8 @@ Host::RunFacts run_facts(const Job &job, const ProcessInfo &proc) {
   f.world_size = proc.world_size;
   f.local_rank = proc.local_rank;
   f.local_world_size = proc.local_world_size;
-  f.device = proc.device_chosen ? proc.device
-                                : choose_device(st, proc.local_rank, proc.local_world_size);
+  f.device =
+      proc.device_chosen ? proc.device : choose_device(st, proc.local_rank, proc.local_world_size);
   f.precision = st.precision == "bf16"   ? TSR_PRECISION_BF16
                 : st.precision == "fp16" ? TSR_PRECISION_FP16
                                          : TSR_PRECISION_FP32;

@@ -107,8 +107,8 @@ void run_reference(tsr_precision precision, double tol) {
   init.data = &data;
   init.max_micro_batch = 12;
   void *self = nullptr;
-  REQUIRE(vt->create(f.host.table(), f.config("model", "mlp", "hidden = [16, 12]"), &init,
-                     &self) == TSR_OK);
+  REQUIRE(vt->create(f.host.table(), f.config("model", "mlp", "hidden = [16, 12]"), &init, &self) ==
+          TSR_OK);
 
   const size_t np = vt->num_params(self);
   std::vector<tsr_param_info> info(np);

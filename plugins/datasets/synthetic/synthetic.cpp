@@ -73,8 +73,7 @@ tsr_status create(const tsr_host *host, const tsr_config *cfg, const char *split
         if (j < 16) proj += (j & 1 ? -row[j] : row[j]);
       }
       // proj lies in (-16, 16) and concentrates near 0: spread +-8 over the classes.
-      int64_t k =
-          static_cast<int64_t>((proj / 8.0 + 1.0) * 0.5 * static_cast<double>(ds->classes));
+      int64_t k = static_cast<int64_t>((proj / 8.0 + 1.0) * 0.5 * static_cast<double>(ds->classes));
       ds->targets[static_cast<size_t>(i)] =
           static_cast<int32_t>(k < 0 ? 0 : (k >= ds->classes ? ds->classes - 1 : k));
     }
@@ -109,8 +108,8 @@ tsr_status read(void *self, const int64_t *indices, tsr_batch *out) {
     const size_t f = static_cast<size_t>(ds->features);
     for (int64_t i = 0; i < out->size; ++i) {
       if (indices[i] < 0 || indices[i] >= ds->length)
-        throw sdk::Error(TSR_ERR_INVALID, "synthetic: sample index " + std::to_string(indices[i]) +
-                                              " out of range");
+        throw sdk::Error(TSR_ERR_INVALID,
+                         "synthetic: sample index " + std::to_string(indices[i]) + " out of range");
       const size_t k = static_cast<size_t>(indices[i] % ds->pool);
       std::memcpy(x + static_cast<size_t>(i) * f, ds->inputs.data() + k * f, f * sizeof(float));
       y[i] = ds->targets[k];

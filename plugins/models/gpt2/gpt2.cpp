@@ -36,8 +36,8 @@
 // reaches them: they never get a gradient (weight decay may shrink them) and
 // never change a result. "transformer.wte.weight" is the one parameter whose
 // declared shape differs from Hugging Face's [vocab, C]: an export for
-// Hugging Face keeps its first `vocab` rows (TODO(lead): `tessera ckpt
-// export` writes all padded_vocab rows today), and init_from's loader fills
+// Hugging Face keeps its first `vocab` rows (`tessera ckpt export` trims
+// them: engine/ckpt/export_hf.cpp), and init_from's loader fills
 // the first rows of a [vocab, C] tensor and leaves the padding rows at their
 // initialiser (engine/train/init_from.cpp).
 //

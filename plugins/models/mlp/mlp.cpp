@@ -499,8 +499,7 @@ Mlp *build(const tsr_host *host, const tsr_config *cfg, const tsr_model_init *in
                       TSR_MEM_ACTIVATIONS);
   if (widest > 0)
     for (Buffer &s : m->scratch)
-      s = Buffer(host, m->device, M * static_cast<size_t>(widest) * m->esize,
-                 TSR_MEM_ACTIVATIONS);
+      s = Buffer(host, m->device, M * static_cast<size_t>(widest) * m->esize, TSR_MEM_ACTIVATIONS);
 
   if (host->log) {
     std::string shape;
