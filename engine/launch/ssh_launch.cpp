@@ -36,6 +36,7 @@ struct Node {
   int in_fd = -1, out_fd = -1, err_fd = -1;
   std::string out_buf, err_buf;
   std::string verdict;   // its launcher's "tessera run: failed: ..." line, without that
+  std::string cause;     // its launcher's earlier "tessera run: X; stopping the other workers"
   std::string last_err;  // its last line on stderr
   bool exited = false;
   int status = 0;
@@ -82,6 +83,12 @@ void pump(Node &n, int &fd, std::string &buf, FILE *to, bool flush_all, bool is_
     if (!is_err) return;
     static const std::string failed = "tessera run: failed: ";
     if (line.rfind(failed, 0) == 0) n.verdict = line.substr(failed.size());
+    // The node launcher names the cause as soon as it sees it, long before
+    // its own exit: a loaded node can take seconds to stop its other ranks.
+    static const std::string head = "tessera run: ", tail = "; stopping the other workers";
+    if (n.cause.empty() && line.rfind(head, 0) == 0 && line.size() > head.size() + tail.size() &&
+        line.compare(line.size() - tail.size(), tail.size(), tail) == 0)
+      n.cause = line.substr(head.size(), line.size() - head.size() - tail.size());
     if (!line.empty()) n.last_err = line;
   };
   size_t start = 0;
@@ -134,19 +141,24 @@ pid_t spawn_ssh(Node &n, const std::vector<std::string> &argv_s) {
 // A node launcher's verdict names one of its own ranks as the cause
 // ("rank 3 was killed by signal ..."), not a rank that stopped because of
 // another.
+const std::string &what_failed(const Node &n) {
+  return n.verdict.empty() ? n.cause : n.verdict;
+}
+
 bool names_own_rank(const Node &n) {
   static const std::regex re(R"(^rank (\d+) )");
+  const std::string &v = what_failed(n);
   std::smatch m;
-  if (!std::regex_search(n.verdict, m, re)) return false;
+  if (!std::regex_search(v, m, re)) return false;
   const int r = std::stoi(m[1]);
   return r >= n.first_rank && r < n.first_rank + n.nranks &&
-         n.verdict.find("because another rank failed") == std::string::npos;
+         v.find("because another rank failed") == std::string::npos;
 }
 
 std::string describe_node_failure(const Node &n) {
   const std::string where =
       "on " + n.host + " (node " + std::to_string(n.index) + ", " + ranks_of(n) + "): ";
-  if (!n.verdict.empty()) return where + n.verdict;
+  if (!what_failed(n).empty()) return where + what_failed(n);
   std::string how;
   if (WIFSIGNALED(n.status)) {
     const char *name = sigabbrev_np(WTERMSIG(n.status));
@@ -267,7 +279,7 @@ int launch_over_ssh(const SshLaunchOptions &opt, const std::vector<std::string> 
   // launchers see their input end and stop their workers as on SIGTERM).
   int phase = 0;
   const Node *culprit = nullptr;
-  std::chrono::steady_clock::time_point deadline{};
+  std::chrono::steady_clock::time_point deadline{}, failed_at{};
   auto close_input = [&](bool stop) {
     for (auto &n : nodes) {
       if (n.in_fd < 0) continue;
@@ -320,27 +332,37 @@ int launch_over_ssh(const SshLaunchOptions &opt, const std::vector<std::string> 
     if (newly_failed) {
       // Let the other nodes' verdicts arrive: the node whose own rank failed
       // is the cause, not one whose ranks stopped because of it.
-      deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+      failed_at = std::chrono::steady_clock::now();
+      deadline = failed_at + std::chrono::seconds(2);
       phase = 1;
     }
-    if (phase == 1 && (all_done || std::chrono::steady_clock::now() > deadline) && !culprit) {
+    if (phase == 1 && !culprit) {
       const Node *first = nullptr, *own = nullptr, *signaled = nullptr, *other = nullptr;
       for (const auto &n : nodes) {
-        if (!n.exited || !failed(n.status)) continue;
+        // A node still stopping its ranks counts once it has named a cause.
+        if (n.exited ? !failed(n.status) : n.cause.empty()) continue;
         if (!first) first = &n;
         if (names_own_rank(n)) {
           if (!own) own = &n;
-          if (!signaled && n.verdict.find("killed by signal") != std::string::npos) signaled = &n;
+          if (!signaled && what_failed(n).find("killed by signal") != std::string::npos)
+            signaled = &n;
         }
-        if (!other && n.verdict.empty()) other = &n;  // ssh or the node launcher itself failed
+        if (!other && n.exited && what_failed(n).empty()) other = &n;  // ssh or its launcher
       }
-      culprit = signaled ? signaled : own ? own : other ? other : first;
-      if (!all_done)
-        std::fprintf(stderr, "tessera run: %s; stopping the other nodes\n",
-                     describe_node_failure(*culprit).c_str());
-      close_input(true);
-      phase = 2;
-      deadline = std::chrono::steady_clock::now() + std::chrono::seconds(8);
+      const auto now = std::chrono::steady_clock::now();
+      // Without a node that names one of its own ranks, wait longer for one
+      // (the abort key is already stopping every rank meanwhile).
+      const bool decide = all_done || signaled || (own && now > deadline) ||
+                          now > failed_at + std::chrono::seconds(6);
+      if (decide) {
+        culprit = signaled ? signaled : own ? own : other ? other : first;
+        if (!all_done)
+          std::fprintf(stderr, "tessera run: %s; stopping the other nodes\n",
+                       describe_node_failure(*culprit).c_str());
+        close_input(true);
+        phase = 2;
+        deadline = std::chrono::steady_clock::now() + std::chrono::seconds(8);
+      }
     }
     if (g_signal && phase == 0) {
       std::fprintf(stderr,
