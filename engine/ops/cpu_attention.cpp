@@ -1,14 +1,19 @@
-// CPU causal attention (float32), forward and backward. The reference the
-// CUDA kernels are tested against, so it stays plain: per (batch, head) and
-// query row, the scores of keys 0..t go into an O(T) buffer, never a T x T
-// matrix. Strides are honoured (q, k, v are usually views into one fused
-// [B, T, 3, H, D] buffer), which is why rows are walked through pointers and
-// strides rather than compact loops.
+// CPU causal attention (float32), forward and backward. It is also the
+// reference the CUDA kernels are tested against. Per (batch, head), on the
+// ops' thread pool: that head's keys and values are first copied into
+// compact scratch (transposed where a loop runs over keys), so the inner
+// loops are unit-stride and vectorize; the scores of one query row live in
+// an O(T) buffer, never a T x T matrix. Strides of q, k, v, out and the
+// gradients are honoured (q, k, v are usually views into one fused
+// [B, T, 3, H, D] buffer). Each head is computed by one thread in a fixed
+// order, so results do not depend on the number of threads.
 #include <cmath>
 #include <string>
 #include <vector>
 
+#include "ops/cpu_math.hpp"
 #include "ops/cpu_ops_internal.hpp"
+#include "ops/cpu_pool.hpp"
 #include "util/error.hpp"
 
 namespace tessera::cpu {
@@ -83,14 +88,123 @@ float *lse_view(const char *op, const DLTensor *t, const Dims &d) {
   return m.p;
 }
 
-float dot(const float *a, int64_t sa, const float *b, int64_t sb, int64_t n) {
-  float s = 0.0f;
-  if (sa == 1 && sb == 1) {
-    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
-  } else {
-    for (int64_t i = 0; i < n; i++) s += a[i * sa] * b[i * sb];
+// Scratch for one head, per thread, grown on first use and then reused:
+// no allocation per step.
+float *scratch(size_t floats) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < floats) buf.resize(floats);
+  return buf.data();
+}
+
+// Copies head (b, h) of X into dst as [T][D] (row-major) or [D][T]
+// (transposed), compact.
+void gather(const V4 &X, int64_t b, int64_t h, const Dims &d, float *dst, bool transposed) {
+  for (int64_t t = 0; t < d.T; t++) {
+    const float *r = X.row(b, t, h);
+    if (transposed)
+      for (int64_t e = 0; e < d.D; e++) dst[e * d.T + t] = r[e * X.sd];
+    else
+      for (int64_t e = 0; e < d.D; e++) dst[t * d.D + e] = r[e * X.sd];
   }
-  return s;
+}
+
+// s[j] = sum_e q[e] kT[e][j] for j in [0, n): one query against n keys,
+// unit-stride over keys. The sum runs over e in order for every j.
+TSR_OPS_CLONES void scores(const float *q, const float *kT, int64_t T, int64_t D, int64_t n,
+                           float *s) {
+  for (int64_t j = 0; j < n; j++) s[j] = 0.0f;
+  for (int64_t e = 0; e < D; e++) {
+    const float qe = q[e];
+    const float *kr = kT + e * T;
+    for (int64_t j = 0; j < n; j++) s[j] += qe * kr[j];
+  }
+}
+
+TSR_OPS_CLONES void forward_head(const V4 &Q, const V4 &K, const V4 &Vv, const V4 &O, float *L,
+                                 const Dims &d, int64_t b, int64_t h, float scale) {
+  const int64_t T = d.T, D = d.D;
+  float *kT = scratch(static_cast<size_t>(2 * T * D + T + 2 * D));
+  float *v = kT + T * D, *s = v + T * D, *q = s + T, *acc = q + D;
+  gather(K, b, h, d, kT, true);
+  gather(Vv, b, h, d, v, false);
+  for (int64_t t = 0; t < T; t++) {
+    const float *qr = Q.row(b, t, h);
+    for (int64_t e = 0; e < D; e++) q[e] = qr[e * Q.sd] * scale;
+    const int64_t n = t + 1;  // causal: keys 0..t
+    scores(q, kT, T, D, n, s);
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < n; j++) mx = s[j] > mx ? s[j] : mx;
+    float sum8[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8)
+      for (int k = 0; k < 8; k++) sum8[k] += s[j + k] = exp_v(s[j + k] - mx);
+    for (; j < n; j++) sum8[0] += s[j] = exp_v(s[j] - mx);
+    const float sum =
+        ((sum8[0] + sum8[1]) + (sum8[2] + sum8[3])) + ((sum8[4] + sum8[5]) + (sum8[6] + sum8[7]));
+    for (int64_t e = 0; e < D; e++) acc[e] = 0.0f;
+    for (j = 0; j < n; j++) {
+      const float pj = s[j];
+      const float *vr = v + j * D;
+      for (int64_t e = 0; e < D; e++) acc[e] += pj * vr[e];
+    }
+    const float inv = 1.0f / sum;
+    float *orow = O.row(b, t, h);
+    for (int64_t e = 0; e < D; e++) orow[e * O.sd] = acc[e] * inv;
+    L[(b * d.H + h) * T + t] = mx + std::log(sum);
+  }
+}
+
+TSR_OPS_CLONES void backward_head(const V4 &Q, const V4 &K, const V4 &Vv, const V4 &O, const V4 &dO,
+                                  const float *L, const V4 &dQ, const V4 &dK, const V4 &dV,
+                                  const Dims &d, int64_t b, int64_t h, float scale) {
+  const int64_t T = d.T, D = d.D;
+  float *kT = scratch(static_cast<size_t>(5 * T * D + 2 * T + 3 * D));
+  float *vT = kT + T * D, *k = vT + T * D, *dk = k + T * D, *dv = dk + T * D;
+  float *s = dv + T * D, *dp = s + T, *q = dp + T, *dor = q + D, *acc = dor + D;
+  gather(K, b, h, d, kT, true);
+  gather(Vv, b, h, d, vT, true);
+  gather(K, b, h, d, k, false);
+  for (int64_t i = 0; i < 2 * T * D; i++) dk[i] = 0.0f;  // dk and dv, adjacent
+  for (int64_t t = 0; t < T; t++) {
+    const float *qr = Q.row(b, t, h), *dr = dO.row(b, t, h), *orow = O.row(b, t, h);
+    // Di = dO_t . O_t, the softmax's own gradient correction.
+    float di = 0.0f;
+    for (int64_t e = 0; e < D; e++) {
+      q[e] = qr[e * Q.sd];
+      dor[e] = dr[e * dO.sd];
+      di += dor[e] * orow[e * O.sd];
+    }
+    const float lt = L[(b * d.H + h) * T + t];
+    const int64_t n = t + 1;
+    // P recomputed from lse; dP = dO . v_j; dS = P (dP - Di), scaled.
+    scores(q, kT, T, D, n, s);
+    scores(dor, vT, T, D, n, dp);
+    for (int64_t j = 0; j < n; j++) {
+      const float pj = exp_v(scale * s[j] - lt);
+      s[j] = pj;
+      dp[j] = scale * (pj * (dp[j] - di));
+    }
+    for (int64_t e = 0; e < D; e++) acc[e] = 0.0f;
+    for (int64_t j = 0; j < n; j++) {
+      const float pj = s[j], g = dp[j];
+      const float *kr = k + j * D;
+      float *dvr = dv + j * D, *dkr = dk + j * D;
+      for (int64_t e = 0; e < D; e++) {
+        dvr[e] += pj * dor[e];
+        acc[e] += g * kr[e];
+        dkr[e] += g * q[e];
+      }
+    }
+    float *dqr = dQ.row(b, t, h);
+    for (int64_t e = 0; e < D; e++) dqr[e * dQ.sd] = acc[e];
+  }
+  for (int64_t j = 0; j < T; j++) {
+    float *kr = dK.row(b, j, h), *vr = dV.row(b, j, h);
+    for (int64_t e = 0; e < D; e++) {
+      kr[e * dK.sd] = dk[j * D + e];
+      vr[e * dV.sd] = dv[j * D + e];
+    }
+  }
 }
 
 }  // namespace
@@ -105,36 +219,9 @@ tsr_status attention_forward(tsr_host_ctx *ctx, const DLTensor *q, const DLTenso
              Vv = bthd(op, "v", v, d, false), O = bthd(op, "out", out, d, false);
     float *L = lse_view(op, lse, d);
     if (d.B * d.T * d.H == 0) return;
-    // Scores of one query row against keys 0..t, and its output accumulated
-    // compactly before the (possibly strided) store.
-    std::vector<float> p(static_cast<size_t>(d.T)), acc(static_cast<size_t>(d.D));
-    for (int64_t b = 0; b < d.B; b++) {
-      for (int64_t h = 0; h < d.H; h++) {
-        for (int64_t t = 0; t < d.T; t++) {
-          const float *qr = Q.row(b, t, h);
-          float mx = -INFINITY;
-          for (int64_t j = 0; j <= t; j++) {
-            p[j] = scale * dot(qr, Q.sd, K.row(b, j, h), K.sd, d.D);
-            mx = std::fmax(mx, p[j]);
-          }
-          float sum = 0.0f;
-          for (int64_t j = 0; j <= t; j++) {
-            p[j] = std::exp(p[j] - mx);
-            sum += p[j];
-          }
-          for (int64_t e = 0; e < d.D; e++) acc[e] = 0.0f;
-          for (int64_t j = 0; j <= t; j++) {
-            const float *vr = Vv.row(b, j, h);
-            const float pj = p[j];
-            for (int64_t e = 0; e < d.D; e++) acc[e] += pj * vr[e * Vv.sd];
-          }
-          const float inv = 1.0f / sum;
-          float *orow = O.row(b, t, h);
-          for (int64_t e = 0; e < d.D; e++) orow[e * O.sd] = acc[e] * inv;
-          L[(b * d.H + h) * d.T + t] = mx + std::log(sum);
-        }
-      }
-    }
+    parallel_for(d.B * d.H, 1, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; i++) forward_head(Q, K, Vv, O, L, d, i / d.H, i % d.H, scale);
+    });
   });
 }
 
@@ -151,42 +238,10 @@ tsr_status attention_backward(tsr_host_ctx *ctx, const DLTensor *q, const DLTens
              dK = bthd(op, "dk", dk, d, false), dV = bthd(op, "dv", dv, d, false);
     const float *L = lse_view(op, lse, d);
     if (d.B * d.T * d.H == 0) return;
-    std::vector<float> ds(static_cast<size_t>(d.T)), acc(static_cast<size_t>(d.D));
-    for (int64_t b = 0; b < d.B; b++) {
-      for (int64_t h = 0; h < d.H; h++) {
-        // dk and dv accumulate over query rows: clear this head's rows first.
-        for (int64_t j = 0; j < d.T; j++) {
-          float *kr = dK.row(b, j, h), *vr = dV.row(b, j, h);
-          for (int64_t e = 0; e < d.D; e++) kr[e * dK.sd] = vr[e * dV.sd] = 0.0f;
-        }
-        for (int64_t t = 0; t < d.T; t++) {
-          const float *qr = Q.row(b, t, h), *dor = dO.row(b, t, h);
-          // Di = dO_t . O_t, the softmax's own gradient correction.
-          const float di = dot(dor, dO.sd, O.row(b, t, h), O.sd, d.D);
-          const float lt = L[(b * d.H + h) * d.T + t];
-          for (int64_t e = 0; e < d.D; e++) acc[e] = 0.0f;
-          for (int64_t j = 0; j <= t; j++) {
-            // P recomputed from lse; dP = dO . v_j; dS = P (dP - Di).
-            const float pj = std::exp(scale * dot(qr, Q.sd, K.row(b, j, h), K.sd, d.D) - lt);
-            const float dpj = dot(dor, dO.sd, Vv.row(b, j, h), Vv.sd, d.D);
-            ds[j] = pj * (dpj - di);
-            float *vr = dV.row(b, j, h);
-            for (int64_t e = 0; e < d.D; e++) vr[e * dV.sd] += pj * dor[e * dO.sd];
-          }
-          for (int64_t j = 0; j <= t; j++) {
-            const float g = scale * ds[j];
-            const float *kr = K.row(b, j, h);
-            float *dkr = dK.row(b, j, h);
-            for (int64_t e = 0; e < d.D; e++) {
-              acc[e] += g * kr[e * K.sd];
-              dkr[e * dK.sd] += g * qr[e * Q.sd];
-            }
-          }
-          float *dqr = dQ.row(b, t, h);
-          for (int64_t e = 0; e < d.D; e++) dqr[e * dQ.sd] = acc[e];
-        }
-      }
-    }
+    parallel_for(d.B * d.H, 1, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; i++)
+        backward_head(Q, K, Vv, O, dO, L, dQ, dK, dV, d, i / d.H, i % d.H, scale);
+    });
   });
 }
 

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "ops/cpu_ops_internal.hpp"
+#include "ops/cpu_pool.hpp"
 #include "util/error.hpp"
 
 // Declared by OpenBLAS's cblas.h but not by the reference one; repeating a
@@ -213,10 +214,32 @@ void gemm(const char *op, const DLTensor *a, int32_t trans_a, const DLTensor *b,
     }
     return;
   }
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
-              static_cast<int>(k), alpha, A.p, static_cast<int>(A.cols), B.p,
-              static_cast<int>(B.cols), beta, C.p, static_cast<int>(n));
+  // OpenBLAS runs single-threaded (cpu_ops_set_threads): a large product
+  // is split here into independent sgemms on slices of c, one per pool
+  // thread, along its longer side. OpenBLAS's own threads spin in
+  // sched_yield between calls and fought the pool's threads for the cores
+  // (a quarter of a GPT-2 step on 2 cores went to the scheduler).
+  const auto slice = [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+    // Row r of op(a) starts at a + r * lda untransposed, at column r of a
+    // transposed; column j of op(b) likewise.
+    const float *ap = trans_a ? A.p + m0 : A.p + m0 * A.cols;
+    const float *bp = trans_b ? B.p + n0 * B.cols : B.p + n0;
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(m1 - m0),
+                static_cast<int>(n1 - n0), static_cast<int>(k), alpha, ap, static_cast<int>(A.cols),
+                bp, static_cast<int>(B.cols), beta, C.p + m0 * n + n0, static_cast<int>(n));
+  };
+  constexpr double kSplitFlops = 1 << 21;  // below this a split costs more than it saves
+  constexpr int64_t kMinSide = 32;         // rows or columns per slice, at least
+  if (pool_threads() <= 1 ||
+      2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) <
+          kSplitFlops) {
+    slice(0, m, 0, n);
+  } else if (m >= n) {
+    parallel_for(m, kMinSide, [&](int64_t b, int64_t e) { slice(b, e, 0, n); });
+  } else {
+    parallel_for(n, kMinSide, [&](int64_t b, int64_t e) { slice(0, m, b, e); });
+  }
 }
 
 static tsr_status matmul(tsr_host_ctx *ctx, const DLTensor *a, int32_t trans_a, const DLTensor *b,
@@ -226,7 +249,8 @@ static tsr_status matmul(tsr_host_ctx *ctx, const DLTensor *a, int32_t trans_a, 
 
 // ---------------------------------------------------------------------------
 // Element-wise helpers. Plain loops over contiguous floats: -O3 vectorizes
-// them, and the ops are memory-bound, so one thread is the right default.
+// them, and they are memory-bound, so they stay on one thread (the
+// activations, attention and the softmax, which compute, use the pool).
 
 static tsr_status fill(tsr_host_ctx *ctx, DLTensor *x, float value) noexcept {
   return guarded(ctx, [&] {
@@ -329,7 +353,10 @@ const tsr_ops *cpu_ops() {
 
 void cpu_ops_set_threads(int n) {
   if (n <= 0) n = openblas_get_num_procs();
-  openblas_set_num_threads(n < 1 ? 1 : n);
+  if (n < 1) n = 1;
+  // One OpenBLAS thread: gemm splits large products over the pool itself.
+  openblas_set_num_threads(1);
+  cpu::pool_set_threads(n);
 }
 
 }  // namespace tessera

@@ -1,7 +1,8 @@
 // The CPU ops table: float32 DLTensors in host memory, kDLCPU or kDLCUDAHost
 // (int32 targets and ids; cast converts float32/bfloat16/float16 and copy
-// moves any dtype). Matmul and linear go to OpenBLAS; the rest are plain
-// loops.
+// moves any dtype). Matmul and linear go to OpenBLAS; activations,
+// attention and the softmax run on the ops' own thread pool (cpu_pool.hpp);
+// the rest are plain loops.
 #pragma once
 
 #include <tessera/ops.h>
@@ -11,8 +12,8 @@ namespace tessera {
 // The table, static storage for the life of the process.
 const tsr_ops *cpu_ops();
 
-// Threads OpenBLAS may use for matmul; n <= 0 means every core. The
-// element-wise ops are single-threaded.
+// Threads the ops may use, OpenBLAS's and the pool's; n <= 0 means every
+// core.
 void cpu_ops_set_threads(int n);
 
 }  // namespace tessera

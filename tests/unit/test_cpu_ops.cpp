@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ops/cpu_ops.hpp"
+#include "ops/cpu_pool.hpp"
 
 namespace {
 
@@ -153,7 +154,7 @@ void check_matmul(int64_t m, int64_t n, int64_t k, int ta, int tb, float alpha, 
       }
       const double want = alpha * s + beta * c0[i * n + j];
       INFO("m=" << m << " n=" << n << " k=" << k << " ta=" << ta << " tb=" << tb << " at (" << i
-                << "," << j << ")");
+                << "," << j << "): got " << c.v[i * n + j] << ", want " << want);
       REQUIRE(close(c.v[i * n + j], want, 1e-5));
     }
   }
@@ -250,11 +251,17 @@ TEST_CASE("matmul rejects bad arguments", "[cpu_ops]") {
 
 extern "C" int openblas_get_num_threads(void);
 
-TEST_CASE("matmul gives the same answer on several threads", "[cpu_ops]") {
-  const int before = openblas_get_num_threads();
-  tessera::cpu_ops_set_threads(2);
-  CHECK(openblas_get_num_threads() == 2);
-  check_matmul(128, 96, 200, 0, 1, 1.0f, 0.0f, 77);
+TEST_CASE("matmul split over the pool's threads: every transpose, tall and wide", "[cpu_ops]") {
+  const int before = tessera::cpu::pool_threads();
+  tessera::cpu_ops_set_threads(3);
+  // OpenBLAS stays on one thread; gemm splits the product itself.
+  CHECK(openblas_get_num_threads() == 1);
+  CHECK(tessera::cpu::pool_threads() == 3);
+  for (int ta = 0; ta < 2; ta++)
+    for (int tb = 0; tb < 2; tb++) {
+      check_matmul(257, 96, 72, ta, tb, 1.0f, 0.0f, 77 + ta * 2 + tb);  // split along m
+      check_matmul(64, 301, 80, ta, tb, 0.5f, 1.0f, 91 + ta * 2 + tb);  // split along n
+    }
   tessera::cpu_ops_set_threads(0);
   check_matmul(64, 32, 48, 1, 0, 1.0f, 1.0f, 78);
   tessera::cpu_ops_set_threads(before);  // leave the process as we found it

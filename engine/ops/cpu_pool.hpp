@@ -1,0 +1,25 @@
+// A small pool of threads for the CPU ops' loops that OpenBLAS does not run:
+// attention, activations, layernorm. Its size follows cpu_ops_set_threads
+// (run.threads, or the cores divided by the ranks on the machine), so the
+// ops never use more cores than the rank was given.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+namespace tessera::cpu {
+
+// Sets the number of threads parallel_for may use, the caller included
+// (1: everything runs on the caller). Starts or stops workers as needed.
+void pool_set_threads(int n);
+int pool_threads();
+
+// Calls fn(begin, end) on disjoint chunks covering [0, n), in parallel on
+// the pool, and returns when every chunk is done. Chunks hold at least
+// `grain` items, so small loops stay on the caller. fn must not throw.
+// A call made while another thread's call is running (the ops are not
+// meant to be entered from two threads, but a plugin may) runs serially on
+// its caller instead of waiting.
+void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)> &fn);
+
+}  // namespace tessera::cpu

@@ -1,0 +1,217 @@
+// The CPU ops' vector math (cpu_math.hpp) against libm in double, and the
+// ops that run on the thread pool: the same bits with 1 thread as with 3,
+// on sizes large enough to be split (the other op tests use small tensors
+// that stay on the calling thread).
+#include <tessera/ops.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "ops/cpu_math.hpp"
+#include "ops/cpu_ops.hpp"
+#include "ops/cpu_pool.hpp"
+
+namespace {
+
+const tsr_ops &ops() {
+  return *tessera::cpu_ops();
+}
+
+struct T {
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;
+  DLTensor t{};
+  T(void *data, std::vector<int64_t> shp, DLDataType dt = {kDLFloat, 32, 1},
+    std::vector<int64_t> str = {}, uint64_t byte_offset = 0)
+      : shape(std::move(shp)), strides(std::move(str)) {
+    t.data = data;
+    t.device = DLDevice{kDLCPU, 0};
+    t.ndim = static_cast<int32_t>(shape.size());
+    t.dtype = dt;
+    t.shape = shape.data();
+    t.strides = strides.empty() ? nullptr : strides.data();
+    t.byte_offset = byte_offset;
+  }
+  DLTensor *dl() { return &t; }
+};
+
+std::vector<float> randn(size_t n, uint32_t seed, float sd = 1.0f) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0.0f, sd);
+  std::vector<float> v(n);
+  for (auto &x : v) x = d(g);
+  return v;
+}
+
+bool same_bits(const std::vector<float> &a, const std::vector<float> &b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Runs f with the ops on `threads` threads, then puts the default back.
+template <typename F>
+auto with_threads(int threads, F f) {
+  tessera::cpu_ops_set_threads(threads);
+  auto r = f();
+  tessera::cpu_ops_set_threads(1);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("cpu math: exp_v and tanh_v against libm in double", "[ops]") {
+  double worst_exp = 0, worst_tanh = 0;
+  for (int i = -870000; i <= 880000; i++) {
+    const float x = static_cast<float>(i) * 1e-4f;
+    const double e = std::exp(static_cast<double>(x));
+    worst_exp = std::max(worst_exp, std::fabs(tessera::cpu::exp_v(x) - e) / e);
+  }
+  for (int i = -200000; i <= 200000; i++) {
+    const float x = static_cast<float>(i) * 1e-4f;
+    const double t = std::tanh(static_cast<double>(x));
+    const double err = std::fabs(tessera::cpu::tanh_v(x) - t);
+    // Relative near 0 (where tanh x ~ x), absolute where |tanh| nears 1.
+    worst_tanh = std::max(worst_tanh, err / std::max(std::fabs(t), 1e-30) * (std::fabs(t) < 0.5) +
+                                          err * (std::fabs(t) >= 0.5));
+  }
+  INFO("exp: worst relative error " << worst_exp << "; tanh: " << worst_tanh);
+  CHECK(worst_exp < 4e-7);
+  CHECK(worst_tanh < 1e-6);
+  // The edges: no inf, no NaN from finite input; NaN stays NaN.
+  CHECK(std::isfinite(tessera::cpu::exp_v(1000.0f)));
+  CHECK(tessera::cpu::exp_v(-1000.0f) >= 0.0f);
+  CHECK(tessera::cpu::exp_v(-1000.0f) < 1e-37f);
+  CHECK(tessera::cpu::tanh_v(1e30f) == 1.0f);
+  CHECK(tessera::cpu::tanh_v(-1e30f) == -1.0f);
+  CHECK(tessera::cpu::tanh_v(0.0f) == 0.0f);
+  CHECK(std::isnan(tessera::cpu::exp_v(NAN)));
+  CHECK(std::isnan(tessera::cpu::tanh_v(NAN)));
+}
+
+TEST_CASE("cpu ops pool: parallel_for covers every item once, at any size", "[ops]") {
+  tessera::cpu_ops_set_threads(3);
+  for (int64_t n : {0, 1, 2, 5, 100, 100003}) {
+    std::vector<int> hits(static_cast<size_t>(n), 0);
+    tessera::cpu::parallel_for(n, 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; i++) hits[static_cast<size_t>(i)]++;
+    });
+    bool once = true;
+    for (int h : hits) once &= h == 1;
+    CHECK(once);
+  }
+  CHECK(tessera::cpu::pool_threads() == 3);
+  tessera::cpu_ops_set_threads(1);
+  CHECK(tessera::cpu::pool_threads() == 1);
+}
+
+TEST_CASE("cpu ops on the pool: GELU, tanh and bias + GELU give the same bits on 1 and 3 threads",
+          "[ops]") {
+  const size_t n = 300001;  // odd, and several pool chunks
+  std::vector<float> x = randn(n, 1, 3.0f), dy = randn(n, 2);
+  x[5] = 40.0f, x[6] = -40.0f, x[7] = 1e30f;  // the clamped tails
+  auto run = [&] {
+    std::vector<float> y(n), dx(n), t(n), dt(n), yb(x.begin(), x.end() - 1);
+    std::vector<float> bias = randn(300, 3);
+    T X(x.data(), {static_cast<int64_t>(n)}), Y(y.data(), {static_cast<int64_t>(n)}),
+        DY(dy.data(), {static_cast<int64_t>(n)}), DX(dx.data(), {static_cast<int64_t>(n)}),
+        TT(t.data(), {static_cast<int64_t>(n)}), DT(dt.data(), {static_cast<int64_t>(n)}),
+        YB(yb.data(), {1000, 300}), B(bias.data(), {300});
+    REQUIRE(ops().act_forward(nullptr, TSR_ACT_GELU, X.dl(), Y.dl()) == TSR_OK);
+    REQUIRE(ops().act_backward(nullptr, TSR_ACT_GELU, X.dl(), 0, DY.dl(), DX.dl()) == TSR_OK);
+    REQUIRE(ops().act_forward(nullptr, TSR_ACT_TANH, X.dl(), TT.dl()) == TSR_OK);
+    REQUIRE(ops().act_backward(nullptr, TSR_ACT_TANH, X.dl(), 0, DY.dl(), DT.dl()) == TSR_OK);
+    REQUIRE(ops().bias_act(nullptr, YB.dl(), B.dl(), TSR_ACT_GELU) == TSR_OK);
+    return std::vector<std::vector<float>>{y, dx, t, dt, yb};
+  };
+  const auto one = with_threads(1, run), three = with_threads(3, run);
+  for (size_t i = 0; i < one.size(); i++) CHECK(same_bits(one[i], three[i]));
+  // And right: GELU against its formula in double, past the clamps too.
+  const auto &y = one[0];
+  double worst = 0;
+  for (size_t i = 0; i < n; i++) {
+    const double v = x[i], u = 0.7978845608028654 * (v + 0.044715 * v * v * v);
+    const double ref = std::fabs(v) > 10 ? (v > 0 ? v : 0.0) : 0.5 * v * (1 + std::tanh(u));
+    worst = std::max(worst, std::fabs(y[i] - ref) / std::max(1.0, std::fabs(ref)));
+  }
+  CHECK(worst < 1e-6);
+  CHECK(one[1][7] == dy[7]);  // slope 1 far right
+}
+
+TEST_CASE(
+    "cpu cross_entropy on the pool: same loss and gradient bits on 1 and 3 threads, "
+    "in place too",
+    "[ops]") {
+  const int64_t rows = 4099, cols = 300, valid = 290;
+  std::vector<float> logits = randn(static_cast<size_t>(rows * cols), 4, 4.0f);
+  std::vector<int32_t> targets(static_cast<size_t>(rows));
+  std::mt19937 g(5);
+  for (auto &t : targets) t = static_cast<int32_t>(g() % valid);
+  targets[3] = -1;  // ignored row
+  struct Out {
+    std::vector<float> grad, inplace;
+    double loss, loss_inplace;
+    int64_t count, correct;
+  };
+  auto run = [&] {
+    Out o;
+    o.grad.resize(logits.size());
+    o.inplace = logits;
+    T L(logits.data(), {rows, cols}), Tg(targets.data(), {rows}, {kDLInt, 32, 1}),
+        D(o.grad.data(), {rows, cols}), I(o.inplace.data(), {rows, cols});
+    REQUIRE(ops().cross_entropy(nullptr, L.dl(), Tg.dl(), valid, 0.5f, D.dl(), &o.loss, &o.count,
+                                &o.correct) == TSR_OK);
+    int64_t c2 = 0;
+    REQUIRE(ops().cross_entropy(nullptr, I.dl(), Tg.dl(), valid, 0.5f, I.dl(), &o.loss_inplace, &c2,
+                                nullptr) == TSR_OK);
+    return o;
+  };
+  const Out one = with_threads(1, run), three = with_threads(3, run);
+  CHECK(one.loss == three.loss);
+  CHECK(one.count == rows - 1);
+  CHECK(three.correct == one.correct);
+  CHECK(same_bits(one.grad, three.grad));
+  CHECK(same_bits(one.grad, one.inplace));
+  CHECK(one.loss == one.loss_inplace);
+  // The loss against a double-precision log-softmax.
+  double ref = 0;
+  for (int64_t r = 0; r < rows; r++) {
+    if (targets[static_cast<size_t>(r)] < 0) continue;
+    const float *x = logits.data() + r * cols;
+    double mx = x[0], z = 0;
+    for (int64_t j = 1; j < valid; j++) mx = std::max(mx, double(x[j]));
+    for (int64_t j = 0; j < valid; j++) z += std::exp(x[j] - mx);
+    ref += mx + std::log(z) - x[targets[static_cast<size_t>(r)]];
+  }
+  CHECK(std::fabs(one.loss - ref) / ref < 1e-6);
+  // Padding columns and the ignored row get zero gradient.
+  CHECK(one.grad[static_cast<size_t>(cols - 1)] == 0.0f);
+  CHECK(one.grad[static_cast<size_t>(3 * cols + 7)] == 0.0f);
+}
+
+TEST_CASE("cpu attention on the pool: same bits on 1 and 3 threads", "[ops][attention]") {
+  const int64_t B = 3, Tn = 40, H = 5, D = 16;
+  const int64_t n = B * Tn * H * D;
+  std::vector<float> qkv = randn(static_cast<size_t>(3 * n), 6),
+                     dout = randn(static_cast<size_t>(n), 7);
+  const std::vector<int64_t> shp = {B, Tn, H, D}, fused = {Tn * 3 * H * D, 3 * H * D, D, 1};
+  auto run = [&] {
+    std::vector<float> out(static_cast<size_t>(n)), lse(static_cast<size_t>(B * H * Tn)),
+        dqkv(static_cast<size_t>(3 * n));
+    auto view = [&](std::vector<float> &base, int w) {
+      return T(base.data(), shp, {kDLFloat, 32, 1}, fused,
+               static_cast<uint64_t>(w * H * D) * sizeof(float));
+    };
+    T q = view(qkv, 0), k = view(qkv, 1), v = view(qkv, 2), dq = view(dqkv, 0), dk = view(dqkv, 1),
+      dv = view(dqkv, 2), O(out.data(), shp), dO(dout.data(), shp), L(lse.data(), {B, H, Tn});
+    const float scale = 0.25f;
+    REQUIRE(ops().attention_forward(nullptr, q.dl(), k.dl(), v.dl(), scale, O.dl(), L.dl()) ==
+            TSR_OK);
+    REQUIRE(ops().attention_backward(nullptr, q.dl(), k.dl(), v.dl(), O.dl(), dO.dl(), L.dl(),
+                                     scale, dq.dl(), dk.dl(), dv.dl()) == TSR_OK);
+    return std::vector<std::vector<float>>{out, lse, dqkv};
+  };
+  const auto one = with_threads(1, run), three = with_threads(3, run);
+  for (size_t i = 0; i < one.size(); i++) CHECK(same_bits(one[i], three[i]));
+}
