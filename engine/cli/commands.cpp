@@ -222,9 +222,11 @@ std::unique_ptr<DistContext> join_job(const Job &job, ProcessInfo &proc) {
                                           static_cast<int>(job.settings.comm_timeout_s),
                                           job.settings.comm_interface);
   opt.cuda = proc.device.device_type == kDLCUDA;
+  opt.shm = job.settings.comm_shm;
   auto dist = std::make_unique<DistContext>(opt);
   proc.comm = dist->comm();
   proc.comm_state = dist->comm_state();
+  proc.transport = dist->transport();
   return dist;
 }
 

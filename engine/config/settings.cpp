@@ -102,6 +102,9 @@ const tsr_param_decl kComm[] = {
     param("interface", TSR_PARAM_STRING, "\"\"",
           "network interface Gloo binds to (also GLOO_SOCKET_IFNAME); empty: the route to the "
           "master"),
+    param("shm", TSR_PARAM_BOOL, "true",
+          "CPU collectives through shared memory when every rank is on this host; false: Gloo "
+          "over TCP always"),
 };
 
 }  // namespace
@@ -266,6 +269,7 @@ Settings resolve_settings(const Document &doc, uint32_t world, toml::table *reso
   s.fp16.loss_scale = f64("fp16", "loss_scale");
   s.comm_timeout_s = i64("comm", "timeout_s");
   s.comm_interface = str("comm", "interface");
+  s.comm_shm = all["comm"]["shm"].value_or(true);
   if (s.comm_interface.empty())
     if (const char *e = std::getenv("GLOO_SOCKET_IFNAME")) s.comm_interface = e;
   s.ckpt_dir = str("checkpoint", "dir");

@@ -48,6 +48,7 @@ struct Settings {
   // [comm]
   int64_t comm_timeout_s = 300;
   std::string comm_interface;
+  bool comm_shm = true;  // CPU collectives through /dev/shm when every rank is on one host
   // [checkpoint]
   std::string ckpt_dir, resume;
   int64_t ckpt_every = 0, ckpt_keep = 0;

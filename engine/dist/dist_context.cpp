@@ -233,7 +233,7 @@ DistContext::DistContext(const DistOptions &opt) : opt_(opt) {
   try {
     gloo_ = std::make_unique<GlooComm>(*client_, opt.rank, opt.world_size, timeout, opt.interface,
                                        local_address_toward(opt.master_addr, opt.master_port),
-                                       opt.prefix);
+                                       opt.prefix, opt.shm);
     if (opt.cuda) {
 #ifdef TESSERA_HAVE_CUDA
       nccl_ = std::make_unique<NcclComm>(*client_, opt.rank, opt.world_size, timeout, opt.prefix);
@@ -247,6 +247,14 @@ DistContext::DistContext(const DistOptions &opt) : opt_(opt) {
     watcher_.join();
     throw;
   }
+}
+
+std::string DistContext::transport() const {
+  std::string t = gloo_ ? gloo_->transport() : "";
+#ifdef TESSERA_HAVE_CUDA
+  if (nccl_) t = "NCCL for GPU tensors; host tensors: " + t;
+#endif
+  return t;
 }
 
 const tsr_comm *DistContext::comm() const {

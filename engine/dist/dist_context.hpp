@@ -30,6 +30,7 @@ struct DistOptions {
   std::string interface;
   std::string prefix = "tessera/a0";  // store keys of this attempt
   bool cuda = false;                  // also connect NCCL (the GPU is selected already)
+  bool shm = true;                    // CPU collectives through shared memory on one host
 };
 
 // Reads MASTER_ADDR/MASTER_PORT and whether our launcher serves the store.
@@ -69,6 +70,8 @@ class DistContext {
   // The collectives, and what the host's RunFacts::comm_state must be for
   // them: the GlooComm on CPU runs, the CudaComm (GPU tensors to NCCL, host
   // tensors to Gloo) when DistOptions::cuda is set.
+  // How the CPU collectives move data ("shared memory ...", "Gloo TCP ...").
+  std::string transport() const;
   const tsr_comm *comm() const;
   void *comm_state();
   GlooComm *gloo() { return gloo_.get(); }

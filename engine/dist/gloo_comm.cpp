@@ -127,8 +127,14 @@ tsr_status do_all_reduce(GlooComm &c, tsr_host_ctx *ctx, DLTensor *t, tsr_reduce
     size_t n = numel(t);
     DLDataType dt = t->dtype;
     tsr_status s = c.submit(
-        ctx, "all_reduce", [&c, p, n, dt, op] { allreduce_raw(c, p, n, dt, op); }, work,
-        static_cast<int64_t>(n * dt.bits / 8));
+        ctx, "all_reduce",
+        [&c, p, n, dt, op] {
+          if (c.shm())
+            c.shm()->all_reduce(p, n, dt, op);
+          else
+            allreduce_raw(c, p, n, dt, op);
+        },
+        work, static_cast<int64_t>(n * dt.bits / 8));
     if (s != TSR_OK) throw ReportedError(s);  // keep the detailed message
   });
 }
@@ -149,6 +155,7 @@ tsr_status do_reduce_scatter(GlooComm &c, tsr_host_ctx *ctx, const DLTensor *in,
     tsr_status s = c.submit(
         ctx, "reduce_scatter",
         [&c, src, dst, n, es, dt, op] {
+          if (c.shm()) return c.shm()->reduce_scatter(src, dst, n, dt, op);
           char *tmp = static_cast<char *>(c.scratch(n * c.world() * es));
           std::memcpy(tmp, src, n * c.world() * es);
           allreduce_raw(c, tmp, n * c.world(), dt, op);
@@ -172,6 +179,7 @@ tsr_status do_all_gather(GlooComm &c, tsr_host_ctx *ctx, const DLTensor *in, DLT
     tsr_status s = c.submit(
         ctx, "all_gather",
         [&c, src, dst, n, es] {
+          if (c.shm()) return c.shm()->all_gather(src, dst, n * es);
           gloo::AllgatherOptions o(c.context());
           o.setTimeout(c.timeout());
           o.setInput(src, n * es);
@@ -192,6 +200,7 @@ tsr_status do_broadcast(GlooComm &c, tsr_host_ctx *ctx, DLTensor *t, uint32_t ro
     tsr_status s = c.submit(
         ctx, "broadcast",
         [&c, p, bytes, root] {
+          if (c.shm()) return c.shm()->broadcast(p, bytes, root);
           gloo::BroadcastOptions o(c.context());
           o.setTimeout(c.timeout());
           o.setRoot(static_cast<int>(root));
@@ -208,6 +217,7 @@ tsr_status do_barrier(GlooComm &c, tsr_host_ctx *ctx) {
     tsr_status s = c.submit(
         ctx, "barrier",
         [&c] {
+          if (c.shm()) return c.shm()->barrier();
           gloo::BarrierOptions o(c.context());
           o.setTimeout(c.timeout());
           gloo::barrier(o);
@@ -292,7 +302,8 @@ tsr_status GlooComm::barrier(tsr_host_ctx *ctx) {
 }
 
 GlooComm::GlooComm(StoreClient &store, uint32_t rank, uint32_t world, std::chrono::seconds timeout,
-                   const std::string &iface, const std::string &hostname, const std::string &prefix)
+                   const std::string &iface, const std::string &hostname, const std::string &prefix,
+                   bool shm)
     : store_(store), rank_(rank), world_(world), timeout_(timeout), prefix_(prefix) {
   gloo::transport::tcp::attr attr;
   if (!iface.empty())
@@ -309,6 +320,14 @@ GlooComm::GlooComm(StoreClient &store, uint32_t rank, uint32_t world, std::chron
     ctx->setTimeout(timeout_);
     ctx->connectFullMesh(ps, dev);
     context_ = ctx;
+    // Gloo stays connected either way: its context is also the fallback
+    // path's, and connecting proves every rank reachable.
+    std::string why = "comm.shm = false";
+    if (shm && world > 1)
+      shm_ = ShmGroup::open(store_, prefix_, rank, world, hostname, timeout_, &why);
+    transport_ = world == 1 ? "none (one rank)"
+                 : shm_     ? "shared memory (every rank on this host)"
+                            : "Gloo TCP (no shared memory: " + why + ")";
   } catch (const Error &) {
     throw;
   } catch (const std::exception &e) {
@@ -385,7 +404,8 @@ void GlooComm::loop() {
       err = "an earlier collective failed: " + broken_;
     } else
       try {
-        store_.set(prefix_ + "/seq/" + std::to_string(rank_), std::to_string(w->seq));
+        // The heartbeat posts it (not a store round trip per collective).
+        current_seq_ = w->seq;
         trace::Span span(trace::Stream::communication, w->name.c_str(), w->bytes);
         w->fn();
       } catch (const std::exception &e) {

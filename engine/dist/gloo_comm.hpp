@@ -17,6 +17,7 @@
 #include <string>
 #include <thread>
 
+#include "dist/shm_group.hpp"
 #include "dist/store.hpp"
 
 namespace gloo {
@@ -29,8 +30,11 @@ class GlooComm {
  public:
   // Connects every rank through the store (keys under `prefix`). `iface`
   // names the network interface to bind ("" for the store's route).
+  // With `shm`, ranks that are all on this host exchange data through a
+  // shared-memory segment (ShmGroup) instead of Gloo's TCP.
   GlooComm(StoreClient &store, uint32_t rank, uint32_t world, std::chrono::seconds timeout,
-           const std::string &iface, const std::string &hostname, const std::string &prefix);
+           const std::string &iface, const std::string &hostname, const std::string &prefix,
+           bool shm = true);
   ~GlooComm();
 
   // The ABI table; its functions find this object through the host ctx.
@@ -59,6 +63,10 @@ class GlooComm {
   uint32_t world() const { return world_; }
   // Scratch for reduce-scatter, grown on demand (communication thread only).
   void *scratch(size_t bytes);
+  // The shared-memory group, when the collectives go through it.
+  ShmGroup *shm() const { return shm_.get(); }
+  // How the ranks exchange data, for the start-up report.
+  const std::string &transport() const { return transport_; }
 
  private:
   struct Work;
@@ -71,6 +79,8 @@ class GlooComm {
   std::chrono::milliseconds timeout_;
   std::string prefix_;
   std::shared_ptr<gloo::Context> context_;
+  std::unique_ptr<ShmGroup> shm_;
+  std::string transport_;
   std::vector<char> scratch_;
 
   std::mutex mu_;

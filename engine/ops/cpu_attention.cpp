@@ -1,12 +1,15 @@
 // CPU causal attention (float32), forward and backward. It is also the
 // reference the CUDA kernels are tested against. Per (batch, head), on the
-// ops' thread pool: that head's keys and values are first copied into
-// compact scratch (transposed where a loop runs over keys), so the inner
-// loops are unit-stride and vectorize; the scores of one query row live in
-// an O(T) buffer, never a T x T matrix. Strides of q, k, v, out and the
+// ops' thread pool: that head's q, k, v (and dO) are copied into compact
+// scratch, then tiles of 64 query rows go through OpenBLAS (scores, P V,
+// and the five products of the backward) with the masked softmax between;
+// a tile's scores are [64 x T], never a T x T matrix. Strides of q, k, v, out and the
 // gradients are honoured (q, k, v are usually views into one fused
 // [B, T, 3, H, D] buffer). Each head is computed by one thread in a fixed
 // order, so results do not depend on the number of threads.
+#include <cblas.h>
+
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -96,107 +99,129 @@ float *scratch(size_t floats) {
   return buf.data();
 }
 
-// Copies head (b, h) of X into dst as [T][D] (row-major) or [D][T]
-// (transposed), compact.
-void gather(const V4 &X, int64_t b, int64_t h, const Dims &d, float *dst, bool transposed) {
+// Copies head (b, h) of X into dst as a compact [T][D].
+void gather(const V4 &X, int64_t b, int64_t h, const Dims &d, float *dst) {
   for (int64_t t = 0; t < d.T; t++) {
     const float *r = X.row(b, t, h);
-    if (transposed)
-      for (int64_t e = 0; e < d.D; e++) dst[e * d.T + t] = r[e * X.sd];
-    else
-      for (int64_t e = 0; e < d.D; e++) dst[t * d.D + e] = r[e * X.sd];
+    for (int64_t e = 0; e < d.D; e++) dst[t * d.D + e] = r[e * X.sd];
   }
 }
 
-// s[j] = sum_e q[e] kT[e][j] for j in [0, n): one query against n keys,
-// unit-stride over keys. The sum runs over e in order for every j.
-TSR_OPS_CLONES void scores(const float *q, const float *kT, int64_t T, int64_t D, int64_t n,
-                           float *s) {
-  for (int64_t j = 0; j < n; j++) s[j] = 0.0f;
-  for (int64_t e = 0; e < D; e++) {
-    const float qe = q[e];
-    const float *kr = kT + e * T;
-    for (int64_t j = 0; j < n; j++) s[j] += qe * kr[j];
-  }
+// Row-major single-precision gemm: c = alpha op(a) op(b) + beta c. OpenBLAS
+// runs single-threaded here (cpu_ops_set_threads), one head per pool thread.
+void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+           int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
+              static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
 }
 
-TSR_OPS_CLONES void forward_head(const V4 &Q, const V4 &K, const V4 &Vv, const V4 &O, float *L,
-                                 const Dims &d, int64_t b, int64_t h, float scale) {
-  const int64_t T = d.T, D = d.D;
-  float *kT = scratch(static_cast<size_t>(2 * T * D + T + 2 * D));
-  float *v = kT + T * D, *s = v + T * D, *q = s + T, *acc = q + D;
-  gather(K, b, h, d, kT, true);
-  gather(Vv, b, h, d, v, false);
-  for (int64_t t = 0; t < T; t++) {
-    const float *qr = Q.row(b, t, h);
-    for (int64_t e = 0; e < D; e++) q[e] = qr[e * Q.sd] * scale;
-    const int64_t n = t + 1;  // causal: keys 0..t
-    scores(q, kT, T, D, n, s);
-    float mx = -INFINITY;
-    for (int64_t j = 0; j < n; j++) mx = s[j] > mx ? s[j] : mx;
-    float sum8[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+// Query rows per tile: a tile's scores against keys 0..(its last row) are
+// one [kTile x keys] block, so the scratch grows with T, not T x T, and
+// the masked half of each diagonal block is the only wasted work.
+constexpr int64_t kTile = 64;
+
+// Softmax of score rows in place for query rows [r0, r1) of a tile whose
+// block has `keys` columns: row t keeps keys 0..t, the rest become 0.
+// Fills lse[t] (the scores come scaled) and inv[t - r0] = 1 / the row's sum.
+TSR_OPS_CLONES void softmax_rows(float *s, int64_t r0, int64_t r1, int64_t keys, float *lse,
+                                 float *inv) {
+  for (int64_t t = r0; t < r1; t++) {
+    float *row = s + (t - r0) * keys;
+    const int64_t n = t + 1;
+    // The row max in sixteen lanes (a loop the compiler vectorizes).
+    float m16[16];
+    for (float &m : m16) m = -INFINITY;
     int64_t j = 0;
+    for (; j + 16 <= n; j += 16)
+      for (int k = 0; k < 16; k++) m16[k] = row[j + k] > m16[k] ? row[j + k] : m16[k];
+    for (; j < n; j++) m16[0] = row[j] > m16[0] ? row[j] : m16[0];
+    float mx = m16[0];
+    for (int k = 1; k < 16; k++) mx = m16[k] > mx ? m16[k] : mx;
+    float sum8[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    j = 0;
     for (; j + 8 <= n; j += 8)
-      for (int k = 0; k < 8; k++) sum8[k] += s[j + k] = exp_v(s[j + k] - mx);
-    for (; j < n; j++) sum8[0] += s[j] = exp_v(s[j] - mx);
+      for (int k = 0; k < 8; k++) sum8[k] += row[j + k] = exp_v(row[j + k] - mx);
+    for (; j < n; j++) sum8[0] += row[j] = exp_v(row[j] - mx);
+    for (j = n; j < keys; j++) row[j] = 0.0f;
     const float sum =
         ((sum8[0] + sum8[1]) + (sum8[2] + sum8[3])) + ((sum8[4] + sum8[5]) + (sum8[6] + sum8[7]));
-    for (int64_t e = 0; e < D; e++) acc[e] = 0.0f;
-    for (j = 0; j < n; j++) {
-      const float pj = s[j];
-      const float *vr = v + j * D;
-      for (int64_t e = 0; e < D; e++) acc[e] += pj * vr[e];
-    }
-    const float inv = 1.0f / sum;
-    float *orow = O.row(b, t, h);
-    for (int64_t e = 0; e < D; e++) orow[e * O.sd] = acc[e] * inv;
-    L[(b * d.H + h) * T + t] = mx + std::log(sum);
+    lse[t] = mx + std::log(sum);
+    inv[t - r0] = 1.0f / sum;
   }
 }
 
-TSR_OPS_CLONES void backward_head(const V4 &Q, const V4 &K, const V4 &Vv, const V4 &O, const V4 &dO,
-                                  const float *L, const V4 &dQ, const V4 &dK, const V4 &dV,
-                                  const Dims &d, int64_t b, int64_t h, float scale) {
-  const int64_t T = d.T, D = d.D;
-  float *kT = scratch(static_cast<size_t>(5 * T * D + 2 * T + 3 * D));
-  float *vT = kT + T * D, *k = vT + T * D, *dk = k + T * D, *dv = dk + T * D;
-  float *s = dv + T * D, *dp = s + T, *q = dp + T, *dor = q + D, *acc = dor + D;
-  gather(K, b, h, d, kT, true);
-  gather(Vv, b, h, d, vT, true);
-  gather(K, b, h, d, k, false);
-  for (int64_t i = 0; i < 2 * T * D; i++) dk[i] = 0.0f;  // dk and dv, adjacent
-  for (int64_t t = 0; t < T; t++) {
-    const float *qr = Q.row(b, t, h), *dr = dO.row(b, t, h), *orow = O.row(b, t, h);
-    // Di = dO_t . O_t, the softmax's own gradient correction.
-    float di = 0.0f;
-    for (int64_t e = 0; e < D; e++) {
-      q[e] = qr[e * Q.sd];
-      dor[e] = dr[e * dO.sd];
-      di += dor[e] * orow[e * O.sd];
-    }
-    const float lt = L[(b * d.H + h) * T + t];
+// dS = P (dP - Di) scale for the rows of a tile, P recomputed from lse into
+// s, both zero past the diagonal.
+TSR_OPS_CLONES void softmax_grad_rows(float *s, float *dp, int64_t r0, int64_t r1, int64_t keys,
+                                      const float *lse, const float *di, float scale) {
+  for (int64_t t = r0; t < r1; t++) {
+    float *srow = s + (t - r0) * keys, *drow = dp + (t - r0) * keys;
     const int64_t n = t + 1;
-    // P recomputed from lse; dP = dO . v_j; dS = P (dP - Di), scaled.
-    scores(q, kT, T, D, n, s);
-    scores(dor, vT, T, D, n, dp);
+    const float lt = lse[t], dt = di[t - r0];
     for (int64_t j = 0; j < n; j++) {
-      const float pj = exp_v(scale * s[j] - lt);
-      s[j] = pj;
-      dp[j] = scale * (pj * (dp[j] - di));
+      const float p = exp_v(srow[j] - lt);
+      srow[j] = p;
+      drow[j] = scale * (p * (drow[j] - dt));
     }
-    for (int64_t e = 0; e < D; e++) acc[e] = 0.0f;
-    for (int64_t j = 0; j < n; j++) {
-      const float pj = s[j], g = dp[j];
-      const float *kr = k + j * D;
-      float *dvr = dv + j * D, *dkr = dk + j * D;
-      for (int64_t e = 0; e < D; e++) {
-        dvr[e] += pj * dor[e];
-        acc[e] += g * kr[e];
-        dkr[e] += g * q[e];
-      }
+    for (int64_t j = n; j < keys; j++) srow[j] = drow[j] = 0.0f;
+  }
+}
+
+void forward_head(const V4 &Q, const V4 &K, const V4 &Vv, const V4 &O, float *L, const Dims &d,
+                  int64_t b, int64_t h, float scale) {
+  const int64_t T = d.T, D = d.D, tile = std::min(kTile, T);
+  float *q = scratch(static_cast<size_t>(3 * T * D + tile * T + tile * D + tile));
+  float *k = q + T * D, *v = k + T * D, *s = v + T * D, *o = s + tile * T, *inv = o + tile * D;
+  gather(Q, b, h, d, q);
+  gather(K, b, h, d, k);
+  gather(Vv, b, h, d, v);
+  float *lse = L + (b * d.H + h) * T;
+  for (int64_t r0 = 0; r0 < T; r0 += tile) {
+    const int64_t r1 = std::min(T, r0 + tile), rows = r1 - r0, keys = r1;
+    sgemm(false, true, rows, keys, D, scale, q + r0 * D, D, k, D, 0.0f, s, keys);
+    softmax_rows(s, r0, r1, keys, lse, inv);
+    sgemm(false, false, rows, D, keys, 1.0f, s, keys, v, D, 0.0f, o, D);
+    for (int64_t t = r0; t < r1; t++) {
+      float *orow = O.row(b, t, h);
+      for (int64_t e = 0; e < D; e++) orow[e * O.sd] = o[(t - r0) * D + e] * inv[t - r0];
     }
-    float *dqr = dQ.row(b, t, h);
-    for (int64_t e = 0; e < D; e++) dqr[e * dQ.sd] = acc[e];
+  }
+}
+
+void backward_head(const V4 &Q, const V4 &K, const V4 &Vv, const V4 &O, const V4 &dO,
+                   const float *L, const V4 &dQ, const V4 &dK, const V4 &dV, const Dims &d,
+                   int64_t b, int64_t h, float scale) {
+  const int64_t T = d.T, D = d.D, tile = std::min(kTile, T);
+  float *q = scratch(static_cast<size_t>(6 * T * D + 2 * tile * T + tile * D + tile));
+  float *k = q + T * D, *v = k + T * D, *dout = v + T * D, *dk = dout + T * D, *dv = dk + T * D;
+  float *s = dv + T * D, *dp = s + tile * T, *dq = dp + tile * T, *di = dq + tile * D;
+  gather(Q, b, h, d, q);
+  gather(K, b, h, d, k);
+  gather(Vv, b, h, d, v);
+  gather(dO, b, h, d, dout);
+  for (int64_t i = 0; i < 2 * T * D; i++) dk[i] = 0.0f;  // dk and dv, adjacent
+  const float *lse = L + (b * d.H + h) * T;
+  for (int64_t r0 = 0; r0 < T; r0 += tile) {
+    const int64_t r1 = std::min(T, r0 + tile), rows = r1 - r0, keys = r1;
+    // Di = dO_t . O_t, the softmax's own gradient correction.
+    for (int64_t t = r0; t < r1; t++) {
+      const float *orow = O.row(b, t, h), *dr = dout + t * D;
+      float acc = 0.0f;
+      for (int64_t e = 0; e < D; e++) acc += dr[e] * orow[e * O.sd];
+      di[t - r0] = acc;
+    }
+    sgemm(false, true, rows, keys, D, scale, q + r0 * D, D, k, D, 0.0f, s, keys);
+    sgemm(false, true, rows, keys, D, 1.0f, dout + r0 * D, D, v, D, 0.0f, dp, keys);
+    softmax_grad_rows(s, dp, r0, r1, keys, lse, di, scale);                 // s = P, dp = dS
+    sgemm(false, false, rows, D, keys, 1.0f, dp, keys, k, D, 0.0f, dq, D);  // dQ = dS K
+    sgemm(true, false, keys, D, rows, 1.0f, dp, keys, q + r0 * D, D, 1.0f, dk, D);  // dK += dS^T Q
+    sgemm(true, false, keys, D, rows, 1.0f, s, keys, dout + r0 * D, D, 1.0f, dv,
+          D);  // dV += P^T dO
+    for (int64_t t = r0; t < r1; t++) {
+      float *dqr = dQ.row(b, t, h);
+      for (int64_t e = 0; e < D; e++) dqr[e * dQ.sd] = dq[(t - r0) * D + e];
+    }
   }
   for (int64_t j = 0; j < T; j++) {
     float *kr = dK.row(b, j, h), *vr = dV.row(b, j, h);
@@ -219,6 +244,11 @@ tsr_status attention_forward(tsr_host_ctx *ctx, const DLTensor *q, const DLTenso
              Vv = bthd(op, "v", v, d, false), O = bthd(op, "out", out, d, false);
     float *L = lse_view(op, lse, d);
     if (d.B * d.T * d.H == 0) return;
+    if (d.D == 0) {  // empty heads: every score is 0, so row t averages t + 1 keys
+      for (int64_t i = 0; i < d.B * d.H; i++)
+        for (int64_t t = 0; t < d.T; t++) L[i * d.T + t] = std::log(static_cast<float>(t + 1));
+      return;
+    }
     parallel_for(d.B * d.H, 1, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; i++) forward_head(Q, K, Vv, O, L, d, i / d.H, i % d.H, scale);
     });
@@ -237,7 +267,7 @@ tsr_status attention_backward(tsr_host_ctx *ctx, const DLTensor *q, const DLTens
              dO = bthd(op, "dout", dout, d, false), dQ = bthd(op, "dq", dq, d, false),
              dK = bthd(op, "dk", dk, d, false), dV = bthd(op, "dv", dv, d, false);
     const float *L = lse_view(op, lse, d);
-    if (d.B * d.T * d.H == 0) return;
+    if (d.B * d.T * d.H * d.D == 0) return;  // nothing to write
     parallel_for(d.B * d.H, 1, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; i++)
         backward_head(Q, K, Vv, O, dO, L, dQ, dK, dV, d, i / d.H, i % d.H, scale);

@@ -3,10 +3,13 @@
 // double: per row over C (cheap next to the memory traffic, and it makes the
 // statistics exact to float precision whatever C is) and, in backward, the
 // parameter gradients over every row (B*T terms, where float would drift).
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "ops/cpu_math.hpp"
 #include "ops/cpu_ops_internal.hpp"
+#include "ops/cpu_pool.hpp"
 #include "util/error.hpp"
 
 namespace tessera::cpu {
@@ -25,6 +28,52 @@ static void check_like_x(const char *op, const char *arg, const DLTensor *t, con
   TSR_CHECK(m.rows == X.rows && m.cols == X.cols, TSR_ERR_INVALID,
             std::string(op) + ": " + arg + " " + describe(t) + " must have the shape of x " +
                 describe(x) + " viewed as (rows, last dim)");
+}
+
+// Items per pool chunk, and rows per block of the backward's parameter
+// sums (fixed, so the sums do not depend on the number of threads).
+constexpr int64_t kGrain = 16384;
+constexpr int64_t kRowBlock = 64;
+
+// sum of f(j) for j in [0, n), in eight double lanes added pairwise.
+template <typename F>
+static inline double lane_sum(int64_t n, F f) {
+  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int k = 0; k < 8; k++) acc[k] += f(j + k);
+  for (; j < n; j++) acc[0] += f(j);
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+// Rows [r0, r1) of the forward. Two passes over each row (it is in L1 for
+// the second): the mean, then the variance about it; summing (x - mean)^2
+// rather than E[x^2] - mean^2 avoids cancellation when |mean| >> std. The
+// sums run in eight double lanes, a fixed order the compiler can vectorize.
+TSR_OPS_CLONES static void forward_rows(const float *X, const float *W, const float *B, float *Y,
+                                        float *M, float *R, int64_t r0, int64_t r1, int64_t C,
+                                        float eps) {
+  for (int64_t r = r0; r < r1; r++) {
+    const float *xr = X + r * C;
+    float *yr = Y + r * C;
+    const double mu =
+        lane_sum(C, [&](int64_t j) { return static_cast<double>(xr[j]); }) / static_cast<double>(C);
+    const double var = lane_sum(C,
+                                [&](int64_t j) {
+                                  const double d = xr[j] - mu;
+                                  return d * d;
+                                }) /
+                       static_cast<double>(C);  // biased, as torch and GPT-2
+    const double rs = 1.0 / std::sqrt(var + static_cast<double>(eps));
+    // y from the double statistics: with the mean rounded to float first,
+    // x - mean would be off by up to half an ulp of the mean, which is a
+    // lot when |mean| >> std. Backward only has the float32 mean and rstd,
+    // and the difference that makes there is of the same order. y may be
+    // x: each x[j] is read before y[j] is written.
+    for (int64_t j = 0; j < C; j++) yr[j] = static_cast<float>((xr[j] - mu) * rs) * W[j] + B[j];
+    M[r] = static_cast<float>(mu);
+    R[r] = static_cast<float>(rs);
+  }
 }
 
 tsr_status layernorm_forward(tsr_host_ctx *ctx, const DLTensor *x, const DLTensor *weight,
@@ -52,33 +101,43 @@ tsr_status layernorm_forward(tsr_host_ctx *ctx, const DLTensor *x, const DLTenso
       return;
     }
 
-    for (int64_t r = 0; r < rows; r++) {
-      const float *xr = X.p + r * C;
-      float *yr = Y.p + r * C;
-      // Two passes over the row (it is in L1 for the second): the mean,
-      // then the variance about it. Summing (x - mean)^2 rather than
-      // E[x^2] - mean^2 avoids cancellation when |mean| >> std.
-      double s = 0.0;
-      for (int64_t j = 0; j < C; j++) s += xr[j];
-      const double mu = s / static_cast<double>(C);
-      double v = 0.0;
-      for (int64_t j = 0; j < C; j++) {
-        const double d = xr[j] - mu;
-        v += d * d;
-      }
-      const double var = v / static_cast<double>(C);  // biased, as torch and GPT-2
-      const double rs = 1.0 / std::sqrt(var + static_cast<double>(eps));
-      // y from the double statistics: with the mean rounded to float first,
-      // x - mean would be off by up to half an ulp of the mean, which is a
-      // lot when |mean| >> std. Backward only has the float32 mean and rstd
-      // below, and the difference that makes there is of the same order.
-      // y may be x: each x[j] is read before y[j] is written.
-      for (int64_t j = 0; j < C; j++)
-        yr[j] = static_cast<float>((xr[j] - mu) * rs) * W.p[j] + B.p[j];
-      M.p[r] = static_cast<float>(mu);
-      R.p[r] = static_cast<float>(rs);
-    }
+    parallel_for(rows, std::max<int64_t>(1, kGrain / C), [&](int64_t r0, int64_t r1) {
+      forward_rows(X.p, W.p, B.p, Y.p, M.p, R.p, r0, r1, C, eps);
+    });
   });
+}
+
+// Rows [r0, r1) of the backward: dx, and the rows' sums of dweight (dy * n)
+// and dbias (dy) into acc[0, C) and acc[C, 2C).
+TSR_OPS_CLONES static void backward_rows(const float *X, const float *DY, const float *W,
+                                         const float *M, const float *R, float *DX, double *acc,
+                                         int64_t r0, int64_t r1, int64_t C) {
+  double *dw_acc = acc, *db_acc = acc + C;
+  for (int64_t j = 0; j < 2 * C; j++) acc[j] = 0.0;
+  for (int64_t r = r0; r < r1; r++) {
+    const float *xr = X + r * C, *dyr = DY + r * C;
+    float *dxr = DX + r * C;
+    const float m = M[r], rs = R[r];
+    // With n = (x - mean) * rstd and g = weight * dy (the gradient reaching
+    // n), llm.c's formula:
+    //   dx = rstd * (g - mean(g) - n * mean(g * n))
+    // Pass 1: the two row means.
+    const double g_sum = lane_sum(C, [&](int64_t j) { return double(W[j] * dyr[j]); });
+    const double gn_sum = lane_sum(C, [&](int64_t j) {
+      const float n = (xr[j] - m) * rs;
+      return static_cast<double>(W[j] * dyr[j]) * n;
+    });
+    const float g_mean = static_cast<float>(g_sum / static_cast<double>(C));
+    const float gn_mean = static_cast<float>(gn_sum / static_cast<double>(C));
+    // Pass 2: dx, and this row's share of dweight and dbias.
+    for (int64_t j = 0; j < C; j++) {
+      const float n = (xr[j] - m) * rs;
+      const float g = W[j] * dyr[j];
+      db_acc[j] += dyr[j];
+      dw_acc[j] += static_cast<double>(dyr[j]) * n;
+      dxr[j] += rs * (g - g_mean - n * gn_mean);
+    }
+  }
 }
 
 tsr_status layernorm_backward(tsr_host_ctx *ctx, const DLTensor *dy, const DLTensor *x,
@@ -100,41 +159,27 @@ tsr_status layernorm_backward(tsr_host_ctx *ctx, const DLTensor *dy, const DLTen
     check_numel(op, "rstd", rstd, R, rows, "one per row of x");
     if (C == 0 || rows == 0) return;
 
-    // Column sums of the parameter gradients, over all rows, in double.
-    // One allocation of 2 C doubles per call, small next to the rows * C
-    // work; the arrays stay in cache while the rows stream past.
-    std::vector<double> acc(static_cast<size_t>(2 * C), 0.0);
-    double *dw_acc = acc.data(), *db_acc = acc.data() + C;
-
-    for (int64_t r = 0; r < rows; r++) {
-      const float *xr = X.p + r * C, *dyr = DY.p + r * C;
-      float *dxr = DX.p + r * C;
-      const float m = M.p[r], rs = R.p[r];
-      // With n = (x - mean) * rstd and g = weight * dy (the gradient
-      // reaching n), llm.c's formula:
-      //   dx = rstd * (g - mean(g) - n * mean(g * n))
-      // Pass 1: the two row means.
-      double g_sum = 0.0, gn_sum = 0.0;
-      for (int64_t j = 0; j < C; j++) {
-        const float n = (xr[j] - m) * rs;
-        const float g = W.p[j] * dyr[j];
-        g_sum += g;
-        gn_sum += static_cast<double>(g) * n;
-      }
-      const float g_mean = static_cast<float>(g_sum / static_cast<double>(C));
-      const float gn_mean = static_cast<float>(gn_sum / static_cast<double>(C));
-      // Pass 2: dx, and this row's share of dweight (dy * n) and dbias (dy).
-      for (int64_t j = 0; j < C; j++) {
-        const float n = (xr[j] - m) * rs;
-        const float g = W.p[j] * dyr[j];
-        db_acc[j] += dyr[j];
-        dw_acc[j] += static_cast<double>(dyr[j]) * n;
-        dxr[j] += rs * (g - g_mean - n * gn_mean);
-      }
-    }
+    // The parameter gradients' column sums in double, per fixed block of
+    // rows (each block's on one thread), then the blocks added in order.
+    const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
+    thread_local std::vector<double> sums;  // grow-only: no allocation per step
+    if (sums.size() < static_cast<size_t>(blocks * 2 * C))
+      sums.resize(static_cast<size_t>(blocks * 2 * C));
+    double *part = sums.data();  // this thread's: a worker naming `sums` would get its own
+    parallel_for(blocks, std::max<int64_t>(1, kGrain / (C * kRowBlock)),
+                 [&](int64_t b0, int64_t b1) {
+                   for (int64_t blk = b0; blk < b1; blk++)
+                     backward_rows(X.p, DY.p, W.p, M.p, R.p, DX.p, part + blk * 2 * C,
+                                   blk * kRowBlock, std::min(rows, (blk + 1) * kRowBlock), C);
+                 });
     for (int64_t j = 0; j < C; j++) {
-      DW.p[j] += static_cast<float>(dw_acc[j]);
-      DB.p[j] += static_cast<float>(db_acc[j]);
+      double dw = 0.0, db = 0.0;
+      for (int64_t blk = 0; blk < blocks; blk++) {
+        dw += part[blk * 2 * C + j];
+        db += part[blk * 2 * C + C + j];
+      }
+      DW.p[j] += static_cast<float>(dw);
+      DB.p[j] += static_cast<float>(db);
     }
   });
 }

@@ -261,6 +261,7 @@ nlohmann::json train(const Job &job, const ProcessInfo &proc) {
         proc.world_size, static_cast<long long>(steps_per_epoch));
     std::printf("tessera: device %s, precision %s\n",
                 describe_device(s.host.facts().device).c_str(), st.precision.c_str());
+    if (!proc.transport.empty()) std::printf("tessera: collectives: %s\n", proc.transport.c_str());
   }
   nlohmann::json memory_by_rank = report_memory(s);
 

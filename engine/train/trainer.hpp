@@ -14,6 +14,7 @@ struct ProcessInfo {
   // The collectives of a multi-process job (null: a world of one).
   const tsr_comm *comm = nullptr;
   void *comm_state = nullptr;
+  std::string transport;  // how the ranks exchange data, for the start-up report
   // The compute device, once chosen (choose_device; before the rendezvous,
   // since NCCL needs the GPU selected).
   DLDevice device{kDLCPU, 0};

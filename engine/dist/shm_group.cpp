@@ -1,0 +1,279 @@
+// Shared-memory collectives for ranks on one host (shm_group.hpp).
+#include "dist/shm_group.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <stdexcept>
+#include <thread>
+#include <type_traits>
+
+#include "dist/store.hpp"
+#include "util/error.hpp"
+
+namespace tessera {
+namespace {
+
+constexpr size_t kLine = 64;  // one arrival counter per cache line
+constexpr uint64_t kMagic = 0x7465737365726131ull;
+
+struct Header {
+  uint64_t magic;
+  uint64_t world;
+  uint64_t slot;
+};
+
+size_t counters_offset() {
+  return kLine;
+}
+size_t slots_offset(uint32_t world) {
+  const size_t end = counters_offset() + kLine * world;
+  return (end + 4095) / 4096 * 4096;
+}
+
+std::atomic<uint64_t> *counter(void *base, uint32_t r) {
+  return reinterpret_cast<std::atomic<uint64_t> *>(static_cast<char *>(base) + counters_offset() +
+                                                   kLine * r);
+}
+
+// This machine: the host name the ranks reach each other by, and the
+// kernel's boot id (two network namespaces of one machine share /dev/shm,
+// but are separate hosts to the job).
+std::string machine_id(const std::string &host) {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string boot;
+  std::getline(in, boot);
+  return host + "|" + boot;
+}
+
+template <typename T>
+void reduce_into(T *out, const char *const *src, uint32_t world, size_t lo, size_t hi,
+                 tsr_reduce_op op) {
+  // Rank order for every element: the same bits whatever the timing.
+  for (size_t i = lo; i < hi; i++) {
+    T acc = reinterpret_cast<const T *>(src[0])[i];
+    for (uint32_t q = 1; q < world; q++) {
+      const T v = reinterpret_cast<const T *>(src[q])[i];
+      if (op == TSR_REDUCE_MAX)
+        acc = v > acc ? v : acc;
+      else if (op == TSR_REDUCE_MIN)
+        acc = v < acc ? v : acc;
+      else
+        acc += v;
+    }
+    if (op == TSR_REDUCE_AVG) {
+      if constexpr (std::is_integral_v<T>)
+        acc /= static_cast<T>(world);
+      else
+        acc = static_cast<T>(static_cast<double>(acc) * (1.0 / world));
+    }
+    out[i] = acc;
+  }
+}
+
+void reduce_any(char *out, const char *const *src, uint32_t world, size_t lo, size_t hi,
+                DLDataType dt, tsr_reduce_op op) {
+  if (dt.code == kDLFloat && dt.bits == 32)
+    reduce_into(reinterpret_cast<float *>(out), src, world, lo, hi, op);
+  else if (dt.code == kDLFloat)
+    reduce_into(reinterpret_cast<double *>(out), src, world, lo, hi, op);
+  else
+    reduce_into(reinterpret_cast<int64_t *>(out), src, world, lo, hi, op);
+}
+
+}  // namespace
+
+std::unique_ptr<ShmGroup> ShmGroup::open(StoreClient &store, const std::string &prefix,
+                                         uint32_t rank, uint32_t world, const std::string &host,
+                                         std::chrono::milliseconds timeout, std::string *why) {
+  const std::string key = prefix + "/shm/";
+  store.set(key + "machine/" + std::to_string(rank), machine_id(host));
+  // Rank 0 decides for everyone: the segment's name, or why not.
+  if (rank == 0) {
+    std::string verdict;
+    const std::string mine = machine_id(host);
+    for (uint32_t r = 1; r < world && verdict.empty(); r++)
+      if (store.get(key + "machine/" + std::to_string(r), timeout) != mine)
+        verdict = "-ranks on more than one host";
+    size_t slot = std::clamp<size_t>((32u << 20) / world, 256u << 10, 4u << 20);
+    slot = slot / 4096 * 4096;
+    const size_t bytes = slots_offset(world) + 2 * slot * world;  // two sets
+    std::string name;
+    if (verdict.empty()) {
+      std::random_device rd;
+      name = "/tessera-" + std::to_string(::getpid()) + "-" + std::to_string(rd());
+      const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+      if (fd < 0) {
+        verdict = std::string("-cannot create a shared-memory segment: ") + std::strerror(errno);
+      } else {
+        // Reserve the pages now: a full /dev/shm is a note here, not a
+        // SIGBUS in the middle of a collective.
+        const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+        void *base = err == 0 ? ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                              : MAP_FAILED;
+        ::close(fd);
+        if (base == MAP_FAILED) {
+          ::shm_unlink(name.c_str());
+          verdict = "-/dev/shm has no room for " + std::to_string(bytes >> 20) +
+                    " MiB: " + std::strerror(err ? err : errno);
+        } else {
+          auto *h = static_cast<Header *>(base);
+          h->world = world;
+          h->slot = slot;
+          for (uint32_t r = 0; r < world; r++) counter(base, r)->store(0);
+          std::atomic_thread_fence(std::memory_order_release);
+          h->magic = kMagic;
+          ::munmap(base, bytes);
+          verdict = name;
+        }
+      }
+    }
+    store.set(key + "segment", verdict);
+  }
+  const std::string seg = store.get(key + "segment", timeout);
+  if (seg.empty() || seg[0] == '-') {
+    if (why) *why = seg.empty() ? "no segment" : seg.substr(1);
+    return nullptr;
+  }
+  const int fd = ::shm_open(seg.c_str(), O_RDWR, 0600);
+  if (fd < 0)
+    throw Error(TSR_ERR_COMM, "rank " + std::to_string(rank) + ": cannot open shared memory " +
+                                  seg + ": " + std::strerror(errno));
+  struct stat st {};
+  ::fstat(fd, &st);
+  const size_t bytes = static_cast<size_t>(st.st_size);
+  void *base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (base == MAP_FAILED)
+    throw Error(TSR_ERR_COMM, "rank " + std::to_string(rank) + ": cannot map shared memory " + seg +
+                                  ": " + std::strerror(errno));
+  const auto *h = static_cast<const Header *>(base);
+  if (h->magic != kMagic || h->world != world ||
+      bytes < slots_offset(world) + 2 * h->slot * world) {
+    ::munmap(base, bytes);
+    throw Error(TSR_ERR_COMM, "rank " + std::to_string(rank) + ": shared memory " + seg +
+                                  " is not this job's segment");
+  }
+  std::unique_ptr<ShmGroup> g(new ShmGroup(rank, world, h->slot, base, bytes, timeout));
+  // Once every rank has it mapped the name can go: nothing is left behind
+  // in /dev/shm, however the job ends.
+  g->barrier();
+  if (rank == 0) ::shm_unlink(seg.c_str());
+  return g;
+}
+
+ShmGroup::ShmGroup(uint32_t rank, uint32_t world, size_t slot, void *base, size_t bytes,
+                   std::chrono::milliseconds timeout)
+    : rank_(rank), world_(world), slot_(slot), base_(base), bytes_(bytes), timeout_(timeout) {
+  whole_.resize(world);
+  piece_.resize(world);
+}
+
+ShmGroup::~ShmGroup() {
+  ::munmap(base_, bytes_);
+}
+
+char *ShmGroup::slot(uint32_t r) const {
+  return static_cast<char *>(base_) + slots_offset(world_) + slot_ * (set_ * world_ + r);
+}
+
+// Each round (write the slots, barrier, read them) uses the other set of
+// slots than the round before. A rank can only write a set again two
+// rounds later, after the middle round's barrier, which every rank reaches
+// only once done reading it: no barrier is needed at the end of a round.
+void ShmGroup::next_round() {
+  set_ ^= 1;
+  for (uint32_t q = 0; q < world_; q++) whole_[q] = slot(q);
+}
+
+void ShmGroup::barrier() {
+  ++phase_;
+  counter(base_, rank_)->store(phase_, std::memory_order_release);
+  // Spin briefly (a peer is usually microseconds behind), then yield the
+  // core, then sleep: with as many ranks as cores a spinning rank would
+  // take the core its late peer needs.
+  const auto start = std::chrono::steady_clock::now();
+  for (uint64_t spins = 0;; spins++) {
+    bool all = true;
+    for (uint32_t q = 0; q < world_ && all; q++)
+      all = counter(base_, q)->load(std::memory_order_acquire) >= phase_;
+    if (all) return;
+    if (spins < 256) {
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+    } else if (spins < 200000) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    if ((spins & 1023) == 1023 && std::chrono::steady_clock::now() - start > timeout_)
+      throw std::runtime_error("timed out in a shared-memory barrier");
+  }
+}
+
+void ShmGroup::all_reduce(char *p, size_t n, DLDataType dt, tsr_reduce_op op) {
+  const size_t es = dt.bits / 8, per = slot_ / es;
+  for (size_t off = 0; off < n || (n == 0 && off == 0); off += per) {
+    const size_t len = std::min(per, n - off);
+    next_round();
+    const char *const *src = whole_.data();
+    std::memcpy(slot(rank_), p + off * es, len * es);
+    barrier();
+    // This rank reduces its share of the chunk, in place in slot 0 (each
+    // element is read and written by one rank only).
+    const size_t lo = len * rank_ / world_, hi = len * (rank_ + 1) / world_;
+    reduce_any(slot(0), src, world_, lo, hi, dt, op);
+    barrier();
+    std::memcpy(p + off * es, slot(0), len * es);
+    if (n == 0) break;
+  }
+}
+
+void ShmGroup::reduce_scatter(const char *in, char *out, size_t n, DLDataType dt,
+                              tsr_reduce_op op) {
+  const size_t es = dt.bits / 8, per = std::max<size_t>(1, slot_ / es / world_);
+  const char **src = piece_.data();
+  for (size_t off = 0; off < n; off += per) {
+    const size_t len = std::min(per, n - off);
+    next_round();
+    // Slot of this rank: each destination rank's piece of the chunk, in order.
+    for (uint32_t q = 0; q < world_; q++)
+      std::memcpy(slot(rank_) + q * len * es, in + (q * n + off) * es, len * es);
+    barrier();
+    for (uint32_t q = 0; q < world_; q++) src[q] = slot(q) + rank_ * len * es;
+    reduce_any(out + off * es, src, world_, 0, len, dt, op);
+  }
+}
+
+void ShmGroup::all_gather(const char *in, char *out, size_t bytes) {
+  for (size_t off = 0; off < bytes || (bytes == 0 && off == 0); off += slot_) {
+    const size_t len = std::min(slot_, bytes - off);
+    next_round();
+    std::memcpy(slot(rank_), in + off, len);
+    barrier();
+    for (uint32_t q = 0; q < world_; q++) std::memcpy(out + q * bytes + off, slot(q), len);
+    if (bytes == 0) break;
+  }
+}
+
+void ShmGroup::broadcast(char *p, size_t bytes, uint32_t root) {
+  for (size_t off = 0; off < bytes || (bytes == 0 && off == 0); off += slot_) {
+    const size_t len = std::min(slot_, bytes - off);
+    next_round();
+    if (rank_ == root) std::memcpy(slot(root), p + off, len);
+    barrier();
+    if (rank_ != root) std::memcpy(p + off, slot(root), len);
+    if (bytes == 0) break;
+  }
+}
+
+}  // namespace tessera
