@@ -1,0 +1,179 @@
+"""The PyTorch anchor of bench/cpu_vs_torch, on the CPU.
+
+  python3 torch_cpu.py mlp  --ranks 1 --threads 2 --steps 400
+  python3 torch_cpu.py gpt2 --ranks 2 --threads 1 --steps 60 --data 'data/fortunes/fortunes_train_*.bin'
+
+mlp:  784-256-128-10 ReLU, global batch 128 (micro 128 / ranks), AdamW lr 1e-3,
+      Fashion-MNIST from /usr/share/datasets (pixels / 255), shuffled.
+gpt2: 4 layers, 4 heads, width 128, context 128, vocab 256 (the
+      gpt2-tiny-cpu config), micro batch 16 per rank, AdamW (0.9, 0.95,
+      weight decay 0.1), random windows of a llm.c token shard.
+
+More than one rank: torch.multiprocessing, DistributedDataParallel over the
+gloo backend, each rank with --threads threads. The timed part excludes the
+first --warmup steps. Prints one JSON line: samples/s (and tokens/s).
+"""
+import argparse, glob, gzip, json, math, os, struct, sys, time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def read_idx(path):
+    with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
+        data = f.read()
+    ndim = data[3]
+    dims = struct.unpack(">" + "I" * ndim, data[4:4 + 4 * ndim])
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+
+
+def read_shard(path):
+    with open(path, "rb") as f:
+        header = np.frombuffer(f.read(1024), dtype=np.int32)
+        if header[0] == 20240520:
+            dtype = np.uint16
+        elif header[0] == 20240801:
+            dtype = np.uint32
+        else:
+            sys.exit(f"{path}: not a llm.c token shard (magic {header[0]})")
+        return np.frombuffer(f.read(), dtype=dtype)[: int(header[2])].astype(np.int64)
+
+
+class Block(nn.Module):
+    def __init__(s, C, H):
+        super().__init__()
+        s.H = H
+        s.ln_1, s.ln_2 = nn.LayerNorm(C), nn.LayerNorm(C)
+        s.c_attn, s.c_proj = nn.Linear(C, 3 * C), nn.Linear(C, C)
+        s.c_fc, s.mlp_proj = nn.Linear(C, 4 * C), nn.Linear(4 * C, C)
+
+    def forward(s, x):
+        B, T, C = x.shape
+        q, k, v = s.c_attn(s.ln_1(x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, s.H, C // s.H).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + s.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+        return x + s.mlp_proj(F.gelu(s.c_fc(s.ln_2(x)), approximate="tanh"))
+
+
+class GPT(nn.Module):
+    def __init__(s, L, H, C, T, V):
+        super().__init__()
+        s.wte, s.wpe = nn.Embedding(V, C), nn.Embedding(T, C)
+        s.h = nn.ModuleList(Block(C, H) for _ in range(L))
+        s.ln_f = nn.LayerNorm(C)
+
+    def forward(s, idx, targets):
+        x = s.wte(idx) + s.wpe(torch.arange(idx.shape[1]))
+        for b in s.h:
+            x = b(x)
+        logits = F.linear(s.ln_f(x), s.wte.weight)  # tied head
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+
+
+def make_job(a, rank, world):
+    """The model, its optimizer and a batch source for one rank."""
+    g = torch.Generator().manual_seed(1000 + rank)
+    if a.workload == "mlp":
+        x = torch.from_numpy(read_idx(a.images).reshape(-1, 784).astype(np.float32) / 255.0)
+        y = torch.from_numpy(read_idx(a.labels).astype(np.int64))
+        model = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(),
+                              nn.Linear(128, 10))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0, fused=True)
+        micro = 128 // world
+        perm, pos = torch.randperm(len(x), generator=g), 0
+
+        def batch():
+            nonlocal perm, pos
+            if pos + micro > len(perm):
+                perm, pos = torch.randperm(len(x), generator=g), 0
+            i = perm[pos:pos + micro]
+            pos += micro
+            return x[i], y[i]
+
+        return model, opt, batch, micro, 1
+    files = sorted(glob.glob(a.data))
+    if not files:
+        sys.exit(f"no token shards match {a.data} (run tools/prepare-fortunes)")
+    tokens = torch.from_numpy(np.concatenate([read_shard(f) for f in files]))
+    T, micro = 128, 16
+    model = GPT(4, 4, 128, T, 256)
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3, betas=(0.9, 0.95), weight_decay=0.1,
+                            fused=True)
+
+    def batch():
+        start = torch.randint(0, len(tokens) - T - 1, (micro,), generator=g)
+        w = torch.stack([tokens[s:s + T + 1] for s in start.tolist()])
+        return w[:, :-1], w[:, 1:]
+
+    return model, opt, batch, micro, T
+
+
+def worker(rank, a, world, port, out):
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    if world > 1:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+    model, opt, batch, micro, T = make_job(a, rank, world)
+    net = nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    if a.workload == "mlp":
+        loss_of = lambda b: F.cross_entropy(net(b[0]), b[1])
+    else:
+        loss_of = lambda b: net(b[0], b[1])
+
+    def step():
+        loss = loss_of(batch())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss.item()  # logged every step, as a training loop does
+
+    for _ in range(a.warmup):
+        step()
+    if world > 1:
+        dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(a.steps):
+        loss = step()
+    if world > 1:
+        dist.barrier()
+    dt = time.perf_counter() - t0
+    if rank == 0:
+        samples = a.steps * micro * world
+        out.put({"impl": "pytorch", "torch": torch.__version__, "workload": a.workload,
+                 "ranks": world, "threads_per_rank": a.threads, "steps": a.steps,
+                 "seconds": dt, "samples_per_s": samples / dt,
+                 "tokens_per_s": samples * T / dt if a.workload == "gpt2" else None,
+                 "last_loss": loss})
+    if world > 1:
+        dist.destroy_process_group()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("workload", choices=["mlp", "gpt2"])
+    p.add_argument("--ranks", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1, help="threads per rank")
+    p.add_argument("--steps", type=int, default=300, help="timed steps")
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--images", default="/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")
+    p.add_argument("--labels", default="/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz")
+    p.add_argument("--data", default="data/fortunes/fortunes_train_*.bin")
+    p.add_argument("--port", type=int, default=29611)
+    a = p.parse_args()
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    if a.ranks == 1:
+        worker(0, a, 1, a.port, out)
+    else:
+        mp.spawn(worker, args=(a, a.ranks, a.port, out), nprocs=a.ranks, join=True)
+    print(json.dumps(out.get()))
+
+
+if __name__ == "__main__":
+    main()
