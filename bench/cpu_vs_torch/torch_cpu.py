@@ -22,6 +22,10 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 
+# The GPT-2 of the GPU benchmark's anchor, at gpt2-tiny-cpu's size here.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gpt2_gpu"))
+from torch_gpt2 import GPT  # noqa: E402
+
 
 def read_idx(path):
     with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
@@ -41,38 +45,6 @@ def read_shard(path):
         else:
             sys.exit(f"{path}: not a llm.c token shard (magic {header[0]})")
         return np.frombuffer(f.read(), dtype=dtype)[: int(header[2])].astype(np.int64)
-
-
-class Block(nn.Module):
-    def __init__(s, C, H):
-        super().__init__()
-        s.H = H
-        s.ln_1, s.ln_2 = nn.LayerNorm(C), nn.LayerNorm(C)
-        s.c_attn, s.c_proj = nn.Linear(C, 3 * C), nn.Linear(C, C)
-        s.c_fc, s.mlp_proj = nn.Linear(C, 4 * C), nn.Linear(4 * C, C)
-
-    def forward(s, x):
-        B, T, C = x.shape
-        q, k, v = s.c_attn(s.ln_1(x)).split(C, dim=2)
-        q, k, v = (t.view(B, T, s.H, C // s.H).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + s.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
-        return x + s.mlp_proj(F.gelu(s.c_fc(s.ln_2(x)), approximate="tanh"))
-
-
-class GPT(nn.Module):
-    def __init__(s, L, H, C, T, V):
-        super().__init__()
-        s.wte, s.wpe = nn.Embedding(V, C), nn.Embedding(T, C)
-        s.h = nn.ModuleList(Block(C, H) for _ in range(L))
-        s.ln_f = nn.LayerNorm(C)
-
-    def forward(s, idx, targets):
-        x = s.wte(idx) + s.wpe(torch.arange(idx.shape[1]))
-        for b in s.h:
-            x = b(x)
-        logits = F.linear(s.ln_f(x), s.wte.weight)  # tied head
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
 
 
 def make_job(a, rank, world):

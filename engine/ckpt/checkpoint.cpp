@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 
 #include "ckpt/manifest.hpp"
 #include "train/fault.hpp"
@@ -227,26 +228,33 @@ std::string save_checkpoint(Session &s, const TrainState &st, const std::string 
 
   // This rank's pieces: its owned ranges, in canonical coordinates.
   std::vector<std::string> slots = slot_names(s);
-  std::vector<std::vector<float>> data;
+  // Filled by read_state: not zeroed first (a pass over every byte saved).
+  std::vector<std::unique_ptr<float[]>> data;
   std::vector<StTensor> tensors;
+  // The CRC of every tensor's bytes, from its blocks' (crc32_combine): the
+  // shard's own CRC then needs no second pass over the file.
+  std::vector<uint32_t> tensor_crc;
   nlohmann::json index = nlohmann::json::array();
   for (const auto &r : write_share(s)) {
     size_t c0, n;
     s.layout.to_canonical(r.flat_offset, r.count, &c0, &n);
     if (n == 0) continue;
     for (uint32_t slot = 0; slot < slots.size(); ++slot) {
-      data.emplace_back(n);
+      data.emplace_back(new float[n]);
       plugin_ok(
           s.host,
-          s.offload.vt->read_state(s.offload.self, slot, r.owned_offset, n, data.back().data()),
+          s.offload.vt->read_state(s.offload.self, slot, r.owned_offset, n, data.back().get()),
           "[offload] read_state for a checkpoint");
       std::string name = slots[slot] + "@" + std::to_string(c0);
-      tensors.push_back(
-          StTensor{name, "F32", {static_cast<int64_t>(n)}, data.back().data(), n * 4});
+      tensors.push_back(StTensor{name, "F32", {static_cast<int64_t>(n)}, data.back().get(), n * 4});
       std::vector<uint32_t> blocks;
-      for (size_t off = 0; off < n * 4; off += kBlock)
-        blocks.push_back(crc(reinterpret_cast<const char *>(data.back().data()) + off,
-                             std::min(kBlock, n * 4 - off)));
+      uLong whole = crc32(0L, Z_NULL, 0);
+      for (size_t off = 0; off < n * 4; off += kBlock) {
+        const size_t len = std::min(kBlock, n * 4 - off);
+        blocks.push_back(crc(reinterpret_cast<const char *>(data.back().get()) + off, len));
+        whole = crc32_combine(whole, blocks.back(), static_cast<z_off_t>(len));
+      }
+      tensor_crc.push_back(static_cast<uint32_t>(whole));
       index.push_back({{"name", name},
                        {"slot", slots[slot]},
                        {"start", c0},
@@ -262,13 +270,21 @@ std::string save_checkpoint(Session &s, const TrainState &st, const std::string 
     index[i]["offset"] = off;
     off += tensors[i].bytes;
   }
-  std::ifstream whole(tmp_dir / file, std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(whole)),
-                          std::istreambuf_iterator<char>());
+  // The file's CRC: its header (read back, a few KB) combined with the
+  // tensors' CRCs in file order.
+  std::vector<char> head(data_start);
+  {
+    std::ifstream in(tmp_dir / file, std::ios::binary);
+    in.read(head.data(), static_cast<std::streamsize>(head.size()));
+    if (!in) throw Error(TSR_ERR_IO, (tmp_dir / file).string() + ": cannot read back its header");
+  }
+  uLong file_crc = crc(head.data(), head.size());
+  for (size_t i = 0; i < tensors.size(); ++i)
+    file_crc = crc32_combine(file_crc, tensor_crc[i], static_cast<z_off_t>(tensors[i].bytes));
   nlohmann::json meta = {{"name", file},
                          {"rank", f.rank},
-                         {"bytes", bytes.size()},
-                         {"crc32", crc(bytes.data(), bytes.size())},
+                         {"bytes", off},
+                         {"crc32", static_cast<uint32_t>(file_crc)},
                          {"tensors", index}};
   write_file_synced(tmp_dir / (file + ".json"), meta.dump());
   maybe_crash(f.rank, st.step, FaultPoint::shard_written);
