@@ -129,7 +129,8 @@ std::unique_ptr<ShmGroup> ShmGroup::open(StoreClient &store, const std::string &
           h->world = world;
           h->slot = slot;
           for (uint32_t r = 0; r < world; r++) counter(base, r)->store(0);
-          std::atomic_thread_fence(std::memory_order_release);
+          // The others map it only after reading its name from the store,
+          // which rank 0 writes after this: no fence needed.
           h->magic = kMagic;
           ::munmap(base, bytes);
           verdict = name;

@@ -14,7 +14,19 @@
 // the clones may fuse a multiply and an add (the ops' files build with
 // -ffp-contract=off), so every clone rounds exactly like the baseline and
 // results do not depend on the machine.
+// Not under TSan: the clones' resolvers run while the dynamic loader
+// relocates the binary, before TSan's runtime is up, and its
+// instrumentation of them crashes at start.
+#if defined(__SANITIZE_THREAD__)
+#define TSR_OPS_CLONES
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define TSR_OPS_CLONES
+#endif
+#endif
+#ifndef TSR_OPS_CLONES
 #define TSR_OPS_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
 
 namespace tessera::cpu {
 

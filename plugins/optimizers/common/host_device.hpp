@@ -16,7 +16,9 @@
 // (no FMA contraction, which AVX-512 would otherwise bring), and add, mul,
 // div and sqrt round the same on every width, so the three copies give the
 // same bits, and the same bits as the CUDA kernels (-fmad=false).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__CUDACC__)
+// Not under TSan, whose runtime crashes in ifunc resolvers run at load.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__CUDACC__) && \
+    !defined(__SANITIZE_THREAD__)
 #define TSR_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define TSR_CPU_CLONES
