@@ -226,7 +226,9 @@ TEST_CASE("rank 1 held by --debug-rank: gdb attaches by its PID, breaks in forwa
   Setup s = setup();
   Child job(tessera_run(s, {"-n", "2", "--debug-rank", "1", "--debug-wait", "60"}));
   const int pid = held_pid(job, 1);
-  CHECK(job.err().find("gdb -p " + std::to_string(pid)) != std::string::npos);
+  // The hint may arrive a moment after the "is waiting" line.
+  CHECK(eventually(
+      10, [&] { return job.err().find("gdb -p " + std::to_string(pid)) != std::string::npos; }));
   Child g({gdb, "-batch", "-nx", "-p", std::to_string(pid), "-ex", "break mlp_forward", "-ex",
            "continue", "-ex", "bt 1"});
   g.wait(60);
