@@ -71,6 +71,39 @@ inline bool is_f32(DLDataType t) {
   return t.code == kDLFloat && t.bits == 32 && t.lanes == 1;
 }
 
+// The checks every backend of this folder makes of its setup: the struct's
+// size, a device it was built for (`devices`: TSR_DEVICE_* bits), float32
+// compute on the CPU, at most kMaxStates state arrays, and no ZeRO stage 0
+// at several ranks, which would keep a full copy of the optimizer state on
+// every rank (`where`: "in every rank's host memory", "on every rank's
+// disk"). The zero plan says what the stage partitions (ABI 1.1); a 1.0
+// host does not say, and is trusted. Returns whether the run is on CUDA.
+inline bool check_setup(const tsr_host *host, const tsr_offload_setup *st, const char *who,
+                        uint32_t devices, const char *where) {
+  if (!TSR_HAS_FIELD(st, tsr_offload_setup, compute_dtype))
+    throw sdk::Error(TSR_ERR_INVALID, fmt("%s: setup struct missing or too small", who));
+  const int32_t dev = st->device.device_type;
+  const bool cuda = dev == kDLCUDA;
+  if (dev != kDLCPU && !(cuda && (devices & TSR_DEVICE_CUDA)))
+    throw sdk::Error(TSR_ERR_UNSUPPORTED,
+                     fmt("%s: device type %d is not supported (CPU%s)", who, int(dev),
+                         (devices & TSR_DEVICE_CUDA) ? " and CUDA" : " only: built without CUDA"));
+  if (!cuda && !is_f32(st->compute_dtype))
+    throw sdk::Error(TSR_ERR_UNSUPPORTED, fmt("%s: CPU runs compute in float32", who));
+  if (st->state_count > kMaxStates)
+    throw sdk::Error(TSR_ERR_UNSUPPORTED, fmt("%s: the optimizer has %u state arrays; at most %u",
+                                              who, st->state_count, kMaxStates));
+  const uint32_t world = host->run ? host->run->world_size : 1;
+  if (world > 1 && TSR_HAS_FIELD(st, tsr_offload_setup, zero_plan) && st->zero_plan &&
+      !st->zero_plan->partition_optimizer)
+    throw sdk::Error(TSR_ERR_UNSUPPORTED,
+                     fmt("%s: ZeRO stage 0 at %u ranks would keep a full copy of the optimizer "
+                         "state %s; use zero.plugin = \"stage1\", \"stage2\" or \"stage3\" "
+                         "with offload (or run on one rank)",
+                         who, world, where));
+  return cuda;
+}
+
 // A fixed pool of threads - 1 workers; run() hands out tasks to them and to
 // the calling thread, and returns when every task is done. Created at setup,
 // so a step starts no threads.

@@ -132,37 +132,10 @@ void destroy(void *self) {
   delete s;
 }
 
-// Stage 0 keeps everything on every rank; with offload that is a full copy
-// of the state per rank in host memory. The plan says what the stage
-// partitions (ABI 1.1); a 1.0 host does not say, and is trusted.
-void check_stage(const tsr_host *host, const tsr_offload_setup *st, const char *who) {
-  const uint32_t world = host->run ? host->run->world_size : 1;
-  if (world <= 1 || !TSR_HAS_FIELD(st, tsr_offload_setup, zero_plan) || !st->zero_plan) return;
-  if (!st->zero_plan->partition_optimizer)
-    throw Error(TSR_ERR_UNSUPPORTED,
-                fmt("%s: ZeRO stage 0 at %u ranks would keep a full copy of the optimizer state "
-                    "in every rank's host memory; use zero.plugin = \"stage1\", \"stage2\" or "
-                    "\"stage3\" with offload (or run on one rank)",
-                    who, world));
-}
-
 tsr_status setup(void *self, const tsr_offload_setup *st) {
   auto *s = static_cast<Cpu *>(self);
   return sdk::guard(s->host, [&] {
-    if (!TSR_HAS_FIELD(st, tsr_offload_setup, compute_dtype))
-      throw Error(TSR_ERR_INVALID, fmt("%s: setup struct missing or too small", kWho));
-    const int32_t dev = st->device.device_type;
-    s->cuda = dev == kDLCUDA;
-    if (dev != kDLCPU && !(s->cuda && (kDevices & TSR_DEVICE_CUDA)))
-      throw Error(TSR_ERR_UNSUPPORTED,
-                  fmt("%s: device type %d is not supported (CPU%s)", kWho, int(dev),
-                      (kDevices & TSR_DEVICE_CUDA) ? " and CUDA" : " only: built without CUDA"));
-    if (!s->cuda && !is_f32(st->compute_dtype))
-      throw Error(TSR_ERR_UNSUPPORTED, fmt("%s: CPU runs compute in float32", kWho));
-    if (st->state_count > kMaxStates)
-      throw Error(TSR_ERR_UNSUPPORTED, fmt("%s: the optimizer has %u state arrays; at most %u",
-                                           kWho, st->state_count, kMaxStates));
-    check_stage(s->host, st, kWho);
+    s->cuda = check_setup(s->host, st, kWho, kDevices, "in every rank's host memory");
     s->n = st->n;
     s->opt = st->optimizer;
     s->opt_self = st->optimizer_self;

@@ -276,17 +276,6 @@ void destroy(void *self) {
   delete s;
 }
 
-void check_stage(const tsr_host *host, const tsr_offload_setup *st) {
-  const uint32_t world = host->run ? host->run->world_size : 1;
-  if (world <= 1 || !TSR_HAS_FIELD(st, tsr_offload_setup, zero_plan) || !st->zero_plan) return;
-  if (!st->zero_plan->partition_optimizer)
-    throw Error(TSR_ERR_UNSUPPORTED,
-                fmt("%s: ZeRO stage 0 at %u ranks would keep a full copy of the optimizer state "
-                    "on every rank's disk; use zero.plugin = \"stage1\", \"stage2\" or "
-                    "\"stage3\" with offload (or run on one rank)",
-                    kWho, world));
-}
-
 // Creates and preallocates the state file; every failure here is a clear
 // start-up error.
 void open_file(Nvme *s) {
@@ -357,20 +346,7 @@ void open_file(Nvme *s) {
 tsr_status setup(void *self, const tsr_offload_setup *st) {
   auto *s = static_cast<Nvme *>(self);
   return sdk::guard(s->host, [&] {
-    if (!TSR_HAS_FIELD(st, tsr_offload_setup, compute_dtype))
-      throw Error(TSR_ERR_INVALID, fmt("%s: setup struct missing or too small", kWho));
-    const int32_t dev = st->device.device_type;
-    s->cuda = dev == kDLCUDA;
-    if (dev != kDLCPU && !(s->cuda && (kDevices & TSR_DEVICE_CUDA)))
-      throw Error(TSR_ERR_UNSUPPORTED,
-                  fmt("%s: device type %d is not supported (CPU%s)", kWho, int(dev),
-                      (kDevices & TSR_DEVICE_CUDA) ? " and CUDA" : " only: built without CUDA"));
-    if (!s->cuda && !is_f32(st->compute_dtype))
-      throw Error(TSR_ERR_UNSUPPORTED, fmt("%s: CPU runs compute in float32", kWho));
-    if (st->state_count > kMaxStates)
-      throw Error(TSR_ERR_UNSUPPORTED, fmt("%s: the optimizer has %u state arrays; at most %u",
-                                           kWho, st->state_count, kMaxStates));
-    check_stage(s->host, st);
+    s->cuda = check_setup(s->host, st, kWho, kDevices, "on every rank's disk");
     s->n = st->n;
     s->opt = st->optimizer;
     s->opt_self = st->optimizer_self;
