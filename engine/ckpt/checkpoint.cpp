@@ -12,6 +12,7 @@
 #include <memory>
 
 #include "ckpt/manifest.hpp"
+#include "ckpt/shard_writer.hpp"
 #include "train/fault.hpp"
 #include "util/error.hpp"
 #include "util/safetensors.hpp"
@@ -226,65 +227,64 @@ std::string save_checkpoint(Session &s, const TrainState &st, const std::string 
   }
   barrier(s, "checkpoint: directory ready");
 
-  // This rank's pieces: its owned ranges, in canonical coordinates.
+  // This rank's pieces: its owned ranges, in canonical coordinates, one
+  // tensor per slot. The shard writer pulls their bytes from the offload
+  // backend chunk by chunk (read_state), so no copy of the whole state is
+  // ever held in host memory.
   std::vector<std::string> slots = slot_names(s);
-  // Filled by read_state: not zeroed first (a pass over every byte saved).
-  std::vector<std::unique_ptr<float[]>> data;
+  struct Source {
+    uint32_t slot;
+    size_t owned_offset;
+  };
+  std::vector<Source> sources;
   std::vector<StTensor> tensors;
-  // The CRC of every tensor's bytes, from its blocks' (crc32_combine): the
-  // shard's own CRC then needs no second pass over the file.
-  std::vector<uint32_t> tensor_crc;
   nlohmann::json index = nlohmann::json::array();
   for (const auto &r : write_share(s)) {
     size_t c0, n;
     s.layout.to_canonical(r.flat_offset, r.count, &c0, &n);
     if (n == 0) continue;
     for (uint32_t slot = 0; slot < slots.size(); ++slot) {
-      data.emplace_back(new float[n]);
-      plugin_ok(
-          s.host,
-          s.offload.vt->read_state(s.offload.self, slot, r.owned_offset, n, data.back().get()),
-          "[offload] read_state for a checkpoint");
       std::string name = slots[slot] + "@" + std::to_string(c0);
-      tensors.push_back(StTensor{name, "F32", {static_cast<int64_t>(n)}, data.back().get(), n * 4});
-      std::vector<uint32_t> blocks;
-      uLong whole = crc32(0L, Z_NULL, 0);
-      for (size_t off = 0; off < n * 4; off += kBlock) {
-        const size_t len = std::min(kBlock, n * 4 - off);
-        blocks.push_back(crc(reinterpret_cast<const char *>(data.back().get()) + off, len));
-        whole = crc32_combine(whole, blocks.back(), static_cast<z_off_t>(len));
-      }
-      tensor_crc.push_back(static_cast<uint32_t>(whole));
-      index.push_back({{"name", name},
-                       {"slot", slots[slot]},
-                       {"start", c0},
-                       {"count", n},
-                       {"block_crc32", blocks}});
+      sources.push_back({slot, r.owned_offset});
+      tensors.push_back(StTensor{name, "F32", {static_cast<int64_t>(n)}, nullptr, n * 4});
+      index.push_back({{"name", name}, {"slot", slots[slot]}, {"start", c0}, {"count", n}});
     }
   }
-  std::string file = rank_file(f.rank);
-  size_t data_start =
-      safetensors_write((tmp_dir / file).string(), tensors, {{"format", "tessera-shard"}});
-  size_t off = data_start;
+  const std::string file = rank_file(f.rank);
+  ShardWriteOptions wo;
+  wo.block = kBlock;
+  if (f.device.device_type == kDLCUDA) {
+    // Pinned buffers: the device-to-host copies run at full speed.
+    const tsr_host *h = s.host.table();
+    tsr_host_ctx *ctx = s.host.ctx();
+    wo.memory.alloc = [h, ctx](size_t bytes) -> void * {
+      void *p = nullptr;
+      if (h->alloc(ctx, DLDevice{kDLCUDAHost, 0}, bytes, TSR_MEM_OTHER, &p) != TSR_OK)
+        return nullptr;
+      return p;
+    };
+    wo.memory.release = [h, ctx](void *p) { h->free(ctx, p); };
+  }
+  const ShardWritten written =
+      write_shard((tmp_dir / file).string(), tensors, {{"format", "tessera-shard"}},
+                  [&](size_t t, size_t offset, size_t bytes, void *dst) {
+                    plugin_ok(s.host,
+                              s.offload.vt->read_state(s.offload.self, sources[t].slot,
+                                                       sources[t].owned_offset + offset / 4,
+                                                       bytes / 4, static_cast<float *>(dst)),
+                              "[offload] read_state for a checkpoint");
+                  },
+                  wo);
+  size_t off = written.data_start;
   for (size_t i = 0; i < tensors.size(); ++i) {
     index[i]["offset"] = off;
+    index[i]["block_crc32"] = written.blocks[i];
     off += tensors[i].bytes;
   }
-  // The file's CRC: its header (read back, a few KB) combined with the
-  // tensors' CRCs in file order.
-  std::vector<char> head(data_start);
-  {
-    std::ifstream in(tmp_dir / file, std::ios::binary);
-    in.read(head.data(), static_cast<std::streamsize>(head.size()));
-    if (!in) throw Error(TSR_ERR_IO, (tmp_dir / file).string() + ": cannot read back its header");
-  }
-  uLong file_crc = crc(head.data(), head.size());
-  for (size_t i = 0; i < tensors.size(); ++i)
-    file_crc = crc32_combine(file_crc, tensor_crc[i], static_cast<z_off_t>(tensors[i].bytes));
   nlohmann::json meta = {{"name", file},
                          {"rank", f.rank},
-                         {"bytes", off},
-                         {"crc32", static_cast<uint32_t>(file_crc)},
+                         {"bytes", written.bytes},
+                         {"crc32", written.crc},
                          {"tensors", index}};
   write_file_synced(tmp_dir / (file + ".json"), meta.dump());
   maybe_crash(f.rank, st.step, FaultPoint::shard_written);

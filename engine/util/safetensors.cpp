@@ -21,8 +21,8 @@ size_t st_dtype_size(const std::string &d) {
   return 0;
 }
 
-size_t safetensors_write(const std::string &path, const std::vector<StTensor> &tensors,
-                         const std::map<std::string, std::string> &metadata) {
+std::string safetensors_prefix(const std::vector<StTensor> &tensors,
+                               const std::map<std::string, std::string> &metadata, size_t align) {
   nlohmann::ordered_json header;
   if (!metadata.empty()) header["__metadata__"] = metadata;
   size_t offset = 0;
@@ -32,14 +32,25 @@ size_t safetensors_write(const std::string &path, const std::vector<StTensor> &t
     offset += t.bytes;
   }
   std::string h = header.dump();
-  while ((h.size() + 8) % 8 != 0) h.push_back(' ');  // keep the data 8-byte aligned
+  // Trailing spaces are part of the format's header: they pad the data
+  // section to the alignment asked for (8 for the data's dtypes, 4 KiB for
+  // O_DIRECT writes).
+  if (align < 8) align = 8;
+  while ((h.size() + 8) % align != 0) h.push_back(' ');
+  std::string prefix(8, '\0');
+  const uint64_t n = h.size();
+  std::memcpy(prefix.data(), &n, 8);
+  return prefix + h;
+}
+
+size_t safetensors_write(const std::string &path, const std::vector<StTensor> &tensors,
+                         const std::map<std::string, std::string> &metadata) {
+  const std::string prefix = safetensors_prefix(tensors, metadata, 8);
   std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) throw Error(TSR_ERR_IO, tmp + ": cannot open for writing");
-    uint64_t n = h.size();
-    out.write(reinterpret_cast<const char *>(&n), 8);
-    out.write(h.data(), static_cast<std::streamsize>(h.size()));
+    out.write(prefix.data(), static_cast<std::streamsize>(prefix.size()));
     for (const auto &t : tensors)
       out.write(static_cast<const char *>(t.data), static_cast<std::streamsize>(t.bytes));
     out.flush();
@@ -53,7 +64,7 @@ size_t safetensors_write(const std::string &path, const std::vector<StTensor> &t
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
   if (ec) throw Error(TSR_ERR_IO, path + ": cannot rename into place: " + ec.message());
-  return 8 + h.size();
+  return prefix.size();
 }
 
 SafetensorsFile::SafetensorsFile(const std::string &path) : path_(path) {

@@ -24,6 +24,14 @@ struct StTensor {
 size_t safetensors_write(const std::string &path, const std::vector<StTensor> &tensors,
                          const std::map<std::string, std::string> &metadata = {});
 
+// The bytes a safetensors file starts with (the 8-byte header length and
+// the JSON header, padded with spaces so that its size, the data's offset,
+// is a multiple of `align`, at least 8); tensor i's bytes follow those of
+// the tensors before it. `data` is not read.
+std::string safetensors_prefix(const std::vector<StTensor> &tensors,
+                               const std::map<std::string, std::string> &metadata,
+                               size_t align = 8);
+
 // A file read into memory; every header field is checked against the file's
 // real length before use.
 class SafetensorsFile {
