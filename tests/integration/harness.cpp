@@ -297,11 +297,11 @@ std::vector<std::string> entries(const fs::path &dir, const std::string &prefix)
 
 // ---- Processes that run alongside the test ---------------------------------
 
-namespace {
-
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
+
+namespace {
 
 std::string read_if_exists(const fs::path &p) {
   std::ifstream in(p, std::ios::binary);
@@ -522,4 +522,74 @@ std::map<std::string, F32Tensor> read_safetensors_f32(const fs::path &p) {
   return out;
 }
 
+// ---- Multi-process jobs ------------------------------------------------------
+
+bool contains(const std::string &s, const std::string &part) {
+  return s.find(part) != std::string::npos;
+}
+
+bool starts_with(const std::string &s, const std::string &prefix) {
+  return s.rfind(prefix, 0) == 0;
+}
+
+// The launcher's own verdict: its last "tessera run: failed: " line.
+std::string launcher_verdict(const std::string &err) {
+  std::string found;
+  for (const auto &line : lines(err))
+    if (starts_with(line, "tessera run: failed: ")) found = line;
+  return found;
+}
+
+// Lines of `text` that worker `rank` printed (the launcher's prefix).
+std::vector<std::string> rank_lines(const std::string &text, int rank) {
+  std::vector<std::string> v;
+  const std::string prefix = "[rank " + std::to_string(rank) + "] ";
+  for (const auto &line : lines(text))
+    if (starts_with(line, prefix)) v.push_back(line);
+  return v;
+}
+
+bool any_line_has(const std::vector<std::string> &ls, const std::vector<std::string> &parts) {
+  for (const auto &l : ls) {
+    bool all = true;
+    for (const auto &p : parts) all = all && contains(l, p);
+    if (all) return true;
+  }
+  return false;
+}
+
+// The launcher's workers, by rank (RANK in their environment), once all `n`
+// are there.
+std::map<int, int> workers_of(Process &launcher, int n, double timeout_s) {
+  const double until = now_s() + timeout_s;
+  std::map<int, int> by_rank;
+  while (now_s() < until && !launcher.poll()) {
+    by_rank.clear();
+    for (int pid : child_pids(launcher.pid)) {
+      const std::string r = process_env(pid, "RANK");
+      if (!r.empty()) by_rank[std::stoi(r)] = pid;
+    }
+    if (static_cast<int>(by_rank.size()) == n) return by_rank;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return by_rank;
+}
+
+// Waits until the process exits or `timeout_s` passes; true if it exited.
+bool exits_within(Process &p, double timeout_s) {
+  const double until = now_s() + timeout_s;
+  while (!p.poll()) {
+    if (now_s() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
+std::string still_running(const std::map<int, int> &workers) {
+  std::string s;
+  for (const auto &[rank, pid] : workers)
+    if (process_running(pid))
+      s += "rank " + std::to_string(rank) + " (pid " + std::to_string(pid) + ") ";
+  return s;
+}
 }  // namespace tessera::itest

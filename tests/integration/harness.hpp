@@ -137,4 +137,27 @@ struct F32Tensor {
 };
 std::map<std::string, F32Tensor> read_safetensors_f32(const fs::path &p);
 
+// ---- Text and time ----------------------------------------------------------
+
+bool contains(const std::string &s, const std::string &part);
+bool starts_with(const std::string &s, const std::string &prefix);
+// Steady-clock seconds.
+double now_s();
+
+// ---- Multi-process jobs (tessera run -n N) --------------------------------
+
+// The launcher's own verdict: its last "tessera run: failed: " line.
+std::string launcher_verdict(const std::string &err);
+// Lines of `text` that worker `rank` printed (the launcher's "[rank R] ").
+std::vector<std::string> rank_lines(const std::string &text, int rank);
+// True when one of `ls` contains every one of `parts`.
+bool any_line_has(const std::vector<std::string> &ls, const std::vector<std::string> &parts);
+// The launcher's workers, by rank (RANK in their environment), once all `n`
+// are there (fewer if the launcher exits or `timeout_s` passes first).
+std::map<int, int> workers_of(Process &launcher, int n, double timeout_s = 30);
+// Waits until the process exits or `timeout_s` passes; true if it exited.
+bool exits_within(Process &p, double timeout_s);
+// "rank R (pid P) " for each of `workers` still running; "" when none is.
+std::string still_running(const std::map<int, int> &workers);
+
 }  // namespace tessera::itest

@@ -13,10 +13,6 @@ using namespace tessera::itest;
 
 namespace {
 
-bool contains(const std::string &s, const std::string &part) {
-  return s.find(part) != std::string::npos;
-}
-
 // The 1-based line of `text` that contains `part`.
 int line_of(const std::string &text, const std::string &part) {
   auto ls = lines(text);

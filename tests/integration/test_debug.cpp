@@ -28,10 +28,6 @@ using namespace tessera::itest;
 
 namespace {
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 std::string on_path(const std::string &program) {
   const char *path = std::getenv("PATH");
   std::string p = path ? path : "/usr/bin:/bin";

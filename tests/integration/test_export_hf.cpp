@@ -22,10 +22,6 @@ namespace {
 
 const fs::path kGolden = fs::path(TESSERA_SOURCE_DIR) / "tests/data/gpt2_L2_C64";
 
-bool contains(const std::string &s, const std::string &part) {
-  return s.find(part) != std::string::npos;
-}
-
 // A token shard in llm.c's format: 256 int32 header (magic 20240520,
 // version 1, count), then uint16 tokens.
 void write_shard(const fs::path &p, const std::vector<uint16_t> &tokens) {

@@ -45,14 +45,6 @@ using nlohmann::json;
 
 namespace {
 
-bool contains(const std::string &s, const std::string &part) {
-  return s.find(part) != std::string::npos;
-}
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 struct Sh {
   int status = -1;
   std::string out;  // stdout and stderr

@@ -14,10 +14,6 @@ using nlohmann::json;
 
 namespace {
 
-bool contains(const std::string &s, const std::string &part) {
-  return s.find(part) != std::string::npos;
-}
-
 // `key = "value"` on a line of its own in TOML text (either string form).
 bool has_string_key(const std::string &text, const std::string &key, const std::string &value) {
   for (const auto &line : lines(text)) {

@@ -15,10 +15,6 @@ using namespace tessera::itest;
 
 namespace {
 
-bool contains(const std::string &s, const std::string &part) {
-  return s.find(part) != std::string::npos;
-}
-
 struct ShardFile {
   int32_t magic = 0, version = 0, count = 0;
   std::vector<uint32_t> tokens;

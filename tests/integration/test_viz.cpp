@@ -15,10 +15,6 @@ using nlohmann::json;
 
 namespace {
 
-bool contains(const std::string &s, const std::string &part) {
-  return s.find(part) != std::string::npos;
-}
-
 RunResult run_ok(const fs::path &config, std::vector<std::string> args = {},
                  const RunOptions &opts = {}) {
   args.insert(args.begin(), {"run", config.string()});

@@ -7,7 +7,8 @@
  *                   "faulty-sgd: injected failure on rank R at step S"
  *   mode = "exit"   prints that message to stderr and _exit(3)s
  *   mode = "abort"  prints it and raises SIGABRT
- * Every other rank, and every other step, is a plain SGD update. C99. */
+ * Every other rank, and every other step, is a plain SGD update through
+ * the host's ops, on the CPU or a GPU. C99. */
 #define _POSIX_C_SOURCE 200809L
 #include <signal.h>
 #include <stdio.h>
@@ -59,10 +60,41 @@ static const char *faulty_state_name(void *self, uint32_t i) {
   return NULL;
 }
 
+/* p -= lr * grad_scale * g through the host's ops, so the same code runs on
+ * the CPU and on a GPU (ops pick the device from the tensors' own), then
+ * the compute copy from p. fp32 gradients only. */
+static tsr_status update(faulty *f, const tsr_optimizer_step_args *args) {
+  const tsr_host *host = f->host;
+  const tsr_ops *ops = host->ops;
+  int64_t shape[1];
+  DLTensor p, g, c;
+  tsr_status s;
+  if (TSR_HAS_FIELD(args, tsr_optimizer_step_args, grads_dtype) && args->grads_dtype.bits != 0 &&
+      !(args->grads_dtype.code == kDLFloat && args->grads_dtype.bits == 32))
+    return host->error(host->ctx, TSR_ERR_UNSUPPORTED, "faulty-sgd: fp32 gradients only");
+  if (args->n == 0) return TSR_OK;
+  shape[0] = (int64_t)args->n;
+  memset(&p, 0, sizeof p);
+  p.data = args->params;
+  p.device = args->device;
+  p.ndim = 1;
+  p.dtype.code = kDLFloat;
+  p.dtype.bits = 32;
+  p.dtype.lanes = 1;
+  p.shape = shape;
+  g = p;
+  g.data = (void *)args->grads;
+  s = ops->axpy(host->ctx, (float)(-args->lr * args->grad_scale), &g, &p);
+  if (s != TSR_OK || !args->compute_params) return s;
+  c = p;
+  c.data = args->compute_params;
+  c.dtype = args->compute_dtype;
+  return ops->cast(host->ctx, &p, &c);
+}
+
 static tsr_status faulty_step(void *self, const tsr_optimizer_step_args *args) {
   faulty *f = (faulty *)self;
   const tsr_host *host = f->host;
-  size_t k, i;
   if ((int64_t)host->run->rank == f->fail_rank && args->step == f->fail_step) {
     char msg[160];
     snprintf(msg, sizeof msg, "faulty-sgd: injected failure on rank %u at step %lld",
@@ -74,21 +106,7 @@ static tsr_status faulty_step(void *self, const tsr_optimizer_step_args *args) {
     raise(SIGABRT);
     _exit(4); /* not reached */
   }
-  if (args->compute_params &&
-      !(args->compute_dtype.code == kDLFloat && args->compute_dtype.bits == 32))
-    return host->error(host->ctx, TSR_ERR_UNSUPPORTED, "faulty-sgd: fp32 compute copies only");
-  for (k = 0; k < args->num_segments; ++k) {
-    const tsr_segment *seg = &args->segments[k];
-    float *p = args->params + seg->offset;
-    const float *g = args->grads + seg->offset;
-    const float lr = (float)args->lr, scale = (float)args->grad_scale;
-    float *copy = (float *)args->compute_params;
-    for (i = 0; i < seg->count; ++i) {
-      p[i] -= lr * g[i] * scale;
-      if (copy) copy[seg->offset + i] = p[i];
-    }
-  }
-  return TSR_OK;
+  return update(f, args);
 }
 
 static const tsr_param_decl faulty_params[] = {
@@ -115,7 +133,7 @@ static const tsr_plugin_descriptor faulty_descriptor = {
     "plain SGD that fails on purpose on one rank at one step (fault tests)",
     faulty_params,
     sizeof(faulty_params) / sizeof(faulty_params[0]),
-    TSR_DEVICE_CPU,
+    TSR_DEVICE_CPU | TSR_DEVICE_CUDA,
     &faulty_vtable};
 static const tsr_plugin_descriptor *const plugins[] = {&faulty_descriptor};
 static const tsr_plugin_library library = {sizeof(tsr_plugin_library), TSR_ABI_MAJOR, TSR_ABI_MINOR,
