@@ -117,6 +117,11 @@ int sm_count();
 enum class Slot : int { Partials, Rows, Flags, SortA, SortB, Temp, kCount };
 void *scratch(Slot slot, size_t bytes);
 
+// A "lowest bad row" flag (cross_entropy's targets, the embedding ops' ids):
+// memset to 0x7f, then atomicMin'd by every row that fails a check, so it
+// still holds this pattern when none did.
+constexpr long long kNoBadRow = 0x7f7f7f7f7f7f7f7fLL;  // memset(0x7f) pattern
+
 // Copies `bytes` (<= 4 KiB) of device memory to host memory `dst` through a
 // pinned staging block and waits for it: for results the caller reads now.
 void read_back(void *dst, const void *src, size_t bytes);
@@ -287,11 +292,12 @@ tsr_status linear(tsr_host_ctx *ctx, const DLTensor *a, int32_t trans_a, const D
 // ops_elementwise.cu:
 tsr_status fill(tsr_host_ctx *ctx, DLTensor *x, float value) noexcept;
 tsr_status copy(tsr_host_ctx *ctx, const DLTensor *src, DLTensor *dst) noexcept;
+tsr_status cast(tsr_host_ctx *ctx, const DLTensor *x, DLTensor *y) noexcept;
 tsr_status axpy(tsr_host_ctx *ctx, float alpha, const DLTensor *x, DLTensor *y) noexcept;
 tsr_status scale(tsr_host_ctx *ctx, float alpha, DLTensor *y) noexcept;
 tsr_status sum_squares(tsr_host_ctx *ctx, const DLTensor *x, double *out) noexcept;
 
-// ops_nn.cu:
+// ops_activation.cu:
 tsr_status bias_act(tsr_host_ctx *ctx, DLTensor *y, const DLTensor *bias,
                     tsr_activation act) noexcept;
 tsr_status bias_grad(tsr_host_ctx *ctx, const DLTensor *dy, DLTensor *dbias) noexcept;
@@ -299,28 +305,33 @@ tsr_status act_forward(tsr_host_ctx *ctx, tsr_activation act, const DLTensor *x,
                        DLTensor *y) noexcept;
 tsr_status act_backward(tsr_host_ctx *ctx, tsr_activation act, const DLTensor *x,
                         int32_t from_output, const DLTensor *dy, DLTensor *dx) noexcept;
+
+// ops_cross_entropy.cu:
 tsr_status cross_entropy(tsr_host_ctx *ctx, const DLTensor *logits, const DLTensor *targets,
                          int64_t valid_classes, float grad_scale, DLTensor *dlogits,
                          double *loss_sum, int64_t *count, int64_t *correct) noexcept;
-tsr_status cast(tsr_host_ctx *ctx, const DLTensor *x, DLTensor *y) noexcept;
+
+// ops_layernorm.cu:
 tsr_status layernorm_forward(tsr_host_ctx *ctx, const DLTensor *x, const DLTensor *weight,
                              const DLTensor *bias, float eps, DLTensor *y, DLTensor *mean,
                              DLTensor *rstd) noexcept;
 tsr_status layernorm_backward(tsr_host_ctx *ctx, const DLTensor *dy, const DLTensor *x,
                               const DLTensor *weight, const DLTensor *mean, const DLTensor *rstd,
                               DLTensor *dx, DLTensor *dweight, DLTensor *dbias) noexcept;
+
+// ops_embedding.cu:
 tsr_status embedding_forward(tsr_host_ctx *ctx, const DLTensor *ids, const DLTensor *table,
                              DLTensor *out, int32_t accumulate) noexcept;
 tsr_status embedding_backward(tsr_host_ctx *ctx, const DLTensor *ids, const DLTensor *dout,
                               DLTensor *dtable) noexcept;
 
-// Device-side pieces other files reuse (ops_nn.cu), all on the compute
-// stream with checked views: y = act(x) element-wise (x may be y), and
-// y[r, :] = act(y[r, :] + bias[:]) (bias may be NULL).
+// Device-side pieces other files reuse (ops_activation.cu), all on the
+// compute stream with checked views: y = act(x) element-wise (x may be y),
+// and y[r, :] = act(y[r, :] + bias[:]) (bias may be NULL).
 void launch_act_forward(tsr_activation act, const View &x, const View &y);
+void launch_bias_act(const View &y, const View *bias, tsr_activation act);
 // y *= alpha (ops_elementwise.cu).
 void launch_scale(const View &y, float alpha);
-void launch_bias_act(const View &y, const View *bias, tsr_activation act);
 
 // attention_forward.cu / attention_backward.cu:
 tsr_status attention_forward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,

@@ -1,5 +1,6 @@
-// CUDA ops: the element-wise helpers fill, copy, axpy, scale and sum_squares.
-// Memory-bound maps through map_kernel (128-bit accesses, grid-stride);
+// CUDA ops: the element-wise helpers fill, copy, cast, axpy, scale and
+// sum_squares. Memory-bound maps through map_kernel (128-bit accesses,
+// grid-stride; cast converts between float32, bfloat16 and float16 there);
 // sum_squares is a fixed-shape two-pass reduction in double, so its result
 // repeats bit for bit.
 #include "cuda/cuda_ops_internal.hpp"
@@ -12,6 +13,10 @@ namespace {
 struct FillF {
   float v;
   __device__ float operator()(float, float) const { return v; }
+};
+// y = x, in y's dtype: map_kernel converts on the way in and out.
+struct CastF {
+  __device__ float operator()(float x, float) const { return x; }
 };
 struct AxpyF {
   float alpha;
@@ -127,6 +132,35 @@ tsr_status copy(tsr_host_ctx *ctx, const DLTensor *src, DLTensor *dst) noexcept 
     // stays asynchronous, ordered on the compute stream like every op.
     if (dst->device.device_type == kDLCPU || src->device.device_type == kDLCPU)
       TSR_CUDA_CHECK(cudaStreamSynchronize(stream));
+  });
+}
+
+tsr_status cast(tsr_host_ctx *ctx, const DLTensor *x, DLTensor *y) noexcept {
+  return guarded(ctx, [&] {
+    if (side_of("cast", {{"x", x}, {"y", y}}) == Side::Host) {
+      AsCpu hx(x), hy(y);
+      host_result(need_cpu(cpu_ops()->cast, "cast")(ctx, hx.p, hy.mut()));
+      return;
+    }
+    const View X = floating("cast", "x", x), Y = floating("cast", "y", y);
+    check_same_numel("cast", "x", x, X, "y", y, Y);
+    if (X.numel() == 0) return;
+    if (X.dt == Y.dt) {
+      if (X.p != Y.p)
+        TSR_CUDA_CHECK(
+            cudaMemcpyAsync(Y.p, X.p, X.bytes(), cudaMemcpyDeviceToDevice, compute_stream()));
+      return;
+    }
+    const auto x0 = reinterpret_cast<uintptr_t>(X.p), y0 = reinterpret_cast<uintptr_t>(Y.p);
+    TSR_CHECK(!(x0 < y0 + Y.bytes() && y0 < x0 + X.bytes()), TSR_ERR_INVALID,
+              "cast: x " + describe(x) + " and y " + describe(y) + " overlap in memory");
+    dispatch_float(X.dt, [&](auto xtag) {
+      using Tx = decltype(xtag);
+      dispatch_float(Y.dt, [&](auto ytag) {
+        using Ty = decltype(ytag);
+        launch_map<Tx, Ty, true, false>(X.as<Tx>(), Y.as<Ty>(), X.numel(), CastF{});
+      });
+    });
   });
 }
 

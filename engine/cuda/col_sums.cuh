@@ -1,0 +1,133 @@
+// Deterministic column sums of a [rows, cols] matrix, shared by
+// ops_activation.cu (bias_grad) and ops_layernorm.cu (layernorm_backward's
+// dweight / dbias). Templates and inline functions only, so every .cu that
+// includes it compiles its own copy and no symbol is defined twice.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/cuda_ops_internal.hpp"
+
+namespace tessera::cuda {
+
+// Column sums (bias_grad, layernorm's dweight/dbias), deterministic in two
+// passes. Pass 1: block (32, 8) owns 32 * V columns and a chunk of rows;
+// threadIdx.y strides the chunk's rows, and the 8 partial sums of a column
+// are added in y order through shared memory into partial[chunk][col].
+// Pass 2 adds each column's chunk partials in chunk order into the output.
+//
+// With kLn the summand is dy * (x - mean[r]) * rstd[r] (dweight) into
+// partial and dy into partial + chunks * cols (dbias); else dy alone.
+
+inline constexpr int kColY = 8;
+
+template <typename T, int V, bool kLn>
+__global__ void col_partials(const T *dy, const T *x, const float *mean, const float *rstd,
+                             int64_t rows, int64_t cols, int64_t rows_per_chunk, float *partial) {
+  __shared__ float sh_w[kColY][32 * V];
+  __shared__ float sh_b[kColY][kLn ? 32 * V : 1];
+  const int64_t c0 = (static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x) * V;
+  const int64_t r_begin = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
+  const int64_t r_end = r_begin + rows_per_chunk < rows ? r_begin + rows_per_chunk : rows;
+  float acc_w[V] = {}, acc_b[V] = {};
+  if (c0 < cols) {
+    for (int64_t r = r_begin + threadIdx.y; r < r_end; r += kColY) {
+      float d[V];
+      if constexpr (V == kPack) {
+        load8(dy + r * cols + c0, d);
+      } else {
+        d[0] = to_f(dy[r * cols + c0]);
+      }
+      if constexpr (kLn) {
+        float xv[V];
+        if constexpr (V == kPack) {
+          load8(x + r * cols + c0, xv);
+        } else {
+          xv[0] = to_f(x[r * cols + c0]);
+        }
+        const float m = mean[r], s = rstd[r];
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+          acc_w[j] += d[j] * ((xv[j] - m) * s);
+          acc_b[j] += d[j];
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < V; j++) acc_w[j] += d[j];
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < V; j++) {
+    sh_w[threadIdx.y][threadIdx.x * V + j] = acc_w[j];
+    if constexpr (kLn) sh_b[threadIdx.y][threadIdx.x * V + j] = acc_b[j];
+  }
+  __syncthreads();
+  // Row y of the block's threads finishes the columns, 32 * V of them over
+  // the 32 * kColY threads.
+  const int tid = threadIdx.y * 32 + threadIdx.x;
+  for (int j = tid; j < 32 * V; j += 32 * kColY) {
+    const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 * V + j;
+    if (c >= cols) continue;
+    float w = 0.0f, b = 0.0f;
+    for (int y = 0; y < kColY; y++) {
+      w += sh_w[y][j];
+      if constexpr (kLn) b += sh_b[y][j];
+    }
+    partial[blockIdx.y * cols + c] = w;
+    if constexpr (kLn) partial[(gridDim.y + blockIdx.y) * cols + c] = b;
+  }
+}
+
+template <typename TO>
+__global__ void col_finalize(const float *partial, int64_t chunks, int64_t cols, TO *out) {
+  for (int64_t c = global_thread(); c < cols; c += global_threads()) {
+    double s = 0.0;
+    for (int64_t k = 0; k < chunks; k++) s += partial[k * cols + c];
+    out[c] = from_f<TO>(static_cast<float>(to_f(out[c]) + s));
+  }
+}
+
+// Launches pass 1 over dy [rows, cols] (x, mean, rstd with kLn) and returns
+// the partials buffer and its chunk count.
+template <typename T, bool kLn>
+float *launch_col_partials(const T *dy, const T *x, const float *mean, const float *rstd,
+                           int64_t rows, int64_t cols, int64_t *chunks_out) {
+  const bool vec = cols % kPack == 0 && aligned16(dy) && (!kLn || aligned16(x));
+  const int64_t tile = 32 * (vec ? kPack : 1);
+  const int64_t tiles = (cols + tile - 1) / tile;
+  // Enough chunks of rows to give every SM a couple of blocks, none empty.
+  int64_t chunks = (2 * sm_count() + tiles - 1) / tiles;
+  const int64_t max_chunks = (rows + kColY - 1) / kColY;
+  if (chunks > max_chunks) chunks = max_chunks;
+  if (chunks < 1) chunks = 1;
+  if (chunks > 65535) chunks = 65535;
+  const int64_t rows_per_chunk = (rows + chunks - 1) / chunks;
+  chunks = rows == 0 ? 1 : (rows + rows_per_chunk - 1) / rows_per_chunk;
+  float *partial =
+      static_cast<float *>(scratch(Slot::Partials, sizeof(float) * chunks * cols * (kLn ? 2 : 1)));
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(chunks));
+  const dim3 block(32, kColY);
+  if (vec) {
+    col_partials<T, kPack, kLn><<<grid, block, 0, compute_stream()>>>(dy, x, mean, rstd, rows, cols,
+                                                                      rows_per_chunk, partial);
+  } else {
+    col_partials<T, 1, kLn><<<grid, block, 0, compute_stream()>>>(dy, x, mean, rstd, rows, cols,
+                                                                  rows_per_chunk, partial);
+  }
+  check_launch();
+  *chunks_out = chunks;
+  return partial;
+}
+
+inline void launch_col_finalize(const float *partial, int64_t chunks, const View &out) {
+  constexpr int kThreads = 256;
+  dispatch_float(out.dt, [&](auto tag) {
+    using TO = decltype(tag);
+    col_finalize<TO><<<grid_for(out.cols, kThreads), kThreads, 0, compute_stream()>>>(
+        partial, chunks, out.numel(), out.as<TO>());
+    check_launch();
+  });
+}
+
+}  // namespace tessera::cuda

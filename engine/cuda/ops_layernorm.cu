@@ -1,0 +1,245 @@
+// CUDA ops: layernorm forward and backward over the last dim, for float32,
+// bfloat16 and float16 tensors (weight and bias in any of the three) with
+// float32 arithmetic inside. Semantics follow the CPU ops
+// (ops/cpu_ops_nn.cpp).
+//
+// Deterministic: the row statistics are warp sums in a fixed order, and
+// dweight / dbias are partial column sums over fixed partitions, added up in
+// a fixed order by a second pass (col_sums.cuh).
+#include "cuda/col_sums.cuh"
+#include "cuda/cuda_ops_internal.hpp"
+#include "ops/cpu_ops.hpp"
+
+namespace tessera::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+// ---------------------------------------------------------------------------
+// Layernorm, llm.c style: one warp per row. Forward reads the row three
+// times (mean, variance, output), the later passes from cache.
+
+constexpr int kRowsPerBlock = kThreads / 32;
+
+template <typename T, typename W>
+__global__ void layernorm_forward_kernel(const T *x, const W *weight, const W *bias, float eps,
+                                         T *y, float *mean_out, float *rstd_out, int64_t rows,
+                                         int64_t C, bool vec) {
+  const int lane = threadIdx.x % 32;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  if (r >= rows) return;
+  const T *xr = x + r * C;
+  T *yr = y + r * C;
+  const int64_t packs = vec ? C / kPack : 0;
+  float sum = 0.0f;
+  for (int64_t p = lane; p < packs; p += 32) {
+    float v[kPack];
+    load8(xr + p * kPack, v);
+#pragma unroll
+    for (int j = 0; j < kPack; j++) sum += v[j];
+  }
+  for (int64_t j = packs * kPack + lane; j < C; j += 32) sum += to_f(xr[j]);
+  const float m = warp_sum(sum) / static_cast<float>(C);
+  float var = 0.0f;
+  for (int64_t p = lane; p < packs; p += 32) {
+    float v[kPack];
+    load8(xr + p * kPack, v);
+#pragma unroll
+    for (int j = 0; j < kPack; j++) var += (v[j] - m) * (v[j] - m);
+  }
+  for (int64_t j = packs * kPack + lane; j < C; j += 32) {
+    const float dv = to_f(xr[j]) - m;
+    var += dv * dv;
+  }
+  const float s = rsqrtf(warp_sum(var) / static_cast<float>(C) + eps);
+  for (int64_t p = lane; p < packs; p += 32) {
+    float v[kPack], w[kPack], b[kPack] = {};
+    load8(xr + p * kPack, v);
+    load8(weight + p * kPack, w);
+    if (bias) load8(bias + p * kPack, b);
+#pragma unroll
+    for (int j = 0; j < kPack; j++) v[j] = (v[j] - m) * s * w[j] + b[j];
+    store8(yr + p * kPack, v);
+  }
+  for (int64_t j = packs * kPack + lane; j < C; j += 32) {
+    const float b = bias ? to_f(bias[j]) : 0.0f;
+    yr[j] = from_f<T>((to_f(xr[j]) - m) * s * to_f(weight[j]) + b);
+  }
+  if (lane == 0) {
+    mean_out[r] = m;
+    rstd_out[r] = s;
+  }
+}
+
+// dx += rstd * (dy w - mean(dy w) - norm * mean(dy w norm)), norm the
+// normalized input. Pass 1 takes the two row means, pass 2 writes; dx may
+// alias dy (each element read, then written, by one thread).
+template <typename T, typename W>
+__global__ void layernorm_dx_kernel(const T *dy, const T *x, const W *weight, const float *mean,
+                                    const float *rstd, T *dx, int64_t rows, int64_t C, bool vec) {
+  const int lane = threadIdx.x % 32;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  if (r >= rows) return;
+  const T *dyr = dy + r * C, *xr = x + r * C;
+  T *dxr = dx + r * C;
+  const float m = mean[r], s = rstd[r];
+  const int64_t packs = vec ? C / kPack : 0;
+  float a = 0.0f, b = 0.0f;  // sums of dy w and dy w norm
+  for (int64_t p = lane; p < packs; p += 32) {
+    float d[kPack], v[kPack], w[kPack];
+    load8(dyr + p * kPack, d);
+    load8(xr + p * kPack, v);
+    load8(weight + p * kPack, w);
+#pragma unroll
+    for (int j = 0; j < kPack; j++) {
+      const float dn = d[j] * w[j];
+      a += dn;
+      b += dn * ((v[j] - m) * s);
+    }
+  }
+  for (int64_t j = packs * kPack + lane; j < C; j += 32) {
+    const float dn = to_f(dyr[j]) * to_f(weight[j]);
+    a += dn;
+    b += dn * ((to_f(xr[j]) - m) * s);
+  }
+  const float mean_a = warp_sum(a) / static_cast<float>(C);
+  const float mean_b = warp_sum(b) / static_cast<float>(C);
+  for (int64_t p = lane; p < packs; p += 32) {
+    float d[kPack], v[kPack], w[kPack], o[kPack];
+    load8(dyr + p * kPack, d);
+    load8(xr + p * kPack, v);
+    load8(weight + p * kPack, w);
+    load8(dxr + p * kPack, o);
+#pragma unroll
+    for (int j = 0; j < kPack; j++) o[j] += s * (d[j] * w[j] - mean_a - ((v[j] - m) * s) * mean_b);
+    store8(dxr + p * kPack, o);
+  }
+  for (int64_t j = packs * kPack + lane; j < C; j += 32) {
+    const float dn = to_f(dyr[j]) * to_f(weight[j]);
+    const float nv = (to_f(xr[j]) - m) * s;
+    dxr[j] = from_f<T>(to_f(dxr[j]) + s * (dn - mean_a - nv * mean_b));
+  }
+}
+
+}  // namespace
+
+tsr_status layernorm_forward(tsr_host_ctx *ctx, const DLTensor *x, const DLTensor *weight,
+                             const DLTensor *bias, float eps, DLTensor *y, DLTensor *mean,
+                             DLTensor *rstd) noexcept {
+  return guarded(ctx, [&] {
+    constexpr const char *op = "layernorm_forward";
+    if (side_of(op, {{"x", x},
+                     {"weight", weight},
+                     {"bias", bias},
+                     {"y", y},
+                     {"mean", mean},
+                     {"rstd", rstd}}) == Side::Host) {
+      AsCpu hx(x), hw(weight), hb(bias), hy(y), hm(mean), hr(rstd);
+      host_result(need_cpu(cpu_ops()->layernorm_forward, op)(ctx, hx.p, hw.p, hb.p, eps, hy.mut(),
+                                                             hm.mut(), hr.mut()));
+      return;
+    }
+    const View X = floating(op, "x", x, 1), W = floating(op, "weight", weight),
+               Y = floating(op, "y", y, 1), M = f32(op, "mean", mean), R = f32(op, "rstd", rstd);
+    View B{};
+    if (bias) {
+      B = floating(op, "bias", bias);
+      check_same_dtype(op, "weight", weight, W, "bias", bias, B);
+      TSR_CHECK(B.numel() == X.cols, TSR_ERR_INVALID,
+                std::string(op) + ": bias " + describe(bias) + " must have " +
+                    std::to_string(X.cols) + " elements, the last dim of x " + describe(x));
+    }
+    TSR_CHECK(W.numel() == X.cols, TSR_ERR_INVALID,
+              std::string(op) + ": weight " + describe(weight) + " must have " +
+                  std::to_string(X.cols) + " elements, the last dim of x " + describe(x));
+    TSR_CHECK(Y.rows == X.rows && Y.cols == X.cols, TSR_ERR_INVALID,
+              std::string(op) + ": y " + describe(y) + " must match x " + describe(x));
+    check_same_dtype(op, "x", x, X, "y", y, Y);
+    TSR_CHECK(M.numel() == X.rows && R.numel() == X.rows, TSR_ERR_INVALID,
+              std::string(op) + ": mean " + describe(mean) + " and rstd " + describe(rstd) +
+                  " must have one entry per row of x " + describe(x));
+    TSR_CHECK(X.cols > 0 || X.rows == 0, TSR_ERR_INVALID,
+              std::string(op) + ": x " + describe(x) + " has rows of no elements");
+    if (X.rows == 0) return;
+    const bool vec = X.cols % kPack == 0 && aligned16(X.p) && aligned16(Y.p) && aligned16(W.p) &&
+                     (!bias || aligned16(B.p));
+    const unsigned grid = static_cast<unsigned>((X.rows + kRowsPerBlock - 1) / kRowsPerBlock);
+    dispatch_float(X.dt, [&](auto xtag) {
+      using T = decltype(xtag);
+      dispatch_float(W.dt, [&](auto wtag) {
+        using TW = decltype(wtag);
+        layernorm_forward_kernel<T, TW><<<grid, kThreads, 0, compute_stream()>>>(
+            X.as<T>(), W.as<TW>(), bias ? B.as<TW>() : nullptr, eps, Y.as<T>(), M.as<float>(),
+            R.as<float>(), X.rows, X.cols, vec);
+        check_launch();
+      });
+    });
+  });
+}
+
+tsr_status layernorm_backward(tsr_host_ctx *ctx, const DLTensor *dy, const DLTensor *x,
+                              const DLTensor *weight, const DLTensor *mean, const DLTensor *rstd,
+                              DLTensor *dx, DLTensor *dweight, DLTensor *dbias) noexcept {
+  return guarded(ctx, [&] {
+    constexpr const char *op = "layernorm_backward";
+    if (side_of(op, {{"dy", dy},
+                     {"x", x},
+                     {"weight", weight},
+                     {"mean", mean},
+                     {"rstd", rstd},
+                     {"dx", dx},
+                     {"dweight", dweight},
+                     {"dbias", dbias}}) == Side::Host) {
+      AsCpu hdy(dy), hx(x), hw(weight), hm(mean), hr(rstd), hdx(dx), hdw(dweight), hdb(dbias);
+      host_result(need_cpu(cpu_ops()->layernorm_backward, op)(ctx, hdy.p, hx.p, hw.p, hm.p, hr.p,
+                                                              hdx.mut(), hdw.mut(), hdb.mut()));
+      return;
+    }
+    const View DY = floating(op, "dy", dy, 1), X = floating(op, "x", x, 1),
+               W = floating(op, "weight", weight), M = f32(op, "mean", mean),
+               R = f32(op, "rstd", rstd), DX = floating(op, "dx", dx, 1),
+               DW = floating(op, "dweight", dweight);
+    View DB{};
+    if (dbias) {
+      DB = floating(op, "dbias", dbias);
+      TSR_CHECK(DB.numel() == X.cols, TSR_ERR_INVALID,
+                std::string(op) + ": dbias " + describe(dbias) + " must have " +
+                    std::to_string(X.cols) + " elements");
+    }
+    TSR_CHECK(DY.rows == X.rows && DY.cols == X.cols && DX.rows == X.rows && DX.cols == X.cols,
+              TSR_ERR_INVALID,
+              std::string(op) + ": dy " + describe(dy) + " and dx " + describe(dx) +
+                  " must match x " + describe(x));
+    check_same_dtype(op, "x", x, X, "dy", dy, DY);
+    check_same_dtype(op, "x", x, X, "dx", dx, DX);
+    TSR_CHECK(W.numel() == X.cols && DW.numel() == X.cols, TSR_ERR_INVALID,
+              std::string(op) + ": weight " + describe(weight) + " and dweight " +
+                  describe(dweight) + " must have " + std::to_string(X.cols) + " elements");
+    TSR_CHECK(M.numel() == X.rows && R.numel() == X.rows, TSR_ERR_INVALID,
+              std::string(op) + ": mean " + describe(mean) + " and rstd " + describe(rstd) +
+                  " must have one entry per row of x " + describe(x));
+    if (X.rows == 0 || X.cols == 0) return;
+    const bool vec = X.cols % kPack == 0 && aligned16(X.p) && aligned16(DY.p) && aligned16(DX.p) &&
+                     aligned16(W.p);
+    const unsigned grid = static_cast<unsigned>((X.rows + kRowsPerBlock - 1) / kRowsPerBlock);
+    dispatch_float(X.dt, [&](auto xtag) {
+      using T = decltype(xtag);
+      // Parameter gradients first: they read dy, which dx may alias.
+      int64_t chunks = 0;
+      const float *partial = launch_col_partials<T, true>(DY.as<T>(), X.as<T>(), M.as<float>(),
+                                                          R.as<float>(), X.rows, X.cols, &chunks);
+      launch_col_finalize(partial, chunks, DW);
+      if (dbias) launch_col_finalize(partial + chunks * X.cols, chunks, DB);
+      dispatch_float(W.dt, [&](auto wtag) {
+        using TW = decltype(wtag);
+        layernorm_dx_kernel<T, TW><<<grid, kThreads, 0, compute_stream()>>>(
+            DY.as<T>(), X.as<T>(), W.as<TW>(), M.as<float>(), R.as<float>(), DX.as<T>(), X.rows,
+            X.cols, vec);
+        check_launch();
+      });
+    });
+  });
+}
+
+}  // namespace tessera::cuda
