@@ -9,7 +9,7 @@
 // names, which the plugin uses already; wte trimmed to the real vocabulary,
 // the padding rows dropped) and config.json. The dimensions come from the
 // run's config saved in the manifest, resolved by the gpt2 plugin's own rule
-// (plugins/models/gpt2/gpt2.cpp, build()): a non-zero [model] key, else
+// (plugins/models/gpt2/create.cpp, build()): a non-zero [model] key, else
 // init_from's config.json, else GPT-2 small's value. Plugins cannot be linked
 // by the engine, so the rule is implemented again here;
 // tests/integration/test_export_hf.cpp checks that both agree.

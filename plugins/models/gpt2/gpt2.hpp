@@ -1,0 +1,268 @@
+// The gpt2 model plugin: GPT-2 as Hugging Face's GPT2LMHeadModel computes it,
+// with its parameter names and layouts, so a Hugging Face checkpoint loads
+// and exports as a plain copy by name.
+//
+//   x_0     = wte[ids] + wpe[0..T)                           (embeddings)
+//   block l:  r   = x_l + c_proj(attn(c_attn(ln_1(x_l))))     (pre-LayerNorm)
+//             x_{l+1} = r + mlp.c_proj(gelu_tanh(c_fc(ln_2(r))))
+//   logits  = ln_f(x_L) @ wte^T                                (LM head tied to wte)
+//   loss    = softmax cross-entropy of logits[b, t] against targets[b, t]
+//
+// The dataset gives token windows: inputs int32 [T] and targets int32 [T]
+// per sample (targets < 0 are ignored); the model does not shift them, the
+// dataset does. Any T up to `context` is accepted at run time.
+//
+// predict (ABI 1.1, for generation) runs the same forward on inputs alone
+// and returns float32 logits [B, vocab] of each sequence's last position
+// only: ln_f and the LM head run on those B rows, over the real vocabulary.
+//
+// Parameters (Hugging Face names, their Conv1D layout [in, out] kept as is,
+// so the forward is x[rows, in] @ W[in, out] with no transpose):
+//   group 0:      transformer.wte.weight [padded_vocab, C]   (see below)
+//                 transformer.wpe.weight [context, C]
+//   group 1 + l:  transformer.h.<l>.ln_1.{weight,bias} [C]
+//                 transformer.h.<l>.attn.c_attn.weight [C, 3C], .bias [3C]
+//                 transformer.h.<l>.attn.c_proj.weight [C, C], .bias [C]
+//                 transformer.h.<l>.ln_2.{weight,bias} [C]
+//                 transformer.h.<l>.mlp.c_fc.weight [C, 4C], .bias [4C]
+//                 transformer.h.<l>.mlp.c_proj.weight [4C, C], .bias [C]
+//   group L + 1:  transformer.ln_f.{weight,bias} [C]
+// There is no lm_head.weight: the head is wte (Hugging Face ties them too).
+//
+// Vocabulary padding: wte has padded_vocab = round_up(vocab, vocab_pad_to)
+// rows (GPT-2's 50257 -> 50304) so the LM head's matmul has a friendly
+// shape. Rows at or past `vocab` are padding: cross_entropy's valid_classes
+// keeps them out of the softmax and gives them zero gradient, and no token id
+// reaches them: they never get a gradient (weight decay may shrink them) and
+// never change a result. "transformer.wte.weight" is the one parameter whose
+// declared shape differs from Hugging Face's [vocab, C]: an export for
+// Hugging Face keeps its first `vocab` rows (`tessera ckpt export` trims
+// them: engine/ckpt/export_hf.cpp), and init_from's loader fills
+// the first rows of a [vocab, C] tensor and leaves the padding rows at their
+// initialiser (engine/train/init_from.cpp).
+//
+// The tied wte and ZeRO stage 3: wte is used first (embedding) and last (LM
+// head) in forward, and its gradient gets contributions first (head) and
+// last (embedding backward) in backward. So group 0 stays live through the
+// whole forward: its view, taken once before the embedding, is reused for
+// the head and params_done(0) comes after the head (asking for the group
+// again at the end would make stage 3 gather it again, and prefetch block 0
+// for nothing). In backward the groups finish in the order L+1, L, ..., 1, 0:
+// group 0's gradient is final only after the embedding backward, the very
+// last thing.
+//
+// Activations live in memory allocated once at create for max_micro_batch
+// sequences of `context` tokens, in the compute dtype (the parameter views'
+// dtype: float32 on the CPU, bfloat16/float16 in mixed-precision CUDA runs);
+// LayerNorm statistics and attention log-sum-exps are float32, token ids
+// int32. With recompute = true only each block's input (the residual stream)
+// is kept, and backward recomputes one block's activations at a time into a
+// single shared set, before its backward: the same ops on the same inputs,
+// so the gradients are bitwise those of recompute = false.
+//
+// The plugin's files: gpt2.hpp (this: the declarations they share), create.cpp
+// (gpt2_create: config keys, dimensions, parameters, freeze, init_from's
+// checks), hf_checkpoint.{hpp,cpp} (init_from's config.json and safetensors
+// header), memory.cpp (activation memory, parameter and gradient views),
+// gpt2.cpp (forward, predict, backward, FLOPs) and plugin.cpp (the C ABI:
+// vtable, config keys, descriptor).
+#pragma once
+
+#include <tessera/tessera.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <initializer_list>
+#include <string>
+#include <tessera/cpp/plugin.hpp>
+#include <vector>
+
+namespace tessera::gpt2 {
+
+namespace sdk = tessera::sdk;
+using sdk::Buffer;
+using sdk::check;
+using sdk::Error;
+
+inline constexpr float kLayerNormEps = 1e-5f;  // GPT-2's layer_norm_epsilon
+
+// Per-block parameter indices, relative to the block's first.
+enum BlockParam : uint32_t {
+  kLn1W,
+  kLn1B,
+  kQkvW,
+  kQkvB,
+  kAttnProjW,
+  kAttnProjB,
+  kLn2W,
+  kLn2B,
+  kFcW,
+  kFcB,
+  kMlpProjW,
+  kMlpProjB,
+  kBlockParams
+};
+inline constexpr uint32_t kWte = 0, kWpe = 1, kFirstBlock = 2;
+
+inline std::string dtype_str(DLDataType t) {
+  const char *base = t.code == kDLFloat    ? "float"
+                     : t.code == kDLInt    ? "int"
+                     : t.code == kDLUInt   ? "uint"
+                     : t.code == kDLBfloat ? "bfloat"
+                                           : "dtype?_";
+  std::string s = base + std::to_string(t.bits);
+  if (t.lanes != 1) {  // in steps: GCC 12 misreads "x" + std::string here (-Wrestrict)
+    s += "x";
+    s += std::to_string(t.lanes);
+  }
+  return s;
+}
+
+inline bool same_dtype(DLDataType a, DLDataType b) {
+  return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
+}
+
+inline bool is_i32(DLDataType t) {
+  return same_dtype(t, sdk::dtype_i32());
+}
+
+inline std::string shape_str(const int64_t *shape, int32_t ndim) {
+  std::string s = "[";
+  for (int32_t i = 0; i < ndim; ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// A view with up to 5 dims and optional strides that owns its shape; get()
+// re-points the DLTensor at this object's arrays, so views copy freely.
+class View {
+ public:
+  View() { std::memset(&t_, 0, sizeof t_); }
+  View(void *data, size_t byte_offset, DLDevice device, DLDataType dtype,
+       std::initializer_list<int64_t> shape, std::initializer_list<int64_t> strides = {}) {
+    std::memset(&t_, 0, sizeof t_);
+    t_.data = data;
+    t_.byte_offset = byte_offset;
+    t_.device = device;
+    t_.dtype = dtype;
+    t_.ndim = static_cast<int32_t>(shape.size());
+    std::copy(shape.begin(), shape.end(), shape_);
+    strided_ = strides.size() != 0;
+    std::copy(strides.begin(), strides.end(), strides_);
+  }
+  // The memory of `base` (a compact tensor) with another shape.
+  View(const DLTensor &base, std::initializer_list<int64_t> shape)
+      : View(base.data, base.byte_offset, base.device, base.dtype, shape) {}
+  DLTensor *get() {
+    t_.shape = shape_;
+    t_.strides = strided_ ? strides_ : nullptr;
+    return &t_;
+  }
+
+ private:
+  DLTensor t_;
+  int64_t shape_[5] = {0, 0, 0, 0, 0};
+  int64_t strides_[5] = {0, 0, 0, 0, 0};
+  bool strided_ = false;
+};
+
+// Model dimensions.
+struct Dims {
+  int64_t layers = 0, heads = 0, width = 0, context = 0, vocab = 0, padded_vocab = 0;
+};
+
+struct Gpt2 {
+  const tsr_host *host = nullptr;
+  const tsr_ops *ops = nullptr;
+  DLDevice device{kDLCPU, 0};
+  Dims d;
+  int64_t max_batch = 0, data_T = 0;
+  bool recompute = false;
+  std::deque<std::string> names;  // parameter names; infos point into them
+  std::vector<tsr_param_info> infos;
+  // Backward runs stage s (0 embeddings, 1..L blocks, L+1 ln_f) only when
+  // some parameter at a stage <= s is trainable: below the lowest trainable
+  // stage no gradient is needed. L+2 when nothing is trainable.
+  int64_t lowest_trainable_stage = 0;
+
+  // Activation memory, in elements of the compute dtype (act) or float32
+  // (stats), carved out of two allocations.
+  DLDataType adt = sdk::dtype_f32();
+  size_t esize = 4;
+  Buffer act, stats;
+  Buffer predict_f32;  // predict's float32 logits on the device (16-bit runs only)
+  struct Set {         // one block's activations
+    size_t ln1, qkv, atty, r2, ln2, fch, fchg;  // in act
+    size_t m1, s1, m2, s2, lse;                 // in stats
+  };
+  std::vector<size_t> resid;  // x_0 .. x_L in act
+  std::vector<Set> sets;      // L sets, or 1 with recompute
+  size_t lnf = 0, logits = 0, dres = 0, dsmall = 0, dbig = 0, discard = 0;  // in act
+  size_t lnf_m = 0, lnf_s = 0;                                              // in stats
+  size_t act_elems = 0, stats_elems = 0;
+
+  // What backward may rely on: a training forward of n sequences of T.
+  bool ready = false;
+  int64_t ready_n = 0, ready_T = 0;
+
+  uint32_t L() const { return static_cast<uint32_t>(d.layers); }
+  int64_t C() const { return d.width; }
+  uint32_t block_param(uint32_t l, BlockParam p) const {
+    return kFirstBlock + kBlockParams * l + p;
+  }
+  uint32_t lnf_w() const { return kFirstBlock + kBlockParams * L(); }
+  uint32_t lnf_b() const { return lnf_w() + 1; }
+  bool trainable(uint32_t i) const { return infos[i].trainable != 0; }
+
+  // ---- memory (memory.cpp) --------------------------------------------------
+
+  void plan_memory();
+  void allocate(DLDataType dtype);
+  void ensure_dtype(const DLTensor &p);
+
+  // Activations in the compute dtype, float32 statistics.
+  View A(size_t off, std::initializer_list<int64_t> shape) const {
+    return View(act.get(), off * esize, device, adt, shape);
+  }
+  View S(size_t off, std::initializer_list<int64_t> shape) const {
+    return View(stats.get(), off * 4, device, sdk::dtype_f32(), shape);
+  }
+  // q, k or v (which = 0, 1, 2) of a fused [B, T, 3, H, D] buffer at `off`.
+  View qkv_part(size_t off, int64_t B, int64_t T, int which) const {
+    const int64_t C = d.width, H = d.heads, D = C / H;
+    return View(act.get(), (off + static_cast<size_t>(which * C)) * esize, device, adt,
+                {B, T, H, D}, {T * 3 * C, 3 * C, D, 1});
+  }
+
+  // ---- parameters (memory.cpp) ----------------------------------------------
+
+  DLTensor view_of(tsr_step *step, uint32_t index, bool grad) const;
+  DLTensor param(tsr_step *step, uint32_t index) const { return view_of(step, index, false); }
+  DLTensor grad(tsr_step *step, uint32_t index) const { return view_of(step, index, true); }
+  View grad_or_discard(tsr_step *step, uint32_t index, int which);
+
+  void params_done(tsr_step *step, uint32_t group) const {
+    if (TSR_HAS_FIELD(host, tsr_host, params_done) && host->params_done)
+      check(host->params_done(step, group));
+  }
+
+  // ---- batch, forward, predict, backward, FLOPs (gpt2.cpp) ------------------
+
+  int64_t check_batch(const tsr_batch *batch, bool with_targets = true) const;
+  void block_forward(tsr_step *step, uint32_t l, const Set &s, int64_t B, int64_t T, bool out);
+  DLTensor trunk(tsr_step *step, const DLTensor &inputs, int64_t B, int64_t T);
+  void forward(tsr_step *step, const tsr_batch *batch, int32_t training, tsr_forward_result *out);
+  void check_logits(const DLTensor *out, int64_t B) const;
+  void predict(tsr_step *step, const tsr_batch *batch, DLTensor *out);
+  void block_backward(tsr_step *step, uint32_t l, const Set &s, int64_t B, int64_t T);
+  void backward(tsr_step *step, const tsr_batch *batch, float loss_scale);
+  double flops_per_sample() const;
+};
+
+// Creates the model from its config, the run and the dataset (create.cpp);
+// throws sdk::Error.
+Gpt2 *build(const tsr_host *host, const tsr_config *cfg, const tsr_model_init *init);
+
+}  // namespace tessera::gpt2

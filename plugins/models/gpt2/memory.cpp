@@ -1,0 +1,109 @@
+// The gpt2 model's memory: the activation plan (offsets into the two
+// allocations made once at create), their allocation in the compute dtype,
+// and the host's views of parameters and gradients.
+#include <string>
+
+#include "gpt2.hpp"
+
+namespace tessera::gpt2 {
+
+// ---- memory -----------------------------------------------------------------
+
+void Gpt2::plan_memory() {
+  const size_t R = static_cast<size_t>(max_batch * d.context);
+  const size_t C = static_cast<size_t>(d.width), H = static_cast<size_t>(d.heads);
+  auto take = [](size_t &cursor, size_t n) {
+    const size_t at = cursor;
+    cursor += (n + 63) / 64 * 64;  // 256-byte aligned in float32
+    return at;
+  };
+  size_t a = 0, s = 0;
+  resid.clear();
+  for (uint32_t l = 0; l <= L(); ++l) resid.push_back(take(a, R * C));
+  sets.assign(recompute ? 1 : L(), Set{});
+  for (Set &x : sets) {
+    x.ln1 = take(a, R * C);
+    x.qkv = take(a, 3 * R * C);
+    x.atty = take(a, R * C);
+    x.r2 = take(a, R * C);
+    x.ln2 = take(a, R * C);
+    x.fch = take(a, 4 * R * C);
+    x.fchg = take(a, 4 * R * C);
+    x.m1 = take(s, R);
+    x.s1 = take(s, R);
+    x.m2 = take(s, R);
+    x.s2 = take(s, R);
+    x.lse = take(s, H * R);
+  }
+  lnf = take(a, R * C);
+  logits = take(a, R * static_cast<size_t>(d.padded_vocab));
+  dres = take(a, R * C);
+  dsmall = take(a, R * C);
+  dbig = take(a, 4 * R * C);
+  discard = take(a, 2 * C);
+  lnf_m = take(s, R);
+  lnf_s = take(s, R);
+  act_elems = a;
+  stats_elems = s;
+}
+
+void Gpt2::allocate(DLDataType dtype) {
+  act.reset();
+  stats.reset();
+  adt = dtype;
+  esize = static_cast<size_t>(dtype.bits / 8);
+  act = Buffer(host, device, act_elems * esize, TSR_MEM_ACTIVATIONS);
+  stats = Buffer(host, device, stats_elems * 4, TSR_MEM_ACTIVATIONS);
+}
+
+// Parameters come in the compute dtype the host chose; activations follow.
+void Gpt2::ensure_dtype(const DLTensor &p) {
+  if (same_dtype(p.dtype, adt)) return;
+  if (p.dtype.lanes != 1 || !(p.dtype.code == kDLFloat || p.dtype.code == kDLBfloat) ||
+      !(p.dtype.bits == 32 || p.dtype.bits == 16))
+    throw Error(TSR_ERR_UNSUPPORTED,
+                "gpt2: parameters are " + dtype_str(p.dtype) +
+                    "; the gpt2 model computes in float32, bfloat16 or float16");
+  const std::string msg = "gpt2: the parameters are " + dtype_str(p.dtype) + ", not the expected " +
+                          dtype_str(adt) + "; reallocating the activations";
+  host->log(host->ctx, TSR_LOG_WARN, msg.c_str());
+  allocate(p.dtype);
+}
+
+// ---- parameters -------------------------------------------------------------
+
+DLTensor Gpt2::view_of(tsr_step *step, uint32_t index, bool grad) const {
+  DLTensor t;
+  std::memset(&t, 0, sizeof t);
+  check(grad ? host->grad(step, index, &t) : host->param(step, index, &t));
+  const tsr_param_info &p = infos[index];
+  int64_t want = 1, got = 1;
+  for (int32_t k = 0; k < p.ndim; ++k) want *= p.shape[k];
+  for (int32_t k = 0; k < t.ndim; ++k) got *= t.shape ? t.shape[k] : -1;
+  if (got != want)
+    throw Error(TSR_ERR_INTERNAL, std::string("gpt2: the host's ") +
+                                      (grad ? "gradient" : "parameter") + " view of '" + p.name +
+                                      "' has " + std::to_string(got) + " elements, expected " +
+                                      std::to_string(want));
+  if (t.strides) {  // compact only: reshaped views below assume it
+    int64_t expect = 1;
+    for (int32_t k = t.ndim - 1; k >= 0; --k) {
+      if (t.shape[k] != 1 && t.strides[k] != expect)
+        throw Error(TSR_ERR_INTERNAL,
+                    std::string("gpt2: the host's view of '") + p.name + "' is not compact");
+      expect *= t.shape[k];
+    }
+  }
+  return t;
+}
+
+// The gradient of a trainable parameter, or a zeroed scratch of its size
+// for a frozen one (layernorm_backward always writes dweight and dbias).
+View Gpt2::grad_or_discard(tsr_step *step, uint32_t index, int which) {
+  if (trainable(index)) return View(grad(step, index), {d.width});
+  View v = A(discard + static_cast<size_t>(which * d.width), {d.width});
+  check(ops->fill(host->ctx, v.get(), 0.0f));
+  return v;
+}
+
+}  // namespace tessera::gpt2
