@@ -30,6 +30,7 @@
 #include <thread>
 
 #include "equivalence.hpp"
+#include "faults.hpp"
 #include "harness.hpp"
 
 using namespace tessera::itest;
@@ -246,72 +247,22 @@ std::vector<std::string> long_run(const Setup &s, int n, int64_t steps = 1000000
 TEST_CASE("a worker killed with SIGKILL stops the job within 10 s, naming its rank",
           "[distributed][faults]") {
   Setup s = setup();
-  RunOptions o;
-  o.timeout_s = 180;
-  Process launcher = start_cli(long_run(s, 3), o);
-  const bool training = wait_for_text(launcher, "[rank 0] step", 120);
-  INFO("launcher output so far:\n" << launcher.out() << launcher.err());
-  REQUIRE(training);
-  const std::map<int, int> workers = workers_of(launcher, 3);
-  REQUIRE(workers.size() == 3);
-
-  REQUIRE(::kill(workers.at(1), SIGKILL) == 0);
-  const double killed_at = now_s();
-  const bool exited = exits_within(launcher, 30);
-  const double took = now_s() - killed_at;
-  RunResult r = launcher.wait();
-  INFO(describe(r));
-  REQUIRE(exited);
-  CHECK(took <= 10.0);
-  CHECK(r.status != 0);
-  const std::string verdict = launcher_verdict(r.err);
-  INFO("verdict: " << verdict);
-  CHECK(starts_with(verdict, "tessera run: failed: rank 1 "));
-  CHECK(contains(verdict, "SIGKILL"));
-  CHECK(still_running(workers) == "");
+  check_killed_worker(long_run(s, 3), 3);
 }
 
 TEST_CASE("a rank that fails inside the job stops every other rank promptly with its reason",
           "[distributed][faults]") {
-  // faulty-sgd (tests/plugins/faulty_optimizer.c) fails on rank 1 at step 5;
-  // the other ranks are then on their way into step 6's collectives, which
-  // rank 1 never joins. comm.timeout_s is 60: the abort key, not the
-  // collective's timeout, must end them.
+  // faulty-sgd fails on rank 1 at step 5; the other ranks are then on their
+  // way into step 6's collectives, which rank 1 never joins.
   Setup s = setup();
   for (int stage : {0, 2}) {
     INFO("zero stage " << stage);
     std::vector<std::string> args = long_run(s, 3, 1000);
-    args.insert(
-        args.end(),
-        {"--plugin-path", TESSERA_FAULT_PLUGIN_DIR, "--set", "optimizer.plugin=\"faulty-sgd\"",
-         "--set", "optimizer.fail_rank=1", "--set", "optimizer.fail_step=5", "--set",
-         "comm.timeout_s=60", "--set", "zero.plugin=\"stage" + std::to_string(stage) + "\"",
-         "--set", "run.dir=\"" + (scratch() / ("fail" + std::to_string(stage))).string() + "\""});
-    RunOptions o;
-    o.timeout_s = 120;
-    Process launcher = start_cli(args, o);
-    const std::map<int, int> workers = workers_of(launcher, 3);
-    RunResult r = launcher.wait();
-    const double took = launcher.elapsed();
-    INFO(describe(r));
-    REQUIRE(workers.size() == 3);
-    CHECK(r.status != 0);
-    CHECK(took < 20.0);
-    const std::string reason = "faulty-sgd: injected failure on rank 1 at step 5";
-    // Every other rank stops with "rank 1 failed" and the reason.
-    for (int rank : {0, 2}) {
-      INFO("rank " << rank);
-      CHECK(any_line_has(rank_lines(r.err, rank), {"rank 1 failed", reason}));
-    }
-    // The failing rank reports its own error.
-    CHECK(any_line_has(rank_lines(r.err, 1), {reason}));
-    // The launcher names rank 1, the rank that failed, not one that stopped
-    // because of it.
-    const std::string verdict = launcher_verdict(r.err);
-    INFO("verdict: " << verdict);
-    CHECK(starts_with(verdict, "tessera run: failed: rank 1 "));
-    CHECK(contains(verdict, reason));
-    CHECK(still_running(workers) == "");
+    for (const auto &a : faulty_sgd_args("error")) args.push_back(a);
+    args.insert(args.end(),
+                {"--set", "zero.plugin=\"stage" + std::to_string(stage) + "\"", "--set",
+                 "run.dir=\"" + (scratch() / ("fail" + std::to_string(stage))).string() + "\""});
+    check_failing_rank(args, 3, 20.0);
   }
 }
 
@@ -321,24 +272,8 @@ TEST_CASE("a rank that crashes inside the job stops the job promptly, naming it"
   // a reason; the others lose their peer inside a collective.
   Setup s = setup();
   std::vector<std::string> args = long_run(s, 3, 1000);
-  args.insert(args.end(), {"--plugin-path", TESSERA_FAULT_PLUGIN_DIR, "--set",
-                           "optimizer.plugin=\"faulty-sgd\"", "--set", "optimizer.mode=\"exit\"",
-                           "--set", "comm.timeout_s=60"});
-  RunOptions o;
-  o.timeout_s = 120;
-  Process launcher = start_cli(args, o);
-  const std::map<int, int> workers = workers_of(launcher, 3);
-  RunResult r = launcher.wait();
-  const double took = launcher.elapsed();
-  INFO(describe(r));
-  REQUIRE(workers.size() == 3);
-  CHECK(r.status != 0);
-  CHECK(took < 20.0);
-  CHECK(any_line_has(rank_lines(r.err, 1), {"injected failure on rank 1 at step 5"}));
-  const std::string verdict = launcher_verdict(r.err);
-  INFO("verdict: " << verdict);
-  CHECK(starts_with(verdict, "tessera run: failed: rank 1 exited with status 3"));
-  CHECK(still_running(workers) == "");
+  for (const auto &a : faulty_sgd_args("exit")) args.push_back(a);
+  check_crashing_rank(args, 3, 20.0);
 }
 
 TEST_CASE("tessera run -n 2 prefixes output with the rank and only rank 0 reports progress",

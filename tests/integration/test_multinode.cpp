@@ -38,6 +38,7 @@
 #include <sstream>
 #include <thread>
 
+#include "equivalence.hpp"
 #include "harness.hpp"
 
 using namespace tessera::itest;
@@ -287,20 +288,6 @@ class TestHosts {
 
 // ---------------------------------------------------------------------------
 
-// The final parameters of a run (the checkpoint at `step`, consolidated by
-// `tessera ckpt export` when it is sharded).
-std::map<std::string, F32Tensor> final_params(const fs::path &run_dir, int step) {
-  char name[32];
-  std::snprintf(name, sizeof name, "step_%08d", step);
-  const fs::path dir = run_dir / "ckpt" / name;
-  if (fs::exists(dir / "model.safetensors")) return read_safetensors_f32(dir / "model.safetensors");
-  const fs::path out = run_dir.string() + "-export.safetensors";
-  RunResult r = run_cli({"ckpt", "export", dir.string(), "-o", out.string()});
-  INFO(describe(r));
-  REQUIRE(r.status == 0);
-  return read_safetensors_f32(out);
-}
-
 constexpr int kSteps = 200;
 
 // `run` trained exactly as `ref` did: the loss of every logged step and every
@@ -318,6 +305,8 @@ void check_same_training(const fs::path &ref, const fs::path &run) {
     CHECK(std::fabs(a[i] - b[i]) <= 1e-5 * std::fabs(a[i]));
   }
   const auto pa = final_params(ref, kSteps), pb = final_params(run, kSteps);
+  REQUIRE(!pa.empty());
+  REQUIRE(!pb.empty());
   REQUIRE(!pa.empty());
   REQUIRE(pb.size() == pa.size());
   for (const auto &[name, t] : pa) {

@@ -24,13 +24,13 @@
 //
 // (On two H200s the four stages showed the same differences, to the digits
 // printed: with two ranks every stage sums the same two halves.)
-#include <signal.h>
-
 #include <catch2/catch.hpp>
+#include <cstdio>
 #include <string>
 #include <vector>
 
 #include "equivalence.hpp"
+#include "faults.hpp"
 #include "harness.hpp"
 
 using namespace tessera::itest;
@@ -74,68 +74,26 @@ TEST_CASE("two GPUs, bf16, SGD with momentum: every ZeRO stage matches the one-G
 TEST_CASE("two GPUs: a worker killed with SIGKILL stops the job within 10 s, naming its rank",
           "[gpu][jobs][faults]") {
   Setup s = setup();
-  RunOptions o;
-  o.timeout_s = 180;
-  Process launcher = start_cli(gpu_run(s, "bf16", 1000000), o);
-  const bool training = wait_for_text(launcher, "[rank 0] step", 120);
-  INFO("launcher output so far:\n" << launcher.out() << launcher.err());
-  REQUIRE(training);
-  const std::map<int, int> workers = workers_of(launcher, 2);
-  REQUIRE(workers.size() == 2);
-
-  REQUIRE(::kill(workers.at(1), SIGKILL) == 0);
-  const double killed_at = now_s();
-  const bool exited = exits_within(launcher, 30);
-  const double took = now_s() - killed_at;
-  RunResult r = launcher.wait();
-  INFO(describe(r));
-  REQUIRE(exited);
+  const double took = check_killed_worker(gpu_run(s, "bf16", 1000000), 2);
   std::printf("  SIGKILL to rank 1: the job ended %.2f s later\n", took);
-  CHECK(took <= 10.0);
-  CHECK(r.status != 0);
-  const std::string verdict = launcher_verdict(r.err);
-  INFO("verdict: " << verdict);
-  CHECK(starts_with(verdict, "tessera run: failed: rank 1 "));
-  CHECK(contains(verdict, "SIGKILL"));
-  CHECK(still_running(workers) == "");
 }
 
 TEST_CASE("two GPUs: a rank that fails inside the job stops the other with its reason",
           "[gpu][jobs][faults]") {
-  // faulty-sgd (tests/plugins/faulty_optimizer.c, updating through the
-  // host's ops on the GPU) fails on rank 1 at step 5; rank 0 is then on its
-  // way into step 6's NCCL collectives, which rank 1 never joins.
-  // comm.timeout_s is 60: the abort key and ncclCommAbort, not the timeout,
-  // must end it.
+  // faulty-sgd (updating through the host's ops on the GPU) fails on rank 1
+  // at step 5; rank 0 is then on its way into step 6's NCCL collectives,
+  // which rank 1 never joins. The abort key and ncclCommAbort, not the
+  // 60 s timeout, must end it. The limit allows for CUDA and NCCL start-up.
   Setup s = setup();
   for (int stage : {0, 2}) {
     INFO("zero stage " << stage);
     std::vector<std::string> args = gpu_run(s, "fp32", 1000);
-    args.insert(
-        args.end(),
-        {"--plugin-path", TESSERA_FAULT_PLUGIN_DIR, "--set", "optimizer.plugin=\"faulty-sgd\"",
-         "--set", "optimizer.fail_rank=1", "--set", "optimizer.fail_step=5", "--set",
-         "comm.timeout_s=60", "--set", "zero.plugin=\"stage" + std::to_string(stage) + "\"",
-         "--set", "run.dir=\"" + (scratch() / ("fail" + std::to_string(stage))).string() + "\""});
-    RunOptions o;
-    o.timeout_s = 120;
-    Process launcher = start_cli(args, o);
-    const std::map<int, int> workers = workers_of(launcher, 2);
-    RunResult r = launcher.wait();
-    const double took = launcher.elapsed();
-    INFO(describe(r));
-    REQUIRE(workers.size() == 2);
+    for (const auto &a : faulty_sgd_args("error")) args.push_back(a);
+    args.insert(args.end(),
+                {"--set", "zero.plugin=\"stage" + std::to_string(stage) + "\"", "--set",
+                 "run.dir=\"" + (scratch() / ("fail" + std::to_string(stage))).string() + "\""});
+    const double took = check_failing_rank(args, 2, 30.0);
     std::printf("  stage %d, rank 1 fails at step 5: the job ended after %.2f s\n", stage, took);
-    CHECK(r.status != 0);
-    CHECK(took < 30.0);
-    const std::string reason = "faulty-sgd: injected failure on rank 1 at step 5";
-    CHECK(any_line_has(rank_lines(r.err, 0), {"rank 1 failed", reason}));
-    CHECK(any_line_has(rank_lines(r.err, 1), {reason}));
-    const std::string verdict = launcher_verdict(r.err);
-    INFO("verdict: " << verdict);
-    CHECK(starts_with(verdict, "tessera run: failed: rank 1 "));
-    CHECK(contains(verdict, reason));
-    CHECK(still_running(workers) == "");
   }
 }
 
@@ -145,23 +103,7 @@ TEST_CASE("two GPUs: a rank that crashes inside a collective stops the job, nami
   // to the others; rank 0 loses its peer inside an NCCL collective.
   Setup s = setup();
   std::vector<std::string> args = gpu_run(s, "fp32", 1000);
-  args.insert(args.end(), {"--plugin-path", TESSERA_FAULT_PLUGIN_DIR, "--set",
-                           "optimizer.plugin=\"faulty-sgd\"", "--set", "optimizer.mode=\"exit\"",
-                           "--set", "comm.timeout_s=60"});
-  RunOptions o;
-  o.timeout_s = 120;
-  Process launcher = start_cli(args, o);
-  const std::map<int, int> workers = workers_of(launcher, 2);
-  RunResult r = launcher.wait();
-  const double took = launcher.elapsed();
-  INFO(describe(r));
-  REQUIRE(workers.size() == 2);
+  for (const auto &a : faulty_sgd_args("exit")) args.push_back(a);
+  const double took = check_crashing_rank(args, 2, 30.0);
   std::printf("  rank 1 exits at step 5: the job ended after %.2f s\n", took);
-  CHECK(r.status != 0);
-  CHECK(took < 30.0);
-  CHECK(any_line_has(rank_lines(r.err, 1), {"injected failure on rank 1 at step 5"}));
-  const std::string verdict = launcher_verdict(r.err);
-  INFO("verdict: " << verdict);
-  CHECK(starts_with(verdict, "tessera run: failed: rank 1 exited with status 3"));
-  CHECK(still_running(workers) == "");
 }
