@@ -88,7 +88,8 @@ void check_file(const fs::path &path, const Source &s, const ShardWritten &w, si
     INFO("tensor " << s.tensors[i].name);
     const StTensor &t = f.get(s.tensors[i].name);
     REQUIRE(t.bytes == s.tensors[i].bytes);
-    CHECK(std::memcmp(t.data, s.data[i].data(), t.bytes) == 0);
+    // (memcmp only with bytes: an empty vector's data() may be NULL.)
+    if (t.bytes > 0) CHECK(std::memcmp(t.data, s.data[i].data(), t.bytes) == 0);
     // One checksum per block of the tensor, each zlib's CRC of its bytes.
     REQUIRE(w.blocks[i].size() == (t.bytes + block - 1) / block);
     for (size_t b = 0; b < w.blocks[i].size(); ++b) {
