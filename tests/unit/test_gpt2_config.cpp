@@ -1,0 +1,285 @@
+// The gpt2 model plugin, loaded from the build tree the way a run loads it:
+// its descriptor, the parameters it declares (Hugging Face's names and
+// shapes, one group per block, initialisers, FLOPs; GPT-2 small by default),
+// and its config keys: recompute (bitwise the same gradients), freeze
+// (frozen parameters get no gradient), init_from's config.json setting the
+// dimensions, and refusals of bad configs, datasets and batches. The
+// golden model (tests/data/gpt2_L2_C64/) is described in test_gpt2.cpp,
+// which checks the numbers against Hugging Face.
+#include <tessera/tessera.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "gpt2_support.hpp"
+#include "support/fixture.hpp"
+
+using namespace tessera::test::gpt2_support;
+
+TEST_CASE("gpt2 is a model plugin for CPU and CUDA", "[gpt2]") {
+  Fixture f;
+  const tsr_plugin_descriptor &d = f.desc("model", "gpt2");
+  CHECK(std::string(d.kind) == TSR_KIND_MODEL);
+  CHECK(d.devices == (TSR_DEVICE_CPU | TSR_DEVICE_CUDA));
+  std::vector<std::string> keys;
+  for (size_t i = 0; i < d.num_params; ++i) keys.push_back(d.params[i].name);
+  CHECK(keys == std::vector<std::string>{"layers", "heads", "width", "context", "vocab",
+                                         "vocab_pad_to", "init_from", "freeze", "recompute",
+                                         "init_std"});
+}
+
+TEST_CASE("gpt2 declares Hugging Face's parameters, one group per block", "[gpt2]") {
+  Fixture f;
+  SECTION("the golden model's dimensions") {
+    Model m(f);
+    REQUIRE(m.create(f.config("model", "gpt2", golden_config()), token_data(kT), 2) == TSR_OK);
+    const std::vector<tsr_param_info> p = m.infos();
+    REQUIRE(p.size() == 2 + 12 * kLayers + 2);
+    // Every parameter of the Hugging Face checkpoint, same shape (wte padded).
+    const auto &hf = golden("model.safetensors");
+    CHECK(hf.size() == p.size());
+    int64_t total = 0;
+    for (const tsr_param_info &q : p) {
+      INFO(q.name);
+      auto it = hf.find(q.name);
+      REQUIRE(it != hf.end());
+      std::vector<int64_t> shape(q.shape, q.shape + q.ndim);
+      if (std::string(q.name) == "transformer.wte.weight") {
+        CHECK(shape == std::vector<int64_t>{kPadded, kWidth});
+      } else {
+        CHECK(shape == it->second.shape);
+      }
+      CHECK(q.trainable == 1);
+      CHECK(q.decay == (q.ndim >= 2 ? 1 : 0));
+      int64_t n = 1;
+      for (int64_t e : shape) n *= e;
+      total += n;
+    }
+    CHECK(std::string(p[0].name) == "transformer.wte.weight");
+    CHECK(std::string(p[1].name) == "transformer.wpe.weight");
+    CHECK(std::string(p[2].name) == "transformer.h.0.ln_1.weight");
+    CHECK(std::string(p.back().name) == "transformer.ln_f.bias");
+    for (size_t i = 0; i < p.size(); ++i) {
+      const uint32_t want = i < 2 ? 0 : i < 2 + 12 * kLayers ? 1 + (i - 2) / 12 : kLayers + 1;
+      CHECK(p[i].group == want);
+    }
+    // Initialisers: N(0, 0.02), c_proj N(0, 0.02 / sqrt(2 L)), biases 0, LN weights 1.
+    const double proj = 0.02 / std::sqrt(2.0 * kLayers);
+    for (const tsr_param_info &q : p) {
+      INFO(q.name);
+      const std::string n = q.name;
+      const bool bias = n.size() > 5 && n.substr(n.size() - 5) == ".bias";
+      if (n.find("ln_") != std::string::npos && !bias) {
+        CHECK(q.init == TSR_INIT_ONES);
+      } else if (bias) {
+        CHECK(q.init == TSR_INIT_ZEROS);
+      } else {
+        CHECK(q.init == TSR_INIT_NORMAL);
+        CHECK(q.init_a == 0.0f);
+        CHECK(q.init_b == Approx(n.find("c_proj") != std::string::npos ? proj : 0.02));
+      }
+    }
+    // 6 N T + 6 L C T^2 per sample of T tokens, N = every declared parameter.
+    CHECK(m.vt->flops_per_sample(m.self) ==
+          Approx(6.0 * total * kT + 6.0 * kLayers * kWidth * kT * kT));
+  }
+
+  SECTION("defaults: GPT-2 small, 50257 tokens padded to 50304") {
+    Model m(f);
+    REQUIRE(m.create(f.config("model", "gpt2", "recompute = true"), token_data(64, 50257), 1) ==
+            TSR_OK);
+    const std::vector<tsr_param_info> p = m.infos();
+    REQUIRE(p.size() == 2 + 12 * 12 + 2);
+    CHECK(p[0].shape[0] == 50304);
+    CHECK(p[0].shape[1] == 768);
+    CHECK(p[1].shape[0] == 1024);
+    int64_t total = 0;
+    for (const tsr_param_info &q : p) {
+      int64_t n = 1;
+      for (int32_t k = 0; k < q.ndim; ++k) n *= q.shape[k];
+      total += n;
+    }
+    // GPT-2 small: 124,439,808 with the 50257-row wte; 47 padding rows more.
+    CHECK(total == 124439808 + 47 * 768);
+  }
+
+  SECTION("vocab_pad_to = 1 keeps the vocabulary as it is") {
+    Model m(f);
+    REQUIRE(m.create(f.config("model", "gpt2", golden_config("vocab_pad_to = 1")), token_data(kT),
+                     2) == TSR_OK);
+    CHECK(m.infos()[0].shape[0] == kVocab);
+  }
+}
+
+TEST_CASE("gpt2 recompute gives bitwise the same gradients", "[gpt2]") {
+  Fixture f;
+  std::vector<std::vector<float>> grads[2];
+  double losses[2] = {0, 0};
+  for (int rc = 0; rc < 2; ++rc) {
+    Model m(f);
+    REQUIRE(m.create(f.config("model", "gpt2",
+                              golden_config(rc ? "recompute = true" : "recompute = false")),
+                     token_data(kT), kBatch) == TSR_OK);
+    State s(m);
+    s.load_hf();
+    Batch batch = reference_batch();
+    losses[rc] = train_step(m, s, batch).loss_sum;
+    CHECK(s.done == std::vector<uint32_t>{3, 2, 1, 0});
+    grads[rc] = s.grad;
+  }
+  CHECK(losses[0] == losses[1]);
+  REQUIRE(grads[0].size() == grads[1].size());
+  for (size_t i = 0; i < grads[0].size(); ++i) {
+    INFO("parameter " << i);
+    CHECK(std::memcmp(grads[0][i].data(), grads[1][i].data(), grads[0][i].size() * 4) == 0);
+  }
+}
+
+TEST_CASE("gpt2 freeze: frozen parameters get no gradient", "[gpt2]") {
+  Fixture f;
+  // The unfrozen run's gradients.
+  std::vector<std::vector<float>> full;
+  {
+    Model m(f);
+    REQUIRE(m.create(f.config("model", "gpt2", golden_config()), token_data(kT), kBatch) == TSR_OK);
+    State s(m);
+    s.load_hf();
+    Batch batch = reference_batch();
+    train_step(m, s, batch);
+    full = s.grad;
+  }
+
+  auto starts = [](const std::string &n, const char *prefix) { return n.rfind(prefix, 0) == 0; };
+  struct Case {
+    const char *freeze;
+    std::function<bool(const std::string &)> frozen;  // which names it freezes
+  };
+  const Case cases[] = {
+      {R"(["transformer.wte.weight", "transformer.h.1.attn.*"])",
+       [&](const std::string &n) {
+         return n == "transformer.wte.weight" || starts(n, "transformer.h.1.attn.");
+       }},
+      // Everything below block 1: backward stops there.
+      {R"(["transformer.w?e.weight", "transformer.h.0.*"])",
+       [&](const std::string &n) {
+         return n == "transformer.wte.weight" || n == "transformer.wpe.weight" ||
+                starts(n, "transformer.h.0.");
+       }},
+      {R"(["*ln_*"])", [](const std::string &n) { return n.find(".ln_") != std::string::npos; }},
+      {R"(["*"])", [](const std::string &) { return true; }},
+  };
+  for (const Case &c : cases) {
+    DYNAMIC_SECTION("freeze = " << c.freeze) {
+      Model m(f);
+      REQUIRE(
+          m.create(f.config("model", "gpt2", golden_config(std::string("freeze = ") + c.freeze)),
+                   token_data(kT), kBatch) == TSR_OK);
+      State s(m);
+      s.load_hf();
+      Batch batch = reference_batch();
+      train_step(m, s, batch);
+      CHECK(s.done == std::vector<uint32_t>{3, 2, 1, 0});
+      for (size_t i = 0; i < s.info.size(); ++i) {
+        const std::string name = s.info[i].name;
+        INFO(name);
+        const bool frozen = c.frozen(name);
+        CHECK(s.info[i].trainable == (frozen ? 0 : 1));
+        if (frozen) {
+          CHECK(s.grads_asked.count(static_cast<uint32_t>(i)) == 0);
+          CHECK(std::all_of(s.grad[i].begin(), s.grad[i].end(), [](float e) { return e == 0; }));
+        } else {
+          // Freezing others changes nothing about a trainable gradient.
+          CHECK(std::memcmp(s.grad[i].data(), full[i].data(), full[i].size() * 4) == 0);
+        }
+      }
+    }
+  }
+
+  SECTION("a pattern that matches nothing is an error") {
+    Model m(f);
+    CHECK(m.create(f.config("model", "gpt2", golden_config("freeze = [\"h.0.*\"]")), token_data(kT),
+                   2) == TSR_ERR_CONFIG);
+    CHECK_THAT(f.host.last_error(), Catch::Contains("'h.0.*' matches no parameter"));
+  }
+}
+
+TEST_CASE("gpt2 init_from: config.json sets the dimensions", "[gpt2]") {
+  Fixture f;
+  const std::string dir = tessera::test::data_path("gpt2_L2_C64");
+  SECTION("unset keys come from config.json") {
+    Model m(f);
+    REQUIRE(m.create(f.config("model", "gpt2", "init_from = \"" + dir + "\""), token_data(kT), 2) ==
+            TSR_OK);
+    const std::vector<tsr_param_info> p = m.infos();
+    REQUIRE(p.size() == 2 + 12 * kLayers + 2);
+    CHECK(p[0].shape[0] == kPadded);
+    CHECK(p[0].shape[1] == kWidth);
+    CHECK(p[1].shape[0] == kContext);
+  }
+  SECTION("explicit keys that agree are fine") {
+    Model m(f);
+    CHECK(m.create(f.config("model", "gpt2", golden_config("init_from = \"" + dir + "\"")),
+                   token_data(kT), 2) == TSR_OK);
+  }
+  SECTION("an explicit key that disagrees names both values") {
+    Model m(f);
+    CHECK(m.create(f.config("model", "gpt2", "layers = 3\ninit_from = \"" + dir + "\""),
+                   token_data(kT), 2) == TSR_ERR_CONFIG);
+    CHECK_THAT(f.host.last_error(),
+               Catch::Contains("model.layers = 3") && Catch::Contains("n_layer = 2"));
+  }
+  SECTION("a directory without a checkpoint") {
+    Model m(f);
+    CHECK(m.create(f.config("model", "gpt2", "init_from = \"" + dir + "/nope\""), token_data(kT),
+                   2) == TSR_ERR_IO);
+    CHECK_THAT(f.host.last_error(), Catch::Contains("model.safetensors"));
+  }
+}
+
+TEST_CASE("gpt2 refuses bad configs, datasets and batches with clear messages", "[gpt2]") {
+  Fixture f;
+  SECTION("width not a multiple of heads") {
+    Model m(f);
+    CHECK(m.create(f.config("model", "gpt2",
+                            "layers = 1\nheads = 3\nwidth = 64\ncontext = 8\n"
+                            "vocab = 10"),
+                   token_data(8, 10), 1) == TSR_ERR_CONFIG);
+    CHECK_THAT(f.host.last_error(), Catch::Contains("multiple of heads"));
+  }
+  SECTION("windows longer than the context") {
+    Model m(f);
+    CHECK(m.create(f.config("model", "gpt2", golden_config()), token_data(kContext + 1), 1) ==
+          TSR_ERR_CONFIG);
+    CHECK_THAT(f.host.last_error(), Catch::Contains("33 tokens") && Catch::Contains("32"));
+  }
+  SECTION("float inputs (an image dataset)") {
+    tsr_data_info d = token_data(kT);
+    d.input_dtype = DLDataType{kDLFloat, 32, 1};
+    Model m(f);
+    CHECK(m.create(f.config("model", "gpt2", golden_config()), d, 1) == TSR_ERR_UNSUPPORTED);
+    CHECK_THAT(f.host.last_error(), Catch::Contains("int32 token ids"));
+  }
+  SECTION("run-time misuse") {
+    Model m(f);
+    REQUIRE(m.create(f.config("model", "gpt2", golden_config()), token_data(kT), 2) == TSR_OK);
+    State s(m);
+    s.load_hf();
+    Batch batch = reference_batch();  // 3 sequences > max_micro_batch 2
+    tsr_step *step = f.host.step_handle(&s.hooks);
+    tsr_forward_result r = fresh_result();
+    CHECK(m.vt->forward(m.self, step, batch.get(), 1, &r) == TSR_ERR_INVALID);
+    CHECK_THAT(f.host.last_error(), Catch::Contains("at most 2"));
+    Batch two(std::vector<int32_t>(batch.x.begin(), batch.x.begin() + 2 * kT),
+              std::vector<int32_t>(batch.y.begin(), batch.y.begin() + 2 * kT), 2, kT);
+    REQUIRE(m.vt->forward(m.self, step, two.get(), 0, &r) == TSR_OK);
+    CHECK(m.vt->backward(m.self, step, two.get(), 1.0f) == TSR_ERR_INVALID);
+    CHECK_THAT(f.host.last_error(), Catch::Contains("training = 1"));
+    for (const auto &g : s.grad)
+      for (float e : g) REQUIRE(e == 0.0f);
+  }
+}
