@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "config/config.hpp"
+#include "support/temp_dir.hpp"
 #include "train/job.hpp"
 
 namespace tessera::test::config_support {
@@ -23,32 +24,7 @@ namespace fs = std::filesystem;
 using tessera::JobOptions;
 using tessera::config::ConfigError;
 
-// A fresh directory, removed with everything in it at scope exit.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "tessera_config_XXXXXX").string();
-    REQUIRE(mkdtemp(tmpl.data()) != nullptr);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir &) = delete;
-  TempDir &operator=(const TempDir &) = delete;
-  std::string file(const std::string &name) const { return (path_ / name).string(); }
-  std::string write(const std::string &name, const std::string &text) const {
-    std::string p = file(name);
-    std::ofstream out(p);
-    out << text;
-    REQUIRE(out.good());
-    return p;
-  }
-
- private:
-  fs::path path_;
-};
+using TempDir = tessera::test::TempDir;
 
 // The message of the ConfigError `fn` throws; fails the test when it throws
 // nothing.

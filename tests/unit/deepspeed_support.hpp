@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "config/config.hpp"
+#include "support/temp_dir.hpp"
 #include "train/job.hpp"
 
 namespace tessera::test::deepspeed_support {
@@ -27,32 +28,7 @@ using tessera::config::ConfigError;
 using tessera::config::Document;
 using tessera::config::find;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "tessera_deepspeed_XXXXXX").string();
-    REQUIRE(mkdtemp(tmpl.data()) != nullptr);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir &) = delete;
-  TempDir &operator=(const TempDir &) = delete;
-  std::string file(const std::string &name) const { return (path_ / name).string(); }
-  std::string write(const std::string &name, const std::string &text) const {
-    std::string p = file(name);
-    fs::create_directories(fs::path(p).parent_path());
-    std::ofstream out(p);
-    out << text;
-    REQUIRE(out.good());
-    return p;
-  }
-
- private:
-  fs::path path_;
-};
+using TempDir = tessera::test::TempDir;
 
 inline std::string quickstart_text() {
   std::ifstream in(TESSERA_SOURCE_DIR "/configs/quickstart.toml");

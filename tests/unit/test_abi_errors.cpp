@@ -22,6 +22,7 @@
 #include "abi_support.hpp"
 #include "plugin/registry.hpp"
 #include "support/fixture.hpp"
+#include "support/temp_dir.hpp"
 #include "train/job.hpp"
 #include "train/session.hpp"
 #include "util/error.hpp"
@@ -83,23 +84,7 @@ void check_mentions(const std::string &message, const std::vector<std::string> &
   for (const auto &part : parts) CHECK_THAT(message, Contains(part));
 }
 
-// A fresh directory, removed with everything in it at scope exit.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "tessera_abi_XXXXXX").string();
-    REQUIRE(mkdtemp(tmpl.data()) != nullptr);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string &name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
+using TempDir = tessera::test::TempDir;
 
 void write_bytes(const std::string &path, const std::vector<uint8_t> &data) {
   std::ofstream out(path, std::ios::binary);

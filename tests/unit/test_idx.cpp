@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "support/fixture.hpp"
+#include "support/temp_dir.hpp"
 
 namespace {
 
@@ -23,23 +24,7 @@ namespace fs = std::filesystem;
 namespace sdk = tessera::sdk;
 using tessera::test::Fixture;
 
-// A fresh directory, removed with everything in it at scope exit.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "tessera_idx_XXXXXX").string();
-    REQUIRE(mkdtemp(tmpl.data()) != nullptr);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string &name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
+using TempDir = tessera::test::TempDir;
 
 void put_be32(std::vector<uint8_t> &out, uint32_t v) {
   out.push_back(static_cast<uint8_t>(v >> 24));

@@ -16,6 +16,7 @@
 
 #include "ckpt/shard_writer.hpp"
 #include "ops/cpu_pool.hpp"
+#include "support/temp_dir.hpp"
 #include "util/error.hpp"
 #include "util/safetensors.hpp"
 
@@ -23,12 +24,6 @@ namespace fs = std::filesystem;
 using namespace tessera;
 
 namespace {
-
-fs::path scratch_dir() {
-  fs::path d = fs::temp_directory_path() / ("tessera-shard-writer-" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  return d;
-}
 
 std::vector<char> read_all(const fs::path &p) {
   std::ifstream in(p, std::ios::binary);
@@ -104,7 +99,8 @@ void check_file(const fs::path &path, const Source &s, const ShardWritten &w, si
 
 TEST_CASE("shard writer: the file and its checksums, for many chunk and block sizes",
           "[ckpt][shard_writer]") {
-  const fs::path dir = scratch_dir();
+  const tessera::test::TempDir tmp;
+  const fs::path dir = tmp.path();
   const Source s = make_source({0, 1, 255, 1024, 3000, 70001, 4096, 12345});
   struct Case {
     size_t chunk, block;
@@ -126,12 +122,12 @@ TEST_CASE("shard writer: the file and its checksums, for many chunk and block si
     if (!c.direct) CHECK_FALSE(w.direct);
     check_file(path, s, w, c.block);
   }
-  fs::remove_all(dir);
 }
 
 TEST_CASE("shard writer: the checksums do not depend on the pool's threads",
           "[ckpt][shard_writer]") {
-  const fs::path dir = scratch_dir();
+  const tessera::test::TempDir tmp;
+  const fs::path dir = tmp.path();
   const Source s = make_source({500000, 123457});
   ShardWriteOptions o;
   o.chunk = 64u << 10;
@@ -145,12 +141,12 @@ TEST_CASE("shard writer: the checksums do not depend on the pool's threads",
   CHECK(one.crc == three.crc);
   CHECK(one.blocks == three.blocks);
   check_file(dir / "b.safetensors", s, three, o.block);
-  fs::remove_all(dir);
 }
 
 TEST_CASE("shard writer: a failing fill is passed on with its status and message",
           "[ckpt][shard_writer]") {
-  const fs::path dir = scratch_dir();
+  const tessera::test::TempDir tmp;
+  const fs::path dir = tmp.path();
   const Source s = make_source({100000, 100000});
   ShardWriteOptions o;
   o.chunk = 16u << 10;
@@ -168,7 +164,6 @@ TEST_CASE("shard writer: a failing fill is passed on with its status and message
     CHECK(std::string(e.what()) == "offload x: state slot 1 is gone");
   }
   CHECK(calls == 5);
-  fs::remove_all(dir);
 }
 
 TEST_CASE("shard writer: an unwritable path is named", "[ckpt][shard_writer]") {

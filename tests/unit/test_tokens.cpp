@@ -19,6 +19,7 @@
 
 #include "data/token_shard.hpp"
 #include "support/fixture.hpp"
+#include "support/temp_dir.hpp"
 #include "util/error.hpp"
 
 namespace {
@@ -28,23 +29,7 @@ namespace sdk = tessera::sdk;
 namespace data = tessera::data;
 using tessera::test::Fixture;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "tessera_tokens_XXXXXX").string();
-    REQUIRE(mkdtemp(tmpl.data()) != nullptr);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path &path() const { return path_; }
-  std::string file(const std::string &name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
+using TempDir = tessera::test::TempDir;
 
 std::vector<unsigned char> read_bytes(const fs::path &p) {
   std::ifstream in(p, std::ios::binary);
