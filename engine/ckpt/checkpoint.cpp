@@ -9,7 +9,6 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <memory>
 
 #include "ckpt/manifest.hpp"
 #include "ckpt/shard_writer.hpp"
@@ -35,18 +34,6 @@ std::string rank_file(uint32_t rank) {
   char buf[40];
   std::snprintf(buf, sizeof buf, "rank_%05u.safetensors", rank);
   return buf;
-}
-
-uint32_t crc(const void *data, size_t n) {
-  uLong c = crc32(0L, Z_NULL, 0);
-  const auto *p = static_cast<const Bytef *>(data);
-  while (n > 0) {
-    uInt chunk = static_cast<uInt>(std::min<size_t>(n, 1u << 30));
-    c = crc32(c, p, chunk);
-    p += chunk;
-    n -= chunk;
-  }
-  return static_cast<uint32_t>(c);
 }
 
 void fsync_path(const fs::path &p, bool dir) {
@@ -181,7 +168,7 @@ void read_range(const fs::path &dir, const std::vector<Piece> &pieces, const std
       ssize_t got = ::pread(it->second, buf.data(), len, static_cast<off_t>(p.offset + off));
       if (got != static_cast<ssize_t>(len))
         throw Error(TSR_ERR_IO, path + ": tensor '" + p.name + "' is truncated (short read)");
-      if (k >= p.blocks.size() || crc(buf.data(), len) != p.blocks[k])
+      if (k >= p.blocks.size() || crc32_of(buf.data(), len) != p.blocks[k])
         throw Error(TSR_ERR_INVALID, path + ": tensor '" + p.name + "' fails its checksum (block " +
                                          std::to_string(k) +
                                          "); the checkpoint is damaged, refusing to load it");
@@ -495,7 +482,7 @@ std::vector<std::string> verify_checkpoint(const std::string &path) {
     if (bytes.size() != f.at("bytes").get<size_t>())
       problems.push_back(file.string() + ": " + std::to_string(bytes.size()) +
                          " bytes, manifest says " + std::to_string(f.at("bytes").get<size_t>()));
-    else if (crc(bytes.data(), bytes.size()) != f.at("crc32").get<uint32_t>())
+    else if (crc32_of(bytes.data(), bytes.size()) != f.at("crc32").get<uint32_t>())
       problems.push_back(file.string() + ": file checksum mismatch");
     for (const auto &t : f.at("tensors")) {
       size_t off = t.at("offset").get<size_t>(), nbytes = t.at("count").get<size_t>() * 4;
@@ -503,7 +490,7 @@ std::vector<std::string> verify_checkpoint(const std::string &path) {
       for (size_t k = 0; k * kBlock < nbytes; ++k) {
         size_t b = off + k * kBlock, len = std::min(kBlock, nbytes - k * kBlock);
         if (b > bytes.size() || len > bytes.size() - b || k >= blocks.size() ||
-            crc(bytes.data() + b, len) != blocks[k]) {
+            crc32_of(bytes.data() + b, len) != blocks[k]) {
           problems.push_back(file.string() + ": tensor '" + t.at("name").get<std::string>() +
                              "' block " + std::to_string(k) + " fails its checksum");
           break;

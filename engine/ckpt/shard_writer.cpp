@@ -29,18 +29,6 @@ size_t round_up(size_t n, size_t to) {
   return (n + to - 1) / to * to;
 }
 
-uint32_t crc_of(const void *data, size_t n) {
-  uLong c = crc32(0L, Z_NULL, 0);
-  const auto *p = static_cast<const Bytef *>(data);
-  while (n > 0) {
-    const uInt part = static_cast<uInt>(std::min<size_t>(n, 1u << 30));
-    c = crc32(c, p, part);
-    p += part;
-    n -= part;
-  }
-  return static_cast<uint32_t>(c);
-}
-
 std::string sys_error(const std::string &path, const char *call, int err) {
   return path + ": " + call + " failed: " + std::strerror(err);
 }
@@ -174,6 +162,18 @@ struct ShardFile {
 
 }  // namespace
 
+uint32_t crc32_of(const void *data, size_t n) {
+  uLong c = crc32(0L, Z_NULL, 0);
+  const auto *p = static_cast<const Bytef *>(data);
+  while (n > 0) {  // zlib takes at most 4 GiB - 1 per call
+    const uInt part = static_cast<uInt>(std::min<size_t>(n, 1u << 30));
+    c = crc32(c, p, part);
+    p += part;
+    n -= part;
+  }
+  return static_cast<uint32_t>(c);
+}
+
 ShardWritten write_shard(const std::string &path, const std::vector<StTensor> &tensors,
                          const std::map<std::string, std::string> &metadata, const ShardFill &fill,
                          const ShardWriteOptions &opts) {
@@ -247,7 +247,7 @@ ShardWritten write_shard(const std::string &path, const std::vector<StTensor> &t
       cpu::parallel_for(static_cast<int64_t>(pieces.size()), 1, [&](int64_t lo, int64_t hi) {
         for (int64_t k = lo; k < hi; ++k) {
           Piece &pc = pieces[static_cast<size_t>(k)];
-          pc.crc = crc_of(pc.data, pc.len);
+          pc.crc = crc32_of(pc.data, pc.len);
         }
       });
       for (const Piece &pc : pieces) {
@@ -310,7 +310,7 @@ ShardWritten write_shard(const std::string &path, const std::vector<StTensor> &t
   if (::fsync(file.fd) != 0) throw Error(TSR_ERR_IO, sys_error(path, "fsync", errno));
   w.direct = file.direct;
 
-  uLong c = crc_of(prefix.data(), prefix.size());
+  uLong c = crc32_of(prefix.data(), prefix.size());
   for (size_t i = 0; i < tensors.size(); ++i) {
     uLong t = crc32(0L, Z_NULL, 0);
     for (size_t blk = 0; blk < w.blocks[i].size(); ++blk) {

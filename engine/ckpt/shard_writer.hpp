@@ -22,6 +22,11 @@
 
 namespace tessera {
 
+// zlib's CRC-32 of `n` bytes, any length: the checksum the manifest records
+// per file and per block, computed here on writing and by the checkpoint
+// reader on loading.
+uint32_t crc32_of(const void *data, size_t n);
+
 // Copies `bytes` bytes of tensor `tensor`, starting at byte `offset` of it,
 // to `dst`. Offsets and sizes are multiples of the tensor's element size.
 // May throw: the write is then abandoned and the error passed on.
