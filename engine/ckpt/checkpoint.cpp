@@ -199,8 +199,9 @@ nlohmann::json read_manifest(const std::string &path) {
   return parse_manifest(text, m.string());
 }
 
-std::string save_checkpoint(Session &s, const TrainState &st, const std::string &dir, int64_t keep,
+std::string save_checkpoint(Session &s, const RunPosition &st, const std::string &dir, int64_t keep,
                             const std::string &config_toml) {
+  s.settle_update();  // the state read below is the last update's
   const auto &f = s.host.facts();
   fs::path root(dir), final_dir = root / step_name(st.step),
                       tmp_dir = root / (step_name(st.step) + ".tmp");
@@ -354,7 +355,8 @@ std::string resolve_checkpoint(const std::string &spec, const std::string &dir) 
                   "checkpoint root holding 'latest')");
 }
 
-TrainState load_checkpoint(Session &s, const std::string &path) {
+RunPosition load_checkpoint(Session &s, const std::string &path) {
+  s.settle_update();  // no update may land over what is loaded
   nlohmann::json m = read_manifest(path);
   // The model must be the one saved: same parameters, same shapes.
   const auto &table = m.at("params");
@@ -413,7 +415,7 @@ TrainState load_checkpoint(Session &s, const std::string &path) {
   tsr_zero_step zs{sizeof(tsr_zero_step), copy_master, no_flush, &s};
   plugin_ok(s.host, s.zero.vt->step(s.zero.self, &zs),
             "[zero] load parameters from the checkpoint");
-  TrainState st;
+  RunPosition st;
   st.step = m.at("step").get<int64_t>();
   st.epoch = m.at("epoch").get<int64_t>();
   st.batch_in_epoch = m.at("batch_in_epoch").get<int64_t>();

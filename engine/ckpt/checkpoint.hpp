@@ -15,7 +15,7 @@
 namespace tessera {
 
 // Where training stands: enough to continue exactly.
-struct TrainState {
+struct RunPosition {
   int64_t step = 0;            // optimizer steps completed
   int64_t epoch = 0;           // current epoch
   int64_t batch_in_epoch = 0;  // optimizer steps already taken in this epoch
@@ -31,7 +31,7 @@ struct TrainState {
 // Writes <dir>/step_<step>/ from every rank (collective: every rank calls
 // it), then points <dir>/latest at it and removes checkpoints beyond keep.
 // Returns the checkpoint directory.
-std::string save_checkpoint(Session &s, const TrainState &st, const std::string &dir, int64_t keep,
+std::string save_checkpoint(Session &s, const RunPosition &st, const std::string &dir, int64_t keep,
                             const std::string &config_toml);
 
 // The checkpoint `spec` names: "auto" (the latest under dir, or "" when
@@ -41,7 +41,7 @@ std::string resolve_checkpoint(const std::string &spec, const std::string &dir);
 // Loads the owned master weights and optimizer state into the session's
 // offload backend and the compute parameters from them; returns where
 // training stands. Every rank calls it.
-TrainState load_checkpoint(Session &s, const std::string &path);
+RunPosition load_checkpoint(Session &s, const std::string &path);
 
 // Reads the full fp32 parameters (canonical order, every parameter) of a
 // checkpoint into `canonical`, verifying every block read.

@@ -251,8 +251,19 @@ struct Mapper {
               origin("zero_optimization.offload_optimizer.device"));
       if (dev == "nvme" && o.contains("nvme_path"))
         put("offload.path", o["nvme_path"], "zero_optimization.offload_optimizer.nvme_path");
+      // ratio: DeepSpeed's share of the optimizer state kept on the GPU;
+      // offload cpu's `ratio` says the same (as text, so "auto" fits too).
+      if (dev == "cpu" && o.contains("ratio")) {
+        const json &r = o["ratio"];
+        if (!(r.is_number() || (r.is_string() && r.get<std::string>() == "auto")))
+          fail("zero_optimization.offload_optimizer.ratio",
+               "expected a number from 0 to 1 or \"auto\", got " + r.dump());
+        const std::string text = r.is_string() ? r.get<std::string>() : r.dump();
+        doc.set("offload.ratio", toml::value<std::string>(text),
+                origin("zero_optimization.offload_optimizer.ratio"));
+      }
       for (const auto &[k, v] : o.items())
-        if (k != "device" && k != "nvme_path")
+        if (k != "device" && k != "nvme_path" && !(k == "ratio" && dev == "cpu"))
           doc.warn(path + ": zero_optimization.offload_optimizer." + k +
                    " is not used by tessera; ignored");
     }

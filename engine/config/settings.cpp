@@ -91,6 +91,9 @@ const tsr_param_decl kCheckpoint[] = {
     param("dir", TSR_PARAM_STRING, "\"\"", "where checkpoints go; empty: <run dir>/ckpt"),
     param_min("every", TSR_PARAM_INT, "0", "save every N steps; 0: only at the end", 0),
     param_min("keep", TSR_PARAM_INT, "3", "checkpoints kept; older ones are removed", 1),
+    param("final", TSR_PARAM_BOOL, "true",
+          "save a checkpoint after the last step; false: only every N steps and on a signal "
+          "(benchmarks of large models)"),
     param("resume", TSR_PARAM_STRING, "\"\"",
           "\"auto\": continue from the latest checkpoint in dir, if any; a path: from that "
           "checkpoint; empty: start fresh"),
@@ -280,6 +283,7 @@ Settings resolve_settings(const Document &doc, uint32_t world, toml::table *reso
   s.ckpt_every = i64("checkpoint", "every");
   s.resume = str("checkpoint", "resume");
   s.ckpt_keep = i64("checkpoint", "keep");
+  s.ckpt_final = all["checkpoint"]["final"].value_or(true);
   resolve_log(*all["log"].as_table(), s,
               doc.where("log.trace_steps", find(doc.root(), "log.trace_steps")));
   if (resolved_out) *resolved_out = std::move(all);

@@ -52,6 +52,7 @@ struct Settings {
   // [checkpoint]
   std::string ckpt_dir, resume;
   int64_t ckpt_every = 0, ckpt_keep = 0;
+  bool ckpt_final = true;  // checkpoint.final: save after the last step
   // [log] (log_section.cpp)
   bool log_breakdown = false, log_plot = true;
   std::string log_trace;                    // resolved path; "" = no trace

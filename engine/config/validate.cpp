@@ -60,7 +60,9 @@ void check_scalar(const tsr_param_decl &d, tsr_param_type elem, const toml::node
       if (!n.is_boolean()) fail("expected a boolean (true or false), got " + render(n));
       return;
     case TSR_PARAM_STRING:
-      if (!n.is_string()) fail("expected a string, got " + render(n));
+      if (!n.is_string())
+        fail("expected a string, got " + render(n) +
+             (n.is_number() ? " (write it in quotes: \"" + render(n) + "\")" : ""));
       if (d.choices) {
         std::string v = n.as_string()->get(), choices = d.choices;
         std::string item;

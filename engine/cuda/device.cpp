@@ -17,8 +17,13 @@
 
 #include <spdlog/spdlog.h>
 
+#include <sys/mman.h>
+
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -247,6 +252,12 @@ size_t reserved_bytes() {
   return c.reserved;
 }
 
+size_t device_capacity() {
+  size_t free_b = 0, total_b = 0;
+  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) (void)cudaGetLastError();
+  return total_b;
+}
+
 size_t cached_bytes() {
   Cache &c = device_cache();
   std::lock_guard<std::mutex> lk(c.mu);
@@ -261,6 +272,56 @@ void release_cache() {
   drain(c, [](void *q) { (void)cudaFree(q); });  // a sticky error shows at the next sync
 }
 
+namespace {
+
+// Blocks of at least this size are pinned by registering memory we map and
+// fault in ourselves: cudaHostAlloc of many GiB pins one page at a time on
+// one thread (the 1.5B offload run spent 50 s there). Here the pages come as
+// transparent huge pages where the kernel has them, are faulted in by one
+// thread per core, and are then registered in one piece (a copy must not
+// span two registrations to run as a pinned copy).
+constexpr size_t kRegisterAbove = 256 * kMiB;
+
+std::unordered_map<void *, size_t> &registered() {  // block -> mapped bytes (cache mutex held)
+  static auto *m = new std::unordered_map<void *, size_t>;
+  return *m;
+}
+
+void *map_and_register(size_t bytes) {
+  void *p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  (void)madvise(p, bytes, MADV_HUGEPAGE);
+  const size_t threads = std::max(1u, std::min(32u, std::thread::hardware_concurrency()));
+  const size_t per = (bytes / threads + kLargeStep - 1) / kLargeStep * kLargeStep;
+  std::vector<std::thread> touch;
+  for (size_t i = 0; i < threads; ++i)
+    touch.emplace_back([p, bytes, per, i] {
+      const size_t b = std::min(bytes, i * per), e = std::min(bytes, b + per);
+      if (b < e) std::memset(static_cast<char *>(p) + b, 0, e - b);
+    });
+  for (auto &t : touch) t.join();
+  if (cudaHostRegister(p, bytes, cudaHostRegisterPortable) != cudaSuccess) {
+    (void)cudaGetLastError();
+    munmap(p, bytes);
+    return nullptr;
+  }
+  registered().emplace(p, bytes);
+  return p;
+}
+
+void free_pinned_block(void *q) {
+  auto it = registered().find(q);
+  if (it == registered().end()) {
+    (void)cudaFreeHost(q);
+    return;
+  }
+  (void)cudaHostUnregister(q);
+  munmap(q, it->second);
+  registered().erase(it);
+}
+
+}  // namespace
+
 void *pinned_alloc(size_t bytes) {
   if (bytes == 0) return nullptr;
   // Pinned memory is portable across devices, but the runtime needs a
@@ -270,11 +331,11 @@ void *pinned_alloc(size_t bytes) {
   Cache &c = pinned_cache();
   std::lock_guard<std::mutex> lk(c.mu);
   if (void *p = take_cached(c, cls)) return p;
-  void *p = nullptr;
-  cudaError_t err = cudaHostAlloc(&p, cls, cudaHostAllocPortable);
+  void *p = cls >= kRegisterAbove ? map_and_register(cls) : nullptr;
+  cudaError_t err = p ? cudaSuccess : cudaHostAlloc(&p, cls, cudaHostAllocPortable);
   if (err == cudaErrorMemoryAllocation) {
     (void)cudaGetLastError();
-    drain(c, [](void *q) { (void)cudaFreeHost(q); });
+    drain(c, free_pinned_block);
     err = cudaHostAlloc(&p, cls, cudaHostAllocPortable);
   }
   if (err == cudaErrorMemoryAllocation) {

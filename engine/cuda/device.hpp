@@ -50,6 +50,8 @@ void *device_alloc(size_t bytes);
 void device_free(void *p);
 // Bytes held from the driver (in use + cached), and cached-but-free bytes.
 size_t reserved_bytes();
+// The current device's memory in bytes (cudaMemGetInfo's total).
+size_t device_capacity();
 size_t cached_bytes();
 // Returns every cached block to the driver.
 void release_cache();

@@ -236,6 +236,22 @@ tsr_status cb_synchronize(tsr_host_ctx *ctx) {
   });
 }
 
+tsr_status cb_device_memory(tsr_host_ctx *ctx, tsr_device_memory *out) {
+  return guarded(ctx, [&] {
+    TSR_CHECK(out && out->struct_size >= TSR_STRUCT_SIZE(tsr_device_memory, limit),
+              TSR_ERR_INVALID, "device_memory: struct_size too small");
+    const Host &h = *host_from_ctx(ctx);
+    const MemoryStats m = h.memory();
+    out->in_use = m.current_total;
+    out->peak = m.peak_total;
+    out->limit = static_cast<size_t>(h.facts().max_gpu_memory);
+#ifdef TESSERA_HAVE_CUDA
+    if (out->limit == 0 && h.facts().device.device_type == kDLCUDA)
+      out->limit = cuda::device_capacity();
+#endif
+  });
+}
+
 [[maybe_unused]] std::string mib_str(size_t bytes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / 1048576.0);
@@ -287,6 +303,7 @@ Host::Host(RunFacts facts) : facts_(std::move(facts)), impl_(std::make_unique<Im
   table_.grad = cb_grad;
   table_.grads_done = cb_grads_done;
   table_.params_done = cb_params_done;
+  table_.device_memory = cb_device_memory;
 }
 
 Host::~Host() {

@@ -44,8 +44,8 @@ const KindInfo kKinds[] = {
     {TSR_KIND_DATASET, "dataset", sizeof(tsr_dataset_vtable)},
     {TSR_KIND_SAMPLER, "sampler", sizeof(tsr_sampler_vtable)},
     {TSR_KIND_OPTIMIZER, "optimizer", sizeof(tsr_optimizer_vtable)},
-    {TSR_KIND_ZERO, "zero", sizeof(tsr_zero_vtable)},
-    {TSR_KIND_OFFLOAD, "offload", sizeof(tsr_offload_vtable)},
+    {TSR_KIND_ZERO, "zero", offsetof(tsr_zero_vtable, reshare)},           // reshare: ABI 1.2
+    {TSR_KIND_OFFLOAD, "offload", offsetof(tsr_offload_vtable, wait_params)},  // ABI 1.2
 };
 
 // Size of the 1.0 descriptor and library structs: the minimum we accept.

@@ -94,8 +94,34 @@ nlohmann::json RunObserver::at_log(int64_t steps) {
   MemoryStats m = s_.host.memory();
   nlohmann::json extra = {{"memory_bytes", m.current_total}, {"peak_memory_bytes", m.peak_total}};
   nlohmann::json b = breakdown_.take_interval(steps);
-  if (job_.settings.log_breakdown) extra["breakdown"] = std::move(b);
+  nlohmann::json off = offload_interval();
+  if (job_.settings.log_breakdown) {
+    if (!off.is_null()) b["offload"] = std::move(off);
+    extra["breakdown"] = std::move(b);
+  }
   return extra;
+}
+
+nlohmann::json RunObserver::offload_interval() {
+  // An offloaded update overlaps the step, so its parts are not slices of
+  // the step's time: the backend's own seconds (copies, the host step, a
+  // device share) and how long the next forward waited for it.
+  const auto *vt = s_.offload.vt;
+  if (!vt || !TSR_HAS_FIELD(vt, tsr_offload_vtable, stats) || !vt->stats) return nullptr;
+  tsr_offload_stats now{};
+  now.struct_size = sizeof now;
+  if (vt->stats(s_.offload.self, &now) != TSR_OK) {
+    s_.host.clear_error();
+    return nullptr;
+  }
+  nlohmann::json j = {{"d2h", now.d2h_s - offload_last_.d2h_s},
+                      {"cpu_step", now.host_s - offload_last_.host_s},
+                      {"h2d", now.h2d_s - offload_last_.h2d_s},
+                      {"device_share", now.device_s - offload_last_.device_s},
+                      {"wait", s_.update_wait_s - wait_last_}};
+  offload_last_ = now;
+  wait_last_ = s_.update_wait_s;
+  return j;
 }
 
 nlohmann::json RunObserver::gather_memory() {

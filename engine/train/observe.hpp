@@ -43,12 +43,17 @@ class RunObserver {
   nlohmann::json gather_breakdown(nlohmann::json &rank0);
   std::string write_trace();
   std::string write_plot();
+  // The offload backend's seconds since the last call (ABI 1.2 stats), or
+  // null when it reports none.
+  nlohmann::json offload_interval();
 
   const Job &job_;
   Session &s_;
   Breakdown breakdown_;
   int64_t trace_first_ = 0, trace_last_ = 0;  // inclusive; 0: no trace
   std::string started_at_;
+  tsr_offload_stats offload_last_{};
+  double wait_last_ = 0;
 };
 
 // Local time as ISO 8601 with offset ("2025-01-31T14:05:09+0100").

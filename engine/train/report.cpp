@@ -143,6 +143,21 @@ std::string format_breakdown(const nlohmann::json &b) {
     std::snprintf(buf, sizeof buf, " %s %.0f%%", keys[i][1], pct);
     out += buf;
   }
+  // An offloaded update runs beside the step: its parts in ms per step.
+  if (b.contains("offload") && b["offload"].is_object()) {
+    const auto &o = b["offload"];
+    std::snprintf(buf, sizeof buf, " | offload ms/step:");
+    out += buf;
+    static const char *parts[][2] = {{"d2h", "d2h"},
+                                     {"cpu_step", "cpu"},
+                                     {"h2d", "h2d"},
+                                     {"device_share", "gpu share"},
+                                     {"wait", "waited"}};
+    for (const auto &p : parts) {
+      std::snprintf(buf, sizeof buf, " %s %.0f", p[1], o.value(p[0], 0.0) / steps * 1e3);
+      out += buf;
+    }
+  }
   return out;
 }
 

@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <tessera/cpp/optimizer.hpp>
 
@@ -145,8 +147,10 @@ Session::Session(const Job &j, Host::RunFacts facts, bool train, ParamInitialize
           ("parameter index " + std::to_string(i) + " out of range").c_str());
     const ParamSlot &p = layout.params[i];
     void *base = nullptr;
-    tsr_status s = grad ? zero.vt->grads(zero.self, p.group, &base)
-                        : zero.vt->params(zero.self, p.group, backward ? 1 : 0, &base);
+    tsr_status s = grad || !any_in_flight_ ? TSR_OK : wait_near(p.group);
+    if (s != TSR_OK) return s;
+    s = grad ? zero.vt->grads(zero.self, p.group, &base)
+             : zero.vt->params(zero.self, p.group, backward ? 1 : 0, &base);
     if (s != TSR_OK) return s;
     std::memset(out, 0, sizeof *out);
     out->data =
@@ -210,6 +214,76 @@ Session::Session(const Job &j, Host::RunFacts facts, bool train, ParamInitialize
   };
   plugin_ok(host, zero.vt->ranges(zero.self, write_master, &init),
             "[offload] initial master weights");
+  // Which owned ranges touch each group: the param hook waits for those.
+  group_owned_.assign(layout.group_offset.size(), {});
+  in_flight_.assign(layout.group_offset.size(), 0);
+  for (const tsr_owned_range &r : owned_ranges())
+    for (size_t g = 0; g < layout.group_offset.size(); ++g) {
+      const size_t lo = layout.group_offset[g], hi = lo + layout.group_size[g];
+      if (r.flat_offset < hi && r.flat_offset + r.count > lo)
+        group_owned_[g].emplace_back(r.owned_offset, r.count);
+    }
+}
+
+bool Session::host_drives_update() const {
+  return TSR_HAS_FIELD(zero.vt, tsr_zero_vtable, clear_grads) && zero.vt->reshare &&
+         zero.vt->clear_grads;
+}
+
+const std::vector<tsr_owned_range> &Session::owned_ranges() {
+  ranges_.clear();
+  auto collect = [](void *ctx, const tsr_owned_range *r) -> tsr_status {
+    static_cast<std::vector<tsr_owned_range> *>(ctx)->push_back(*r);
+    return TSR_OK;
+  };
+  plugin_ok(host, zero.vt->ranges(zero.self, collect, &ranges_), "[zero] ranges");
+  return ranges_;
+}
+
+void Session::updates_started() {
+  if (!(TSR_HAS_FIELD(offload.vt, tsr_offload_vtable, wait_params) && offload.vt->wait_params)) {
+    plugin_ok(host, offload.vt->flush(offload.self), "[offload] flush");
+    return;
+  }
+  for (size_t g = 0; g < in_flight_.size(); ++g) in_flight_[g] = !group_owned_[g].empty();
+  any_in_flight_ = true;
+}
+
+bool Session::needs_reshare() const {
+  return plan.partition_optimizer && !plan.partition_params && host.facts().world_size > 1;
+}
+
+void Session::settle_update() {
+  if (!any_in_flight_) return;
+  plugin_ok(host, offload.vt->flush(offload.self), "[offload] flush");
+  std::fill(in_flight_.begin(), in_flight_.end(), 0);
+  any_in_flight_ = false;
+}
+
+void Session::wait_grads_read() {
+  if (TSR_HAS_FIELD(offload.vt, tsr_offload_vtable, wait_grads) && offload.vt->wait_grads)
+    plugin_ok(host, offload.vt->wait_grads(offload.self), "[offload] wait_grads");
+}
+
+tsr_status Session::wait_group(uint32_t g) {
+  if (g >= in_flight_.size() || !in_flight_[g]) return TSR_OK;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const auto &[offset, count] : group_owned_[g])
+    if (tsr_status st = offload.vt->wait_params(offload.self, offset, count); st != TSR_OK)
+      return st;
+  in_flight_[g] = 0;
+  update_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return TSR_OK;
+}
+
+tsr_status Session::wait_near(uint32_t g) {
+  // Under stage 3 asking for group g also starts the gather of the next
+  // group in the pass's direction (prefetch), which reads that group's
+  // owned slice: its update must have landed too.
+  tsr_status st = wait_group(g);
+  if (st != TSR_OK || !plan.partition_params) return st;
+  if (backward) return g > 0 ? wait_group(g - 1) : TSR_OK;
+  return wait_group(g + 1);
 }
 
 Session::~Session() {
@@ -251,6 +325,7 @@ void Session::put_compute(const float *src, size_t n, void *dst) {
 }
 
 std::vector<float> Session::gather_params() {
+  settle_update();
   std::vector<float> flat(layout.total, 0.f);
   const DLDataType dt = compute_dtype();
   for (uint32_t g = 0; g < layout.group_offset.size(); ++g) {

@@ -85,8 +85,39 @@ struct Session {
 
   bool has_eval() const { return eval_data.self != nullptr; }
 
+  // ---- the update, driven by the trainer (train/step.cpp) ----
+  // The zero plugin splits its step (ABI 1.2 reshare, clear_grads), so the
+  // trainer walks the owned ranges itself; else it calls zero.step.
+  bool host_drives_update() const;
+  // The ranges this rank owns and updates, in owned order.
+  const std::vector<tsr_owned_range> &owned_ranges();
+  // Every owned range was handed to the offload backend. A backend that
+  // overlaps (ABI 1.2 wait_params) may still be updating: every group is
+  // marked in flight, and the param hook waits for a group's update just
+  // before its first use. Any other backend is flushed here.
+  void updates_started();
+  // Stages 1-2 at several ranks: each rank updated its slices of the full
+  // parameters, so they must be all-gathered before the next forward.
+  bool needs_reshare() const;
+  // Completes every update in flight (offload flush): before anything
+  // reads the state or the parameters outside the step (checkpoints,
+  // gather_params, the end of the run).
+  void settle_update();
+  // Before the gradients are cleared: the backend has read them.
+  void wait_grads_read();
+  // Seconds the param hook spent waiting for updates in flight (the GPU,
+  // or the CPU forward, waiting for the offloaded step).
+  double update_wait_s = 0;
+
  private:
+  tsr_status wait_group(uint32_t g);
+  tsr_status wait_near(uint32_t g);
   std::vector<std::vector<int64_t>> shapes_;
+  std::vector<tsr_owned_range> ranges_;
+  // Per group: the owned (offset, count) ranges that touch it.
+  std::vector<std::vector<std::pair<size_t, size_t>>> group_owned_;
+  std::vector<char> in_flight_;  // per group: its update may not have landed
+  bool any_in_flight_ = false;
 };
 
 }  // namespace tessera

@@ -73,6 +73,14 @@ tsr_status step(void *self, const tsr_zero_step *st) {
   return guard(self_of(self)->host, [&] { self_of(self)->state.step(st); });
 }
 
+tsr_status reshare(void *self) {
+  return guard(self_of(self)->host, [&] { self_of(self)->state.reshare(); });
+}
+
+tsr_status clear_grads(void *self) {
+  return guard(self_of(self)->host, [&] { self_of(self)->state.clear_grads(); });
+}
+
 template <int Stage>
 constexpr tsr_zero_vtable vtable() {
   return {sizeof(tsr_zero_vtable),
@@ -89,7 +97,9 @@ constexpr tsr_zero_vtable vtable() {
           end_pass,
           finish_grads,
           grad_norm_sq,
-          step};
+          step,
+          reshare,
+          clear_grads};
 }
 const tsr_zero_vtable kV0 = vtable<0>(), kV1 = vtable<1>(), kV2 = vtable<2>(), kV3 = vtable<3>();
 

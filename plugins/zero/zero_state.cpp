@@ -340,7 +340,11 @@ void ZeroState::step(const tsr_zero_step *st) {
   ranges(st->update, st->ctx);
   check(st->flush(st->ctx));
   reshare();
-  // Fresh gradients for the next step.
+  clear_grads();
+}
+
+void ZeroState::clear_grads() {
+  if (!grads_.get()) return;
   size_t grad_elems = opt_.stage < 2 ? total_ : owned_total_;
   DLTensor gv = view(grads_.get(), grad_elems);
   check(host_->ops->fill(host_->ctx, &gv, 0.f));

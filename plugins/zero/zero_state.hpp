@@ -43,7 +43,13 @@ class ZeroState {
   void end_pass();
   void finish_grads();
   double grad_norm_sq();
+  // ABI 1.0's step: every range through st->update, flush, reshare,
+  // clear_grads. A 1.2 host makes those calls itself.
   void step(const tsr_zero_step *st);
+  // Stages 1-2 at several ranks: all-gather the slices each rank updated.
+  void reshare();
+  // Fresh (zero) gradients for the next step.
+  void clear_grads();
 
  private:
   struct Live {  // a gathered group (stage 3)
@@ -63,7 +69,6 @@ class ZeroState {
   void launch_bucket();
   void launch_scatter_bucket();
   void complete(Pending &p);
-  void reshare();
   // Buffers for buckets are reused across steps instead of reallocated.
   sdk::Buffer take(size_t elems, tsr_mem_purpose purpose);
   void give(sdk::Buffer b);

@@ -19,11 +19,13 @@ void require_fashion_mnist() {
 
 std::string Job::name() const {
   // (snprintf: GCC 12's -Wrestrict misfires on a chain of string +.)
-  char buf[128];
-  std::snprintf(buf, sizeof buf, "w%d_stage%d_g%d_m%dx%d%s%s%s%s", world, stage, global, micro,
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "w%d_stage%d_g%d_m%dx%d%s%s%s%s%s%s", world, stage, global, micro,
                 accumulation(), sgd ? "_sgd" : "", clip > 0 ? "_clip" : "",
                 device == "cpu" ? "" : ("_" + device).c_str(),
-                precision == "fp32" ? "" : ("_" + precision).c_str());
+                precision == "fp32" ? "" : ("_" + precision).c_str(),
+                offload == "none" ? "" : ("_" + offload).c_str(),
+                ratio.empty() ? "" : ("_r" + ratio).c_str());
   return buf;
 }
 
@@ -74,6 +76,10 @@ std::string fmnist_config(const Job &j, const fs::path &run_dir) {
        "[zero]\n"
        "plugin = \"stage"
     << j.stage << "\"\n";
+  if (j.offload != "none") {
+    s << "\n[offload]\nplugin = \"" << j.offload << "\"\n";
+    if (!j.ratio.empty()) s << "ratio = \"" << j.ratio << "\"\n";
+  }
   return s.str();
 }
 
@@ -215,6 +221,8 @@ Trained equivalence(int global, const std::vector<Job> &jobs, const Tolerance &t
   r.world = 1;
   r.stage = 0;
   r.global = r.micro = global;
+  r.offload = "none";  // the reference keeps its state where compute runs
+  r.ratio.clear();
   const Trained ref = train_job(r);
   for (const Job &j : jobs) {
     REQUIRE(j.global == global);
@@ -229,7 +237,14 @@ Trained equivalence(int global, const std::vector<Job> &jobs, const Tolerance &t
 std::vector<Job> every_stage(int world, int global, std::vector<int> micros) {
   std::vector<Job> v;
   for (int stage = 0; stage <= 3; ++stage)
-    for (int m : micros) v.push_back(Job{world, stage, global, m});
+    for (int m : micros) {
+      Job j;
+      j.world = world;
+      j.stage = stage;
+      j.global = global;
+      j.micro = m;
+      v.push_back(j);
+    }
   return v;
 }
 

@@ -27,6 +27,7 @@ struct Job {
   bool sgd = false;                                // SGD with momentum instead of Adam
   double clip = 0;                                 // run.gradient_clipping
   std::string device = "cpu", precision = "fp32";  // run.device, run.precision
+  std::string offload = "none", ratio = "";        // [offload] plugin and (cpu) ratio
   int accumulation() const { return global / (micro * world); }
   std::string name() const;
 };
@@ -72,8 +73,8 @@ struct Tolerance {
 // Compares `t` with the reference, step by step and parameter by parameter.
 void check_equivalent(const Trained &ref, const Trained &t, const Tolerance &tol = {});
 
-// Trains the reference (world 1, stage 0, micro = global, the jobs'
-// optimizer, clipping, device and precision) and then every job of `jobs`,
+// Trains the reference (world 1, stage 0, micro = global, no offload, the
+// jobs' optimizer, clipping, device and precision) and then every job of `jobs`,
 // each compared with it.
 Trained equivalence(int global, const std::vector<Job> &jobs, const Tolerance &tol = {});
 

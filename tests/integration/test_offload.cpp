@@ -1,7 +1,8 @@
-// Offload backends end to end (issue 6): `cpu` and `nvme` give the same
+// Offload backends end to end (issues 6, 19): `cpu` (overlapped, and with
+// half of the state on the compute device) and `nvme` give the same
 // parameters as no offload after 50 steps, bit for bit, at every ZeRO stage
 // that takes them (stages 1-3 on two ranks through the launcher, stage 0 on
-// one); stage 0 on two ranks and an unwritable nvme path are clear errors at
+// one), with gradient clipping off and on; stage 0 on two ranks and an unwritable nvme path are clear errors at
 // start-up; nvme state survives a checkpoint and resume; `cpu-bf16` trains
 // and keeps its optimizer moments in half the bytes.
 //
@@ -70,26 +71,36 @@ Diff compare(const std::map<std::string, F32Tensor> &a, const std::map<std::stri
   return d;
 }
 
-std::string offload_section(const std::string &plugin, const fs::path &nvme_dir = {}) {
+std::string offload_section(const std::string &plugin, const fs::path &nvme_dir = {},
+                            const std::string &ratio = "") {
   std::string s = "\n[offload]\nplugin = \"" + plugin + "\"\nthreads = 4\n";
   if (plugin == "nvme") s += "path = \"" + nvme_dir.string() + "\"\nsub_group_size = 4096\n";
+  if (!ratio.empty()) s += "ratio = \"" + ratio + "\"\n";
   return s;
 }
 
-// Trains `stage` on `world` ranks without offload, with cpu and with nvme,
-// and compares the final parameters.
-void same_as_no_offload(int world, const std::string &stage) {
+// Trains `stage` on `world` ranks without offload, with cpu (its update
+// overlapping the next forward), with cpu keeping half of the state on the
+// compute device (ratio 0.5) and with nvme, and compares the final
+// parameters; `clip` > 0 turns gradient clipping on (the norm must be known
+// before any update starts).
+void same_as_no_offload(int world, const std::string &stage, double clip) {
   const std::string zero = "\n[zero]\nplugin = \"" + stage + "\"\n";
   const fs::path nvme_dir = scratch() / "nvme";
   std::map<std::string, F32Tensor> ref;
-  for (const std::string plugin : {"none", "cpu", "nvme"}) {
-    Setup s = setup(zero + offload_section(plugin, nvme_dir), plugin);
+  std::vector<std::string> extra;
+  if (clip > 0) extra = {"--set", "run.gradient_clipping=" + std::to_string(clip)};
+  for (const std::string variant : {"none", "cpu", "cpu-ratio", "nvme"}) {
+    const std::string plugin = variant == "cpu-ratio" ? "cpu" : variant;
+    Setup s = setup(zero + offload_section(plugin, nvme_dir, variant == "cpu-ratio" ? "0.5" : ""),
+                    variant);
     if (plugin == "none") {
       // `none` declares no keys: drop threads (the section is the default).
       write_text(s.config, config_text(s.data, s.run_dir, zero));
     }
-    RunResult r = run_cli(args_for(s, world), opts());
-    INFO(plugin << " at " << world << " ranks, " << stage << ": " << describe(r));
+    RunResult r = run_cli(args_for(s, world, extra), opts());
+    INFO(variant << " at " << world << " ranks, " << stage << ", clip " << clip << ": "
+                 << describe(r));
     REQUIRE(r.status == 0);
     if (plugin != "none") {
       // The start-up report says where the state lives.
@@ -97,14 +108,16 @@ void same_as_no_offload(int world, const std::string &stage) {
       CHECK_THAT(r.all(), Catch::Contains(plugin == "cpu" ? "in pageable host memory: host "
                                                           : "on disk: disk "));
     }
-    auto params = exported(s.run_dir, plugin);
+    if (variant == "cpu-ratio")
+      CHECK_THAT(r.all(), Catch::Contains("stepped on the compute thread"));
+    auto params = exported(s.run_dir, variant);
     if (plugin == "none") {
       ref = std::move(params);
       continue;
     }
     const Diff d = compare(params, ref);
-    INFO(plugin << " against none at " << world << " ranks, " << stage << ": max rel diff "
-                << d.rel);
+    INFO(variant << " against none at " << world << " ranks, " << stage << ", clip " << clip
+                 << ": max rel diff " << d.rel);
     CHECK(d.rel <= 1e-6);
     CHECK(d.bitwise);  // the same CPU kernel on the same elements
   }
@@ -115,19 +128,23 @@ void same_as_no_offload(int world, const std::string &stage) {
 }  // namespace
 
 TEST_CASE("offload cpu and nvme at stage 0 on one rank match no offload", "[offload]") {
-  same_as_no_offload(1, "stage0");
+  same_as_no_offload(1, "stage0", 0);
+  same_as_no_offload(1, "stage0", 0.05);
 }
 
 TEST_CASE("offload cpu and nvme at stage 1 on two ranks match no offload", "[offload]") {
-  same_as_no_offload(2, "stage1");
+  same_as_no_offload(2, "stage1", 0);
+  same_as_no_offload(2, "stage1", 0.05);
 }
 
 TEST_CASE("offload cpu and nvme at stage 2 on two ranks match no offload", "[offload]") {
-  same_as_no_offload(2, "stage2");
+  same_as_no_offload(2, "stage2", 0);
+  same_as_no_offload(2, "stage2", 0.05);
 }
 
 TEST_CASE("offload cpu and nvme at stage 3 on two ranks match no offload", "[offload]") {
-  same_as_no_offload(2, "stage3");
+  same_as_no_offload(2, "stage3", 0);
+  same_as_no_offload(2, "stage3", 0.05);
 }
 
 TEST_CASE("offload refuses ZeRO stage 0 on two ranks at start-up", "[offload]") {

@@ -74,8 +74,10 @@ const AbiLayoutRow kCurrent[] = {
 #undef TSR_ABI_STRING
 
 // The size of every public struct in the current headers, on x86-64, as of
-// ABI 1.1 (tsr_host and tsr_ops grew; tsr_optimizer_step_args grew by a
-// reserved word over 1.0's tail padding and grads_dtype). A new minor
+// ABI 1.2 (1.1: tsr_host and tsr_ops grew; tsr_optimizer_step_args grew by a
+// reserved word over 1.0's tail padding and grads_dtype; 1.2: tsr_host,
+// the zero and offload tables grew, tsr_device_memory and tsr_offload_stats
+// are new). A new minor
 // version that appends fields updates the struct's line here (and
 // docs/abi.md), and lists new structs in kAdded.
 struct CurrentSize {
@@ -91,7 +93,8 @@ const CurrentSize kCurrentSizes[] = {
     TSR_CURRENT(tsr_plugin_library, 32),
     TSR_CURRENT(tsr_run_info, 56),
     TSR_CURRENT(tsr_comm, 56),
-    TSR_CURRENT(tsr_host, 200),
+    TSR_CURRENT(tsr_host, 208),
+    TSR_CURRENT(tsr_device_memory, 32),
     TSR_CURRENT(tsr_ops, 160),
     TSR_CURRENT(tsr_data_info, 168),
     TSR_CURRENT(tsr_batch, 112),
@@ -111,15 +114,16 @@ const CurrentSize kCurrentSizes[] = {
     TSR_CURRENT(tsr_zero_setup, 72),
     TSR_CURRENT(tsr_owned_range, 48),
     TSR_CURRENT(tsr_zero_step, 32),
-    TSR_CURRENT(tsr_zero_vtable, 120),
+    TSR_CURRENT(tsr_zero_vtable, 136),
     TSR_CURRENT(tsr_offload_setup, 56),
     TSR_CURRENT(tsr_offload_step, 80),
-    TSR_CURRENT(tsr_offload_vtable, 64),
+    TSR_CURRENT(tsr_offload_stats, 48),
+    TSR_CURRENT(tsr_offload_vtable, 88),
 };
 #undef TSR_CURRENT
 
-// Structs added after 1.0 (none yet): listed here, with their size above.
-const std::set<std::string> kAdded = {};
+// Structs added after 1.0: listed here, with their size above.
+const std::set<std::string> kAdded = {"tsr_device_memory", "tsr_offload_stats"};
 
 std::string key(const AbiLayoutRow &r) {
   return std::string(r.type) + (r.field[0] ? std::string(".") + r.field : std::string());

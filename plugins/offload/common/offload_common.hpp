@@ -11,6 +11,7 @@
 // the whole range (and as the `none` backend's step on the same device).
 #pragma once
 
+#include <pthread.h>
 #include <sched.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -104,13 +106,37 @@ inline bool check_setup(const tsr_host *host, const tsr_offload_setup *st, const
   return cuda;
 }
 
+// The CPUs this process may run on (affinity, cgroups), in order.
+inline std::vector<int> allowed_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cpus;
+  if (sched_getaffinity(0, sizeof set, &set) == 0)
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  return cpus;
+}
+
 // A fixed pool of threads - 1 workers; run() hands out tasks to them and to
 // the calling thread, and returns when every task is done. Created at setup,
-// so a step starts no threads.
+// so a step starts no threads. With `pin`, worker i stays on the (i + 1)-th
+// allowed CPU (when there are at least `threads` of them): a thread that
+// keeps its core keeps its caches and the pages it touched first.
 class ThreadPool {
  public:
-  explicit ThreadPool(unsigned threads) {
-    for (unsigned i = 1; i < threads; ++i) workers_.emplace_back([this] { work(); });
+  explicit ThreadPool(unsigned threads, bool pin = false) {
+    const std::vector<int> cpus = pin ? allowed_cpus() : std::vector<int>{};
+    const bool pinned = pin && cpus.size() >= threads;
+    for (unsigned i = 1; i < threads; ++i)
+      workers_.emplace_back([this, pinned, cpu = pinned ? cpus[i] : -1] {
+        if (pinned) {
+          cpu_set_t one;
+          CPU_ZERO(&one);
+          CPU_SET(cpu, &one);
+          (void)pthread_setaffinity_np(pthread_self(), sizeof one, &one);
+        }
+        work();
+      });
   }
   ThreadPool(const ThreadPool &) = delete;
   ThreadPool &operator=(const ThreadPool &) = delete;
@@ -173,6 +199,20 @@ class ThreadPool {
   uint64_t generation_ = 0;
   bool stop_ = false;
 };
+
+// Writes zeros over `bytes` at `p` from every pool thread, an even share
+// each: the kernel then maps the pages in parallel (and, on a machine of
+// several memory nodes, near the threads that will update them) instead of
+// one page fault at a time inside the first step.
+inline void first_touch(ThreadPool &pool, void *p, size_t bytes) {
+  if (!p || bytes == 0) return;
+  const size_t parts = pool.size();
+  const size_t per = align_up((bytes + parts - 1) / parts, 4096);
+  pool.run(parts, [&](size_t i) {
+    const size_t b = std::min(bytes, i * per), e = std::min(bytes, b + per);
+    if (b < e) std::memset(static_cast<char *>(p) + b, 0, e - b);
+  });
+}
 
 // The segments of [begin, end) (relative to the same origin as `segs`),
 // rebased to begin.

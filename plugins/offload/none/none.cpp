@@ -153,8 +153,33 @@ tsr_status write_state(void *self, uint32_t slot, size_t offset, size_t count, c
   return copy_state(static_cast<None *>(self), slot, offset, count, nullptr, src);
 }
 
-const tsr_offload_vtable kVtable = {
-    sizeof(tsr_offload_vtable), create, destroy, setup, step, flush, read_state, write_state};
+// The update runs where the parameters live, in order: on the CPU it is
+// done when step() returns, on CUDA it is queued on the compute stream that
+// the next forward (and the clearing of the gradients) runs on. So nothing
+// needs waiting for, and the host never blocks between steps.
+tsr_status wait_params(void *, size_t, size_t) {
+  return TSR_OK;
+}
+
+tsr_status wait_grads(void *) {
+  return TSR_OK;
+}
+
+tsr_status stats(void *, tsr_offload_stats *) {
+  return TSR_OK;  // all of the step runs on the compute device, inside "optimizer"
+}
+
+const tsr_offload_vtable kVtable = {TSR_STRUCT_SIZE(tsr_offload_vtable, stats),
+                                    create,
+                                    destroy,
+                                    setup,
+                                    step,
+                                    flush,
+                                    read_state,
+                                    write_state,
+                                    wait_params,
+                                    wait_grads,
+                                    stats};
 
 const tsr_plugin_descriptor kNone = {sizeof(tsr_plugin_descriptor),
                                      TSR_KIND_OFFLOAD,

@@ -576,7 +576,10 @@ const tsr_param_decl kParams[] = {
 };
 
 const tsr_offload_vtable kVtable = {
-    sizeof(tsr_offload_vtable), create, destroy, setup, step, flush, read_state, write_state};
+    // A synchronous backend: its table ends at write_state (ABI 1.1), so the
+    // host flushes it after each update instead of overlapping.
+    TSR_STRUCT_SIZE(tsr_offload_vtable, write_state), create, destroy, setup, step, flush,
+    read_state, write_state, nullptr, nullptr, nullptr};
 
 const tsr_plugin_descriptor kNvme = {
     sizeof(tsr_plugin_descriptor),

@@ -15,7 +15,7 @@
 #include <stdint.h>
 
 #define TSR_ABI_MAJOR 1
-#define TSR_ABI_MINOR 1
+#define TSR_ABI_MINOR 2
 
 #if defined(_WIN32)
 #define TSR_EXPORT __declspec(dllexport)
@@ -45,6 +45,13 @@ typedef int32_t tsr_status;
  * only touch fields that lie wholly inside struct_size. */
 #define TSR_HAS_FIELD(ptr, type, field) \
   ((ptr) != NULL && (ptr)->struct_size >= offsetof(type, field) + sizeof(((const type *)0)->field))
+
+/* ABI 1.2: the size a writer declares for a struct, computed from its last
+ * field (PJRT's PJRT_STRUCT_SIZE) rather than sizeof, so tail padding is
+ * never claimed as a field: a later minor version may put a field there.
+ * `struct_size = TSR_STRUCT_SIZE(tsr_zero_step, ctx)`. */
+#define TSR_STRUCT_SIZE(type, last_field) \
+  (offsetof(type, last_field) + sizeof(((const type *)0)->last_field))
 
 /* The host, opaque to plugins; every host callback takes it first. */
 typedef struct tsr_host_ctx tsr_host_ctx;

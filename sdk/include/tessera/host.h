@@ -54,6 +54,14 @@ typedef struct tsr_run_info {
   const char *run_dir;     /* run.dir, created by the host */
 } tsr_run_info;
 
+/* ABI 1.2: what tsr_host.device_memory reports. */
+typedef struct tsr_device_memory {
+  size_t struct_size;
+  size_t in_use; /* bytes allocated through the host now */
+  size_t peak;   /* the most allocated at once since the run began */
+  size_t limit;  /* what the run may use; 0: no known limit */
+} tsr_device_memory;
+
 /* A pending collective; wait on it with tsr_comm.wait. */
 typedef struct tsr_comm_work tsr_comm_work;
 
@@ -138,6 +146,14 @@ typedef struct tsr_host {
   /* Blocks until everything queued on compute_stream has finished (no-op
    * on the CPU). */
   tsr_status (*synchronize)(tsr_host_ctx *ctx);
+
+  /* ---- ABI 1.2 (check TSR_HAS_FIELD(host, tsr_host, device_memory)) ----
+   * Memory of the compute device as the host counts it: bytes in use and
+   * the peak since the run began (every purpose), and the limit the run
+   * may use (run.max_gpu_memory, else the device's capacity; 0 when
+   * unknown, e.g. on the CPU). An offload backend sizes a GPU share of the
+   * optimizer state from it. */
+  tsr_status (*device_memory)(tsr_host_ctx *ctx, tsr_device_memory *out);
 } tsr_host;
 
 #endif /* TESSERA_HOST_H */

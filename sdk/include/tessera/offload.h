@@ -35,6 +35,16 @@ typedef struct tsr_offload_step {
   int64_t step;
 } tsr_offload_step;
 
+/* ABI 1.2: cumulative seconds of an offloaded update's parts. */
+typedef struct tsr_offload_stats {
+  size_t struct_size;
+  double d2h_s;      /* gradients moving device -> host (copy engine busy) */
+  double host_s;     /* the optimizer step on host threads */
+  double h2d_s;      /* updated parameters moving host -> device */
+  double device_s;   /* the share of the state stepped on the device, if any */
+  uint64_t elements; /* elements updated on the host */
+} tsr_offload_stats;
+
 typedef struct tsr_offload_vtable {
   size_t struct_size;
   tsr_status (*create)(const tsr_host *host, const tsr_config *cfg, void **out_self);
@@ -49,6 +59,25 @@ typedef struct tsr_offload_vtable {
   tsr_status (*read_state)(void *self, uint32_t slot, size_t offset, size_t count, float *dst);
   tsr_status (*write_state)(void *self, uint32_t slot, size_t offset, size_t count,
                             const float *src);
+
+  /* ---- ABI 1.2 (check TSR_HAS_FIELD(vt, tsr_offload_vtable, stats)) ----
+   * The overlapped step. A 1.2 backend's step() may return before it has
+   * read the gradients or written the parameters; the host then does not
+   * call flush() before the next forward pass but asks for what it needs:
+   *
+   * wait_params: the updated compute parameters of owned elements
+   *   [offset, offset + count) are in place for work queued on the host's
+   *   compute stream from now on (a stream wait on CUDA, no host block when
+   *   the copy is queued already; on the CPU it returns once they are
+   *   written). The next forward calls it group by group, just before use.
+   * wait_grads: every gradient handed to step() so far has been read, for
+   *   work on the compute stream from now on: the host then clears them.
+   * flush() still completes everything (checkpoints, evaluation, the end).
+   * stats: where the time went so far (cumulative seconds), for the
+   *   breakdown; any field may stay 0. */
+  tsr_status (*wait_params)(void *self, size_t offset, size_t count);
+  tsr_status (*wait_grads)(void *self);
+  tsr_status (*stats)(void *self, tsr_offload_stats *out);
 } tsr_offload_vtable;
 
 #endif /* TESSERA_OFFLOAD_H */

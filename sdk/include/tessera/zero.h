@@ -92,6 +92,17 @@ typedef struct tsr_zero_vtable {
   /* Update every owned range through step->update, flush, then re-share
    * parameters as the stage requires. */
   tsr_status (*step)(void *self, const tsr_zero_step *step);
+
+  /* ---- ABI 1.2 (check TSR_HAS_FIELD(vt, tsr_zero_vtable, clear_grads)) ----
+   * The update split into the calls the host makes itself, so the host
+   * drives the step instead of being called back: it walks ranges(),
+   * hands each range to the offload backend, and then calls reshare() once
+   * every update has landed (stages 1-2 at several ranks all-gather the
+   * updated slices; the others have nothing to do) and clear_grads()
+   * before the next backward pass, once the backend has read the
+   * gradients. A host that finds neither calls step() as ABI 1.0 did. */
+  tsr_status (*reshare)(void *self);
+  tsr_status (*clear_grads)(void *self);
 } tsr_zero_vtable;
 
 #endif /* TESSERA_ZERO_H */

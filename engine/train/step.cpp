@@ -1,0 +1,180 @@
+// One optimizer step, top-down (see step.hpp).
+#include "train/step.hpp"
+
+#include "train/schedule.hpp"
+#include "util/error.hpp"
+
+namespace tessera {
+
+namespace {
+
+// What one update hands the offload backend beside each range.
+struct UpdateArgs {
+  double lr = 0, grad_scale = 1;
+  int64_t step = 0;
+};
+
+// The squared global gradient norm gives the clipping factor and, in fp16,
+// the overflow verdict; both need every rank's slice (the zero plugin sums
+// over ranks). Computed on the compute device at the end of backward, so
+// the update can start as soon as it is known.
+struct Clip {
+  double factor = 1;
+  bool overflow = false;
+};
+
+Clip clip_of(StepPlan &p, const TrainState &ts, double loss) {
+  Clip c;
+  const bool fp16 = p.st.precision == "fp16";
+  if (p.st.gradient_clipping <= 0 && !fp16) return c;
+  double sq = 0;
+  plugin_ok(p.s.host, p.s.zero.vt->grad_norm_sq(p.s.zero.self, &sq), "[zero] grad norm");
+  c.overflow = !std::isfinite(sq) || !std::isfinite(loss);
+  const double norm = std::sqrt(sq) / ts.scaler.scale;
+  if (!c.overflow && p.st.gradient_clipping > 0 && norm > p.st.gradient_clipping)
+    c.factor = p.st.gradient_clipping / (norm + 1e-6);
+  return c;
+}
+
+tsr_status offload_step(StepPlan &p, const UpdateArgs &u, const tsr_owned_range &r) {
+  trace::Span span(trace::Stream::offload, "offload step");
+  auto it = p.segments.find(r.flat_offset);
+  if (it == p.segments.end())
+    it = p.segments.emplace(r.flat_offset, p.s.layout.segments(r.flat_offset, r.count)).first;
+  tsr_offload_step os{};
+  os.struct_size = sizeof os;
+  os.offset = r.owned_offset;
+  os.count = r.count;
+  os.grads = r.grads;
+  os.params = r.params;
+  os.segments = it->second.data();
+  os.num_segments = it->second.size();
+  os.lr = u.lr;
+  os.grad_scale = u.grad_scale;
+  os.step = u.step;
+  return p.s.offload.vt->step(p.s.offload.self, &os);
+}
+
+// A zero plugin built before ABI 1.2 drives the update itself through
+// callbacks (and clears the gradients and re-shares inside its step).
+void legacy_zero_step(StepPlan &p, const UpdateArgs &u, bool apply) {
+  struct Ctx {
+    StepPlan *p;
+    const UpdateArgs *u;
+    bool apply;
+  } ctx{&p, &u, apply};
+  auto update = [](void *c, const tsr_owned_range *r) -> tsr_status {
+    auto *x = static_cast<Ctx *>(c);
+    return x->apply ? offload_step(*x->p, *x->u, *r) : TSR_OK;
+  };
+  auto flush = [](void *c) -> tsr_status {
+    auto *x = static_cast<Ctx *>(c);
+    return x->p->s.offload.vt->flush(x->p->s.offload.self);
+  };
+  const tsr_zero_step zs{sizeof(tsr_zero_step), update, flush, &ctx};
+  plugin_ok(p.s.host, p.s.zero.vt->step(p.s.zero.self, &zs),
+            apply ? "[zero] step" : "[zero] step (skipped)");
+}
+
+// Every owned range through the offload backend; then the parameters are
+// re-shared where the stage needs it (which waits for every update).
+void update_ranges(StepPlan &p, const UpdateArgs &u) {
+  Session &s = p.s;
+  const std::vector<tsr_owned_range> &ranges = s.owned_ranges();
+  for (const tsr_owned_range &r : ranges)
+    plugin_ok(s.host, offload_step(p, u, r), "[offload] step");
+  s.updates_started();
+  if (s.needs_reshare()) {
+    s.settle_update();
+    plugin_ok(s.host, s.zero.vt->reshare(s.zero.self), "[zero] reshare");
+  }
+}
+
+// Before the first backward after an update: the backend has read the
+// gradients (ABI 1.2 says so through wait_grads), so they may be cleared.
+void clear_grads(StepPlan &p, TrainState &ts) {
+  auto t = p.obs.time(Part::optimizer, "clear gradients");
+  p.s.wait_grads_read();
+  plugin_ok(p.s.host, p.s.zero.vt->clear_grads(p.s.zero.self), "[zero] clear_grads");
+  ts.grads_dirty = false;
+}
+
+}  // namespace
+
+double train_step(StepPlan &p, TrainState &ts, Loader &loader) {
+  p.obs.begin_step(ts.step + 1);
+  double loss = 0;
+  for (int64_t m = 0; m < p.st.accumulation; ++m)
+    loss += micro_step(p, ts, loader, m == p.st.accumulation - 1);
+  apply_update(p, ts, loss);
+  if (!std::isfinite(loss)) loss = 0;  // fp16: an overflowing step, skipped
+  ++ts.step;
+  ++ts.in_epoch;
+  return loss;
+}
+
+double micro_step(StepPlan &p, TrainState &ts, Loader &loader, bool last) {
+  Session &s = p.s;
+  auto data_t = p.obs.time(Part::data, "data wait");
+  const tsr_batch *batch = loader.next();
+  data_t.stop();
+  if (!batch) throw Error(TSR_ERR_INTERNAL, "loader ran out of batches mid-epoch");
+  s.last_micro = last ? 1 : 0;
+  s.backward = false;
+  tsr_forward_result res{};
+  res.struct_size = sizeof res;
+  auto fwd_t = p.obs.time(Part::forward, "forward");
+  plugin_ok(s.host, s.model.vt->forward(s.model.self, p.handle, batch, 1, &res),
+            "[model] forward");
+  plugin_ok(s.host, s.zero.vt->end_pass(s.zero.self), "[zero] end_pass");
+  fwd_t.stop();
+  if (res.count <= 0) throw Error(TSR_ERR_INVALID, "[model] forward counted no targets in a batch");
+  // The step's loss is the mean over its samples: each micro-batch's summed
+  // loss is scaled by 1 / (its count x accumulation), and the zero plugin
+  // averages over ranks.
+  const double scale =
+      1.0 / (static_cast<double>(res.count) * static_cast<double>(p.st.accumulation));
+  if (ts.grads_dirty) clear_grads(p, ts);
+  s.backward = true;
+  auto bwd_t = p.obs.time(Part::backward, "backward");
+  plugin_ok(s.host,
+            s.model.vt->backward(s.model.self, p.handle, batch,
+                                 static_cast<float>(scale * ts.scaler.scale)),
+            "[model] backward");
+  plugin_ok(s.host, s.zero.vt->end_pass(s.zero.self), "[zero] end_pass");
+  bwd_t.stop();
+  const int64_t seen = batch->size * static_cast<int64_t>(s.host.facts().world_size);
+  ts.samples += seen;
+  ts.interval_samples += seen;
+  return res.loss_sum * scale;
+}
+
+void apply_update(StepPlan &p, TrainState &ts, double loss) {
+  Session &s = p.s;
+  auto comm_t = p.obs.time(Part::comm_wait, "finish_grads");
+  plugin_ok(s.host, s.zero.vt->finish_grads(s.zero.self), "[zero] finish_grads");
+  comm_t.stop();
+  const bool fp16 = p.st.precision == "fp16";
+  if (!std::isfinite(loss) && !fp16)
+    throw Error(TSR_ERR_INVALID, "loss is " + std::to_string(loss) + " at step " +
+                                     std::to_string(ts.step + 1) +
+                                     "; lower optimizer.lr or set run.gradient_clipping");
+  auto opt_t = p.obs.time(Part::optimizer, "optimizer step");
+  const Clip clip = clip_of(p, ts, loss);
+  UpdateArgs u;
+  ts.lr = u.lr = schedule_lr(p.st.schedule, p.lr0, ts.step, ts.total);
+  u.grad_scale = clip.factor / ts.scaler.scale;  // the scale the gradients carry now
+  // fp16: a step whose gradients overflowed is skipped (no update; the
+  // gradients are still cleared); the optimizer counts applied steps only.
+  const bool apply = ts.scaler.update(clip.overflow, ts.step + 1);
+  u.step = ts.step + 1 - ts.scaler.skipped;
+  if (!s.host_drives_update()) {
+    legacy_zero_step(p, u, apply);
+  } else {
+    if (apply) update_ranges(p, u);
+    ts.grads_dirty = true;
+  }
+  opt_t.stop();
+}
+
+}  // namespace tessera

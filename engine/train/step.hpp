@@ -1,0 +1,76 @@
+// One optimizer step (DESIGN.md, "The step"), in the order it runs:
+//
+//   train_step = micro_step (next batch, forward, backward) per micro-batch
+//              + apply_update (finish grads, grad norm, clip, lr, the update
+//                of every owned range where its state lives, re-share)
+//
+// The trainer drives the update itself: it walks the zero plugin's owned
+// ranges and hands each to the offload backend. With a backend of ABI 1.2
+// the update may still be running when train_step returns; the next
+// forward waits only for the group it is about to use (Session's param
+// hook), and the gradients are cleared just before the next backward.
+#pragma once
+
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "data/loader.hpp"
+#include "train/loss_scale.hpp"
+#include "train/observe.hpp"
+#include "train/report.hpp"
+#include "train/session.hpp"
+
+namespace tessera {
+
+// Where the loop stands: everything train() carries from step to step.
+struct TrainState {
+  using Clock = std::chrono::steady_clock;
+  int64_t step = 0;      // optimizer steps done
+  int64_t total = 0;     // steps this run takes
+  int64_t epoch = 0;     // current epoch
+  int64_t in_epoch = 0;  // steps taken in the current epoch
+  int64_t samples = 0;   // samples seen, over all ranks
+  LossScaler scaler;
+  double lr = 0;  // of the last update
+  // The interval since the last progress line.
+  double interval_loss = 0;
+  int64_t interval_steps = 0, interval_samples = 0;
+  double last_loss = NAN;  // mean over the last interval and all ranks
+  Clock::time_point train_start, interval_start;
+  // The last update's gradients are still to be cleared (before the next
+  // backward, once the offload backend has read them).
+  bool grads_dirty = false;
+  bool stopped = false;  // by a signal
+  EvalResult last_eval;
+  int64_t last_eval_step = -1;  // -1: none yet
+  std::string ckpt_path;        // the last checkpoint written
+};
+
+// What every step uses and the run fixes: the session, the observer that
+// times the parts, the settings, the model's step context, the base lr.
+struct StepPlan {
+  Session &s;
+  RunObserver &obs;
+  const config::Settings &st;
+  tsr_step *handle;
+  double lr0;
+  // Decay segments of each owned range (by flat offset): fixed for the
+  // run, so worked out once rather than every step.
+  std::map<size_t, std::vector<tsr_segment>> segments;
+};
+
+// One optimizer step over `accumulation` micro-batches from `loader`;
+// returns its loss (the mean over this rank's samples).
+double train_step(StepPlan &p, TrainState &ts, Loader &loader);
+
+// Forward and backward of one micro-batch; returns its share of the step's
+// loss. `last` marks the step's last micro-batch.
+double micro_step(StepPlan &p, TrainState &ts, Loader &loader, bool last);
+
+// The update after the step's last backward, given the step's loss.
+void apply_update(StepPlan &p, TrainState &ts, double loss);
+
+}  // namespace tessera

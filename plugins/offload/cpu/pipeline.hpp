@@ -1,0 +1,113 @@
+// The overlapped host update of offload `cpu` (ABI 1.2): step() hands an
+// owned range over and returns; a dispatcher thread updates the ranges in
+// the order they came, on the thread pool, and the host waits only for what
+// it is about to use.
+//
+// In a CUDA run, per range:
+//
+//   main thread (step):   queue grads -> pinned (copy stream d2h), return
+//   dispatcher:           wait for that copy, update on the pool (master,
+//                         state, and the bf16 compute copy written straight
+//                         into the pinned upload buffer), queue the upload
+//                         pinned -> GPU (copy stream h2d)
+//   next forward:         group g's first use makes the compute stream wait
+//                         for g's upload only (wait_params)
+//
+// so the copies of later ranges run while the CPU updates earlier ones, and
+// the next forward of the first layers runs while the CPU still updates the
+// last. Both pinned buffers hold every owned element, so no range waits for
+// a staging slot. In a CPU run the same dispatcher updates in place while
+// the main thread goes on to the next forward.
+//
+// The update math is run_update's (offload_common.hpp): the same chunks and
+// the same optimizer kernel as a synchronous step, so the same bits.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "offload_common.hpp"
+
+namespace tessera::offload {
+
+// One owned range's update, as step() handed it over.
+struct RangeUpdate {
+  size_t offset = 0, count = 0;
+  const void *grads = nullptr;  // compute dtype, where compute runs
+  void *params = nullptr;       // compute dtype, where compute runs
+  std::vector<tsr_segment> segments;
+  double lr = 0, grad_scale = 1;
+  int64_t step = 0;
+};
+
+struct PipelineSetup {
+  const tsr_host *host = nullptr;
+  const char *who = "offload";
+  const tsr_optimizer_vtable *opt = nullptr;
+  void *opt_self = nullptr;
+  uint32_t state_count = 0;
+  float *slots[1 + kMaxStates] = {};  // [0] master, [1 + i] state i: owned element 0
+  DLDataType compute_dtype{kDLFloat, 32, 1};
+  ThreadPool *pool = nullptr;
+  bool cuda = false;
+  int device = 0;                  // CUDA ordinal
+  char *grads_pinned = nullptr;    // CUDA: every owned element, compute dtype
+  char *params_pinned = nullptr;   // CUDA: every owned element, compute dtype
+};
+
+class HostPipeline {
+ public:
+  explicit HostPipeline(const PipelineSetup &s);
+  ~HostPipeline();
+  HostPipeline(const HostPipeline &) = delete;
+  HostPipeline &operator=(const HostPipeline &) = delete;
+
+  // Starts the update of one range (main thread). The first range of a new
+  // step first retires the last step's ranges.
+  void submit(RangeUpdate u);
+  // The updated parameters of owned [offset, offset + count) are in place
+  // for work queued on the compute stream from now on.
+  void wait_params(size_t offset, size_t count);
+  // Every gradient submitted so far has been read (for the compute stream).
+  void wait_grads();
+  // Everything submitted is complete, copies included.
+  void flush();
+  // Cumulative seconds: d2h, host step, h2d; elements updated.
+  tsr_offload_stats stats();
+
+ private:
+  struct Job {
+    RangeUpdate u;
+    bool done = false;
+    tsr_status status = TSR_OK;
+    std::string error;
+    double host_s = 0;  // the pool's time on it
+  };
+  void serve();
+  void process(Job &j, size_t index, void *events);
+  void wait_done(size_t index, std::unique_lock<std::mutex> &lk);
+  void retire();
+  void raise(const Job &j) const;
+
+  PipelineSetup s_;
+  std::deque<Job> jobs_;  // this step's ranges (references stay valid)
+  size_t next_ = 0;       // the next job the dispatcher takes
+  int64_t step_ = 0;      // the step the jobs belong to
+  bool stop_ = false;
+  std::mutex mu_;
+  std::condition_variable work_, done_;
+  std::thread thread_;
+  double host_s_ = 0, d2h_s_ = 0, h2d_s_ = 0;
+  uint64_t elements_ = 0;
+#if TSR_PLUGIN_CUDA
+  CopyStreams copies_;
+  // Per job index: d2h begin/end, h2d begin/end (timed, for the breakdown).
+  // A deque: a reference taken under the lock stays valid as it grows.
+  std::deque<std::array<cudaEvent_t, 4>> events_;
+#endif
+};
+
+}  // namespace tessera::offload
