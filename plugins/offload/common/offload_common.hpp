@@ -13,6 +13,7 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <array>
@@ -199,6 +200,15 @@ class ThreadPool {
   uint64_t generation_ = 0;
   bool stop_ = false;
 };
+
+// Asks for transparent huge pages over the 2 MiB-aligned interior of
+// [p, p + bytes) (a no-op where the kernel has none).
+inline void advise_huge_pages(void *p, size_t bytes) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  const uintptr_t b = align_up(reinterpret_cast<uintptr_t>(p), kHuge);
+  const uintptr_t e = (reinterpret_cast<uintptr_t>(p) + bytes) / kHuge * kHuge;
+  if (b < e) (void)madvise(reinterpret_cast<void *>(b), e - b, MADV_HUGEPAGE);
+}
 
 // Writes zeros over `bytes` at `p` from every pool thread, an even share
 // each: the kernel then maps the pages in parallel (and, on a machine of

@@ -47,7 +47,7 @@ constexpr uint32_t kDevices = TSR_DEVICE_CPU;
 struct Cpu {
   const tsr_host *host = nullptr;
   int64_t threads_cfg = 0;
-  bool pin = true;
+  bool pin = true, pin_threads = true;
   Ratio ratio;
 
   size_t n = 0;
@@ -81,6 +81,7 @@ tsr_status create(const tsr_host *host, const tsr_config *cfg, void **out) {
     s->host = host;
     s->threads_cfg = c.get_int("threads");
     s->pin = c.get_bool("pin_memory");
+    s->pin_threads = c.get_bool("pin_threads");
     s->ratio = parse_ratio(c.get_string("ratio"), kWho);
     *out = s.release();
   });
@@ -105,23 +106,30 @@ void destroy(void *self) {
 }
 
 // The host's state arrays, first-touched by the pool; in CUDA runs the two
-// pinned transfer buffers. Returns the seconds it took.
-double allocate(Cpu *s) {
-  const auto t0 = std::chrono::steady_clock::now();
+// pinned transfer buffers. Returns the seconds each took.
+std::pair<double, double> allocate(Cpu *s) {
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
   for (uint32_t i = 0; i < 1 + s->state_count; ++i) {
     s->slots.emplace_back(s->host, DLDevice{kDLCPU, 0}, s->n * sizeof(float), TSR_MEM_OPTIMIZER);
+    // Huge pages where the kernel has them: the step streams five arrays,
+    // and 4 KiB pages would cost a page walk every 1024 elements of each.
+    advise_huge_pages(s->slots.back().get(), s->slots.back().bytes());
     first_touch(*s->pool, s->slots.back().get(), s->slots.back().bytes());
   }
+  const auto t1 = Clock::now();
   if (s->cuda) {
     const size_t bytes = std::max<size_t>(s->n, 1) * dtype_bytes(s->compute_dtype);
     const DLDevice mem{s->pin ? kDLCUDAHost : kDLCPU, 0};
     s->grads_pinned = sdk::Buffer(s->host, mem, bytes, TSR_MEM_OTHER);
     s->params_pinned = sdk::Buffer(s->host, mem, bytes, TSR_MEM_OTHER);
   }
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const auto t2 = Clock::now();
+  return {std::chrono::duration<double>(t1 - t0).count(),
+          std::chrono::duration<double>(t2 - t1).count()};
 }
 
-void log_setup(Cpu *s, double alloc_s) {
+void log_setup(Cpu *s, std::pair<double, double> took) {
   std::string names;
   for (uint32_t i = 0; i < s->state_count; ++i) {
     const char *nm = s->opt->state_name(s->opt_self, i);
@@ -134,10 +142,12 @@ void log_setup(Cpu *s, double alloc_s) {
       s->host->ctx, TSR_LOG_INFO,
       fmt("%s (rank %u): fp32 master weights and %u optimizer state array%s%s%s%s of %zu owned "
           "elements in pageable host memory: host %.2f MiB (+ %.2f MiB %s transfer buffers), disk 0 MiB, "
-          "ready in %.2f s; step on the CPU on %u thread(s), overlapped with the %s%s",
+          "ready in %.2f s (state %.2f s, pinning %.2f s); step on the CPU on %u thread(s), "
+          "overlapped with the %s%s",
           kWho, rank, s->state_count, s->state_count == 1 ? "" : "s", names.empty() ? "" : " (",
           names.c_str(), names.empty() ? "" : ")", s->n, mib(state_bytes), mib(staging),
-          s->pin ? "pinned" : "pageable", alloc_s, s->pool->size(), s->cuda ? "GPU" : "forward",
+          s->pin ? "pinned" : "pageable", took.first + took.second, took.first, took.second,
+          s->pool->size(), s->cuda ? "GPU" : "forward",
           s->share.describe().c_str())
           .c_str());
 }
@@ -153,8 +163,8 @@ tsr_status setup(void *self, const tsr_offload_setup *st) {
     s->compute_dtype = st->compute_dtype;
     const unsigned threads =
         s->threads_cfg > 0 ? static_cast<unsigned>(s->threads_cfg) : default_threads(s->host);
-    s->pool = std::make_unique<ThreadPool>(threads, /*pin=*/true);
-    const double alloc_s = allocate(s);
+    s->pool = std::make_unique<ThreadPool>(threads, s->pin_threads);
+    const std::pair<double, double> took = allocate(s);
     PipelineSetup p;
     p.host = s->host;
     p.who = kWho;
@@ -171,7 +181,7 @@ tsr_status setup(void *self, const tsr_offload_setup *st) {
     s->pipeline = std::make_unique<HostPipeline>(p);
     s->share.init(s->host, kWho, st, p.slots);
     if (!s->ratio.automatic) s->share.resize(s->ratio.fraction);
-    log_setup(s, alloc_s);
+    log_setup(s, took);
   });
 }
 
@@ -273,6 +283,8 @@ const tsr_param_decl kParams[] = {
                    1024),
     sdk::param("pin_memory", TSR_PARAM_BOOL, "true",
                "CUDA runs: the gradient and parameter transfer buffers in pinned host memory"),
+    sdk::param("pin_threads", TSR_PARAM_BOOL, "true",
+               "keep each thread of the CPU step on its own core"),
     sdk::param("ratio", TSR_PARAM_STRING, "\"0\"",
                "share of the owned state kept and stepped on the GPU, \"0\" to \"1\" (DeepSpeed's "
                "offload_optimizer.ratio), or \"auto\": the largest share that fits beside the "
