@@ -15,6 +15,7 @@
 #include "launch/ssh_launch.hpp"
 #include "train/device_select.hpp"
 #include "train/job.hpp"
+#include "train/monitor.hpp"
 #include "train/trainer.hpp"
 #include "util/error.hpp"
 
@@ -240,10 +241,17 @@ int train_here(const Parsed &p) {
   // bind as soon as a debugger attaches.
   start_debug_job(job, proc.rank, proc.world_size);
   std::unique_ptr<DistContext> dist = join_job(job, proc);
+  // [monitor]: the trainer's Reporter picks these up by run directory.
+  set_run_monitors(job.settings.dir, job.settings.monitor);
   try {
     train(job, proc);
   } catch (const std::exception &e) {
-    if (!dist) throw;
+    // A failed run's summary says so. Under our launcher the launcher
+    // writes it (it knows which rank failed first); alone, this process.
+    if (!dist) {
+      write_failed_summary(job.settings.dir, job.settings.name, e.what(), 0, 1);
+      throw;
+    }
     // Say why first (the launcher may stop us soon after), then tell the
     // other ranks at once instead of leaving them in a collective.
     std::fprintf(stderr, "tessera run: error on rank %u: %s\n", proc.rank, e.what());

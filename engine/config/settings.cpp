@@ -139,6 +139,7 @@ const std::vector<EngineSection> &engine_sections() {
       {"run", kRun, {}},           {"batch", kBatch, {}},    {"data", kData, {"train", "eval"}},
       {"schedule", kSchedule, {}}, {"fp16", kFp16, {}},      {"checkpoint", kCheckpoint, {}},
       {"comm", kComm, {}},         {"log", log_decls(), {}},
+      {"monitor", {}, monitor_subsections()},
   };
   return s;
 }
@@ -274,14 +275,18 @@ Settings resolve_settings(const Document &doc, uint32_t world, toml::table *reso
     if (const char *e = std::getenv("GLOO_SOCKET_IFNAME")) s.comm_interface = e;
   s.ckpt_dir = str("checkpoint", "dir");
   if (s.ckpt_dir.empty()) s.ckpt_dir = s.dir + "/ckpt";
-  // The resolved config shows where things actually go.
+  // The resolved config shows where things actually go. Its DeepSpeed JSON
+  // is merged in already: naming it again would apply it twice, from a
+  // path relative to another directory.
   all["run"].as_table()->insert_or_assign("dir", s.dir);
+  all["run"].as_table()->insert_or_assign("deepspeed", std::string());
   all["checkpoint"].as_table()->insert_or_assign("dir", s.ckpt_dir);
   s.ckpt_every = i64("checkpoint", "every");
   s.resume = str("checkpoint", "resume");
   s.ckpt_keep = i64("checkpoint", "keep");
   resolve_log(*all["log"].as_table(), s,
               doc.where("log.trace_steps", find(doc.root(), "log.trace_steps")));
+  resolve_monitor(doc, s, *all["monitor"].as_table());
   if (resolved_out) *resolved_out = std::move(all);
   return s;
 }
