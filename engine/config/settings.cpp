@@ -31,7 +31,8 @@ const tsr_param_decl kRun[] = {
     param_min("eval_every", TSR_PARAM_INT, "0",
               "evaluate every N steps; 0: at the end of each epoch", 0),
     param("dir", TSR_PARAM_STRING, "\"\"", "run directory; empty: runs/<name>"),
-    param("plugin_path", TSR_PARAM_STRING_ARRAY, "[]", "extra directories searched for plugins"),
+    param("plugin_path", TSR_PARAM_STRING_ARRAY, "[]",
+          "extra directories searched for plugins, relative to the config file"),
     param("deepspeed", TSR_PARAM_STRING, "\"\"",
           "a DeepSpeed JSON config layered on top of this file"),
     param_min("threads", TSR_PARAM_INT, "0", "CPU threads per rank; 0: cores / local ranks", 0),
@@ -106,6 +107,16 @@ const tsr_param_decl kComm[] = {
           "CPU collectives through shared memory when every rank is on this host; false: Gloo "
           "over TCP always"),
 };
+
+// "run.log_every" for "log_every": a key given without its section (as in
+// `--set log_every=100`), found among the engine sections' keys; "" when
+// no section declares it.
+std::string section_of_key(const std::string &key) {
+  for (const auto &sec : engine_sections())
+    for (const auto &d : sec.decls)
+      if (key == d.name) return std::string(sec.name) + "." + key;
+  return "";
+}
 
 }  // namespace
 
@@ -192,7 +203,8 @@ void resolve_batch(int64_t &global, int64_t &micro, int64_t &accum, uint32_t wor
   if (micro <= 0 || accum <= 0) mismatch("micro and accumulation must be at least 1");
 }
 
-Settings resolve_settings(const Document &doc, uint32_t world, toml::table *resolved_out) {
+Settings resolve_settings(const Document &doc, uint32_t world, toml::table *resolved_out,
+                          bool training) {
   // Top-level names must be engine sections or plugin slots.
   std::vector<std::string> known;
   for (const auto &s : engine_sections()) known.push_back(s.name);
@@ -205,6 +217,7 @@ Settings resolve_settings(const Document &doc, uint32_t world, toml::table *reso
     if (!ok) {
       std::string msg = doc.where(key, &v) + ": unknown section or key '" + key + "'";
       std::string dym = did_you_mean(key, known);
+      if (dym.empty()) dym = section_of_key(key);
       if (!dym.empty()) msg += "; did you mean '" + dym + "'?";
       throw ConfigError(msg);
     }
@@ -242,8 +255,15 @@ Settings resolve_settings(const Document &doc, uint32_t world, toml::table *reso
   s.global_batch = i64("batch", "global");
   s.micro_batch = i64("batch", "micro");
   s.accumulation = i64("batch", "accumulation");
-  resolve_batch(s.global_batch, s.micro_batch, s.accumulation, world,
-                doc.where("batch", find(doc.root(), "batch")));
+  if (!training && s.micro_batch > 0) {
+    // Evaluation reads batches of micro and nothing else, so a run's own
+    // config.toml (resolved for its world size) evaluates at any.
+    s.accumulation = 1;
+    s.global_batch = s.micro_batch * world;
+  } else {
+    resolve_batch(s.global_batch, s.micro_batch, s.accumulation, world,
+                  doc.where("batch", find(doc.root(), "batch")));
+  }
   all["batch"].as_table()->insert_or_assign("global", s.global_batch);
   all["batch"].as_table()->insert_or_assign("micro", s.micro_batch);
   all["batch"].as_table()->insert_or_assign("accumulation", s.accumulation);

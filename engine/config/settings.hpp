@@ -101,8 +101,10 @@ struct PluginSlot {
 const std::vector<PluginSlot> &plugin_slots();
 
 // Validates the engine sections of `doc` and resolves the batch rule for
-// `world_size`. Unknown top-level sections are errors too.
-Settings resolve_settings(const Document &doc, uint32_t world_size, toml::table *resolved_out);
+// `world_size`. Unknown top-level sections are errors too. Evaluation
+// (`training` false) needs only batch.micro: the rule is for training.
+Settings resolve_settings(const Document &doc, uint32_t world_size, toml::table *resolved_out,
+                          bool training = true);
 
 // Derives (global, micro, accumulation) from what was given, with
 // DeepSpeed's rule global = micro * accumulation * world; a mismatch throws
