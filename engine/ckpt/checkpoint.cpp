@@ -355,24 +355,38 @@ std::string resolve_checkpoint(const std::string &spec, const std::string &dir) 
                   "checkpoint root holding 'latest')");
 }
 
+std::string shape_text(const std::vector<int64_t> &shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+std::string params_mismatch(const nlohmann::json &table, const Layout &layout) {
+  const std::string hint =
+      "; the config describes another model than the one saved (compare [model] with the "
+      "checkpoint's, shown by tessera ckpt inspect)";
+  for (size_t i = 0; i < std::min(table.size(), layout.params.size()); ++i) {
+    const ParamSlot &p = layout.params[i];
+    const std::string name = table[i].at("name").get<std::string>();
+    const auto shape = table[i].at("shape").get<std::vector<int64_t>>();
+    if (name != p.name)
+      return "parameter " + std::to_string(i) + " is '" + name + "' in the checkpoint, '" +
+             p.name + "' in the model" + hint;
+    if (shape != p.shape)
+      return p.name + ": checkpoint " + shape_text(shape) + ", model " + shape_text(p.shape) + hint;
+  }
+  if (table.size() != layout.params.size())
+    return "the checkpoint has " + std::to_string(table.size()) + " parameters, the model " +
+           std::to_string(layout.params.size()) + hint;
+  return "";
+}
+
 RunPosition load_checkpoint(Session &s, const std::string &path) {
   s.settle_update();  // no update may land over what is loaded
   nlohmann::json m = read_manifest(path);
   // The model must be the one saved: same parameters, same shapes.
-  const auto &table = m.at("params");
-  if (table.size() != s.layout.params.size())
-    throw Error(TSR_ERR_INVALID, path + ": checkpoint has " + std::to_string(table.size()) +
-                                     " parameters, the model declares " +
-                                     std::to_string(s.layout.params.size()));
-  for (size_t i = 0; i < table.size(); ++i) {
-    const auto &p = s.layout.params[i];
-    if (table[i].at("name") != p.name ||
-        table[i].at("shape").get<std::vector<int64_t>>() != p.shape)
-      throw Error(TSR_ERR_INVALID, path + ": parameter " + std::to_string(i) + " is '" +
-                                       table[i].at("name").get<std::string>() +
-                                       "' in the checkpoint but '" + p.name +
-                                       "' (or another shape) in the model");
-  }
+  if (std::string why = params_mismatch(m.at("params"), s.layout); !why.empty())
+    throw Error(TSR_ERR_INVALID, path + ": " + why);
   std::vector<std::string> slots = slot_names(s);
   std::vector<std::string> saved = m.at("slots").get<std::vector<std::string>>();
   for (const auto &sl : slots)

@@ -54,4 +54,12 @@ std::vector<std::string> verify_checkpoint(const std::string &path);
 
 nlohmann::json read_manifest(const std::string &path);
 
+// "[256, 784]"
+std::string shape_text(const std::vector<int64_t> &shape);
+// Why the saved parameter table (a manifest's "params") does not fit the
+// model's layout, naming the parameter and both shapes
+// ("fc0.weight: checkpoint [256, 784], model [128, 784]") and what to
+// check; "" when it fits.
+std::string params_mismatch(const nlohmann::json &table, const Layout &layout);
+
 }  // namespace tessera

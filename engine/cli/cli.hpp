@@ -13,6 +13,7 @@ int cmd_run(const Args &args);
 int cmd_eval(const Args &args);
 int cmd_plugins(const Args &args);
 int cmd_plugin(const Args &args);
+int cmd_plugin_check(const Args &args);  // `plugin check` (plugin_check.cpp)
 int cmd_config(const Args &args);
 int cmd_version(const Args &args);
 int cmd_debug(const Args &args);

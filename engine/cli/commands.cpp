@@ -2,6 +2,7 @@
 #include <spdlog/spdlog.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 
@@ -15,6 +16,7 @@
 #include "launch/ssh_launch.hpp"
 #include "train/device_select.hpp"
 #include "train/job.hpp"
+#include "train/monitor.hpp"
 #include "train/trainer.hpp"
 #include "util/error.hpp"
 
@@ -85,6 +87,9 @@ debugging (docs/debugging.md):
 
 options:
   --set KEY=VALUE           override a config key, e.g. --set optimizer.lr=3e-4 (repeatable)
+  --unset KEY               remove a key or a whole section, e.g. --unset optimizer.momentum
+                            when --set optimizer.plugin=adam replaces sgd (repeatable;
+                            removals apply before every --set)
   --deepspeed_config FILE   layer a DeepSpeed JSON config over CONFIG (also --deepspeed)
   --plugin-path DIR         search DIR for plugins first (repeatable)
   --local_rank N            accepted as DeepSpeed-style launchers pass it (LOCAL_RANK works too)
@@ -103,6 +108,7 @@ config's [data.eval] dataset (or [data.train] when there is none).
   --ckpt PATH               a checkpoint directory (step_NNNNNNNN), a checkpoint
                             root holding 'latest', or a .safetensors file
   --set KEY=VALUE           override a config key (repeatable)
+  --unset KEY               remove a key or a whole section (repeatable)
   --deepspeed_config FILE   layer a DeepSpeed JSON config over CONFIG
   --plugin-path DIR         search DIR for plugins first (repeatable)
   --local_rank N            accepted for DeepSpeed-style launchers
@@ -114,8 +120,8 @@ const char *kConfigUsage = R"(usage: tessera config check CONFIG [options]
 
 check    validates CONFIG against the engine's schema and every chosen
          plugin's declared parameters, then prints the resolved config
-         (defaults filled in). Options: --set, --deepspeed_config,
-         --plugin-path as for 'tessera run'.
+         (defaults filled in). Options: --set, --unset,
+         --deepspeed_config, --plugin-path as for 'tessera run'.
 convert  prints the TOML equivalent of a DeepSpeed JSON config.
 )";
 
@@ -139,11 +145,17 @@ JobOptions job_options(const Parsed &p, const std::string &command) {
   o.config_path = p.positional[0];
   o.deepspeed_path = p.get("--deepspeed_config", p.get("--deepspeed", ""));
   o.sets = p.all("--set");
+  o.unsets = p.all("--unset");
   o.plugin_paths = p.all("--plugin-path");
   return o;
 }
 
+// Set by the launcher for its workers once it has checked the config and
+// printed its warnings: the workers then keep quiet about them.
+constexpr const char *kConfigCheckedVar = "TESSERA_CONFIG_CHECKED";
+
 void print_warnings(const Job &job) {
+  if (std::getenv(kConfigCheckedVar)) return;  // the launcher printed them, once per job
   for (const auto &w : job.doc.warnings()) spdlog::warn("{}", w);
   for (const auto &r : job.registry->refusals()) spdlog::warn("plugin refused: {}", r);
 }
@@ -240,10 +252,17 @@ int train_here(const Parsed &p) {
   // bind as soon as a debugger attaches.
   start_debug_job(job, proc.rank, proc.world_size);
   std::unique_ptr<DistContext> dist = join_job(job, proc);
+  // [monitor]: the trainer's Reporter picks these up by run directory.
+  set_run_monitors(job.settings.dir, job.settings.monitor);
   try {
     train(job, proc);
   } catch (const std::exception &e) {
-    if (!dist) throw;
+    // A failed run's summary says so. Under our launcher the launcher
+    // writes it (it knows which rank failed first); alone, this process.
+    if (!dist) {
+      write_failed_summary(job.settings.dir, job.settings.name, e.what(), 0, 1);
+      throw;
+    }
     // Say why first (the launcher may stop us soon after), then tell the
     // other ranks at once instead of leaving them in a collective.
     std::fprintf(stderr, "tessera run: error on rank %u: %s\n", proc.rank, e.what());
@@ -252,6 +271,12 @@ int train_here(const Parsed &p) {
     // so the launcher names that peer rather than us.
     const auto *err = dynamic_cast<const Error *>(&e);
     const bool lost_peer = err && err->code() == TSR_ERR_COMM;
+    // Another launcher (torchrun, mpirun, Slurm) writes no summary: the
+    // rank that failed on its own does.
+    if (!lost_peer && !std::getenv("TESSERA_LAUNCHED"))
+      write_failed_summary(job.settings.dir, job.settings.name,
+                           "rank " + std::to_string(proc.rank) + " failed: " + e.what(),
+                           static_cast<int>(proc.rank), proc.world_size);
     dist->post_abort(std::string(lost_peer ? "[comm] " : "") + e.what());
     return lost_peer ? kStoppedByPeerStatus : 1;
   }
@@ -267,6 +292,7 @@ std::string configured_interface(const Parsed &p) {
     JobOptions o = job_options(p, "run");
     config::Document doc = config::Document::load(o.config_path);
     if (!o.deepspeed_path.empty()) doc.apply_deepspeed(o.deepspeed_path);
+    for (const auto &u : o.unsets) doc.unset(u);
     for (const auto &s : o.sets) doc.apply_set(s);
     if (const toml::node *n = config::find(doc.root(), "comm.interface"))
       if (auto v = n->value<std::string>()) iface = *v;
@@ -332,7 +358,22 @@ int run_body(const Parsed &p) {
   lo.max_restarts = int_option(p, "--max-restarts", 0);
   lo.job_secret_file = p.get("--job-secret-file");
   if (p.has("--grace")) lo.grace_s = int_option(p, "--grace", 30);
-  return launch(lo, worker_args(*g_run_args));
+  // The config is checked here, before any worker starts: an error is
+  // printed once, not once per rank, and so are the warnings (one node
+  // speaks for the job).
+  Job job = load_job(job_options(p, "run"), static_cast<uint32_t>(n * nnodes), true);
+  if (lo.node_rank == 0) print_warnings(job);
+  ::setenv(kConfigCheckedVar, "1", 1);
+  LaunchOutcome outcome;
+  lo.outcome = &outcome;
+  const int status = launch(lo, worker_args(*g_run_args));
+  if (status != 0 && lo.node_rank == 0 && (outcome.failed_rank >= 0 || !outcome.reason.empty())) {
+    const std::string at = write_failed_summary(job.settings.dir, job.settings.name,
+                                                outcome.reason, outcome.failed_rank,
+                                                static_cast<uint32_t>(n * nnodes));
+    if (!at.empty()) std::fprintf(stderr, "tessera run: the failure is recorded in %s\n", at.c_str());
+  }
+  return status;
 }
 
 int eval_body(const Parsed &p) {

@@ -22,6 +22,8 @@ commands:
                     (tessera generate --ckpt runs/NAME/ckpt --prompt TEXT)
   plugins [show N]  list plugins, or every parameter of one
   plugin new K N    write a new plugin project of kind K named N
+  plugin check F    check the model plugin of config F: gradients against
+                    finite differences, and the ABI's conventions
   config check F    validate a config and print it resolved
   config convert F  print the TOML equivalent of a DeepSpeed JSON
   ckpt inspect|verify|export PATH

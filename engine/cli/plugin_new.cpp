@@ -23,6 +23,7 @@ namespace {
 namespace fs = std::filesystem;
 
 const char *kPluginUsage = R"(usage: tessera plugin new KIND NAME [DIR] [--force]
+       tessera plugin check CONFIG [options]   (tessera plugin check --help)
 
 Writes a new plugin project into DIR (default: ./NAME), ready to build
 against an installed tessera and to train with:
@@ -47,6 +48,7 @@ of that kind tessera already has. Then:
   cd DIR
   cmake -S . -B build -DCMAKE_PREFIX_PATH=<tessera install prefix>
   cmake --build build
+  tessera plugin check NAME.toml --plugin-path build   (a model: its gradients)
   tessera run NAME.toml --plugin-path build
 
 options:
@@ -118,9 +120,9 @@ std::string sh_quote(const std::string &s) {
 int plugin_new_body(const Parsed &p) {
   if (p.positional.empty() || p.positional[0] != "new")
     throw UsageError(p.positional.empty()
-                         ? "tessera plugin: expected 'new KIND NAME [DIR]'"
+                         ? "tessera plugin: expected 'new KIND NAME [DIR]' or 'check CONFIG'"
                          : "tessera plugin: unknown subcommand '" + p.positional[0] +
-                               "' (expected 'new'; 'tessera plugins' lists plugins)");
+                               "' (expected 'new' or 'check'; 'tessera plugins' lists plugins)");
   if (p.positional.size() < 3 || p.positional.size() > 4)
     throw UsageError("tessera plugin new: expected KIND NAME [DIR]");
   const std::string kind_name = p.positional[1], name = p.positional[2];
@@ -213,6 +215,7 @@ int plugin_new_body(const Parsed &p) {
 }  // namespace
 
 int cmd_plugin(const Args &args) {
+  if (!args.empty() && args[0] == "check") return cmd_plugin_check(args);
   return run_command("plugin", kPluginUsage, plugin_new_body, args,
                      {{"--force", false, false}, {"--help", false, false}, {"-h", false, false}});
 }

@@ -27,6 +27,9 @@ summary.json or metrics.jsonl, oldest first, with its date, steps, final
 train loss, eval metric, throughput and status:
 
   completed    the run finished and wrote summary.json
+  failed       the run failed: summary.json has the reason and the rank,
+               shown as failed (rank R); --json shows the reason too
+  stopped      stopped by SIGTERM or Ctrl-C after saving a checkpoint
   running      no summary yet; metrics.jsonl changed in the last 2 minutes
   incomplete   no summary, and no new metrics for longer: stopped or crashed
 
@@ -110,6 +113,10 @@ json describe_run(const fs::path &dir) {
   row["samples_per_s"] = pick("samples_per_s", last_train, "samples_per_s");
   if (summary.is_object()) {
     row["status"] = summary.value("status", "completed");
+    if (row["status"] == "failed") {
+      row["reason"] = summary.value("reason", "");
+      row["failed_rank"] = summary.contains("failed_rank") ? summary["failed_rank"] : json(nullptr);
+    }
   } else {
     const double idle = std::difftime(std::time(nullptr), mtime(dir / "metrics.jsonl"));
     row["status"] =
@@ -129,6 +136,14 @@ std::string num(const json &v, const char *fmt) {
   return buf;
 }
 
+// "failed (rank 1)" for a failed run that names its rank.
+std::string status_text(const json &r) {
+  std::string s = r["status"].get<std::string>();
+  if (r.contains("failed_rank") && r["failed_rank"].is_number_integer())
+    s += " (rank " + std::to_string(r["failed_rank"].get<int64_t>()) + ")";
+  return s;
+}
+
 void print_table(const std::vector<json> &rows) {
   std::vector<std::vector<std::string>> cells = {
       {"NAME", "DATE", "STEPS", "LOSS", "EVAL", "SAMPLES/S", "STATUS"}};
@@ -138,7 +153,7 @@ void print_table(const std::vector<json> &rows) {
                                                       : "-";
     cells.push_back({r["name"].get<std::string>(), r["date"].get<std::string>(),
                      num(r["steps"], "%.0f"), num(r["train_loss"], "%.4f"), eval,
-                     num(r["samples_per_s"], "%.0f"), r["status"].get<std::string>()});
+                     num(r["samples_per_s"], "%.0f"), status_text(r)});
   }
   std::vector<size_t> width(cells[0].size(), 0);
   for (const auto &row : cells)

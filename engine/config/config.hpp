@@ -37,6 +37,9 @@ class Document {
   void set_value(const std::string &dotted_key, const toml::node &value, const std::string &origin);
   // Removes a whole table (a section replaced wholesale by DeepSpeed JSON).
   void erase(const std::string &dotted_key);
+  // `--unset KEY`: removes a key or a whole section; throws ConfigError,
+  // with the closest key, when the config has no such key.
+  void unset(const std::string &dotted_key);
 
   // "file:line" for a key, or the override that set it.
   std::string where(const std::string &dotted_key, const toml::node *node) const;

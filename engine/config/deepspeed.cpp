@@ -1,6 +1,7 @@
 // Mapping of DeepSpeed JSON onto tessera's config.
 #include "config/deepspeed.hpp"
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -296,6 +297,40 @@ struct Mapper {
         doc.warn(path + ": zero_optimization." + k + " is not used by tessera; ignored");
   }
 
+  // DeepSpeed's monitor outputs, onto [monitor.tensorboard] and
+  // [monitor.csv_monitor]; W&B and Comet, enabled, are refused there.
+  void monitor(const json &j) {
+    for (const char *k : {"tensorboard", "csv_monitor", "wandb", "comet"}) {
+      if (!j.contains(k)) continue;
+      const json &o = j[k];
+      const std::string key = k, to = "monitor." + key;
+      if (!o.is_object())
+        fail(key, "expected an object like {\"enabled\": true, \"output_path\": \"logs/\", "
+                  "\"job_name\": \"run1\"}");
+      if (o.contains("enabled") && !o["enabled"].is_boolean())
+        fail(key + ".enabled", "expected true or false, got " + o["enabled"].dump());
+      if (key == "wandb" || key == "comet") {
+        // Only `enabled` matters: the section is refused when it is true.
+        if (o.value("enabled", false)) put(to + ".enabled", o["enabled"], key + ".enabled");
+        continue;
+      }
+      doc.erase(to);
+      for (const auto &[f, v] : o.items()) {
+        if (f != "enabled" && f != "output_path" && f != "job_name") {
+          doc.warn(path + ": " + key + "." + f + " is not used by tessera; ignored");
+          continue;
+        }
+        if (f != "enabled" && !v.is_string())
+          fail(key + "." + f, "expected a string, got " + v.dump());
+        put(to + "." + f, v, key + "." + f);
+      }
+      // DeepSpeed's default job name, so the files land where its would.
+      if (!o.contains("job_name"))
+        doc.set(to + ".job_name", toml::value<std::string>("DeepSpeedJobName"),
+                origin(key + " (DeepSpeed default job_name)"));
+    }
+  }
+
   void apply(const json &j) {
     if (!j.is_object()) throw ConfigError(path + ": a DeepSpeed config must be a JSON object");
     static const std::set<std::string> handled = {"train_batch_size",
@@ -309,7 +344,11 @@ struct Mapper {
                                                   "gradient_clipping",
                                                   "zero_optimization",
                                                   "steps_per_print",
-                                                  "wall_clock_breakdown"};
+                                                  "wall_clock_breakdown",
+                                                  "tensorboard",
+                                                  "csv_monitor",
+                                                  "wandb",
+                                                  "comet"};
     // A value of the wrong JSON type deep inside a section (e.g. "enabled":
     // "auto") surfaces as nlohmann's type_error: name the file and section.
     auto guarded = [&](const char *key, auto &&fn) {
@@ -319,6 +358,7 @@ struct Mapper {
         fail(key, std::string("unexpected value: ") + e.what());
       }
     };
+    check_keys(j);
     batch(j);
     if (j.contains("optimizer")) guarded("optimizer", [&] { optimizer(j["optimizer"]); });
     if (j.contains("scheduler")) guarded("scheduler", [&] { scheduler(j["scheduler"]); });
@@ -340,8 +380,39 @@ struct Mapper {
         fail("wall_clock_breakdown", "expected true or false");
       put("log.breakdown", j["wall_clock_breakdown"], "wall_clock_breakdown");
     }
+    guarded("monitor", [&] { monitor(j); });
     for (const auto &[k, v] : j.items())
       if (!handled.count(k)) doc.warn(path + ": '" + k + "' is not used by tessera; ignored");
+    if (j.contains("optimizer") && !j.contains("scheduler")) say_which_schedule();
+  }
+
+  // A key DeepSpeed itself would not know is a typo, not a feature tessera
+  // lacks: an error, with the closest DeepSpeed key.
+  void check_keys(const json &j) const {
+    const auto &known = deepspeed_known_keys();
+    for (const auto &[k, v] : j.items()) {
+      if (std::find(known.begin(), known.end(), k) != known.end()) continue;
+      std::string msg = path + ": '" + k + "' is not a DeepSpeed config key";
+      std::string dym = did_you_mean(k, known);
+      msg += dym.empty() ? " (docs/config.md, \"DeepSpeed JSON\", lists the keys tessera maps)"
+                         : "; did you mean '" + dym + "'?";
+      throw ConfigError(msg);
+    }
+  }
+
+  // DeepSpeed without a "scheduler" keeps the rate constant; a [schedule]
+  // of the TOML underneath still applies here, so say which one.
+  void say_which_schedule() {
+    const toml::node *t = find(doc.root(), "schedule.type");
+    const std::string type = t ? t->value_or(std::string()) : std::string();
+    if (type.empty() || type == "constant") return;
+    const toml::node *w = find(doc.root(), "schedule.warmup_steps");
+    std::string what = "'" + type + "'";
+    if (w && w->is_integer()) what += " (warmup_steps " + std::to_string(w->value_or(0)) + ")";
+    doc.warn(path + " sets an optimizer but no scheduler: the learning rate follows the " +
+             doc.where("schedule.type", t) + " [schedule] " + what +
+             ", where DeepSpeed would keep it constant; add --set schedule.type=constant (or a "
+             "\"scheduler\" to the JSON) to match DeepSpeed");
   }
 };
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace tessera::config {
 
@@ -12,5 +13,9 @@ class Document;
 // for (batch, optimizer, schedule) replace the TOML's wholesale; keys the
 // engine does not use are reported as warnings.
 void deepspeed_apply(Document &doc, const std::string &path);
+
+// DeepSpeed's own top-level keys (deepspeed_keys.cpp): one of them that
+// tessera does not use is a warning; any other key is an error.
+const std::vector<std::string> &deepspeed_known_keys();
 
 }  // namespace tessera::config

@@ -104,6 +104,27 @@ void Document::erase(const std::string &dotted_key) {
   }
 }
 
+void Document::unset(const std::string &dotted_key) {
+  const std::string origin = "--unset " + dotted_key;
+  if (dotted_key.empty()) throw ConfigError(origin + ": expected a key, e.g. optimizer.momentum");
+  if (find(root_, dotted_key)) {
+    erase(dotted_key);
+    return;
+  }
+  // Nothing there: most likely a typo, so name the keys that are.
+  const auto dot = dotted_key.rfind('.');
+  const std::string parent = dot == std::string::npos ? "" : dotted_key.substr(0, dot);
+  const toml::node *table = parent.empty() ? &root_ : find(root_, parent);
+  std::vector<std::string> keys;
+  if (table && table->is_table())
+    for (const auto &[k, v] : *table->as_table())
+      keys.push_back(parent.empty() ? std::string(k.str()) : parent + "." + std::string(k.str()));
+  std::string msg = origin + ": the config has no '" + dotted_key + "' to remove";
+  const std::string dym = did_you_mean(dotted_key, keys);
+  if (!dym.empty()) msg += "; did you mean '" + dym + "'?";
+  throw ConfigError(msg);
+}
+
 void Document::apply_set(const std::string &assignment) {
   auto eq = assignment.find('=');
   if (eq == std::string::npos || eq == 0)

@@ -31,7 +31,8 @@ const tsr_param_decl kRun[] = {
     param_min("eval_every", TSR_PARAM_INT, "0",
               "evaluate every N steps; 0: at the end of each epoch", 0),
     param("dir", TSR_PARAM_STRING, "\"\"", "run directory; empty: runs/<name>"),
-    param("plugin_path", TSR_PARAM_STRING_ARRAY, "[]", "extra directories searched for plugins"),
+    param("plugin_path", TSR_PARAM_STRING_ARRAY, "[]",
+          "extra directories searched for plugins, relative to the config file"),
     param("deepspeed", TSR_PARAM_STRING, "\"\"",
           "a DeepSpeed JSON config layered on top of this file"),
     param_min("threads", TSR_PARAM_INT, "0", "CPU threads per rank; 0: cores / local ranks", 0),
@@ -110,6 +111,16 @@ const tsr_param_decl kComm[] = {
           "over TCP always"),
 };
 
+// "run.log_every" for "log_every": a key given without its section (as in
+// `--set log_every=100`), found among the engine sections' keys; "" when
+// no section declares it.
+std::string section_of_key(const std::string &key) {
+  for (const auto &sec : engine_sections())
+    for (const auto &d : sec.decls)
+      if (key == d.name) return std::string(sec.name) + "." + key;
+  return "";
+}
+
 }  // namespace
 
 uint64_t parse_bytes(const std::string &text, const std::string &where) {
@@ -142,6 +153,7 @@ const std::vector<EngineSection> &engine_sections() {
       {"run", kRun, {}},           {"batch", kBatch, {}},    {"data", kData, {"train", "eval"}},
       {"schedule", kSchedule, {}}, {"fp16", kFp16, {}},      {"checkpoint", kCheckpoint, {}},
       {"comm", kComm, {}},         {"log", log_decls(), {}},
+      {"monitor", {}, monitor_subsections()},
   };
   return s;
 }
@@ -194,7 +206,8 @@ void resolve_batch(int64_t &global, int64_t &micro, int64_t &accum, uint32_t wor
   if (micro <= 0 || accum <= 0) mismatch("micro and accumulation must be at least 1");
 }
 
-Settings resolve_settings(const Document &doc, uint32_t world, toml::table *resolved_out) {
+Settings resolve_settings(const Document &doc, uint32_t world, toml::table *resolved_out,
+                          bool training) {
   // Top-level names must be engine sections or plugin slots.
   std::vector<std::string> known;
   for (const auto &s : engine_sections()) known.push_back(s.name);
@@ -207,6 +220,7 @@ Settings resolve_settings(const Document &doc, uint32_t world, toml::table *reso
     if (!ok) {
       std::string msg = doc.where(key, &v) + ": unknown section or key '" + key + "'";
       std::string dym = did_you_mean(key, known);
+      if (dym.empty()) dym = section_of_key(key);
       if (!dym.empty()) msg += "; did you mean '" + dym + "'?";
       throw ConfigError(msg);
     }
@@ -244,8 +258,15 @@ Settings resolve_settings(const Document &doc, uint32_t world, toml::table *reso
   s.global_batch = i64("batch", "global");
   s.micro_batch = i64("batch", "micro");
   s.accumulation = i64("batch", "accumulation");
-  resolve_batch(s.global_batch, s.micro_batch, s.accumulation, world,
-                doc.where("batch", find(doc.root(), "batch")));
+  if (!training && s.micro_batch > 0) {
+    // Evaluation reads batches of micro and nothing else, so a run's own
+    // config.toml (resolved for its world size) evaluates at any.
+    s.accumulation = 1;
+    s.global_batch = s.micro_batch * world;
+  } else {
+    resolve_batch(s.global_batch, s.micro_batch, s.accumulation, world,
+                  doc.where("batch", find(doc.root(), "batch")));
+  }
   all["batch"].as_table()->insert_or_assign("global", s.global_batch);
   all["batch"].as_table()->insert_or_assign("micro", s.micro_batch);
   all["batch"].as_table()->insert_or_assign("accumulation", s.accumulation);
@@ -277,8 +298,11 @@ Settings resolve_settings(const Document &doc, uint32_t world, toml::table *reso
     if (const char *e = std::getenv("GLOO_SOCKET_IFNAME")) s.comm_interface = e;
   s.ckpt_dir = str("checkpoint", "dir");
   if (s.ckpt_dir.empty()) s.ckpt_dir = s.dir + "/ckpt";
-  // The resolved config shows where things actually go.
+  // The resolved config shows where things actually go. Its DeepSpeed JSON
+  // is merged in already: naming it again would apply it twice, from a
+  // path relative to another directory.
   all["run"].as_table()->insert_or_assign("dir", s.dir);
+  all["run"].as_table()->insert_or_assign("deepspeed", std::string());
   all["checkpoint"].as_table()->insert_or_assign("dir", s.ckpt_dir);
   s.ckpt_every = i64("checkpoint", "every");
   s.resume = str("checkpoint", "resume");
@@ -286,6 +310,7 @@ Settings resolve_settings(const Document &doc, uint32_t world, toml::table *reso
   s.ckpt_final = all["checkpoint"]["final"].value_or(true);
   resolve_log(*all["log"].as_table(), s,
               doc.where("log.trace_steps", find(doc.root(), "log.trace_steps")));
+  resolve_monitor(doc, s, *all["monitor"].as_table());
   if (resolved_out) *resolved_out = std::move(all);
   return s;
 }

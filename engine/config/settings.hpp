@@ -32,6 +32,13 @@ struct Fp16Settings {
   double loss_scale = 0;  // 0: dynamic
 };
 
+// [monitor] (monitor_section.cpp): the directories DeepSpeed's monitor
+// outputs write into; "" when that output is off.
+struct MonitorSettings {
+  std::string tensorboard_dir;
+  std::string csv_dir;
+};
+
 struct Settings {
   // [run]
   std::string name, device, precision, dir;
@@ -58,6 +65,7 @@ struct Settings {
   std::string log_trace;                    // resolved path; "" = no trace
   int64_t trace_first = 0, trace_last = 0;  // inclusive steps; 0: the default window
   double peak_tflops = 0;                   // per rank; 0: unknown
+  MonitorSettings monitor;
 };
 
 // "24GiB", "500MB", "1e9" -> bytes ("" -> 0); a bad size throws ConfigError
@@ -77,6 +85,11 @@ const std::vector<EngineSection> &engine_sections();
 std::span<const tsr_param_decl> log_decls();
 void resolve_log(toml::table &log, Settings &s, const std::string &where);
 
+// [monitor] (monitor_section.cpp): its sub-sections, and their resolution
+// into `s` (after run.dir is known); `monitor` gets the resolved keys.
+std::vector<std::string> monitor_subsections();
+void resolve_monitor(const Document &doc, Settings &s, toml::table &monitor);
+
 // Plugin slots: the section name, its kind, the default plugin ("" when
 // the section is required or optional without default) and whether the
 // run needs it.
@@ -89,8 +102,10 @@ struct PluginSlot {
 const std::vector<PluginSlot> &plugin_slots();
 
 // Validates the engine sections of `doc` and resolves the batch rule for
-// `world_size`. Unknown top-level sections are errors too.
-Settings resolve_settings(const Document &doc, uint32_t world_size, toml::table *resolved_out);
+// `world_size`. Unknown top-level sections are errors too. Evaluation
+// (`training` false) needs only batch.micro: the rule is for training.
+Settings resolve_settings(const Document &doc, uint32_t world_size, toml::table *resolved_out,
+                          bool training = true);
 
 // Derives (global, micro, accumulation) from what was given, with
 // DeepSpeed's rule global = micro * accumulation * world; a mismatch throws

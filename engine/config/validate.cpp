@@ -160,6 +160,18 @@ void check_value(const tsr_param_decl &d, toml::table &out, const toml::node &n,
   });
 }
 
+// After `--set SECTION.plugin=other` the file's other keys of the section
+// stay, and the new plugin may not know them: say how to remove one.
+std::string unset_hint(const Document &doc, const std::string &section, const toml::table &user,
+                       const std::string &dotted, const std::string &key_at) {
+  const toml::node *plugin = user.get("plugin");
+  if (!plugin || key_at.rfind("--set", 0) == 0) return "";
+  const std::string plugin_at = doc.where(section + ".plugin", plugin);
+  if (plugin_at.rfind("--set", 0) != 0) return "";
+  return " (" + plugin_at + " keeps the file's other [" + section +
+         "] keys; --set cannot remove one: add --unset " + dotted + ")";
+}
+
 }  // namespace
 
 toml::table parse_default(const tsr_param_decl &d, const std::string &owner) {
@@ -207,6 +219,7 @@ toml::table validate_section(const Document &doc, const std::string &section,
           msg += "; known keys:";
           for (const auto &nm : names) msg += " " + nm;
         }
+        msg += unset_hint(doc, section, *user, dotted, at);
         throw ConfigError(msg);
       }
       check_value(*d, out, v, at, dotted);

@@ -158,7 +158,7 @@ void post_abort_remote(const NodeLink &link, const std::string &prefix, const st
 // SIGTERM follows, SIGKILL after the grace period. Returns true when every
 // worker exited 0 without a signal to the launcher.
 bool supervise(std::vector<Worker> &workers, StoreServer *store, const std::string &prefix,
-               double grace_s, std::string *reason, NodeLink &link) {
+               double grace_s, std::string *reason, NodeLink &link, int *failed_rank) {
   // Workers run in the launcher's directory: a core_pattern without a
   // directory puts their core dumps there.
   std::error_code ec;
@@ -320,6 +320,7 @@ bool supervise(std::vector<Worker> &workers, StoreServer *store, const std::stri
   for (auto &w : workers)
     if (std::string core = core_dump_note(w.pid, w.status, cwd); !core.empty())
       std::fprintf(stderr, "tessera run: rank %d: %s\n", w.rank, core.c_str());
+  *failed_rank = first_failed;
   return first_failed < 0 && !g_signal && !link.stopped_by_head;
 }
 
@@ -400,7 +401,9 @@ int launch(const LaunchOptions &opt, const std::vector<std::string> &worker_args
       w.pid = spawn(w, worker_args, env, opt.watch_stdin);
     }
     std::string reason;
-    bool ok = supervise(workers, store.get(), prefix, opt.grace_s, &reason, link);
+    int failed_rank = -1;
+    bool ok = supervise(workers, store.get(), prefix, opt.grace_s, &reason, link, &failed_rank);
+    if (!ok && opt.outcome) *opt.outcome = LaunchOutcome{reason, failed_rank};
     if (ok) return 0;
     if (link.stopped_by_head) {
       std::fprintf(stderr, "tessera run: failed: stopped by the head launcher%s%s\n",

@@ -7,6 +7,13 @@
 
 namespace tessera {
 
+// Why a job failed, for the run's summary.json: the launcher's verdict and
+// the rank it names (-1 when none: a signal, or the head stopped us).
+struct LaunchOutcome {
+  std::string reason;
+  int failed_rank = -1;
+};
+
 struct LaunchOptions {
   int nproc = 1;         // workers on this node (-n)
   int nnodes = 1;        // --nnodes
@@ -25,6 +32,8 @@ struct LaunchOptions {
   // --job-secret-file: the rendezvous store's secret (docs/security.md); ""
   // takes TESSERA_JOB_SECRET, the head's over stdin, or makes one.
   std::string job_secret_file;
+  // Filled in when the job fails (may be null).
+  LaunchOutcome *outcome = nullptr;
 };
 
 // Runs the job; returns the launcher's exit status (0 when every worker

@@ -188,7 +188,9 @@ void Registry::scan(const std::vector<std::string> &dirs) {
   std::vector<std::string> seen;
   for (const auto &dir : dirs) {
     std::error_code ec;
-    if (!fs::is_directory(dir, ec)) continue;
+    const bool there = fs::is_directory(dir, ec);
+    dirs_.push_back(there ? dir : dir + " (missing)");
+    if (!there) continue;
     if (std::string why = unsafe_plugin_location(dir, "plugin directory"); !why.empty()) {
       refusals_.push_back(why);
       continue;
@@ -226,8 +228,12 @@ const PluginEntry &Registry::get(const std::string &kind, const std::string &nam
   if (!dym.empty()) msg += "; did you mean '" + dym + "'?";
   msg += " (known " + kind + " plugins:";
   for (const auto &n : names) msg += " " + n;
-  if (names.empty()) msg += " none; check --plugin-path or TESSERA_PLUGIN_PATH";
-  msg += ")";
+  if (names.empty()) msg += " none";
+  msg += "); searched";
+  for (size_t i = 0; i < dirs_.size(); ++i) msg += (i ? ", " : " ") + dirs_[i];
+  if (dirs_.empty()) msg += " no directory";
+  msg += "; a plugin built elsewhere is found with --plugin-path DIR (or run.plugin_path, or "
+         "TESSERA_PLUGIN_PATH) naming the directory that holds its library";
   throw config::ConfigError(msg);
 }
 

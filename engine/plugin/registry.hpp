@@ -51,6 +51,7 @@ class Registry {
   std::unique_ptr<Libs> libs_;
   std::vector<PluginEntry> entries_;
   std::vector<std::string> refusals_;
+  std::vector<std::string> dirs_;  // every directory scan() searched, for messages
 };
 
 // Why code must not be loaded from `path` (`what`: "plugin directory" or

@@ -17,6 +17,8 @@ config::Document load_document(const JobOptions &opts) {
   // working directory when --set gives it). The overrides are applied to a
   // copy first so that --set run.deepspeed=F counts too.
   config::Document probe = doc;
+  for (const auto &u : opts.unsets)
+    if (config::find(probe.root(), u)) probe.erase(u);
   for (const auto &s : opts.sets) probe.apply_set(s);
   if (const toml::node *ds = config::find(probe.root(), "run.deepspeed")) {
     std::string at = probe.where("run.deepspeed", ds);
@@ -31,9 +33,32 @@ config::Document load_document(const JobOptions &opts) {
     }
   }
   if (!opts.deepspeed_path.empty()) doc.apply_deepspeed(opts.deepspeed_path);
+  // Removals first, so that `--unset optimizer --set optimizer.plugin=adam`
+  // starts the section afresh whatever the order on the command line.
+  for (const auto &u : opts.unsets) doc.unset(u);
   for (const auto &s : opts.sets) doc.apply_set(s);
   return doc;
 }
+
+namespace {
+
+// run.plugin_path, like run.deepspeed, is relative to the config file (to
+// the working directory when --set gives it); made absolute, so that the
+// run's config.toml finds the same plugins from anywhere.
+void resolve_plugin_path(Job &job) {
+  const toml::node *n = config::find(job.doc.root(), "run.plugin_path");
+  if (!n) return;
+  const bool from_set = job.doc.where("run.plugin_path", n).rfind("--set", 0) == 0;
+  const fs::path base = from_set ? fs::path() : fs::path(job.doc.path()).parent_path();
+  toml::array resolved;
+  for (auto &p : job.settings.plugin_path) {
+    if (!p.empty()) p = fs::absolute(base / p).lexically_normal().string();
+    resolved.push_back(p);
+  }
+  if (auto *run = job.engine["run"].as_table()) run->insert_or_assign("plugin_path", resolved);
+}
+
+}  // namespace
 
 const PluginChoice &Job::plugin(const std::string &section) const {
   auto it = plugins.find(section);
@@ -45,8 +70,9 @@ Job load_job(const JobOptions &opts, uint32_t world_size, bool training) {
   Job job;
   job.world_size = world_size;
   job.doc = load_document(opts);
-  job.settings = config::resolve_settings(job.doc, world_size, &job.engine);
+  job.settings = config::resolve_settings(job.doc, world_size, &job.engine, training);
 
+  resolve_plugin_path(job);
   std::vector<std::string> dirs = opts.plugin_paths;
   for (const auto &p : job.settings.plugin_path) dirs.push_back(p);
   job.registry = std::make_unique<Registry>();

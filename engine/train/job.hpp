@@ -20,6 +20,7 @@ struct JobOptions {
   std::string config_text;
   std::string deepspeed_path;             // --deepspeed_config
   std::vector<std::string> sets;          // --set key=value, in order
+  std::vector<std::string> unsets;        // --unset key: applied before every --set
   std::vector<std::string> plugin_paths;  // --plugin-path
 };
 

@@ -21,8 +21,11 @@ void from_safetensors(const std::string &file, const Layout &layout, float *flat
       throw Error(TSR_ERR_INVALID, file + ": missing parameter '" + slot.name + "'");
     const StTensor &t = it->second;
     if (t.shape != slot.shape)
-      throw Error(TSR_ERR_INVALID, file + ": parameter '" + slot.name +
-                                       "' has another shape than the model declares");
+      throw Error(TSR_ERR_INVALID,
+                  file + ": " + slot.name + ": file " + shape_text(t.shape) + ", model " +
+                      shape_text(slot.shape) +
+                      "; the config describes another model than the one saved (compare "
+                      "[model] with the one it was trained with)");
     const auto *d = static_cast<const char *>(t.data);
     float *out = flat + slot.offset;
     if (t.dtype == "F32") {
@@ -58,20 +61,11 @@ std::string load_model_params(const std::string &path, const Layout &layout, flo
   std::vector<float> canonical;
   nlohmann::json m;
   read_canonical_params(dir, &canonical, &m);
-  const auto &table = m.at("params");
-  if (table.size() != layout.params.size())
-    throw Error(TSR_ERR_INVALID, dir + ": checkpoint has " + std::to_string(table.size()) +
-                                     " parameters, the model declares " +
-                                     std::to_string(layout.params.size()));
+  if (std::string why = params_mismatch(m.at("params"), layout); !why.empty())
+    throw Error(TSR_ERR_INVALID, dir + ": " + why);
   size_t canon = 0;
   for (size_t i = 0; i < layout.params.size(); ++i) {
     const auto &p = layout.params[i];
-    if (table[i].at("name") != p.name ||
-        table[i].at("shape").get<std::vector<int64_t>>() != p.shape)
-      throw Error(TSR_ERR_INVALID, dir + ": parameter " + std::to_string(i) + " is '" +
-                                       table[i].at("name").get<std::string>() +
-                                       "' in the checkpoint but '" + p.name +
-                                       "' (or another shape) in the model");
     std::memcpy(flat + p.offset, canonical.data() + canon, p.numel * 4);
     canon += p.numel;
   }

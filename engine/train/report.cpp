@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "train/monitor.hpp"
 #include "util/error.hpp"
 
 namespace tessera {
@@ -119,7 +120,14 @@ Reporter::Reporter(const std::string &run_dir, bool primary, int64_t total_steps
   if (!primary_) return;
   metrics_.open(dir_ + "/metrics.jsonl", std::ios::trunc);
   if (!metrics_) throw Error(TSR_ERR_IO, dir_ + "/metrics.jsonl: cannot open for writing");
+  if (auto m = run_monitors(dir_)) {
+    monitors_ = std::make_unique<Monitors>(*m);
+    if (std::string what = monitors_->describe(); !what.empty())
+      std::printf("tessera: monitor: %s\n", what.c_str());
+  }
 }
+
+Reporter::~Reporter() = default;
 
 void Reporter::append(const nlohmann::json &line) {
   metrics_ << line.dump() << "\n";
@@ -179,6 +187,7 @@ void Reporter::progress(int64_t step, int64_t epoch, double loss, double lr, dou
                          {"elapsed_s", elapsed}};
   for (const auto &[k, v] : extra.items()) line[k] = v;
   append(line);
+  if (monitors_) monitors_->train(step, loss, lr, sps);
 }
 
 void Reporter::eval(int64_t step, int64_t epoch, const EvalResult &r) {
@@ -197,6 +206,7 @@ void Reporter::eval(int64_t step, int64_t epoch, const EvalResult &r) {
                       {"samples", r.count}};
   if (r.accuracy >= 0) j["eval_accuracy"] = r.accuracy;
   append(j);
+  if (monitors_) monitors_->eval(step, r.loss, r.accuracy);
 }
 
 void Reporter::write_summary(const nlohmann::json &summary) {
@@ -208,6 +218,34 @@ void Reporter::write_summary(const nlohmann::json &summary) {
     if (!out) throw Error(TSR_ERR_IO, tmp + ": write failed");
   }
   std::filesystem::rename(tmp, dir_ + "/summary.json");
+}
+
+std::string write_failed_summary(const std::string &run_dir, const std::string &name,
+                                 const std::string &reason, int failed_rank,
+                                 uint32_t world_size) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(run_dir, ec)) return "";
+  const std::string path = run_dir + "/summary.json";
+  nlohmann::json s = nlohmann::json::object();
+  {
+    std::ifstream in(path);
+    if (in) s = nlohmann::json::parse(in, nullptr, false);
+    if (!s.is_object()) s = nlohmann::json::object();
+  }
+  if (!s.contains("name")) s["name"] = name;
+  if (!s.contains("world_size")) s["world_size"] = world_size;
+  s["status"] = "failed";
+  s["reason"] = reason;
+  s["failed_rank"] = failed_rank >= 0 ? nlohmann::json(failed_rank) : nlohmann::json(nullptr);
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << s.dump(2) << "\n";
+    if (!out) return "";
+  }
+  fs::rename(tmp, path, ec);
+  return ec ? "" : path;
 }
 
 void Reporter::print_summary(const nlohmann::json &s) {

@@ -5,10 +5,13 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 
 namespace tessera {
+
+class Monitors;
 
 struct EvalResult {
   double loss = 0;
@@ -18,8 +21,11 @@ struct EvalResult {
 
 class Reporter {
  public:
-  // Only rank 0 writes files and progress; other ranks stay quiet.
+  // Only rank 0 writes files and progress; other ranks stay quiet. The
+  // [monitor] outputs registered for `run_dir` (set_run_monitors) receive
+  // every progress and eval line too.
   Reporter(const std::string &run_dir, bool primary, int64_t total_steps);
+  ~Reporter();
 
   // `extra` joins the metrics line (memory, the breakdown); a breakdown
   // also shows, compact, at the end of the progress line.
@@ -36,9 +42,18 @@ class Reporter {
   bool primary_;
   int64_t total_;
   std::ofstream metrics_;
+  std::unique_ptr<Monitors> monitors_;
 };
 
 std::string format_duration(double seconds);
+
+// A failed run's summary.json (docs/observability.md): status "failed",
+// `reason` and the failing rank (-1: none named), over whatever summary the
+// run had written, so `tessera runs` shows it failed rather than running.
+// Nothing is written when `run_dir` does not exist (the run never started).
+// Returns the file written, or "".
+std::string write_failed_summary(const std::string &run_dir, const std::string &name,
+                                 const std::string &reason, int failed_rank, uint32_t world_size);
 
 // "1.2 ms/step: data 2% | fwd 31% | ..." from a breakdown object of
 // metrics.jsonl (parts in seconds over `steps` steps).

@@ -324,7 +324,10 @@ TEST_CASE("errors exit non-zero and say what is wrong, where", "[errors]") {
     RunResult r = fails({"run", s.config.string()});
     CHECK(contains(r.err, gone.string()));
     CHECK(contains(r.err, "images"));
-    CHECK(!fs::exists(s.run_dir / "summary.json"));
+    // The run had started (its directory exists): its summary says it failed.
+    auto sum = read_json(s.run_dir / "summary.json");
+    CHECK(sum.at("status") == "failed");
+    CHECK(contains(sum.at("reason").get<std::string>(), gone.string()));
   }
   SECTION("labels that do not match the images") {
     RunResult r = fails({"run", s.config.string(), "--set",

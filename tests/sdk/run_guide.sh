@@ -16,6 +16,11 @@
 #    BUILD_DIR (so the guide's tools/build is the incremental build of this
 #    tree).
 # The commands and their output go to the test log.
+#
+# With GUIDE_QUICK_RUN_STEPS=N (docs/quickstart.md, whose runs train for
+# minutes), every `tessera run` and `tools/quickstart` line gets
+# `--set run.steps=N` appended (before a trailing # comment), and `tessera`
+# is build/bin/tessera, as that page says.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$here/lib.sh"
@@ -35,12 +40,25 @@ done
 ln -s "$build" "$clone/build"
 
 script="$work/guide.sh"
-awk -v guide="$guide" '
+steps="${GUIDE_QUICK_RUN_STEPS:-}"
+awk -v guide="$guide" -v steps="$steps" '
   function die(msg) { printf "%s:%d: %s\n", guide, NR, msg > "/dev/stderr"; bad = 1; exit 1 }
-  BEGIN { mark = ""; inblock = 0; blocks = 0; print "set -euo pipefail" }
+  function shorten(line,    at, cmd, comment) {
+    if (steps == "") return line
+    if (line !~ "(^|[ /])tessera run( |$)" && line !~ "^tools/quickstart( |$)") return line
+    at = index(line, " #")
+    cmd = at ? substr(line, 1, at - 1) : line
+    comment = at ? substr(line, at) : ""
+    sub(/[ \t]+$/, "", cmd)
+    return cmd " --set run.steps=" steps comment
+  }
+  BEGIN {
+    mark = ""; inblock = 0; blocks = 0; print "set -euo pipefail"
+    if (steps != "") print "export PATH=\"$PWD/build/bin:$PATH\""
+  }
   inblock {
     if ($0 ~ /^```[ \t]*$/) { inblock = 0; if (run) print "echo \"+++ end of block " blocks "\""; next }
-    if (run) print
+    if (run) print shorten($0)
     next
   }
   /^<!-- test -->[ \t]*$/ { mark = "test"; next }

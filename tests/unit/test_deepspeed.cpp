@@ -148,8 +148,28 @@ TEST_CASE("DeepSpeed keys the engine does not use are warnings, not errors",
   CHECK(job.settings.global_batch == 4);
   CHECK(any_warning(job.doc, "'memory_breakdown' is not used by tessera; ignored"));
   CHECK(any_warning(job.doc, "'activation_checkpointing' is not used by tessera; ignored"));
-  for (const auto &w : job.doc.warnings()) CHECK(w.rfind(q.dir.file("ds.json") + ": ", 0) == 0);
-  CHECK(job.doc.warnings().size() == 2);
+  // The JSON has an optimizer and no scheduler: the quickstart's schedule
+  // stays, and a third warning says so.
+  CHECK(any_warning(job.doc, "sets an optimizer but no scheduler: the learning rate follows the " +
+                                 q.toml + ":"));
+  CHECK(any_warning(job.doc, "[schedule] 'warmup_cosine' (warmup_steps 200), where DeepSpeed "
+                             "would keep it constant"));
+  for (const auto &w : job.doc.warnings()) CHECK(w.rfind(q.dir.file("ds.json"), 0) == 0);
+  CHECK(job.doc.warnings().size() == 3);
+}
+
+TEST_CASE("a key DeepSpeed itself does not know is an error with a did-you-mean",
+          "[config][deepspeed]") {
+  Quickstart q;
+  std::string ds = q.dir.file("ds.json");
+  std::string msg = q.doc_error(R"({"train_batch_sise": 4})");
+  CHECK(msg == ds + ": 'train_batch_sise' is not a DeepSpeed config key; did you mean "
+                    "'train_batch_size'?");
+  msg = q.doc_error(R"({"zzzzzzzzzz": 1})");
+  CHECK_THAT(msg, Catch::Contains("'zzzzzzzzzz' is not a DeepSpeed config key (docs/config.md"));
+  // A real DeepSpeed key tessera does not use stays a warning.
+  CHECK(any_warning(q.doc(R"({"prescale_gradients": true})"),
+                    "'prescale_gradients' is not used by tessera; ignored"));
 }
 
 TEST_CASE("broken DeepSpeed files name the file", "[config][deepspeed]") {
