@@ -45,6 +45,7 @@ class Optimizer {
   Optimizer &operator=(const Optimizer &) = delete;
 
   uint32_t state_count() const { return vt_->state_count(self_); }
+  const std::vector<float> &state(size_t i) const { return state_.at(i); }
   const char *state_name(uint32_t i) const { return vt_->state_name(self_, i); }
 
   // One update of params with grads; the compute copy is written when

@@ -6,14 +6,21 @@
 // adam_update in adam.hpp, shared by both devices; weight decay only applies
 // inside segments whose decay flag is set.
 //
-// The CPU kernel is a plain loop over one segment with no allocation, so the
-// compiler vectorizes it (built for AVX-512, AVX2 and SSE2, the best picked
-// at load time: TSR_CPU_CLONES in host_device.hpp); the optional
-// low-precision compute copy of the params is written in the same pass,
-// while the value is still in a register.
+// The CPU step is one pass over each segment: it reads the gradient in its
+// own dtype (2 bytes for bf16), reads and writes the fp32 master, m and v,
+// and writes the optional compute copy while the value is still in a
+// register: 28 bytes per parameter with bf16 gradients and a bf16 copy, the
+// least the update can move. The body of a segment runs in a vector kernel
+// (adam_avx512.cpp, adam_avx2.cpp: the best the CPU has, picked once at
+// create, or the one `cpu_kernel` names) and its ends in the scalar loop
+// here; all of them give the same bits (adam_cpu.hpp).
 // (The compute-copy and argument-check helpers are the same as sgd's: each
 // plugin library stands alone.)
 #include "adam.hpp"
+
+#if TSR_ADAM_SIMD
+#include <cpuid.h>
+#endif
 
 #include <tessera/tessera.h>
 
@@ -27,6 +34,8 @@
 #include <tessera/cpp/optimizer.hpp>
 #include <tessera/cpp/plugin.hpp>
 #include <vector>
+
+#include "adam_cpu.hpp"
 
 namespace sdk = tessera::sdk;
 
@@ -45,11 +54,14 @@ constexpr uint32_t kDevices = TSR_DEVICE_CPU;
 constexpr StepSupport kSupport = {kDevices, true};
 
 // ---------------------------------------------------------------------------
-// CPU kernel: one segment, pointers already offset to its first element.
+// CPU kernels.
 
+// The scalar loop over n elements, pointers already at the first: the
+// reference every vector kernel matches, and the ends of a segment that do
+// not fill a vector step.
 template <typename Grads, typename Out>
-TSR_CPU_CLONES void adam_segment(float *__restrict p, Grads g, float *__restrict m,
-                                 float *__restrict v, size_t n, const AdamConsts &k, Out out) {
+void adam_scalar(float *__restrict p, Grads g, float *__restrict m, float *__restrict v, size_t n,
+                 const AdamConsts &k, Out out) {
   for (size_t i = 0; i < n; ++i) {
     float mi = m[i], vi = v[i];
     const float pi = adam_update(p[i], g[i], mi, vi, k);
@@ -60,6 +72,103 @@ TSR_CPU_CLONES void adam_segment(float *__restrict p, Grads g, float *__restrict
   }
 }
 
+// The instruction sets of the CPU step (`cpu_kernel`).
+enum class CpuKernel { scalar, avx2, avx512 };
+
+const char *kernel_name(CpuKernel k) {
+  switch (k) {
+    case CpuKernel::avx512:
+      return "avx512";
+    case CpuKernel::avx2:
+      return "avx2";
+    default:
+      return "scalar";
+  }
+}
+
+// Whether this CPU (and the OS, for the wider registers) runs kernel k.
+bool cpu_has(CpuKernel k) {
+#if TSR_ADAM_SIMD
+  __builtin_cpu_init();
+  if (k == CpuKernel::avx512) return __builtin_cpu_supports("avx512f");
+  if (k == CpuKernel::avx2) {
+    // F16C (the fp16 conversions) from CPUID, which every AVX2 CPU has but
+    // which not every compiler's __builtin_cpu_supports can name.
+    unsigned a, b, c, d;
+    return __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+  }
+#endif
+  return k == CpuKernel::scalar;
+}
+
+// Kernel k's table; NULL for the scalar loop.
+const tessera::adam::SimdKernels *kernels_of(CpuKernel k) {
+#if TSR_ADAM_SIMD
+  if (k == CpuKernel::avx512) return tessera::adam::avx512_kernels();
+  if (k == CpuKernel::avx2) return tessera::adam::avx2_kernels();
+#endif
+  (void)k;
+  return nullptr;
+}
+
+// `cpu_kernel`: "auto" is the widest this CPU runs; a named one it cannot
+// run is refused rather than quietly replaced, since whoever names one
+// wants to measure or test that one.
+CpuKernel pick_kernel(const std::string &want, const char *who) {
+  if (want == "auto" || want.empty()) {  // empty: a host that does not fill in defaults
+    for (CpuKernel k : {CpuKernel::avx512, CpuKernel::avx2})
+      if (cpu_has(k)) return k;
+    return CpuKernel::scalar;
+  }
+  for (CpuKernel k : {CpuKernel::avx512, CpuKernel::avx2, CpuKernel::scalar}) {
+    if (want != kernel_name(k)) continue;
+    if (!cpu_has(k))
+      throw sdk::Error(TSR_ERR_UNSUPPORTED,
+                       fmt("%s: cpu_kernel = \"%s\": this CPU%s cannot run it; use \"auto\"", who,
+                           want.c_str(), TSR_ADAM_SIMD ? "" : " (or this build: not x86-64)"));
+    return k;
+  }
+  throw sdk::Error(
+      TSR_ERR_CONFIG,
+      fmt("%s: cpu_kernel must be auto, avx512, avx2 or scalar, got \"%s\"", who, want.c_str()));
+}
+
+// A compute copy of at least this many elements per call is written with
+// non-temporal stores: such a call moves 1.8 MB or more, past what a core's
+// cache keeps for a later reader, and a normal store would first read every
+// line of the copy (2 more bytes per parameter, 7% of the step's traffic).
+constexpr size_t kStreamMin = size_t(1) << 16;
+
+// One segment on the CPU, every pointer at its first element: the vector
+// kernel over the whole vector steps (from the first 64-byte boundary of the
+// compute copy when it streams), the scalar loop over the rest.
+void cpu_segment(const tessera::adam::SimdKernels *simd, Elem ge, const void *g, Elem oe, void *out,
+                 float *p, float *m, float *v, size_t n, const AdamConsts &k) {
+  static_assert(int(Elem::none) == 0 && int(Elem::f32) == 1 && int(Elem::bf16) == 2 &&
+                int(Elem::f16) == 3);                     // the table slots of SimdKernels
+  const size_t gb = elem_bytes(ge), ob = elem_bytes(oe);  // ge is never Elem::none
+  size_t head = 0, body = 0;
+  bool stream = false;
+  if (simd) {
+    const uintptr_t at = reinterpret_cast<uintptr_t>(out);
+    stream = ob && n >= kStreamMin && at % ob == 0;
+    if (stream) head = (64 - at % 64) % 64 / ob;
+    body = (n - head) / tessera::adam::kSimdBlock * tessera::adam::kSimdBlock;
+  }
+  with_grads(ge, g, [&](auto grads) {
+    with_compute_copy(oe, out, [&](auto copy) {
+      adam_scalar(p, grads, m, v, head, k, copy);
+      if (body) {
+        const int gi = int(ge) - 1, oi = int(oe);
+        simd->k[gi][oi](p + head, static_cast<const char *>(g) + head * gb, m + head, v + head,
+                        body, k, ob ? static_cast<char *>(out) + head * ob : nullptr, stream);
+      }
+      const size_t t = head + body;
+      adam_scalar(p + t, grads.rebase(t), m + t, v + t, n - t, k, copy.rebase(t));
+    });
+  });
+}
+
 // ---------------------------------------------------------------------------
 // The plugin instance and its entry points.
 
@@ -67,7 +176,8 @@ struct Adam {
   const tsr_host *host = nullptr;
   const char *name = "adam";  // for messages: "adam" or "adamw"
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
-  bool decoupled = false;  // the `adamw` key
+  bool decoupled = false;                            // the `adamw` key
+  const tessera::adam::SimdKernels *simd = nullptr;  // `cpu_kernel`; NULL: scalar
 };
 
 void create_into(const tsr_host *host, const tsr_config *cfg, const char *name, void **out_self) {
@@ -93,6 +203,7 @@ void create_into(const tsr_host *host, const tsr_config *cfg, const char *name, 
   self->eps = c.get_float("eps");
   self->weight_decay = c.get_float("weight_decay");
   self->decoupled = c.get_bool("adamw");
+  self->simd = kernels_of(pick_kernel(c.get_string("cpu_kernel"), name));
   *out_self = self.release();
 }
 
@@ -157,17 +268,16 @@ tsr_status adam_step(void *self, const tsr_optimizer_step_args *args) {
     if (args->device.device_type == kDLCUDA)
       return tessera::adam::adam_step_cuda(s->host, args, base, decayed, s->name);
 #endif
-    with_grads(args, s->name, [&](auto grads) {
-      with_compute_copy(args, s->name, [&](auto copy) {
-        for (size_t i = 0; i < args->num_segments; ++i) {
-          const tsr_segment &seg = args->segments[i];
-          const size_t off = seg.offset;
-          adam_segment(args->params + off, grads.rebase(off), args->state[0] + off,
-                       args->state[1] + off, seg.count, seg.decay ? decayed : base,
-                       copy.rebase(off));
-        }
-      });
-    });
+    const Elem ge = grads_elem(args, s->name), oe = compute_elem(args, s->name);
+    const size_t gb = elem_bytes(ge), ob = elem_bytes(oe);
+    for (size_t i = 0; i < args->num_segments; ++i) {
+      const tsr_segment &seg = args->segments[i];
+      const size_t off = seg.offset;
+      cpu_segment(s->simd, ge, reinterpret_cast<const char *>(args->grads) + off * gb, oe,
+                  ob ? static_cast<char *>(args->compute_params) + off * ob : nullptr,
+                  args->params + off, args->state[0] + off, args->state[1] + off, seg.count,
+                  seg.decay ? decayed : base);
+    }
   });
 }
 
@@ -185,6 +295,10 @@ const tsr_param_decl kAdamParams[] = {
                    "weight decay (decaying segments only); L2 or decoupled, see adamw", 0.0),
     sdk::param("adamw", TSR_PARAM_BOOL, "false",
                "false: L2 added to the gradient (torch Adam); true: decoupled (torch AdamW)"),
+    sdk::param_choice("cpu_kernel", "\"auto\"",
+                      "instruction set of the CPU step: auto = the widest this CPU runs; every "
+                      "choice gives the same bits",
+                      "auto|avx512|avx2|scalar"),
 };
 
 const tsr_param_decl kAdamwParams[] = {
@@ -198,6 +312,10 @@ const tsr_param_decl kAdamwParams[] = {
                    "weight decay (decaying segments only); decoupled unless adamw = false", 0.0),
     sdk::param("adamw", TSR_PARAM_BOOL, "true",
                "true: decoupled weight decay (torch AdamW); false: L2 added to the gradient"),
+    sdk::param_choice("cpu_kernel", "\"auto\"",
+                      "instruction set of the CPU step: auto = the widest this CPU runs; every "
+                      "choice gives the same bits",
+                      "auto|avx512|avx2|scalar"),
 };
 
 const tsr_optimizer_vtable kAdamVtable = {

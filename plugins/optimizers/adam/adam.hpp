@@ -27,6 +27,10 @@ struct AdamConsts {
   float eps;
 };
 
+// The vector CPU kernels (adam_simd.hpp) spell the same operations out on
+// vectors, in the same order: a change here must be made there too
+// (tests/unit/test_optimizers_simd.cpp compares their bits with this).
+//
 // The update for one element at step t (counting from 1), in torch's order:
 //   g  = grad * grad_scale (+ weight_decay * p        when adamw = false)
 //   p  = p * (1 - lr * weight_decay)                   when adamw = true

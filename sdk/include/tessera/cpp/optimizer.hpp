@@ -202,30 +202,34 @@ inline Elem grads_elem(const tsr_optimizer_step_args *args, const char *who) {
                   dtype_str(t).c_str()));
 }
 
-// Calls fn(writer) with the writer for args->compute_params, so the kernels
-// are instantiated once per output type and hold no branch on the dtype.
+// Calls fn(writer) with the writer of type `e` at `out` (Elem::none: the
+// writer that writes nothing), so the kernels are instantiated once per
+// output type and hold no branch on the dtype.
 template <typename Fn>
-void with_compute_copy(const tsr_optimizer_step_args *args, const char *who, Fn &&fn) {
-  switch (compute_elem(args, who)) {
+void with_compute_copy(Elem e, void *out, Fn &&fn) {
+  switch (e) {
     case Elem::f32:
-      return fn(CopyF32{static_cast<float *>(args->compute_params)});
+      return fn(CopyF32{static_cast<float *>(out)});
     case Elem::bf16:
-      return fn(CopyBF16{static_cast<uint16_t *>(args->compute_params)});
+      return fn(CopyBF16{static_cast<uint16_t *>(out)});
     case Elem::f16:
-      return fn(CopyF16{static_cast<uint16_t *>(args->compute_params)});
+      return fn(CopyF16{static_cast<uint16_t *>(out)});
     default:
       return fn(NoCopy{});
   }
 }
 
-// Calls fn(reader) with the reader for args->grads in its dtype (see
-// grads_elem), one instantiation per gradient type like with_compute_copy.
-// (args->grads is typed `const float *` since ABI 1.0; with a 16-bit
-// grads_dtype it points at uint16_t bit patterns.)
+// The same for args->compute_params in its dtype (see compute_elem).
 template <typename Fn>
-void with_grads(const tsr_optimizer_step_args *args, const char *who, Fn &&fn) {
-  const void *g = args->grads;
-  switch (grads_elem(args, who)) {
+void with_compute_copy(const tsr_optimizer_step_args *args, const char *who, Fn &&fn) {
+  with_compute_copy(compute_elem(args, who), args->compute_params, static_cast<Fn &&>(fn));
+}
+
+// Calls fn(reader) with the reader of type `e` at `g` (Elem::none reads
+// float32), one instantiation per gradient type like with_compute_copy.
+template <typename Fn>
+void with_grads(Elem e, const void *g, Fn &&fn) {
+  switch (e) {
     case Elem::bf16:
       return fn(GradsBF16{static_cast<const uint16_t *>(g)});
     case Elem::f16:
@@ -233,6 +237,19 @@ void with_grads(const tsr_optimizer_step_args *args, const char *who, Fn &&fn) {
     default:
       return fn(GradsF32{static_cast<const float *>(g)});
   }
+}
+
+// The same for args->grads in its dtype (see grads_elem).
+// (args->grads is typed `const float *` since ABI 1.0; with a 16-bit
+// grads_dtype it points at uint16_t bit patterns.)
+template <typename Fn>
+void with_grads(const tsr_optimizer_step_args *args, const char *who, Fn &&fn) {
+  with_grads(grads_elem(args, who), args->grads, static_cast<Fn &&>(fn));
+}
+
+// Bytes of one element of type `e` (0 for Elem::none).
+inline size_t elem_bytes(Elem e) {
+  return e == Elem::f32 ? 4 : e == Elem::none ? 0 : 2;
 }
 
 // What a plugin's step can take beyond the defaults of check_step_args:
