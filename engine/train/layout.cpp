@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <atomic>
 #include <random>
+#include <thread>
 
 #include "util/error.hpp"
 
@@ -126,36 +128,62 @@ std::vector<tsr_segment> Layout::segments(size_t begin, size_t count) const {
   return out;
 }
 
-void init_params(const Layout &layout, float *flat, uint64_t seed) {
-  for (const auto &p : layout.params) {
-    // Seed from the name so a parameter's initial value is independent of
-    // layout and world size.
-    uint64_t h = seed ^ 0xcbf29ce484222325ULL;
-    for (char c : p.name) h = (h ^ static_cast<uint8_t>(c)) * 0x100000001b3ULL;
-    std::mt19937_64 gen(h);
-    float *x = flat + p.offset;
-    switch (p.init) {
-      case TSR_INIT_ZEROS:
-        for (size_t i = 0; i < p.numel; ++i) x[i] = 0.f;
-        break;
-      case TSR_INIT_ONES:
-        for (size_t i = 0; i < p.numel; ++i) x[i] = 1.f;
-        break;
-      case TSR_INIT_NORMAL: {
-        std::normal_distribution<float> d(p.init_a, p.init_b);
-        for (size_t i = 0; i < p.numel; ++i) x[i] = d(gen);
-        break;
-      }
-      case TSR_INIT_UNIFORM: {
-        std::uniform_real_distribution<float> d(p.init_a, p.init_b);
-        for (size_t i = 0; i < p.numel; ++i) x[i] = d(gen);
-        break;
-      }
-      default:
-        throw Error(TSR_ERR_INVALID,
-                    "parameter '" + p.name + "': unknown initialiser " + std::to_string(p.init));
+namespace {
+
+void init_one(const ParamSlot &p, float *flat, uint64_t seed) {
+  // Seed from the name so a parameter's initial value is independent of
+  // layout, world size and which thread fills it.
+  uint64_t h = seed ^ 0xcbf29ce484222325ULL;
+  for (char c : p.name) h = (h ^ static_cast<uint8_t>(c)) * 0x100000001b3ULL;
+  std::mt19937_64 gen(h);
+  float *x = flat + p.offset;
+  switch (p.init) {
+    case TSR_INIT_ZEROS:
+      std::fill(x, x + p.numel, 0.f);
+      break;
+    case TSR_INIT_ONES:
+      std::fill(x, x + p.numel, 1.f);
+      break;
+    case TSR_INIT_NORMAL: {
+      std::normal_distribution<float> d(p.init_a, p.init_b);
+      for (size_t i = 0; i < p.numel; ++i) x[i] = d(gen);
+      break;
     }
+    case TSR_INIT_UNIFORM: {
+      std::uniform_real_distribution<float> d(p.init_a, p.init_b);
+      for (size_t i = 0; i < p.numel; ++i) x[i] = d(gen);
+      break;
+    }
+    default:
+      break;  // refused before any thread starts
   }
+}
+
+}  // namespace
+
+void init_params(const Layout &layout, float *flat, uint64_t seed) {
+  for (const auto &p : layout.params)
+    if (p.init != TSR_INIT_ZEROS && p.init != TSR_INIT_ONES && p.init != TSR_INIT_NORMAL &&
+        p.init != TSR_INIT_UNIFORM)
+      throw Error(TSR_ERR_INVALID,
+                  "parameter '" + p.name + "': unknown initialiser " + std::to_string(p.init));
+  // One generator per parameter, so parameters fill in parallel with the
+  // same values as one after another: largest first, one thread per core
+  // (a 1.5B model's 1.5e9 normal draws took 40 s on one).
+  std::vector<const ParamSlot *> order;
+  for (const auto &p : layout.params) order.push_back(&p);
+  std::sort(order.begin(), order.end(),
+            [](const ParamSlot *a, const ParamSlot *b) { return a->numel > b->numel; });
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < order.size();) init_one(*order[i], flat, seed);
+  };
+  const unsigned threads = std::min<unsigned>(std::max(1u, std::thread::hardware_concurrency()),
+                                              static_cast<unsigned>(order.size()));
+  std::vector<std::thread> pool;
+  for (unsigned t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (auto &t : pool) t.join();
 }
 
 }  // namespace tessera
