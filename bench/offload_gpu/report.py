@@ -100,6 +100,9 @@ def main():
             print(f"\nThe CPU step alone over {alone.get('params', 0):.3g} elements on {alone.get('threads')} threads: "
                   f"{alone['step_s'] * 1e3:.0f} ms; the GPU's forward (offload none): {fwd_none:.0f} ms; "
                   f"the offloaded step / (their sum) = {step_ms / bound:.2f} (target <= 1.15).")
+            print(f"\nCPU AdamW alone (step_bench, {alone.get('kernel')} kernel): {alone.get('params_per_s', 0):.3g} "
+                  f"params/s, {alone.get('GBps', 0):.0f} GB/s at 28 B/param; the read-modify-write ceiling on the same "
+                  f"threads {alone.get('ceiling_GBps', 0):.0f} GB/s: {alone.get('pct_of_ceiling', 0):.0f}% of it.")
         print()
     for name in runs:
         log = os.path.join(work, name + ".log")

@@ -179,7 +179,9 @@ Session::Session(const Job &j, Host::RunFacts facts, bool train, ParamInitialize
   hooks.grads_done = [this, group_at](uint32_t mg) {
     uint32_t g = 0;
     tsr_status st = group_at(mg, &g);
-    return st != TSR_OK ? st : zero.vt->grads_done(zero.self, g, last_micro);
+    if (st == TSR_OK) st = zero.vt->grads_done(zero.self, g, last_micro);
+    if (st == TSR_OK && last_micro && grads_final) st = grads_final(g);
+    return st;
   };
   hooks.params_done = [this, group_at](uint32_t mg) {
     uint32_t g = 0;

@@ -105,6 +105,12 @@ struct Session {
   void settle_update();
   // Before the gradients are cleared: the backend has read them.
   void wait_grads_read();
+  // Set by the trainer for the last micro-batch of a step whose owned
+  // gradients are final as backward declares them (one rank, gradients not
+  // partitioned, nothing to take first such as a clipping norm): called
+  // with the group after the zero plugin's grads_done, so its update can
+  // start while backward goes on.
+  std::function<tsr_status(uint32_t)> grads_final;
   // Seconds the param hook spent waiting for updates in flight (the GPU,
   // or the CPU forward, waiting for the offloaded step).
   double update_wait_s = 0;

@@ -76,13 +76,18 @@ void legacy_zero_step(StepPlan &p, const UpdateArgs &u, bool apply) {
             apply ? "[zero] step" : "[zero] step (skipped)");
 }
 
-// Every owned range through the offload backend; then the parameters are
-// re-shared where the stage needs it (which waits for every update).
+// Every owned range through the offload backend (those backward handed
+// over already excepted); then the parameters are re-shared where the stage
+// needs it (which waits for every update).
 void update_ranges(StepPlan &p, const UpdateArgs &u) {
   Session &s = p.s;
-  const std::vector<tsr_owned_range> &ranges = s.owned_ranges();
-  for (const tsr_owned_range &r : ranges)
-    plugin_ok(s.host, offload_step(p, u, r), "[offload] step");
+  if (p.started.empty()) {
+    p.ranges = s.owned_ranges();
+    p.started.assign(p.ranges.size(), 0);
+  }
+  for (size_t i = 0; i < p.ranges.size(); ++i)
+    if (!p.started[i]) plugin_ok(s.host, offload_step(p, u, p.ranges[i]), "[offload] step");
+  p.started.clear();
   s.updates_started();
   if (s.needs_reshare()) {
     s.settle_update();
@@ -99,13 +104,51 @@ void clear_grads(StepPlan &p, TrainState &ts) {
   ts.grads_dirty = false;
 }
 
+// Whether a step's update may start during its last backward, group by
+// group: the update needs nothing computed over the whole gradient first
+// (no clipping norm, no fp16 overflow check), the owned gradients are final
+// when backward declares them (one rank, not partitioned: no reduction to
+// wait for), and the backend overlaps (ABI 1.2). The ranges then go in
+// backward's order, the same updates as after backward, so the same bits.
+bool early_start(const StepPlan &p) {
+  const Session &s = p.s;
+  return p.st.gradient_clipping <= 0 && p.st.precision != "fp16" &&
+         s.host.facts().world_size == 1 && !s.plan.partition_grads && s.host_drives_update() &&
+         TSR_HAS_FIELD(s.offload.vt, tsr_offload_vtable, wait_params) && s.offload.vt->wait_params;
+}
+
+// The hook Session calls as backward declares group g's gradients final.
+tsr_status start_group(StepPlan &p, const TrainState &ts, uint32_t g) {
+  return guarded(p.s.host.ctx(), [&] {
+    UpdateArgs u;
+    u.lr = schedule_lr(p.st.schedule, p.lr0, ts.step, ts.total);
+    u.grad_scale = 1.0 / ts.scaler.scale;
+    u.step = ts.step + 1 - ts.scaler.skipped;
+    const size_t lo = p.s.layout.group_offset[g], hi = lo + p.s.layout.group_size[g];
+    for (size_t i = 0; i < p.ranges.size(); ++i) {
+      const tsr_owned_range &r = p.ranges[i];
+      if (p.started[i] || r.flat_offset < lo || r.flat_offset >= hi) continue;
+      p.started[i] = 1;
+      plugin_ok(p.s.host, offload_step(p, u, r), "[offload] step");
+    }
+  });
+}
+
 }  // namespace
 
 double train_step(StepPlan &p, TrainState &ts, Loader &loader) {
   p.obs.begin_step(ts.step + 1);
   double loss = 0;
-  for (int64_t m = 0; m < p.st.accumulation; ++m)
-    loss += micro_step(p, ts, loader, m == p.st.accumulation - 1);
+  for (int64_t m = 0; m < p.st.accumulation; ++m) {
+    const bool last = m == p.st.accumulation - 1;
+    if (last && early_start(p)) {
+      p.ranges = p.s.owned_ranges();
+      p.started.assign(p.ranges.size(), 0);
+      p.s.grads_final = [&p, &ts](uint32_t g) { return start_group(p, ts, g); };
+    }
+    loss += micro_step(p, ts, loader, last);
+    p.s.grads_final = nullptr;
+  }
   apply_update(p, ts, loss);
   if (!std::isfinite(loss)) loss = 0;  // fp16: an overflowing step, skipped
   ++ts.step;

@@ -60,6 +60,10 @@ struct StepPlan {
   // Decay segments of each owned range (by flat offset): fixed for the
   // run, so worked out once rather than every step.
   std::map<size_t, std::vector<tsr_segment>> segments;
+  // This step's owned ranges and which were handed over early, during
+  // backward (see early_start in step.cpp).
+  std::vector<tsr_owned_range> ranges;
+  std::vector<char> started;
 };
 
 // One optimizer step over `accumulation` micro-batches from `loader`;

@@ -49,7 +49,10 @@ void HostPipeline::submit(RangeUpdate u) {
   const size_t k = jobs_.size();
 #if TSR_PLUGIN_CUDA
   if (s_.cuda) {
-    if (k == 0) copies_.after_compute(s_.host->compute_stream);  // after backward
+    // Ordered after what the compute stream has queued so far: the backward
+    // that produced these gradients (and, when the range comes during
+    // backward, its use of the range's parameters before it said so).
+    copies_.after_compute(s_.host->compute_stream);
     if (events_.size() <= k) {
       std::array<cudaEvent_t, 4> ev{};
       for (cudaEvent_t &e : ev) cuda_check(cudaEventCreate(&e), s_.who, "event");
