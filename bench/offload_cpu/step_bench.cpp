@@ -1,26 +1,39 @@
-// bench/offload_cpu/step_bench: the CPU half of offload `cpu`, measured alone.
+// bench/offload_cpu/step_bench: tessera's CPU AdamW step against the
+// memory's ceiling for the same traffic, on the same threads.
 //
-//   step_bench PLUGIN_DIR PARAMS THREADS [STEPS]
+//   step_bench PLUGIN_DIR PARAMS THREADS [REPS] [STEPS]
+//   (KERNEL=auto|avx512|avx2|scalar picks the plugin's cpu_kernel)
 //
-// Loads the adam optimizer plugin and the `cpu` offload plugin from
-// PLUGIN_DIR behind a minimal host (host memory, config, log), sets the
-// offload up for PARAMS fp32 elements with THREADS threads, and times STEPS
-// offload steps over the whole range (after one warm-up step): the same path
-// a CPU run takes, the optimizer's CPU kernel in chunks on the plugin's
-// pool. Then a STREAM-style triad (a = b + s * c, float32) on as many
-// threads over arrays of the same size. Prints one JSON line: params/s,
-// GB/s at 28 bytes per parameter (read p, g, m, v; write p, m, v: all real
-// traffic, the stores hit lines just read), the triad's GB/s as STREAM
-// counts it (12 bytes per element) and as the memory moves it (16: the
-// store to `a` first reads the line, write-allocate), and Adam's share of
-// the latter.
+// THREADS threads, thread t pinned to the t-th CPU this process may run on,
+// each owning one contiguous slice of every array and touching it first
+// (so its pages sit on that thread's NUMA node), as a NUMA-aware offload
+// would lay them out. Arrays: bf16 gradients, fp32 master, m and v, and the
+// bf16 compute copy: 28 bytes per parameter per step (read g 2, read and
+// write master, m, v 24, write the copy 2).
+//   tessera: each thread calls the adamw plugin's CPU step (the optimizer's
+//     vtable, as offload backends do per chunk) on its slice: bf16
+//     gradients in, bf16 copy out, decoupled weight decay.
+//   ceiling: a read-modify-write kernel over the same arrays on the same
+//     threads with trivial math (p += g, m += g, v += g * g, copy = top half
+//     of p), vectorised like the step, once with non-temporal stores of the
+//     copy and once with plain ones; the faster is the ceiling.
+// Each figure is the median over REPS windows (default 5) of STEPS steps
+// each (default 2), after one warm-up window; tessera and the ceiling
+// alternate window by window. Prints one JSON line.
 #include <dlfcn.h>
+#include <immintrin.h>
+#include <pthread.h>
+#include <sched.h>
+#include <sys/mman.h>
 #include <tessera/tessera.h>
 
+#include <algorithm>
+#include <barrier>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <string>
 #include <thread>
@@ -28,20 +41,23 @@
 
 namespace {
 
+// ---------------------------------------------------------------------------
+// A minimal host: config values from maps, messages to stderr.
+
 struct Cfg {
   std::map<std::string, double> num;
   std::map<std::string, std::vector<double>> arr;
+  std::map<std::string, std::string> str;
 };
-
+const Cfg *as(const tsr_config *c) {
+  return reinterpret_cast<const Cfg *>(c);
+}
 tsr_status error(tsr_host_ctx *, tsr_status code, const char *message) {
   std::fprintf(stderr, "error: %s\n", message);
   return code;
 }
 void log(tsr_host_ctx *, int32_t, const char *message) {
   std::fprintf(stderr, "%s\n", message);
-}
-const Cfg *as(const tsr_config *c) {
-  return reinterpret_cast<const Cfg *>(c);
 }
 tsr_status config_bool(const tsr_config *c, const char *k, int32_t *out) {
   *out = as(c)->num.count(k) ? int32_t(as(c)->num.at(k)) : 0;
@@ -55,8 +71,8 @@ tsr_status config_float(const tsr_config *c, const char *k, double *out) {
   *out = as(c)->num.count(k) ? as(c)->num.at(k) : 0;
   return TSR_OK;
 }
-tsr_status config_string(const tsr_config *, const char *, const char **out) {
-  *out = "";
+tsr_status config_string(const tsr_config *c, const char *k, const char **out) {
+  *out = as(c)->str.count(k) ? as(c)->str.at(k).c_str() : "";
   return TSR_OK;
 }
 tsr_status config_array_size(const tsr_config *c, const char *k, size_t *out) {
@@ -66,19 +82,6 @@ tsr_status config_array_size(const tsr_config *c, const char *k, size_t *out) {
 tsr_status config_float_at(const tsr_config *c, const char *k, size_t i, double *out) {
   *out = as(c)->arr.at(k).at(i);
   return TSR_OK;
-}
-tsr_status alloc(tsr_host_ctx *, DLDevice, size_t bytes, tsr_mem_purpose, void **out) {
-  if (bytes == 0) {
-    *out = nullptr;
-    return TSR_OK;
-  }
-  *out = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
-  if (!*out) return TSR_ERR_NO_MEMORY;
-  std::memset(*out, 0, bytes);  // first touch, like the engine's allocator
-  return TSR_OK;
-}
-void release(tsr_host_ctx *, void *p) {
-  std::free(p);
 }
 
 const tsr_plugin_descriptor *find(const std::string &dir, const char *lib, const char *name) {
@@ -101,6 +104,119 @@ double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// Pages reserved, not touched: the thread that owns a slice touches it
+// first. Huge pages where the kernel gives them (fewer TLB misses over
+// gigabytes, for both kernels alike).
+template <typename T>
+T *reserve(size_t n) {
+  const size_t bytes = (n * sizeof(T) + (2u << 20) - 1) / (2u << 20) * (2u << 20);
+  void *p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    std::perror("mmap");
+    std::exit(1);
+  }
+#ifdef MADV_HUGEPAGE
+  madvise(p, bytes, MADV_HUGEPAGE);
+#endif
+  return static_cast<T *>(p);
+}
+
+// ---------------------------------------------------------------------------
+// The ceiling: the same arrays and traffic as the step, trivial math.
+
+template <bool Stream>
+void rmw(float *p, const uint16_t *g, float *m, float *v, uint16_t *out, size_t n) {
+  size_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16) {
+    const __m256i gh = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(g + i));
+    const __m512 gf = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(gh), 16));
+    const __m512 pi = _mm512_add_ps(_mm512_loadu_ps(p + i), gf);
+    _mm512_storeu_ps(p + i, pi);
+    _mm512_storeu_ps(m + i, _mm512_add_ps(_mm512_loadu_ps(m + i), gf));
+    _mm512_storeu_ps(v + i, _mm512_add_ps(_mm512_loadu_ps(v + i), _mm512_mul_ps(gf, gf)));
+    const __m256i h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(pi), 16));
+    if constexpr (Stream)
+      _mm256_stream_si256(reinterpret_cast<__m256i *>(out + i), h);
+    else
+      _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + i), h);
+  }
+#elif defined(__AVX2__)
+  for (; i + 8 <= n; i += 8) {
+    const __m128i gh = _mm_loadu_si128(reinterpret_cast<const __m128i *>(g + i));
+    const __m256 gf = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(gh), 16));
+    const __m256 pi = _mm256_add_ps(_mm256_loadu_ps(p + i), gf);
+    _mm256_storeu_ps(p + i, pi);
+    _mm256_storeu_ps(m + i, _mm256_add_ps(_mm256_loadu_ps(m + i), gf));
+    _mm256_storeu_ps(v + i, _mm256_add_ps(_mm256_loadu_ps(v + i), _mm256_mul_ps(gf, gf)));
+    const __m256i top = _mm256_srli_epi32(_mm256_castps_si256(pi), 16);
+    const __m128i h =
+        _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(top, top), 0x08));
+    if constexpr (Stream)
+      _mm_stream_si128(reinterpret_cast<__m128i *>(out + i), h);
+    else
+      _mm_storeu_si128(reinterpret_cast<__m128i *>(out + i), h);
+  }
+#endif
+  for (; i < n; ++i) {
+    uint32_t u = uint32_t(g[i]) << 16;
+    float gf;
+    std::memcpy(&gf, &u, 4);
+    p[i] += gf;
+    m[i] += gf;
+    v[i] += gf * gf;
+    std::memcpy(&u, &p[i], 4);
+    out[i] = uint16_t(u >> 16);
+  }
+  if constexpr (Stream) _mm_sfence();
+}
+
+// ---------------------------------------------------------------------------
+// THREADS pinned workers that run one job at a time, each on its slice.
+
+class Team {
+ public:
+  explicit Team(const std::vector<int> &cpus) : start_(cpus.size() + 1), done_(cpus.size() + 1) {
+    for (size_t t = 0; t < cpus.size(); ++t)
+      threads_.emplace_back([this, t, cpu = cpus[t]] {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(cpu, &set);
+        pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+        for (;;) {
+          start_.arrive_and_wait();
+          if (stop_) return;
+          (*job_)(t);
+          done_.arrive_and_wait();
+        }
+      });
+  }
+  ~Team() {
+    stop_ = true;
+    start_.arrive_and_wait();
+    for (auto &t : threads_) t.join();
+  }
+  // Runs job(t) on every worker; returns the seconds from start to the last.
+  double run(const std::function<void(size_t)> &job) {
+    job_ = &job;
+    const double t0 = now();
+    start_.arrive_and_wait();
+    done_.arrive_and_wait();
+    return now() - t0;
+  }
+
+ private:
+  std::barrier<> start_, done_;
+  const std::function<void(size_t)> *job_ = nullptr;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
+
+double median(std::vector<double> x) {
+  std::sort(x.begin(), x.end());
+  return x.size() % 2 ? x[x.size() / 2] : (x[x.size() / 2 - 1] + x[x.size() / 2]) / 2;
+}
+
 #define OK(x)                                   \
   do {                                          \
     if ((x) != TSR_OK) {                        \
@@ -113,13 +229,32 @@ double now() {
 
 int main(int argc, char **argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: step_bench PLUGIN_DIR PARAMS THREADS [STEPS]\n");
+    std::fprintf(stderr, "usage: step_bench PLUGIN_DIR PARAMS THREADS [REPS] [STEPS]\n");
     return 2;
   }
   const std::string dir = argv[1];
   const size_t n = static_cast<size_t>(std::atof(argv[2]));
-  const int threads = std::atoi(argv[3]);
-  const int steps = argc > 4 ? std::atoi(argv[4]) : 5;
+  const size_t threads = static_cast<size_t>(std::atoi(argv[3]));
+  const int reps = argc > 4 ? std::max(3, std::atoi(argv[4])) : 5;
+  const int steps = argc > 5 ? std::max(1, std::atoi(argv[5])) : 2;
+  const std::string kernel = std::getenv("KERNEL") ? std::getenv("KERNEL") : "auto";
+  // What "auto" picks: the plugin's rule (the widest this CPU runs).
+  __builtin_cpu_init();
+  const std::string picked = kernel != "auto"                    ? kernel
+                             : __builtin_cpu_supports("avx512f") ? "avx512"
+                             : __builtin_cpu_supports("avx2")    ? "avx2"
+                                                                 : "scalar";
+
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  sched_getaffinity(0, sizeof allowed, &allowed);
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE && cpus.size() < threads; ++c)
+    if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+  if (cpus.size() < threads) {
+    std::fprintf(stderr, "step_bench: %zu threads asked, %zu CPUs allowed\n", threads, cpus.size());
+    return 2;
+  }
 
   tsr_run_info run{};
   run.struct_size = sizeof run;
@@ -137,95 +272,103 @@ int main(int argc, char **argv) {
   host.config_string = config_string;
   host.config_array_size = config_array_size;
   host.config_float_at = config_float_at;
-  host.alloc = alloc;
-  host.free = release;
   host.run = &run;
-
   const auto *adam = static_cast<const tsr_optimizer_vtable *>(
-      find(dir, "libtsr_optimizer_adam.so", "adam")->vtable);
-  const auto *cpu =
-      static_cast<const tsr_offload_vtable *>(find(dir, "libtsr_offload_cpu.so", "cpu")->vtable);
+      find(dir, "libtsr_optimizer_adam.so", "adamw")->vtable);
   Cfg acfg;
   acfg.num = {{"lr", 1e-3}, {"eps", 1e-8}, {"weight_decay", 0.01}, {"adamw", 1}};
   acfg.arr = {{"betas", {0.9, 0.999}}};
-  Cfg ocfg;
-  ocfg.num = {{"threads", threads}, {"sub_group_size", 1 << 24}, {"pin_memory", 0}};
-  void *opt = nullptr, *off = nullptr;
+  acfg.str = {{"cpu_kernel", kernel}};
+  void *opt = nullptr;
   OK(adam->create(&host, reinterpret_cast<const tsr_config *>(&acfg), &opt));
-  OK(cpu->create(&host, reinterpret_cast<const tsr_config *>(&ocfg), &off));
-  tsr_offload_setup os{};
-  os.struct_size = sizeof os;
-  os.n = n;
-  os.optimizer = adam;
-  os.optimizer_self = opt;
-  os.state_count = 2;
-  os.device = DLDevice{kDLCPU, 0};
-  os.compute_dtype = DLDataType{kDLFloat, 32, 1};
-  OK(cpu->setup(off, &os));
 
-  std::vector<float> grads(n), params(n);
-  for (size_t i = 0; i < n; ++i) grads[i] = 1e-3f * float(int(i % 2001) - 1000);
-  const tsr_segment seg{0, n, 1};
-  double best = 1e30;
-  for (int s = 0; s <= steps; ++s) {
-    tsr_offload_step st{};
-    st.struct_size = sizeof st;
-    st.count = n;
-    st.grads = grads.data();
-    st.params = params.data();
-    st.segments = &seg;
-    st.num_segments = 1;
-    st.lr = 1e-3;
-    st.grad_scale = 1;
-    st.step = s + 1;
-    const double t0 = now();
-    OK(cpu->step(off, &st));
-    OK(cpu->flush(off));
-    if (s > 0) best = std::min(best, now() - t0);  // step 0 warms up
-  }
-  cpu->destroy(off);
-  adam->destroy(opt);
-  std::vector<float>().swap(grads);
-  std::vector<float>().swap(params);
+  float *p = reserve<float>(n), *m = reserve<float>(n), *v = reserve<float>(n);
+  uint16_t *g = reserve<uint16_t>(n), *out = reserve<uint16_t>(n);
+  // Slice t is [lo(t), lo(t + 1)), boundaries on 16 elements (64 bytes of
+  // fp32, so no cache line is shared by two threads' fp32 arrays).
+  auto lo = [&](size_t t) { return t >= threads ? n : n * t / threads / 16 * 16; };
 
-  // Triad over the same number of elements, the same number of threads,
-  // each thread on its own contiguous slice (first touched by it).
-  std::vector<float *> a(1), b(1), c(1);
-  a[0] = static_cast<float *>(std::aligned_alloc(64, (n * 4 + 63) / 64 * 64));
-  b[0] = static_cast<float *>(std::aligned_alloc(64, (n * 4 + 63) / 64 * 64));
-  c[0] = static_cast<float *>(std::aligned_alloc(64, (n * 4 + 63) / 64 * 64));
-  auto parallel = [&](auto fn) {
-    std::vector<std::thread> ts;
-    for (int t = 0; t < threads; ++t)
-      ts.emplace_back([&, t] {
-        const size_t lo = n * t / threads, hi = n * (t + 1) / threads;
-        fn(lo, hi);
-      });
-    for (auto &t : ts) t.join();
-  };
-  parallel([&](size_t lo, size_t hi) {
-    for (size_t i = lo; i < hi; ++i) a[0][i] = 0, b[0][i] = 1, c[0][i] = 2;
+  Team team(cpus);
+  team.run([&](size_t t) {  // first touch, by the owner
+    for (size_t i = lo(t); i < lo(t + 1); ++i) {
+      p[i] = 1e-2f * float(int(i % 997) - 498);
+      m[i] = v[i] = 0.0f;
+      const float x = 1e-3f * float(int(i % 2001) - 1000);
+      uint32_t u;
+      std::memcpy(&u, &x, 4);
+      g[i] = uint16_t(u >> 16);
+      out[i] = 0;
+    }
   });
-  double triad = 1e30;
-  for (int s = 0; s < 5; ++s) {
-    const double t0 = now();
-    parallel([&](size_t lo, size_t hi) {
-      float *__restrict x = a[0];
-      const float *__restrict y = b[0];
-      const float *__restrict z = c[0];
-      for (size_t i = lo; i < hi; ++i) x[i] = y[i] + 3.0f * z[i];
-    });
-    triad = std::min(triad, now() - t0);
+
+  int64_t t_step = 0;
+  auto adam_job = [&](size_t t) {
+    const size_t b = lo(t), e = lo(t + 1);
+    float *state[2] = {m + b, v + b};
+    const tsr_segment seg{0, e - b, 1};
+    tsr_optimizer_step_args a{};
+    a.struct_size = sizeof a;
+    a.device = DLDevice{kDLCPU, 0};
+    a.params = p + b;
+    a.grads = reinterpret_cast<const float *>(g + b);  // bf16 bits, as grads_dtype says
+    a.grads_dtype = DLDataType{kDLBfloat, 16, 1};
+    a.state = state;
+    a.n = e - b;
+    a.segments = &seg;
+    a.num_segments = 1;
+    a.lr = 1e-3;
+    a.grad_scale = 1.0;
+    a.step = t_step;
+    a.compute_params = out + b;
+    a.compute_dtype = DLDataType{kDLBfloat, 16, 1};
+    if (adam->step(opt, &a) != TSR_OK) std::abort();
+  };
+  auto window = [&](auto &&job) {
+    double s = 0;
+    for (int k = 0; k < steps; ++k) {
+      ++t_step;
+      s += team.run(job);
+    }
+    return s / steps;
+  };
+  const std::function<void(size_t)> ours = adam_job;
+  const std::function<void(size_t)> nt = [&](size_t t) {
+    rmw<true>(p + lo(t), g + lo(t), m + lo(t), v + lo(t), out + lo(t), lo(t + 1) - lo(t));
+  };
+  const std::function<void(size_t)> plain = [&](size_t t) {
+    rmw<false>(p + lo(t), g + lo(t), m + lo(t), v + lo(t), out + lo(t), lo(t + 1) - lo(t));
+  };
+  std::vector<double> t_ours, t_nt, t_plain;
+  window(ours);  // warm-up
+  window(nt);
+  window(plain);
+  for (int r = 0; r < reps; ++r) {
+    t_ours.push_back(window(ours));
+    t_nt.push_back(window(nt));
+    t_plain.push_back(window(plain));
   }
-  std::free(a[0]);
-  std::free(b[0]);
-  std::free(c[0]);
-  const double pps = n / best, adam_gbs = pps * 28 / 1e9;
-  const double triad_gbs = n * 12.0 / triad / 1e9, triad_real = n * 16.0 / triad / 1e9;
+  adam->destroy(opt);
+
+  const double s_ours = median(t_ours), s_nt = median(t_nt), s_plain = median(t_plain);
+  const double s_ceil = std::min(s_nt, s_plain);
+  const char *isa =
+#if defined(__AVX512F__)
+      "avx512";
+#elif defined(__AVX2__)
+      "avx2";
+#else
+      "scalar";
+#endif
+  std::string cpu_list;
+  for (int c : cpus) cpu_list += (cpu_list.empty() ? "" : ",") + std::to_string(c);
   std::printf(
-      "{\"params\": %zu, \"threads\": %d, \"step_s\": %.4f, \"params_per_s\": %.4g, "
-      "\"adam_GBps\": %.2f, \"triad_GBps\": %.2f, \"triad_GBps_moved\": %.2f, "
-      "\"pct_of_triad\": %.1f}\n",
-      n, threads, best, pps, adam_gbs, triad_gbs, triad_real, 100 * adam_gbs / triad_real);
+      "{\"params\": %zu, \"threads\": %zu, \"cpus\": \"%s\", \"kernel\": \"%s\", "
+      "\"ceiling_isa\": \"%s\", \"reps\": %d, \"steps\": %d, \"step_s\": %.5f, "
+      "\"params_per_s\": %.5g, \"GBps\": %.2f, \"ceiling_step_s\": %.5f, "
+      "\"ceiling_params_per_s\": %.5g, \"ceiling_GBps\": %.2f, \"ceiling_nt_GBps\": %.2f, "
+      "\"ceiling_plain_GBps\": %.2f, \"pct_of_ceiling\": %.1f}\n",
+      n, threads, cpu_list.c_str(), picked.c_str(), isa, reps, steps, s_ours, n / s_ours,
+      n * 28.0 / s_ours / 1e9, s_ceil, n / s_ceil, n * 28.0 / s_ceil / 1e9, n * 28.0 / s_nt / 1e9,
+      n * 28.0 / s_plain / 1e9, 100.0 * s_ceil / s_ours);
   return 0;
 }
