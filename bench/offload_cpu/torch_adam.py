@@ -1,9 +1,12 @@
 """bench/offload_cpu: torch.optim.AdamW(fused=True) on the CPU, the anchor
-for offload cpu's step. One flat parameter of N fp32 elements with a
-gradient, THREADS intra-op threads; the best of STEPS steps after a warm-up
-step. Prints one JSON line.
-  python3 torch_adam.py N THREADS [STEPS]"""
+for tessera's CPU step. One flat fp32 parameter of N elements with an fp32
+gradient (28 bytes per parameter per step, as tessera's bf16 step moves),
+THREADS intra-op threads (pin them with OMP_PLACES / OMP_PROC_BIND, as the
+run script does); the median over REPS windows of STEPS steps each, after
+a warm-up window. Prints one JSON line.
+  python3 torch_adam.py N THREADS [REPS] [STEPS]"""
 import json
+import statistics
 import sys
 import time
 
@@ -11,8 +14,11 @@ import torch
 
 n = int(float(sys.argv[1]))
 threads = int(sys.argv[2])
-steps = int(sys.argv[3]) if len(sys.argv) > 3 else 5
+reps = max(3, int(sys.argv[3])) if len(sys.argv) > 3 else 5
+steps = max(1, int(sys.argv[4])) if len(sys.argv) > 4 else 2
 torch.set_num_threads(threads)
+# zeros and the gradient are written by the intra-op threads (parallel
+# fill), so their pages are first touched by the threads that step them.
 p = torch.nn.Parameter(torch.zeros(n))
 p.grad = (torch.arange(n) % 2001 - 1000).float() * 1e-3
 kind = "fused"
@@ -23,10 +29,17 @@ except (RuntimeError, TypeError) as e:  # torch < 2.4: no fused CPU Adam
     kind = f"foreach ({e.__class__.__name__}: fused unavailable)"
     opt = torch.optim.AdamW([p], lr=1e-3, weight_decay=0.01, foreach=True)
     opt.step()
-best = float("inf")
-for _ in range(steps):
+
+
+def window():
     t0 = time.perf_counter()
-    opt.step()
-    best = min(best, time.perf_counter() - t0)
-print(json.dumps({"torch": torch.__version__, "kind": kind, "params": n, "threads": threads,
-                  "step_s": best, "params_per_s": n / best, "adam_GBps": n * 28 / best / 1e9}))
+    for _ in range(steps):
+        opt.step()
+    return (time.perf_counter() - t0) / steps
+
+
+window()
+step_s = statistics.median(window() for _ in range(reps))
+print(json.dumps({"impl": f"torch {torch.__version__} AdamW {kind}", "params": n,
+                  "threads": threads, "reps": reps, "steps": steps, "step_s": step_s,
+                  "params_per_s": n / step_s, "GBps": n * 28 / step_s / 1e9}))
