@@ -52,7 +52,7 @@ def main():
     print(f"# bench/offload_gpu — {datetime.date.today()}\n")
     print(f"Hardware: {gpu}; {cpu}. Commit {commit}. GPT-2 1.5B (48 x 1600), batch 4 x 1024, bf16, "
           "AdamW, one GPU, ZeRO stage 1 at one rank.\n")
-    print("| system | tokens/s, median (min-max) | vs FSDP2 | vs DeepSpeed | GPU peak | start-up |")
+    print("| system | tokens/s, median (min-max) | vs FSDP2 | vs DeepSpeed | GPU peak | wall - training (start-up, final eval) |")
     print("|---|---|---|---|---|---|")
     rows = {}
     for name in runs:
