@@ -12,7 +12,11 @@ using namespace tessera::test::config_support;
 
 namespace {
 
-const std::string kSgd = edit(kBase, "lr = 0.1", "lr = 0.1\nmomentum = 0.9");
+// A function, not a constant: edit() asserts, and Catch2 cannot take an
+// assertion before main (the test binary would die while being listed).
+std::string sgd_config() {
+  return edit(kBase, "lr = 0.1", "lr = 0.1\nmomentum = 0.9");
+}
 
 }  // namespace
 
@@ -28,24 +32,24 @@ TEST_CASE("a key without its section suggests the section that has it", "[config
 TEST_CASE("--unset removes a key or a section before the --set overrides", "[config][set]") {
   TempDir dir;
   SECTION("another plugin's key: the error names --unset, and --unset fixes it") {
-    std::string msg = error_of([&] { load_text(dir, kSgd, {"optimizer.plugin=adam"}); });
+    std::string msg = error_of([&] { load_text(dir, sgd_config(), {"optimizer.plugin=adam"}); });
     CHECK_THAT(msg, Catch::Contains("unknown key 'momentum' in [optimizer]") &&
                         Catch::Contains("(--set optimizer.plugin=adam keeps the file's other "
                                         "[optimizer] keys; --set cannot remove one: add --unset "
                                         "optimizer.momentum)"));
-    tessera::JobOptions o = options(dir.write("unit.toml", kSgd), {"optimizer.plugin=adam"});
+    tessera::JobOptions o = options(dir.write("unit.toml", sgd_config()), {"optimizer.plugin=adam"});
     o.unsets = {"optimizer.momentum"};
     tessera::Job job = tessera::load_job(o, 1, true);
     CHECK(job.plugin("optimizer").entry->desc->name == std::string("adam"));
   }
   SECTION("a whole section, then set afresh") {
-    tessera::JobOptions o = options(dir.write("unit.toml", kSgd), {"optimizer.plugin=adam"});
+    tessera::JobOptions o = options(dir.write("unit.toml", sgd_config()), {"optimizer.plugin=adam"});
     o.unsets = {"optimizer"};
     tessera::Job job = tessera::load_job(o, 1, true);
     CHECK(job.plugin("optimizer").values["lr"].value_or(0.0) == 0.001);  // adam's default
   }
   SECTION("a key that is not there") {
-    tessera::JobOptions o = options(dir.write("unit.toml", kSgd));
+    tessera::JobOptions o = options(dir.write("unit.toml", sgd_config()));
     o.unsets = {"optimizer.momentun"};
     std::string msg = error_of([&] { tessera::load_job(o, 1, true); });
     CHECK(msg == "--unset optimizer.momentun: the config has no 'optimizer.momentun' to remove; "
