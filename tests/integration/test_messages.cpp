@@ -89,7 +89,7 @@ TEST_CASE("a DeepSpeed optimizer without a scheduler says which schedule applies
                         "constant; add --set schedule.type=constant"));
 }
 
-TEST_CASE("--set with a key and no section suggests the section", "[messages][set]") {
+TEST_CASE("a --set with a key and no section suggests the section", "[messages][set]") {
   Setup s = setup();
   RunResult r = check_config(s.config, {"--set", "log_every=100"});
   INFO(describe(r));
@@ -98,7 +98,7 @@ TEST_CASE("--set with a key and no section suggests the section", "[messages][se
                         "'run.log_every'?"));
 }
 
-TEST_CASE("--set of another plugin names --unset for the keys it does not take",
+TEST_CASE("a --set of another plugin names --unset for the keys it does not take",
           "[messages][set]") {
   Setup s = setup();
   const fs::path sgd = sgd_config(s);

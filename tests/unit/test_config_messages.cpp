@@ -29,7 +29,7 @@ TEST_CASE("a key without its section suggests the section that has it", "[config
   CHECK_THAT(msg, Catch::Contains("did you mean 'batch.micro'?"));
 }
 
-TEST_CASE("--unset removes a key or a section before the --set overrides", "[config][set]") {
+TEST_CASE("an --unset removes a key or a section before the --set overrides", "[config][set]") {
   TempDir dir;
   SECTION("another plugin's key: the error names --unset, and --unset fixes it") {
     std::string msg = error_of([&] { load_text(dir, sgd_config(), {"optimizer.plugin=adam"}); });
