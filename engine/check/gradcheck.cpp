@@ -59,10 +59,10 @@ struct Probe {
 
 float *group_base(Session &s, uint32_t g, bool grad) {
   void *base = nullptr;
-  plugin_ok(s.host,
-            grad ? s.zero.vt->grads(s.zero.self, g, &base)
-                 : s.zero.vt->params(s.zero.self, g, 0, &base),
-            grad ? "[zero] grads" : "[zero] params");
+  plugin_ok(
+      s.host,
+      grad ? s.zero.vt->grads(s.zero.self, g, &base) : s.zero.vt->params(s.zero.self, g, 0, &base),
+      grad ? "[zero] grads" : "[zero] params");
   return static_cast<float *>(base);
 }
 
@@ -93,8 +93,7 @@ double mean_loss(Session &s, const tsr_batch &batch) {
 
 // d(mean loss)/d(parameters), flat: gradients zeroed, one forward and one
 // backward with loss_scale 1/count, the zero plugin's reduction finished.
-std::vector<float> analytic_gradients(Session &s, const tsr_batch &batch,
-                                      tsr_forward_result *fwd) {
+std::vector<float> analytic_gradients(Session &s, const tsr_batch &batch, tsr_forward_result *fwd) {
   for (uint32_t g = 0; g < s.layout.group_offset.size(); ++g)
     std::memset(group_base(s, g, true), 0, s.layout.group_size[g] * sizeof(float));
   *fwd = forward(s, batch);
@@ -198,8 +197,8 @@ ConventionCheck check_grads_done(const Session &s, const Probe &p) {
     for (const auto &q : L.params) trainable |= q.group == g && q.trainable;
     if (!trainable) continue;
     ++trainable_groups;
-    const std::string which = "group " + std::to_string(L.model_group[g]) + " (" +
-                              names_of_group(L, g) + ")";
+    const std::string which =
+        "group " + std::to_string(L.model_group[g]) + " (" + names_of_group(L, g) + ")";
     if (p.done[g] == 0)
       c.detail += "; backward never calls grads_done for " + which +
                   ": call host->grads_done(step, " + std::to_string(L.model_group[g]) +
@@ -226,8 +225,8 @@ ConventionCheck check_determinism(Session &s, const tsr_batch &batch) {
   c.ok = std::fabs(a.loss_sum - b.loss_sum) <= 1e-9 * scale && a.count == b.count;
   char buf[256];
   std::snprintf(buf, sizeof buf, "%s for the same batch and parameters (loss_sum %.9g%s%.9g)",
-                c.ok ? "deterministic" : "NOT deterministic", a.loss_sum, c.ok ? ", again " : " then ",
-                b.loss_sum);
+                c.ok ? "deterministic" : "NOT deterministic", a.loss_sum,
+                c.ok ? ", again " : " then ", b.loss_sum);
   c.detail = buf;
   if (!c.ok)
     c.detail +=
@@ -288,9 +287,9 @@ double numeric_derivative(Session &s, const tsr_batch &batch, float *x, double h
   auto off = [&](double n) { return std::fabs(n - a); };
   if (off(best) <= tolerance * std::max({std::fabs(a), std::fabs(best), 1e-6})) return best;
   const double l0 = mean_loss(s, batch);
-  for (double n : {central_difference(s, batch, x, h / 10),
-                   one_sided_difference(s, batch, x, h / 10, l0),
-                   one_sided_difference(s, batch, x, -h / 10, l0)})
+  for (double n :
+       {central_difference(s, batch, x, h / 10), one_sided_difference(s, batch, x, h / 10, l0),
+        one_sided_difference(s, batch, x, -h / 10, l0)})
     if (off(n) < off(best)) best = n;
   return best;
 }
@@ -304,8 +303,8 @@ std::vector<int64_t> unravel(size_t flat, const std::vector<int64_t> &shape) {
   return idx;
 }
 
-TensorCheck check_tensor(Session &s, const tsr_batch &batch, const ParamSlot &p,
-                         const float *grad, const GradCheckOptions &o, std::mt19937_64 &rng) {
+TensorCheck check_tensor(Session &s, const tsr_batch &batch, const ParamSlot &p, const float *grad,
+                         const GradCheckOptions &o, std::mt19937_64 &rng) {
   TensorCheck t;
   t.name = p.name;
   t.shape = p.shape;
@@ -354,10 +353,9 @@ std::string GradCheckReport::first_failure(double tolerance) const {
   for (const auto &t : tensors)
     if (!t.ok) {
       char buf[160];
-      std::snprintf(buf, sizeof buf, "relative error %.3g, tolerance %.3g", t.rel_error,
-                    tolerance);
-      return t.name + ": the analytic gradient (backward) does not match the numeric one (" +
-             buf + "); check the backward of " + t.name;
+      std::snprintf(buf, sizeof buf, "relative error %.3g, tolerance %.3g", t.rel_error, tolerance);
+      return t.name + ": the analytic gradient (backward) does not match the numeric one (" + buf +
+             "); check the backward of " + t.name;
     }
   for (const auto &c : conventions)
     if (!c.ok) return c.what + ": " + c.detail;

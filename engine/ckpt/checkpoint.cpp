@@ -370,8 +370,8 @@ std::string params_mismatch(const nlohmann::json &table, const Layout &layout) {
     const std::string name = table[i].at("name").get<std::string>();
     const auto shape = table[i].at("shape").get<std::vector<int64_t>>();
     if (name != p.name)
-      return "parameter " + std::to_string(i) + " is '" + name + "' in the checkpoint, '" +
-             p.name + "' in the model" + hint;
+      return "parameter " + std::to_string(i) + " is '" + name + "' in the checkpoint, '" + p.name +
+             "' in the model" + hint;
     if (shape != p.shape)
       return p.name + ": checkpoint " + shape_text(shape) + ", model " + shape_text(p.shape) + hint;
   }

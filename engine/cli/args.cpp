@@ -57,11 +57,15 @@ Parsed parse_args(const Args &args, const std::vector<OptionSpec> &specs,
 }
 
 std::vector<OptionSpec> config_options() {
-  return {{"--set", true, true},         {"--unset", true, true},
+  return {{"--set", true, true},
+          {"--unset", true, true},
           {"--deepspeed_config", true, false},
-          {"--deepspeed", true, false},  {"--plugin-path", true, true},
-          {"--local_rank", true, false}, {"--local-rank", true, false},
-          {"--help", false, false},      {"-h", false, false},
+          {"--deepspeed", true, false},
+          {"--plugin-path", true, true},
+          {"--local_rank", true, false},
+          {"--local-rank", true, false},
+          {"--help", false, false},
+          {"-h", false, false},
           {"--verbose", false, false}};
 }
 

@@ -368,10 +368,11 @@ int run_body(const Parsed &p) {
   lo.outcome = &outcome;
   const int status = launch(lo, worker_args(*g_run_args));
   if (status != 0 && lo.node_rank == 0 && (outcome.failed_rank >= 0 || !outcome.reason.empty())) {
-    const std::string at = write_failed_summary(job.settings.dir, job.settings.name,
-                                                outcome.reason, outcome.failed_rank,
-                                                static_cast<uint32_t>(n * nnodes));
-    if (!at.empty()) std::fprintf(stderr, "tessera run: the failure is recorded in %s\n", at.c_str());
+    const std::string at =
+        write_failed_summary(job.settings.dir, job.settings.name, outcome.reason,
+                             outcome.failed_rank, static_cast<uint32_t>(n * nnodes));
+    if (!at.empty())
+      std::fprintf(stderr, "tessera run: the failure is recorded in %s\n", at.c_str());
   }
   return status;
 }

@@ -132,8 +132,9 @@ int check_body(const Parsed &p) {
               s.train_data.name.c_str());
   size_t width = 0;
   for (const auto &q : s.layout.params) width = std::max(width, q.name.size());
-  std::printf("gradients (central differences in fp32 against backward; relative error = "
-              "|numeric - analytic| / max(|numeric|, |analytic|) over the elements checked):\n");
+  std::printf(
+      "gradients (central differences in fp32 against backward; relative error = "
+      "|numeric - analytic| / max(|numeric|, |analytic|) over the elements checked):\n");
   std::fflush(stdout);
   GradCheckReport rep =
       check_model(s, *batch, opt, [&](const TensorCheck &t) { print_tensor(t, width); });

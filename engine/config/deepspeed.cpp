@@ -305,8 +305,9 @@ struct Mapper {
       const json &o = j[k];
       const std::string key = k, to = "monitor." + key;
       if (!o.is_object())
-        fail(key, "expected an object like {\"enabled\": true, \"output_path\": \"logs/\", "
-                  "\"job_name\": \"run1\"}");
+        fail(key,
+             "expected an object like {\"enabled\": true, \"output_path\": \"logs/\", "
+             "\"job_name\": \"run1\"}");
       if (o.contains("enabled") && !o["enabled"].is_boolean())
         fail(key + ".enabled", "expected true or false, got " + o["enabled"].dump());
       if (key == "wandb" || key == "comet") {

@@ -152,8 +152,7 @@ const std::vector<EngineSection> &engine_sections() {
   static const std::vector<EngineSection> s = {
       {"run", kRun, {}},           {"batch", kBatch, {}},    {"data", kData, {"train", "eval"}},
       {"schedule", kSchedule, {}}, {"fp16", kFp16, {}},      {"checkpoint", kCheckpoint, {}},
-      {"comm", kComm, {}},         {"log", log_decls(), {}},
-      {"monitor", {}, monitor_subsections()},
+      {"comm", kComm, {}},         {"log", log_decls(), {}}, {"monitor", {}, monitor_subsections()},
   };
   return s;
 }

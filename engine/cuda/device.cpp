@@ -16,7 +16,6 @@
 #include "cuda/device.hpp"
 
 #include <spdlog/spdlog.h>
-
 #include <sys/mman.h>
 
 #include <algorithm>

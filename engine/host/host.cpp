@@ -238,8 +238,8 @@ tsr_status cb_synchronize(tsr_host_ctx *ctx) {
 
 tsr_status cb_device_memory(tsr_host_ctx *ctx, tsr_device_memory *out) {
   return guarded(ctx, [&] {
-    TSR_CHECK(out && out->struct_size >= TSR_STRUCT_SIZE(tsr_device_memory, limit),
-              TSR_ERR_INVALID, "device_memory: struct_size too small");
+    TSR_CHECK(out && out->struct_size >= TSR_STRUCT_SIZE(tsr_device_memory, limit), TSR_ERR_INVALID,
+              "device_memory: struct_size too small");
     const Host &h = *host_from_ctx(ctx);
     const MemoryStats m = h.memory();
     out->in_use = m.current_total;

@@ -44,7 +44,7 @@ const KindInfo kKinds[] = {
     {TSR_KIND_DATASET, "dataset", sizeof(tsr_dataset_vtable)},
     {TSR_KIND_SAMPLER, "sampler", sizeof(tsr_sampler_vtable)},
     {TSR_KIND_OPTIMIZER, "optimizer", sizeof(tsr_optimizer_vtable)},
-    {TSR_KIND_ZERO, "zero", offsetof(tsr_zero_vtable, reshare)},           // reshare: ABI 1.2
+    {TSR_KIND_ZERO, "zero", offsetof(tsr_zero_vtable, reshare)},               // reshare: ABI 1.2
     {TSR_KIND_OFFLOAD, "offload", offsetof(tsr_offload_vtable, wait_params)},  // ABI 1.2
 };
 
@@ -232,8 +232,9 @@ const PluginEntry &Registry::get(const std::string &kind, const std::string &nam
   msg += "); searched";
   for (size_t i = 0; i < dirs_.size(); ++i) msg += (i ? ", " : " ") + dirs_[i];
   if (dirs_.empty()) msg += " no directory";
-  msg += "; a plugin built elsewhere is found with --plugin-path DIR (or run.plugin_path, or "
-         "TESSERA_PLUGIN_PATH) naming the directory that holds its library";
+  msg +=
+      "; a plugin built elsewhere is found with --plugin-path DIR (or run.plugin_path, or "
+      "TESSERA_PLUGIN_PATH) naming the directory that holds its library";
   throw config::ConfigError(msg);
 }
 

@@ -1,8 +1,8 @@
 #include "train/layout.hpp"
 
 #include <algorithm>
-#include <cmath>
 #include <atomic>
+#include <cmath>
 #include <random>
 #include <thread>
 

@@ -221,8 +221,7 @@ void Reporter::write_summary(const nlohmann::json &summary) {
 }
 
 std::string write_failed_summary(const std::string &run_dir, const std::string &name,
-                                 const std::string &reason, int failed_rank,
-                                 uint32_t world_size) {
+                                 const std::string &reason, int failed_rank, uint32_t world_size) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_directory(run_dir, ec)) return "";

@@ -45,8 +45,8 @@ EpochPlan plan_epochs(Session &s, const ProcessInfo &proc) {
   if (proc.world_size > 1) {
     // A sampler may give ranks unequal shares: the smallest wins.
     int64_t one = 1;
-    DLTensor t{&e.steps_per_epoch, DLDevice{kDLCPU, 0}, 1, DLDataType{kDLInt, 64, 1}, &one,
-               nullptr, 0};
+    DLTensor t{
+        &e.steps_per_epoch, DLDevice{kDLCPU, 0}, 1, DLDataType{kDLInt, 64, 1}, &one, nullptr, 0};
     plugin_ok(s.host, s.host.table()->comm->all_reduce(s.host.ctx(), &t, TSR_REDUCE_MIN, nullptr),
               "agree on steps per epoch");
   }
@@ -72,8 +72,8 @@ void print_startup(Session &s, const ProcessInfo &proc, const EpochPlan &e) {
       static_cast<long long>(e.total), static_cast<long long>(st.global_batch),
       static_cast<long long>(st.micro_batch), static_cast<long long>(st.accumulation),
       proc.world_size, static_cast<long long>(e.steps_per_epoch));
-  std::printf("tessera: device %s, precision %s\n",
-              describe_device(s.host.facts().device).c_str(), st.precision.c_str());
+  std::printf("tessera: device %s, precision %s\n", describe_device(s.host.facts().device).c_str(),
+              st.precision.c_str());
   if (!proc.transport.empty()) std::printf("tessera: collectives: %s\n", proc.transport.c_str());
 }
 

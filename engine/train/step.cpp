@@ -167,8 +167,7 @@ double micro_step(StepPlan &p, TrainState &ts, Loader &loader, bool last) {
   tsr_forward_result res{};
   res.struct_size = sizeof res;
   auto fwd_t = p.obs.time(Part::forward, "forward");
-  plugin_ok(s.host, s.model.vt->forward(s.model.self, p.handle, batch, 1, &res),
-            "[model] forward");
+  plugin_ok(s.host, s.model.vt->forward(s.model.self, p.handle, batch, 1, &res), "[model] forward");
   plugin_ok(s.host, s.zero.vt->end_pass(s.zero.self), "[zero] end_pass");
   fwd_t.stop();
   if (res.count <= 0) throw Error(TSR_ERR_INVALID, "[model] forward counted no targets in a batch");

@@ -78,8 +78,8 @@ void run_eval(Loop &l, TrainState &ts) {
 
 void save(Loop &l, TrainState &ts) {
   auto timed = l.obs.time(Part::checkpoint, "checkpoint");
-  RunPosition at{ts.step,      ts.epoch,         ts.in_epoch,
-                 ts.samples,   l.st.global_batch, static_cast<uint64_t>(l.st.seed)};
+  RunPosition at{ts.step,    ts.epoch,          ts.in_epoch,
+                 ts.samples, l.st.global_batch, static_cast<uint64_t>(l.st.seed)};
   if (l.st.precision == "fp16") {
     at.loss_scale = ts.scaler.scale;
     at.scale_good_steps = ts.scaler.good_steps;
@@ -137,8 +137,8 @@ std::unique_ptr<Loader> open_epoch(Loop &l, EpochPlan &e, TrainState &ts) {
             "[sampler] indices");
   ts.in_epoch = std::min(ts.in_epoch, e.steps_per_epoch);
   indices.erase(indices.begin(), indices.begin() + ts.in_epoch * e.per_step);
-  return std::make_unique<Loader>(l.s.host, l.s.train_data.vt, l.s.train_data.self,
-                                  l.s.train_info, std::move(indices), l.st.micro_batch, false,
+  return std::make_unique<Loader>(l.s.host, l.s.train_data.vt, l.s.train_data.self, l.s.train_info,
+                                  std::move(indices), l.st.micro_batch, false,
                                   static_cast<int>(l.st.workers), static_cast<int>(l.st.prefetch),
                                   "data.train");
 }

@@ -126,8 +126,8 @@ EventFileWriter::EventFileWriter(const std::string &dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec)
-    throw Error(TSR_ERR_IO, dir + ": cannot create the TensorBoard log directory (" +
-                                ec.message() + "); check monitor.tensorboard.output_path");
+    throw Error(TSR_ERR_IO, dir + ": cannot create the TensorBoard log directory (" + ec.message() +
+                                "); check monitor.tensorboard.output_path");
   char host[256] = "localhost";
   ::gethostname(host, sizeof host - 1);
   const auto now = static_cast<long long>(unix_time_now());
@@ -136,8 +136,7 @@ EventFileWriter::EventFileWriter(const std::string &dir) {
                 static_cast<int>(::getpid()));
   path_ = (std::filesystem::path(dir) / name).string();
   file_ = std::fopen(path_.c_str(), "wb");
-  if (!file_)
-    throw Error(TSR_ERR_IO, path_ + ": cannot open for writing: " + std::strerror(errno));
+  if (!file_) throw Error(TSR_ERR_IO, path_ + ": cannot open for writing: " + std::strerror(errno));
   write_record(encode_version_event(unix_time_now()));
 }
 

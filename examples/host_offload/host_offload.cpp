@@ -290,10 +290,18 @@ const tsr_param_decl kParams[] = {
 };
 
 const tsr_offload_vtable kVtable = {
-    // A synchronous backend: its table ends at write_state (ABI 1.1), so the
-    // host flushes it after each update instead of overlapping.
-    TSR_STRUCT_SIZE(tsr_offload_vtable, write_state), create, destroy, setup, step, flush,
-    read_state, write_state, nullptr, nullptr, nullptr};
+    // Synchronous: its table ends at write_state (ABI 1.1); the host flushes.
+    TSR_STRUCT_SIZE(tsr_offload_vtable, write_state),
+    create,
+    destroy,
+    setup,
+    step,
+    flush,
+    read_state,
+    write_state,
+    nullptr,
+    nullptr,
+    nullptr};
 
 const tsr_plugin_descriptor kDescriptor = {
     sizeof(tsr_plugin_descriptor),

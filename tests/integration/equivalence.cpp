@@ -1,11 +1,10 @@
 // The equivalence matrix's machinery (equivalence.hpp).
 #include "equivalence.hpp"
 
-#include <cstdlib>
-
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <sstream>
 
 namespace tessera::itest {

@@ -40,8 +40,8 @@ TEST_CASE("a 2-rank run whose rank 1 dies writes a failed summary naming rank 1"
   RunResult r = run_cli({"run", "-n", "2", s.config.string()}, o);
   INFO(describe(r));
   REQUIRE(r.status == 1);
-  CHECK(contains(r.err, "tessera run: the failure is recorded in " +
-                            (s.run_dir / "summary.json").string()));
+  CHECK(contains(
+      r.err, "tessera run: the failure is recorded in " + (s.run_dir / "summary.json").string()));
   json sum = read_json(s.run_dir / "summary.json");
   CHECK(sum.at("status") == "failed");
   CHECK(sum.at("failed_rank") == 1);

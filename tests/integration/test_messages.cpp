@@ -82,11 +82,13 @@ TEST_CASE("a DeepSpeed optimizer without a scheduler says which schedule applies
   RunResult r = check_config(s.config, {"--deepspeed_config", ds.string()});
   INFO(describe(r));
   REQUIRE(r.status == 0);
-  CHECK(contains(r.err, ds.string() + " sets an optimizer but no scheduler: the learning rate "
-                                      "follows the " +
+  CHECK(contains(r.err, ds.string() +
+                            " sets an optimizer but no scheduler: the learning rate "
+                            "follows the " +
                             s.config.string() + ":"));
-  CHECK(contains(r.err, "[schedule] 'warmup' (warmup_steps 10), where DeepSpeed would keep it "
-                        "constant; add --set schedule.type=constant"));
+  CHECK(contains(r.err,
+                 "[schedule] 'warmup' (warmup_steps 10), where DeepSpeed would keep it "
+                 "constant; add --set schedule.type=constant"));
 }
 
 TEST_CASE("a --set with a key and no section suggests the section", "[messages][set]") {
@@ -94,8 +96,9 @@ TEST_CASE("a --set with a key and no section suggests the section", "[messages][
   RunResult r = check_config(s.config, {"--set", "log_every=100"});
   INFO(describe(r));
   CHECK(r.status == 1);
-  CHECK(contains(r.err, "--set log_every=100: unknown section or key 'log_every'; did you mean "
-                        "'run.log_every'?"));
+  CHECK(contains(r.err,
+                 "--set log_every=100: unknown section or key 'log_every'; did you mean "
+                 "'run.log_every'?"));
 }
 
 TEST_CASE("a --set of another plugin names --unset for the keys it does not take",
@@ -106,8 +109,9 @@ TEST_CASE("a --set of another plugin names --unset for the keys it does not take
   INFO(describe(r));
   CHECK(r.status == 1);
   CHECK(contains(r.err, "unknown key 'momentum' in [optimizer]"));
-  CHECK(contains(r.err, "(--set optimizer.plugin=adam keeps the file's other [optimizer] keys; "
-                        "--set cannot remove one: add --unset optimizer.momentum)"));
+  CHECK(contains(r.err,
+                 "(--set optimizer.plugin=adam keeps the file's other [optimizer] keys; "
+                 "--set cannot remove one: add --unset optimizer.momentum)"));
   // ...and --unset does it.
   r = check_config(sgd, {"--set", "optimizer.plugin=adam", "--unset", "optimizer.momentum"});
   INFO(describe(r));
@@ -117,8 +121,9 @@ TEST_CASE("a --set of another plugin names --unset for the keys it does not take
   r = check_config(sgd, {"--unset", "optimizer.momentun"});
   INFO(describe(r));
   CHECK(r.status == 1);
-  CHECK(contains(r.err, "--unset optimizer.momentun: the config has no 'optimizer.momentun' to "
-                        "remove; did you mean 'optimizer.momentum'?"));
+  CHECK(contains(r.err,
+                 "--unset optimizer.momentun: the config has no 'optimizer.momentun' to "
+                 "remove; did you mean 'optimizer.momentum'?"));
 }
 
 TEST_CASE("an unknown model plugin names the directories searched and --plugin-path",
@@ -155,8 +160,9 @@ TEST_CASE("loading a checkpoint into another shape names both shapes", "[message
     r = run_cli({"eval", s.config.string(), "--ckpt", ckpt.string(), "--set", "model.hidden=[8]"});
     INFO(describe(r));
     CHECK(r.status == 1);
-    CHECK(contains(r.err, "0.weight: checkpoint [16, 64], model [8, 64]; the config describes "
-                          "another model than the one saved"));
+    CHECK(contains(r.err,
+                   "0.weight: checkpoint [16, 64], model [8, 64]; the config describes "
+                   "another model than the one saved"));
   }
   SECTION("eval from a safetensors file") {
     r = run_cli({"eval", s.config.string(), "--ckpt", file.string(), "--set", "model.hidden=[8]"});

@@ -2,9 +2,9 @@
 // half of the state on the compute device) and `nvme` give the same
 // parameters as no offload after 50 steps, bit for bit, at every ZeRO stage
 // that takes them (stages 1-3 on two ranks through the launcher, stage 0 on
-// one), with gradient clipping off and on; stage 0 on two ranks and an unwritable nvme path are clear errors at
-// start-up; nvme state survives a checkpoint and resume; `cpu-bf16` trains
-// and keeps its optimizer moments in half the bytes.
+// one), with gradient clipping off and on; stage 0 on two ranks and an unwritable nvme path are
+// clear errors at start-up; nvme state survives a checkpoint and resume; `cpu-bf16` trains and
+// keeps its optimizer moments in half the bytes.
 //
 // The model is the harness's MLP widened to 512 hidden units (35K
 // parameters), so that with 4 threads and nvme blocks of 4096 elements a

@@ -23,8 +23,9 @@ std::string sgd_config() {
 TEST_CASE("a key without its section suggests the section that has it", "[config][set]") {
   TempDir dir;
   std::string msg = error_of([&] { load_text(dir, kBase, {"log_every=100"}); });
-  CHECK(msg == "--set log_every=100: unknown section or key 'log_every'; did you mean "
-               "'run.log_every'?");
+  CHECK(msg ==
+        "--set log_every=100: unknown section or key 'log_every'; did you mean "
+        "'run.log_every'?");
   msg = error_of([&] { load_text(dir, "micro = 8\n" + kBase); });
   CHECK_THAT(msg, Catch::Contains("did you mean 'batch.micro'?"));
 }
@@ -37,13 +38,15 @@ TEST_CASE("an --unset removes a key or a section before the --set overrides", "[
                         Catch::Contains("(--set optimizer.plugin=adam keeps the file's other "
                                         "[optimizer] keys; --set cannot remove one: add --unset "
                                         "optimizer.momentum)"));
-    tessera::JobOptions o = options(dir.write("unit.toml", sgd_config()), {"optimizer.plugin=adam"});
+    tessera::JobOptions o =
+        options(dir.write("unit.toml", sgd_config()), {"optimizer.plugin=adam"});
     o.unsets = {"optimizer.momentum"};
     tessera::Job job = tessera::load_job(o, 1, true);
     CHECK(job.plugin("optimizer").entry->desc->name == std::string("adam"));
   }
   SECTION("a whole section, then set afresh") {
-    tessera::JobOptions o = options(dir.write("unit.toml", sgd_config()), {"optimizer.plugin=adam"});
+    tessera::JobOptions o =
+        options(dir.write("unit.toml", sgd_config()), {"optimizer.plugin=adam"});
     o.unsets = {"optimizer"};
     tessera::Job job = tessera::load_job(o, 1, true);
     CHECK(job.plugin("optimizer").values["lr"].value_or(0.0) == 0.001);  // adam's default
@@ -52,8 +55,9 @@ TEST_CASE("an --unset removes a key or a section before the --set overrides", "[
     tessera::JobOptions o = options(dir.write("unit.toml", sgd_config()));
     o.unsets = {"optimizer.momentun"};
     std::string msg = error_of([&] { tessera::load_job(o, 1, true); });
-    CHECK(msg == "--unset optimizer.momentun: the config has no 'optimizer.momentun' to remove; "
-                 "did you mean 'optimizer.momentum'?");
+    CHECK(msg ==
+          "--unset optimizer.momentun: the config has no 'optimizer.momentun' to remove; "
+          "did you mean 'optimizer.momentum'?");
   }
   SECTION("no hint when the file itself chose the plugin") {
     std::string msg = error_of([&] { load_text(dir, kBase + "betas = [0.9, 0.99]\n"); });

@@ -155,8 +155,9 @@ TEST_CASE("DeepSpeed keys the engine does not use are warnings, not errors",
   // stays, and a third warning says so.
   CHECK(any_warning(job.doc, "sets an optimizer but no scheduler: the learning rate follows the " +
                                  q.toml + ":"));
-  CHECK(any_warning(job.doc, "[schedule] 'warmup_cosine' (warmup_steps 200), where DeepSpeed "
-                             "would keep it constant"));
+  CHECK(any_warning(job.doc,
+                    "[schedule] 'warmup_cosine' (warmup_steps 200), where DeepSpeed "
+                    "would keep it constant"));
   for (const auto &w : job.doc.warnings()) CHECK(w.rfind(q.dir.file("ds.json"), 0) == 0);
   CHECK(job.doc.warnings().size() == 3);
 }

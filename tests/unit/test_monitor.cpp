@@ -82,17 +82,19 @@ TEST_CASE("an event file starts with the file-version event", "[monitor]") {
 TEST_CASE("[monitor] resolves each output to output_path/job_name", "[monitor][config]") {
   cs::TempDir dir;
   SECTION("defaults: the run directory, tensorboard/ and csv_monitor/") {
-    auto job = cs::load_text(
-        dir, cs::kBase + "\n[monitor.tensorboard]\nenabled = true\n[monitor.csv_monitor]\n"
-                         "enabled = true\n");
+    auto job =
+        cs::load_text(dir, cs::kBase +
+                               "\n[monitor.tensorboard]\nenabled = true\n[monitor.csv_monitor]\n"
+                               "enabled = true\n");
     CHECK(job.settings.monitor.tensorboard_dir == "runs/unit/tensorboard");
     CHECK(job.settings.monitor.csv_dir == "runs/unit/csv_monitor");
     CHECK_THAT(job.resolved_toml(), Catch::Contains("[monitor.tensorboard]") &&
                                         Catch::Contains("job_name = \"tensorboard\""));
   }
   SECTION("given, and off by default") {
-    auto job = cs::load_text(dir, cs::kBase + "\n[monitor.tensorboard]\nenabled = true\n"
-                                              "output_path = \"logs\"\njob_name = \"bert\"\n");
+    auto job = cs::load_text(dir, cs::kBase +
+                                      "\n[monitor.tensorboard]\nenabled = true\n"
+                                      "output_path = \"logs\"\njob_name = \"bert\"\n");
     CHECK(job.settings.monitor.tensorboard_dir == "logs/bert");
     CHECK(job.settings.monitor.csv_dir.empty());
   }
@@ -136,8 +138,7 @@ TEST_CASE("DeepSpeed's tensorboard, csv_monitor and wandb keys map onto [monitor
   }
 }
 
-TEST_CASE("the CSV monitor writes DeepSpeed's file per tag with a step,value header",
-          "[monitor]") {
+TEST_CASE("the CSV monitor writes DeepSpeed's file per tag with a step,value header", "[monitor]") {
   tessera::test::TempDir dir;
   tessera::config::MonitorSettings m;
   m.csv_dir = dir.file("csv");

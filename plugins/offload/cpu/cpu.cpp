@@ -93,13 +93,13 @@ void destroy(void *self) {
   if (s->pipeline) {
     const tsr_offload_stats st = s->pipeline->stats();
     if (st.elements > 0)
-      s->host->log(s->host->ctx, TSR_LOG_DEBUG,
-                   fmt("%s: %llu elements updated on %u threads in %.3f s (%.2f G elements/s); "
-                       "copies %.3f s to the host, %.3f s back",
-                       kWho, static_cast<unsigned long long>(st.elements), s->pool->size(),
-                       st.host_s, st.host_s > 0 ? st.elements / st.host_s / 1e9 : 0.0, st.d2h_s,
-                       st.h2d_s)
-                       .c_str());
+      s->host->log(
+          s->host->ctx, TSR_LOG_DEBUG,
+          fmt("%s: %llu elements updated on %u threads in %.3f s (%.2f G elements/s); "
+              "copies %.3f s to the host, %.3f s back",
+              kWho, static_cast<unsigned long long>(st.elements), s->pool->size(), st.host_s,
+              st.host_s > 0 ? st.elements / st.host_s / 1e9 : 0.0, st.d2h_s, st.h2d_s)
+              .c_str());
   }
   s->pipeline.reset();  // joins the dispatcher before the buffers go
   delete s;
@@ -141,14 +141,14 @@ void log_setup(Cpu *s, std::pair<double, double> took) {
   s->host->log(
       s->host->ctx, TSR_LOG_INFO,
       fmt("%s (rank %u): fp32 master weights and %u optimizer state array%s%s%s%s of %zu owned "
-          "elements in pageable host memory: host %.2f MiB (+ %.2f MiB %s transfer buffers), disk 0 MiB, "
+          "elements in pageable host memory: host %.2f MiB (+ %.2f MiB %s transfer buffers), disk "
+          "0 MiB, "
           "ready in %.2f s (state %.2f s, pinning %.2f s); step on the CPU on %u thread(s), "
           "overlapped with the %s%s",
           kWho, rank, s->state_count, s->state_count == 1 ? "" : "s", names.empty() ? "" : " (",
           names.c_str(), names.empty() ? "" : ")", s->n, mib(state_bytes), mib(staging),
           s->pin ? "pinned" : "pageable", took.first + took.second, took.first, took.second,
-          s->pool->size(), s->cuda ? "GPU" : "forward",
-          s->share.describe().c_str())
+          s->pool->size(), s->cuda ? "GPU" : "forward", s->share.describe().c_str())
           .c_str());
 }
 

@@ -64,8 +64,8 @@ class DeviceShare {
   void choose_auto() {
     tsr_device_memory m = sdk::make<tsr_device_memory>();
     const bool known = cuda_ && TSR_HAS_FIELD(host_, tsr_host, device_memory) &&
-                       host_->device_memory &&
-                       host_->device_memory(host_->ctx, &m) == TSR_OK && m.limit > 0;
+                       host_->device_memory && host_->device_memory(host_->ctx, &m) == TSR_OK &&
+                       m.limit > 0;
     if (!known) {
       decided_ = true;
       log(fmt("%s: ratio = \"auto\": all of the state stays on the host (%s)", who_,
@@ -75,7 +75,8 @@ class DeviceShare {
     const size_t margin = std::max<size_t>(size_t{1} << 30, m.limit / 20);
     const size_t budget = m.limit > m.peak + margin ? m.limit - m.peak - margin : 0;
     resize_elems(std::min(n_, budget / (4 * slots_)));
-    log(fmt("%s: ratio = \"auto\" chose %.3f: %zu of %zu owned elements (%.2f GiB of state) on "
+    log(
+        fmt("%s: ratio = \"auto\" chose %.3f: %zu of %zu owned elements (%.2f GiB of state) on "
             "the GPU, beside step 1's peak of %.2f GiB under a limit of %.2f GiB",
             who_, n_ ? static_cast<double>(split_) / static_cast<double>(n_) : 0.0, split_, n_,
             gib(4.0 * slots_ * split_), gib(static_cast<double>(m.peak)),
@@ -140,9 +141,7 @@ class DeviceShare {
 
  private:
   static double gib(double b) { return b / 1073741824.0; }
-  float *base(uint32_t slot) const {
-    return cuda_ ? dev_[slot].as<float>() : host_slot_[slot];
-  }
+  float *base(uint32_t slot) const { return cuda_ ? dev_[slot].as<float>() : host_slot_[slot]; }
   void log(const std::string &msg) const { host_->log(host_->ctx, TSR_LOG_INFO, msg.c_str()); }
   void copy(float *src, DLDevice from, float *dst, DLDevice to, size_t count) {
     int64_t len = static_cast<int64_t>(count);

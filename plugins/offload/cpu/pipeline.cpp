@@ -121,8 +121,8 @@ void HostPipeline::process(Job &j, size_t, void *events) {
   if (s_.cuda) {
     if (cudaEventSynchronize(ev[1]) != cudaSuccess) {
       j.status = TSR_ERR_INTERNAL;
-      j.error = std::string("copy of gradients to the host: ") +
-                cudaGetErrorString(cudaGetLastError());
+      j.error =
+          std::string("copy of gradients to the host: ") + cudaGetErrorString(cudaGetLastError());
       return;
     }
     u.grads = s_.grads_pinned + r.offset * cb;
@@ -154,8 +154,8 @@ void HostPipeline::process(Job &j, size_t, void *events) {
 }
 
 void HostPipeline::raise(const Job &j) const {
-  throw sdk::Error(j.status, fmt("%s: update of owned elements [%zu, %zu): %s", s_.who,
-                                 j.u.offset, j.u.offset + j.u.count, j.error.c_str()));
+  throw sdk::Error(j.status, fmt("%s: update of owned elements [%zu, %zu): %s", s_.who, j.u.offset,
+                                 j.u.offset + j.u.count, j.error.c_str()));
 }
 
 void HostPipeline::wait_done(size_t k, std::unique_lock<std::mutex> &lk) {
@@ -171,9 +171,9 @@ void HostPipeline::wait_params(size_t offset, size_t count) {
     wait_done(k, lk);
 #if TSR_PLUGIN_CUDA
     if (s_.cuda)
-      cuda_check(cudaStreamWaitEvent(static_cast<cudaStream_t>(s_.host->compute_stream),
-                                     events_[k][3], 0),
-                 s_.who, "wait for the upload");
+      cuda_check(
+          cudaStreamWaitEvent(static_cast<cudaStream_t>(s_.host->compute_stream), events_[k][3], 0),
+          s_.who, "wait for the upload");
 #endif
   }
 }

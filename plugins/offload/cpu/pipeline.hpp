@@ -53,9 +53,9 @@ struct PipelineSetup {
   DLDataType compute_dtype{kDLFloat, 32, 1};
   ThreadPool *pool = nullptr;
   bool cuda = false;
-  int device = 0;                  // CUDA ordinal
-  char *grads_pinned = nullptr;    // CUDA: every owned element, compute dtype
-  char *params_pinned = nullptr;   // CUDA: every owned element, compute dtype
+  int device = 0;                 // CUDA ordinal
+  char *grads_pinned = nullptr;   // CUDA: every owned element, compute dtype
+  char *params_pinned = nullptr;  // CUDA: every owned element, compute dtype
 };
 
 class HostPipeline {

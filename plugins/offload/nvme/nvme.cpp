@@ -576,10 +576,11 @@ const tsr_param_decl kParams[] = {
 };
 
 const tsr_offload_vtable kVtable = {
-    // A synchronous backend: its table ends at write_state (ABI 1.1), so the
-    // host flushes it after each update instead of overlapping.
+    // Synchronous: its table ends at write_state (ABI 1.1); the host flushes.
+    // clang-format off
     TSR_STRUCT_SIZE(tsr_offload_vtable, write_state), create, destroy, setup, step, flush,
     read_state, write_state, nullptr, nullptr, nullptr};
+// clang-format on
 
 const tsr_plugin_descriptor kNvme = {
     sizeof(tsr_plugin_descriptor),

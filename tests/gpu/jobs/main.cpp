@@ -16,8 +16,7 @@ int main(int argc, char **argv) {
   // two-GPU jobs, 1 for the one-GPU offload jobs).
   const int gpus = listing ? 0 : tessera::cuda::visible_devices();
   if (!listing && gpus < TESSERA_JOBS_GPUS) {
-    std::printf("%d GPU(s) visible, these tests need %d: skipping them\n", gpus,
-                TESSERA_JOBS_GPUS);
+    std::printf("%d GPU(s) visible, these tests need %d: skipping them\n", gpus, TESSERA_JOBS_GPUS);
     return 77;
   }
   return Catch::Session().run(argc, argv);
