@@ -46,9 +46,9 @@ void HostPipeline::submit(RangeUpdate u) {
   if (!jobs_.empty() && u.step != step_) retire();
   step_ = u.step;
   std::unique_lock<std::mutex> lk(mu_);
-  const size_t k = jobs_.size();
 #if TSR_PLUGIN_CUDA
   if (s_.cuda) {
+    const size_t k = jobs_.size();
     // Ordered after what the compute stream has queued so far: the backward
     // that produced these gradients (and, when the range comes during
     // backward, its use of the range's parameters before it said so).
