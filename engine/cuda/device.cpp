@@ -321,7 +321,8 @@ void free_pinned_block(void *q) {
 
 }  // namespace
 
-void *pinned_alloc(size_t bytes) {
+void *pinned_alloc(size_t bytes, bool *zeroed) {
+  if (zeroed) *zeroed = false;
   if (bytes == 0) return nullptr;
   // Pinned memory is portable across devices, but the runtime needs a
   // context: bind one when a device is selected.
@@ -331,6 +332,7 @@ void *pinned_alloc(size_t bytes) {
   std::lock_guard<std::mutex> lk(c.mu);
   if (void *p = take_cached(c, cls)) return p;
   void *p = cls >= kRegisterAbove ? map_and_register(cls) : nullptr;
+  if (p && zeroed) *zeroed = true;  // map_and_register wrote zeros over it
   cudaError_t err = p ? cudaSuccess : cudaHostAlloc(&p, cls, cudaHostAllocPortable);
   if (err == cudaErrorMemoryAllocation) {
     (void)cudaGetLastError();

@@ -56,8 +56,11 @@ size_t cached_bytes();
 // Returns every cached block to the driver.
 void release_cache();
 
-// Page-locked host memory (cudaHostAlloc), for asynchronous copies.
-void *pinned_alloc(size_t bytes);
+// Page-locked host memory (cudaHostAlloc), for asynchronous copies. When
+// `zeroed` is given it says whether the block is known to hold zeros (a
+// fresh mapping, which the kernel zero-fills), so a caller that needs zeros
+// can skip writing them over gigabytes.
+void *pinned_alloc(size_t bytes, bool *zeroed = nullptr);
 void pinned_free(void *p);
 
 // ---- appended by the NCCL/device work ----

@@ -3,6 +3,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -28,7 +31,7 @@ struct Host::Impl {
   mutable std::mutex mu;
   std::string last_error;
   // Where a block came from decides how it is freed.
-  enum class Kind { host, pinned, cuda };
+  enum class Kind { host, mapped, pinned, cuda };
   struct Block {
     size_t bytes;
     tsr_mem_purpose purpose;
@@ -53,6 +56,22 @@ tsr_status report_error(tsr_host_ctx *ctx, tsr_status code, const std::string &m
 }
 
 namespace {
+
+// Host blocks from this size on are mapped from the kernel, not the heap.
+constexpr size_t kMapAbove = size_t{64} << 20;
+
+size_t page_round(size_t bytes) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return (bytes + page - 1) / page * page;
+}
+
+void *map_host(size_t bytes) {
+  const size_t len = page_round(bytes);
+  void *p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  (void)madvise(p, len, MADV_HUGEPAGE);  // fails harmlessly where there is no THP
+  return p;
+}
 
 tsr_status cb_error(tsr_host_ctx *ctx, tsr_status code, const char *message) {
   return report_error(ctx, code == TSR_OK ? TSR_ERR_INTERNAL : code,
@@ -415,9 +434,17 @@ void *Host::alloc(DLDevice device, size_t bytes, tsr_mem_purpose purpose) {
 #endif
   } else if (kind == Impl::Kind::pinned) {
 #ifdef TESSERA_HAVE_CUDA
-    p = cuda::pinned_alloc(bytes);
-    std::memset(p, 0, bytes);
+    bool zeroed = false;
+    p = cuda::pinned_alloc(bytes, &zeroed);
+    if (p && !zeroed) std::memset(p, 0, bytes);
 #endif
+  } else if (bytes >= kMapAbove) {
+    // Large host blocks (optimizer state, offload buffers) come straight
+    // from the kernel: its pages are zero already, so nothing writes them
+    // here on one thread; the plugin's own threads fault them in where
+    // they will work on them, on huge pages where the kernel has them.
+    p = map_host(bytes);
+    if (p) kind = Impl::Kind::mapped;
   } else {
     // 64-byte alignment for vector loads; zeroed so fresh buffers are
     // deterministic.
@@ -468,6 +495,10 @@ void Host::free(void *ptr) {
     return;
   }
 #endif
+  if (b.kind == Impl::Kind::mapped) {
+    munmap(ptr, page_round(b.bytes));
+    return;
+  }
   std::free(ptr);
 }
 
