@@ -54,4 +54,9 @@ std::vector<std::string> verify_checkpoint(const std::string &path);
 
 nlohmann::json read_manifest(const std::string &path);
 
+// Throws Error naming the parameter (and `dir`) if canonical elements
+// [c0, c0 + n) of the weights, `values`, hold a NaN or an infinity.
+void require_finite_params(const nlohmann::json &manifest, const std::string &dir, size_t c0,
+                           const float *values, size_t n);
+
 }  // namespace tessera

@@ -5,6 +5,7 @@
 
 #include "ckpt/checkpoint.hpp"
 #include "util/error.hpp"
+#include "util/finite.hpp"
 #include "util/safetensors.hpp"
 
 namespace fs = std::filesystem;
@@ -43,6 +44,7 @@ void from_safetensors(const std::string &file, const Layout &layout, float *flat
       throw Error(TSR_ERR_UNSUPPORTED, file + ": parameter '" + slot.name + "' has dtype " +
                                            t.dtype + " (F32, F64 or BF16 expected)");
     }
+    require_finite(out, slot.numel, file + ": parameter '" + slot.name + "'");
   }
 }
 
@@ -73,6 +75,7 @@ std::string load_model_params(const std::string &path, const Layout &layout, flo
                                        "' in the checkpoint but '" + p.name +
                                        "' (or another shape) in the model");
     std::memcpy(flat + p.offset, canonical.data() + canon, p.numel * 4);
+    require_finite(flat + p.offset, p.numel, dir + ": parameter '" + p.name + "'");
     canon += p.numel;
   }
   return dir;
