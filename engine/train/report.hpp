@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "train/metrics_log.hpp"
+
 namespace tessera {
 
 struct EvalResult {
@@ -18,7 +20,8 @@ struct EvalResult {
 
 class Reporter {
  public:
-  // Only rank 0 writes files and progress; other ranks stay quiet.
+  // Only rank 0 writes files and progress; other ranks stay quiet. Rank 0
+  // checks the run directory is writable here, at start-up.
   Reporter(const std::string &run_dir, bool primary, int64_t total_steps);
 
   // `extra` joins the metrics line (memory, the breakdown); a breakdown
@@ -35,7 +38,7 @@ class Reporter {
   std::string dir_;
   bool primary_;
   int64_t total_;
-  std::ofstream metrics_;
+  MetricsLog metrics_;
 };
 
 std::string format_duration(double seconds);
