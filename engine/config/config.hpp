@@ -20,6 +20,11 @@ class ConfigError : public Error {
   explicit ConfigError(const std::string &message) : Error(TSR_ERR_CONFIG, message) {}
 };
 
+// The text of a config file (`what`: "config file", "DeepSpeed config"), a
+// regular file of at most 64 MiB; a FIFO, a device or a directory is
+// refused without reading it (reading could block forever).
+std::string read_config_file(const std::string &path, const std::string &what);
+
 class Document {
  public:
   // Reads a TOML file, or a DeepSpeed JSON when the name ends in .json.

@@ -420,11 +420,10 @@ struct Mapper {
 }  // namespace
 
 void deepspeed_apply(Document &doc, const std::string &path) {
-  std::ifstream in(path);
-  if (!in) throw ConfigError(path + ": cannot open DeepSpeed config");
+  const std::string text = read_config_file(path, "DeepSpeed config");
   json j;
   try {
-    j = json::parse(in);
+    j = json::parse(text);
   } catch (const json::parse_error &e) {
     throw ConfigError(path + ": invalid JSON: " + e.what());
   }

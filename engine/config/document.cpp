@@ -1,7 +1,7 @@
 // Loading and layering of configuration documents.
 #include <algorithm>
-#include <fstream>
 #include <sstream>
+#include <tessera/cpp/regular_file.hpp>
 
 #include "config/config.hpp"
 #include "config/deepspeed.hpp"
@@ -29,18 +29,23 @@ std::vector<std::string> split_dots(const std::string &key) {
 
 }  // namespace
 
+std::string read_config_file(const std::string &path, const std::string &what) {
+  std::string text, why;
+  bool refused = false;
+  if (!sdk::read_regular_file(path, &text, &why, uint64_t{64} << 20, &refused))
+    throw ConfigError(refused ? path + ": the " + what + " " + why
+                              : path + ": cannot open " + what + ": " + why);
+  return text;
+}
+
 Document Document::load(const std::string &path) {
-  std::ifstream in(path);
-  if (!in) throw ConfigError(path + ": cannot open config file");
   if (path.size() > 5 && path.substr(path.size() - 5) == ".json") {
     Document d;
     d.path_ = path;
     d.apply_deepspeed(path);
     return d;
   }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return from_string(ss.str(), path);
+  return from_string(read_config_file(path, "config file"), path);
 }
 
 Document Document::from_string(const std::string &text, const std::string &name) {

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "util/error.hpp"
+#include "util/finite.hpp"
 #include "util/safetensors.hpp"
 
 namespace fs = std::filesystem;
@@ -88,6 +89,7 @@ std::string init_from_safetensors(const std::string &given, const Layout &layout
       throw Error(TSR_ERR_UNSUPPORTED, "[model] init_from " + path + ": tensor '" + p.name +
                                            "' is " + t.dtype + "; F32, F16 or BF16 expected");
     }
+    require_finite(dst, n, "[model] init_from " + path + ": tensor '" + p.name + "'");
     ++loaded;
   }
   const size_t skipped = file.tensors().size() - loaded;

@@ -29,6 +29,10 @@
 namespace {
 
 namespace sdk = tessera::sdk;
+
+// The widest hidden layer (2^24 units): two such layers already hold 2^48
+// parameters, so no product of widths overflows.
+constexpr int64_t kMaxWidth = int64_t{1} << 24;
 using sdk::Buffer;
 using sdk::check;
 using sdk::Error;
@@ -390,11 +394,18 @@ Mlp *build(const tsr_host *host, const tsr_config *cfg, const tsr_model_init *in
                 "mlp: bf16/fp16 compute needs a host with ABI 1.1 ops (cast, linear)");
 
   const std::vector<int64_t> hidden = c.get_int_array("hidden");
-  for (size_t i = 0; i < hidden.size(); ++i)
+  for (size_t i = 0; i < hidden.size(); ++i) {
     if (hidden[i] < 1)
       throw Error(TSR_ERR_CONFIG, "mlp: hidden[" + std::to_string(i) +
                                       "] = " + std::to_string(hidden[i]) +
                                       ": every hidden layer needs at least 1 unit");
+    // Layer sizes multiply: bounded so that no count of parameters or
+    // activations overflows before the host checks the memory.
+    if (hidden[i] > kMaxWidth)
+      throw Error(TSR_ERR_CONFIG, "mlp: hidden[" + std::to_string(i) +
+                                      "] = " + std::to_string(hidden[i]) + " is more than the " +
+                                      std::to_string(kMaxWidth) + " units a layer may have");
+  }
   const std::string act = c.get_string("activation");
   if (act == "relu")
     m->act = TSR_ACT_RELU;
