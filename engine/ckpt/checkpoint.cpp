@@ -81,7 +81,7 @@ std::vector<OwnedRange> owned_ranges(Session &s) {
         {r->owned_offset, r->flat_offset, r->count});
     return TSR_OK;
   };
-  plugin_ok(s.host, s.zero.vt->ranges(s.zero.self, collect, &out), "[zero] ranges");
+  plugin_ok(s.host, s.zero.vt->ranges(s.zero.self, collect, &out), "zero", s.zero.name, "ranges");
   return out;
 }
 
@@ -178,7 +178,7 @@ std::string save_checkpoint(Session &s, const RunPosition &st, const std::string
                               s.offload.vt->read_state(s.offload.self, sources[t].slot,
                                                        sources[t].owned_offset + offset / 4,
                                                        bytes / 4, static_cast<float *>(dst)),
-                              "[offload] read_state for a checkpoint");
+                              "offload", s.offload.name, "read_state for a checkpoint");
                   },
                   wo);
   size_t off = written.data_start;
@@ -319,7 +319,7 @@ RunPosition load_checkpoint(Session &s, const std::string &path) {
       if (slot == 0) require_finite_params(m, path, c0, buf.data(), n);  // the master weights
       plugin_ok(s.host,
                 s.offload.vt->write_state(s.offload.self, slot, r.owned_offset, n, buf.data()),
-                "[offload] write_state from a checkpoint");
+                "offload", s.offload.name, "write_state from a checkpoint");
     }
   }
   // Compute parameters from the loaded masters: the zero plugin drives an
@@ -333,9 +333,9 @@ RunPosition load_checkpoint(Session &s, const std::string &path) {
     return guarded(ss->host.ctx(), [&] { ss->put_compute(master.data(), r->count, r->params); });
   };
   auto no_flush = [](void *) -> tsr_status { return TSR_OK; };
-  tsr_zero_step zs{sizeof(tsr_zero_step), copy_master, no_flush, &s};
-  plugin_ok(s.host, s.zero.vt->step(s.zero.self, &zs),
-            "[zero] load parameters from the checkpoint");
+  tsr_zero_step zs{tsr_zero_step_STRUCT_SIZE, copy_master, no_flush, &s};
+  plugin_ok(s.host, s.zero.vt->step(s.zero.self, &zs), "zero", s.zero.name,
+            "load parameters from the checkpoint");
   RunPosition st;
   st.step = m.at("step").get<int64_t>();
   st.epoch = m.at("epoch").get<int64_t>();

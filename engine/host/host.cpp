@@ -2,7 +2,6 @@
 #include "host/host.hpp"
 
 #include <spdlog/spdlog.h>
-
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -282,7 +281,7 @@ tsr_status cb_device_memory(tsr_host_ctx *ctx, tsr_device_memory *out) {
 
 Host::Host(RunFacts facts) : facts_(std::move(facts)), impl_(std::make_unique<Impl>()) {
   impl_->self = this;
-  run_info_.struct_size = sizeof(run_info_);
+  run_info_.struct_size = tsr_run_info_STRUCT_SIZE;
   run_info_.rank = facts_.rank;
   run_info_.world_size = facts_.world_size;
   run_info_.local_rank = facts_.local_rank;
@@ -292,7 +291,7 @@ Host::Host(RunFacts facts) : facts_(std::move(facts)), impl_(std::make_unique<Im
   run_info_.seed = facts_.seed;
   run_info_.run_dir = facts_.run_dir.c_str();
 
-  table_.struct_size = sizeof(table_);
+  table_.struct_size = tsr_host_STRUCT_SIZE;
   table_.abi_major = TSR_ABI_MAJOR;
   table_.abi_minor = TSR_ABI_MINOR;
   table_.ctx = ctx();

@@ -26,6 +26,12 @@ namespace fs = std::filesystem;
 
 namespace tessera {
 
+const void *PluginEntry::extension(const char *id) const {
+  if (!desc || !TSR_HAS_FIELD(desc, tsr_plugin_descriptor, get_extension) || !desc->get_extension)
+    return nullptr;
+  return desc->get_extension(id);
+}
+
 struct Registry::Libs {
   std::vector<boost::dll::shared_library> libs;
 };
@@ -46,9 +52,9 @@ struct KindInfo {
 
 const KindInfo kKinds[] = {
     {TSR_KIND_MODEL, "model", offsetof(tsr_model_vtable, predict)},  // predict: ABI 1.1
-    {TSR_KIND_DATASET, "dataset", sizeof(tsr_dataset_vtable)},
-    {TSR_KIND_SAMPLER, "sampler", sizeof(tsr_sampler_vtable)},
-    {TSR_KIND_OPTIMIZER, "optimizer", sizeof(tsr_optimizer_vtable)},
+    {TSR_KIND_DATASET, "dataset", tsr_dataset_vtable_STRUCT_SIZE},
+    {TSR_KIND_SAMPLER, "sampler", tsr_sampler_vtable_STRUCT_SIZE},
+    {TSR_KIND_OPTIMIZER, "optimizer", tsr_optimizer_vtable_STRUCT_SIZE},
     {TSR_KIND_ZERO, "zero", offsetof(tsr_zero_vtable, reshare)},               // reshare: ABI 1.2
     {TSR_KIND_OFFLOAD, "offload", offsetof(tsr_offload_vtable, wait_params)},  // ABI 1.2
 };

@@ -17,6 +17,16 @@ struct PluginEntry {
   std::vector<tsr_param_decl> params;
   std::string kind;  // short kind name: "model", "optimizer", ...
   std::string file;  // the library it came from
+
+  // The plugin's table for extension `id` (extensions.h, TSR_EXT_*), or
+  // nullptr when it offers none by that id (or predates ABI 1.2).
+  const void *extension(const char *id) const;
+  template <typename T>
+  const T *extension(const char *id) const {
+    const auto *t = static_cast<const T *>(extension(id));
+    // A table shorter than the fields this host calls counts as absent.
+    return t && t->struct_size >= sizeof(size_t) ? t : nullptr;
+  }
 };
 
 class Registry {

@@ -34,7 +34,7 @@ Layout make_layout(const tsr_model_vtable *vt, void *model, uint32_t world,
   };
   for (size_t i = 0; i < n; ++i) {
     tsr_param_info info{};
-    info.struct_size = sizeof(info);
+    info.struct_size = tsr_param_info_STRUCT_SIZE;
     tsr_status st = vt->param_info(model, i, &info);
     TSR_CHECK(st == TSR_OK, st,
               "model '" + model_name + "': param_info(" + std::to_string(i) + ") failed");

@@ -23,6 +23,7 @@
 #include <iterator>
 #include <memory>
 #include <string>
+#include <tessera/cpp/model.hpp>
 #include <tessera/cpp/plugin.hpp>
 #include <vector>
 
@@ -106,6 +107,7 @@ const char *act_name(tsr_activation a) {
 }
 
 struct Mlp {
+  static constexpr const char *kName = "mlp";  // for messages
   const tsr_host *host = nullptr;
   const tsr_ops *ops = nullptr;
   DLDevice device{kDLCPU, 0};
@@ -133,6 +135,8 @@ struct Mlp {
   int64_t ready_n = 0;
 
   size_t layers() const { return dims.size() - 1; }
+  // 2 FLOPs per multiply-add forward, 4 backward (dW and dX).
+  double flops_per_sample() const { return 6.0 * weight_elems; }
   int64_t classes() const { return dims.back(); }
   static DLDataType f32() { return sdk::dtype_f32(); }
 
@@ -529,70 +533,6 @@ Mlp *build(const tsr_host *host, const tsr_config *cfg, const tsr_model_init *in
   return m.release();
 }
 
-// --- the vtable: every entry guarded -----------------------------------------
-
-tsr_status mlp_create(const tsr_host *host, const tsr_config *cfg, const tsr_model_init *init,
-                      void **out_self) {
-  return sdk::guard(host, [&] {
-    if (!out_self) throw Error(TSR_ERR_INVALID, "mlp: out_self is NULL");
-    *out_self = nullptr;
-    *out_self = build(host, cfg, init);
-  });
-}
-
-void mlp_destroy(void *self) {
-  Mlp *m = static_cast<Mlp *>(self);
-  if (!m) return;
-  const tsr_host *host = m->host;
-  (void)sdk::guard(host, [&] { delete m; });
-}
-
-size_t mlp_num_params(void *self) {
-  const Mlp *m = static_cast<const Mlp *>(self);
-  return m ? m->infos.size() : 0;
-}
-
-tsr_status mlp_param_info(void *self, size_t index, tsr_param_info *out) {
-  Mlp *m = static_cast<Mlp *>(self);
-  if (!m) return TSR_ERR_INVALID;
-  return sdk::guard(m->host, [&] {
-    if (!out) throw Error(TSR_ERR_INVALID, "mlp: param_info out is NULL");
-    if (index >= m->infos.size())
-      throw Error(TSR_ERR_INVALID, "mlp: parameter index " + std::to_string(index) +
-                                       " out of range (the model has " +
-                                       std::to_string(m->infos.size()) + ")");
-    // Every field is a 1.0 field, present in any caller's struct.
-    const size_t size = out->struct_size ? out->struct_size : sizeof *out;
-    *out = m->infos[index];
-    out->struct_size = size;
-  });
-}
-
-tsr_status mlp_forward(void *self, tsr_step *step, const tsr_batch *batch, int32_t training,
-                       tsr_forward_result *out) {
-  Mlp *m = static_cast<Mlp *>(self);
-  if (!m) return TSR_ERR_INVALID;
-  return sdk::guard(m->host, [&] { m->forward(step, batch, training, out); });
-}
-
-tsr_status mlp_backward(void *self, tsr_step *step, const tsr_batch *batch, float loss_scale) {
-  Mlp *m = static_cast<Mlp *>(self);
-  if (!m) return TSR_ERR_INVALID;
-  return sdk::guard(m->host, [&] { m->backward(step, batch, loss_scale); });
-}
-
-tsr_status mlp_predict(void *self, tsr_step *step, const tsr_batch *batch, DLTensor *logits) {
-  Mlp *m = static_cast<Mlp *>(self);
-  if (!m) return TSR_ERR_INVALID;
-  return sdk::guard(m->host, [&] { m->predict(step, batch, logits); });
-}
-
-// 2 FLOPs per multiply-add forward, 4 backward (dW and dX).
-double mlp_flops_per_sample(void *self) {
-  const Mlp *m = static_cast<const Mlp *>(self);
-  return m ? 6.0 * m->weight_elems : 0.0;
-}
-
 const tsr_param_decl kParams[] = {
     sdk::param_min("hidden", TSR_PARAM_INT_ARRAY, "[256, 128]",
                    "Units of each hidden layer, input side first (each >= 1); [] gives a "
@@ -608,20 +548,10 @@ const tsr_param_decl kParams[] = {
     sdk::param_min("init_std", TSR_PARAM_FLOAT, "0.02", "Weight std for init = \"normal\"", 0.0),
 };
 
-const tsr_model_vtable kVtable = {
-    sizeof(tsr_model_vtable),
-    mlp_create,
-    mlp_destroy,
-    mlp_num_params,
-    mlp_param_info,
-    mlp_forward,
-    mlp_backward,
-    mlp_flops_per_sample,
-    mlp_predict,
-};
+const tsr_model_vtable kVtable = sdk::model_vtable<Mlp, build>();
 
 const tsr_plugin_descriptor kDescriptor = {
-    sizeof(tsr_plugin_descriptor),
+    tsr_plugin_descriptor_STRUCT_SIZE,
     TSR_KIND_MODEL,
     "mlp",
     "1.0.0",
@@ -630,12 +560,13 @@ const tsr_plugin_descriptor kDescriptor = {
     std::size(kParams),
     TSR_DEVICE_CPU | TSR_DEVICE_CUDA,
     &kVtable,
+    nullptr,  // get_extension (ABI 1.2): none
 };
 
 const tsr_plugin_descriptor *const kPlugins[] = {&kDescriptor};
 
 const tsr_plugin_library kLibrary = {
-    sizeof(tsr_plugin_library), TSR_ABI_MAJOR, TSR_ABI_MINOR, kPlugins, std::size(kPlugins),
+    tsr_plugin_library_STRUCT_SIZE, TSR_ABI_MAJOR, TSR_ABI_MINOR, kPlugins, std::size(kPlugins),
 };
 
 }  // namespace
