@@ -5,7 +5,8 @@
 // refuses (a changed header byte, appended bytes: ShardReader is what
 // resume reads with); a `.tmp` directory or a step directory linked out of
 // the checkpoint root is never loaded; overlapping safetensors ranges and
-// NaN or infinite weights are errors naming the tensor.
+// NaN or infinite weights are errors naming the tensor; init_from into
+// another shape names both shapes.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -215,6 +216,33 @@ TEST_CASE("NaN or infinite weights are an error naming the tensor", "[checkpoint
   std::vector<float> flat(64);
   CHECK_THAT(error_of([&] { tessera::init_from_safetensors(st, layout, flat.data()); }),
              Catch::Contains("tensor 'w'") && Catch::Contains("element 7 is infinite"));
+}
+
+TEST_CASE("init_from into another shape names both shapes", "[checkpoint][messages]") {
+  // What a user sees (issue 22): the tensor, the file's shape, the model's.
+  TempDir dir("tessera_ckpt");
+  std::vector<float> values(256 * 4, 0.5f);
+  const std::string st = (dir.path() / "w.safetensors").string();
+  tessera::safetensors_write(
+      st, {tessera::StTensor{"fc0.weight", "F32", {256, 4}, values.data(), values.size() * 4}});
+  tessera::Layout layout;
+  tessera::ParamSlot slot;
+  slot.name = "fc0.weight";
+  slot.shape = {128, 8};
+  slot.numel = 128 * 8;
+  layout.params.push_back(slot);
+  std::vector<float> flat(slot.numel);
+  CHECK(error_of([&] { tessera::init_from_safetensors(st, layout, flat.data()); }) ==
+        "[model] init_from " + st +
+            ": fc0.weight: file [256, 4], model [128, 8]; the file holds another model than "
+            "[model] describes (only the first dimension may be smaller in the file, as a "
+            "padded vocabulary's)");
+  // Fewer rows in the file is a padded vocabulary: it loads.
+  layout.params[0].shape = {512, 4};
+  layout.params[0].numel = 512 * 4;
+  flat.assign(512 * 4, 0.0f);
+  CHECK_THAT(tessera::init_from_safetensors(st, layout, flat.data()),
+             Catch::Contains("initialised 1 parameters"));
 }
 
 TEST_CASE("overlapping safetensors data_offsets are refused", "[security]") {
