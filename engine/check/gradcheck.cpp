@@ -72,7 +72,7 @@ float *param_data(Session &s, const ParamSlot &p) {
 
 tsr_forward_result forward(Session &s, const tsr_batch &batch) {
   tsr_forward_result r{};
-  r.struct_size = sizeof r;
+  r.struct_size = tsr_forward_result_STRUCT_SIZE;
   r.correct = -2;
   s.backward = false;
   plugin_ok(s.host, s.model.vt->forward(s.model.self, s.step_handle(), &batch, 1, &r),
@@ -131,7 +131,7 @@ ConventionCheck check_struct_sizes(Session &s, const tsr_forward_result &fwd) {
     } probe;
     std::memset(&probe, 0xA5, sizeof probe);
     std::memset(&probe.info, 0, sizeof probe.info);
-    probe.info.struct_size = sizeof probe.info;
+    probe.info.struct_size = tsr_param_info_STRUCT_SIZE;
     plugin_ok(s.host, s.model.vt->param_info(s.model.self, i, &probe.info), "[model] param_info");
     const std::string who = "param_info(" + std::to_string(i) + ")";
     if (probe.info.struct_size != sizeof probe.info)

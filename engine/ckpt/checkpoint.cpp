@@ -11,9 +11,11 @@
 #include <map>
 
 #include "ckpt/manifest.hpp"
+#include "ckpt/shard_reader.hpp"
 #include "ckpt/shard_writer.hpp"
 #include "train/fault.hpp"
 #include "util/error.hpp"
+#include "util/regular_file.hpp"
 #include "util/safetensors.hpp"
 
 namespace fs = std::filesystem;
@@ -79,7 +81,7 @@ std::vector<OwnedRange> owned_ranges(Session &s) {
         {r->owned_offset, r->flat_offset, r->count});
     return TSR_OK;
   };
-  plugin_ok(s.host, s.zero.vt->ranges(s.zero.self, collect, &out), "[zero] ranges");
+  plugin_ok(s.host, s.zero.vt->ranges(s.zero.self, collect, &out), "zero", s.zero.name, "ranges");
   return out;
 }
 
@@ -113,91 +115,7 @@ nlohmann::json param_table(const Layout &L) {
   return t;
 }
 
-// One stored tensor: a run of canonical elements of one slot.
-struct Piece {
-  std::string file, name, slot;
-  size_t start, count, offset;  // canonical start, elements, byte offset in file
-  std::vector<uint32_t> blocks;
-};
-
-std::vector<Piece> pieces_of(const nlohmann::json &m) {
-  std::vector<Piece> out;
-  for (const auto &f : m.at("files")) {
-    for (const auto &t : f.at("tensors")) {
-      Piece p;
-      p.file = f.at("name").get<std::string>();
-      p.name = t.at("name").get<std::string>();
-      p.slot = t.at("slot").get<std::string>();
-      p.start = t.at("start").get<size_t>();
-      p.count = t.at("count").get<size_t>();
-      p.offset = t.at("offset").get<size_t>();
-      p.blocks = t.at("block_crc32").get<std::vector<uint32_t>>();
-      out.push_back(std::move(p));
-    }
-  }
-  std::sort(out.begin(), out.end(), [](const Piece &a, const Piece &b) {
-    return a.slot != b.slot ? a.slot < b.slot : a.start < b.start;
-  });
-  return out;
-}
-
-// Reads canonical elements [c0, c0 + n) of `slot` into dst, reading and
-// checking whole checksum blocks of the pieces that hold them.
-void read_range(const fs::path &dir, const std::vector<Piece> &pieces, const std::string &slot,
-                size_t c0, size_t n, float *dst, std::map<std::string, int> &fds) {
-  size_t done = 0;
-  for (const auto &p : pieces) {
-    if (p.slot != slot || p.start + p.count <= c0 || p.start >= c0 + n) continue;
-    size_t b = std::max(c0, p.start), e = std::min(c0 + n, p.start + p.count);
-    // Byte range inside the tensor, widened to whole blocks for checking.
-    size_t lo = (b - p.start) * 4, hi = (e - p.start) * 4;
-    size_t blo = lo / kBlock, bhi = (hi + kBlock - 1) / kBlock;
-    size_t tensor_bytes = p.count * 4;
-    std::string path = (dir / p.file).string();
-    auto it = fds.find(path);
-    if (it == fds.end()) {
-      int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0)
-        throw Error(TSR_ERR_IO, path + ": cannot open checkpoint shard: " + std::strerror(errno));
-      it = fds.emplace(path, fd).first;
-    }
-    std::vector<char> buf;
-    for (size_t k = blo; k < bhi; ++k) {
-      size_t off = k * kBlock, len = std::min(kBlock, tensor_bytes - off);
-      buf.resize(len);
-      ssize_t got = ::pread(it->second, buf.data(), len, static_cast<off_t>(p.offset + off));
-      if (got != static_cast<ssize_t>(len))
-        throw Error(TSR_ERR_IO, path + ": tensor '" + p.name + "' is truncated (short read)");
-      if (k >= p.blocks.size() || crc32_of(buf.data(), len) != p.blocks[k])
-        throw Error(TSR_ERR_INVALID, path + ": tensor '" + p.name + "' fails its checksum (block " +
-                                         std::to_string(k) +
-                                         "); the checkpoint is damaged, refusing to load it");
-      // Copy the part of this block inside [lo, hi).
-      size_t from = std::max(lo, off), to = std::min(hi, off + len);
-      // dst holds canonical [c0, c0 + n); this block's bytes start at
-      // canonical element p.start + from / 4 (>= c0 by construction).
-      if (from < to)
-        std::memcpy(reinterpret_cast<char *>(dst) + (p.start * 4 + from - c0 * 4),
-                    buf.data() + (from - off), to - from);
-    }
-    done += e - b;
-  }
-  if (done != n)
-    throw Error(TSR_ERR_INVALID, dir.string() + ": checkpoint holds " + std::to_string(done) +
-                                     " of the " + std::to_string(n) + " '" + slot +
-                                     "' elements needed at canonical offset " + std::to_string(c0));
-}
-
 }  // namespace
-
-nlohmann::json read_manifest(const std::string &path) {
-  fs::path m = fs::path(path) / "manifest.json";
-  std::ifstream in(m, std::ios::binary);
-  if (!in) throw Error(TSR_ERR_IO, m.string() + ": no manifest (not a checkpoint directory?)");
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  // Every size, offset and name in it is checked before it is used.
-  return parse_manifest(text, m.string());
-}
 
 std::string save_checkpoint(Session &s, const RunPosition &st, const std::string &dir, int64_t keep,
                             const std::string &config_toml) {
@@ -260,7 +178,7 @@ std::string save_checkpoint(Session &s, const RunPosition &st, const std::string
                               s.offload.vt->read_state(s.offload.self, sources[t].slot,
                                                        sources[t].owned_offset + offset / 4,
                                                        bytes / 4, static_cast<float *>(dst)),
-                              "[offload] read_state for a checkpoint");
+                              "offload", s.offload.name, "read_state for a checkpoint");
                   },
                   wo);
   size_t off = written.data_start;
@@ -283,13 +201,12 @@ std::string save_checkpoint(Session &s, const RunPosition &st, const std::string
     nlohmann::json files = nlohmann::json::array();
     for (uint32_t r = 0; r < f.world_size; ++r) {
       fs::path mp = tmp_dir / (rank_file(r) + ".json");
-      std::ifstream in(mp);
-      files.push_back(nlohmann::json::parse(in));
+      files.push_back(nlohmann::json::parse(read_regular(mp.string(), "checkpoint shard index")));
       fs::remove(mp, ec);
     }
     nlohmann::json manifest = {
         {"format", "tessera-checkpoint"},
-        {"version", 2},
+        {"version", 3},
         {"step", st.step},
         {"epoch", st.epoch},
         {"batch_in_epoch", st.batch_in_epoch},
@@ -312,6 +229,9 @@ std::string save_checkpoint(Session &s, const RunPosition &st, const std::string
         {"config", config_toml},
         {"files", files},
     };
+    // Its own checksum last: an edited manifest is refused on resume and
+    // by `ckpt verify`, as an edited shard is.
+    manifest["checksum"] = manifest_checksum(manifest);
     write_file_synced(tmp_dir / "manifest.json", manifest.dump(1));
     fsync_path(tmp_dir, true);
     // Commit: the directory gets its final name, then `latest` moves.
@@ -335,24 +255,6 @@ std::string save_checkpoint(Session &s, const RunPosition &st, const std::string
   }
   barrier(s, "checkpoint: committed");
   return out;
-}
-
-std::string resolve_checkpoint(const std::string &spec, const std::string &dir) {
-  fs::path p = spec == "auto" ? fs::path(dir) : fs::path(spec);
-  if (fs::exists(p / "latest")) {
-    std::ifstream in(p / "latest");
-    std::string name;
-    std::getline(in, name);
-    if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos)
-      throw Error(TSR_ERR_INVALID, (p / "latest").string() + ": does not name a checkpoint");
-    return (p / name).string();
-  }
-  if (fs::exists(p / "manifest.json")) return p.string();
-  if (spec == "auto") return "";  // nothing saved yet: start fresh
-  throw Error(TSR_ERR_IO,
-              spec +
-                  ": no checkpoint here (expected a step_ directory with manifest.json, or a "
-                  "checkpoint root holding 'latest')");
 }
 
 std::string shape_text(const std::vector<int64_t> &shape) {
@@ -394,27 +296,32 @@ RunPosition load_checkpoint(Session &s, const std::string &path) {
       throw Error(TSR_ERR_INVALID, path + ": checkpoint has no optimizer state '" + sl +
                                        "' (saved with optimizer '" + m.value("optimizer", "?") +
                                        "')");
-  std::vector<Piece> pieces = pieces_of(m);
-  std::map<std::string, int> fds;
-  try {
-    std::vector<float> buf;
-    for (const auto &r : owned_ranges(s)) {
-      size_t c0, n;
-      s.layout.to_canonical(r.flat_offset, r.count, &c0, &n);
-      if (n == 0) continue;
-      buf.resize(n);
-      for (uint32_t slot = 0; slot < slots.size(); ++slot) {
-        read_range(path, pieces, slots[slot], c0, n, buf.data(), fds);
-        plugin_ok(s.host,
-                  s.offload.vt->write_state(s.offload.self, slot, r.owned_offset, n, buf.data()),
-                  "[offload] write_state from a checkpoint");
-      }
+  // Where training stands, against this run's data: an epoch cannot be
+  // further in than the data goes (padding to whole steps aside).
+  const auto in_epoch = m.at("batch_in_epoch").get<uint64_t>(),
+             global = m.at("global_batch").get<uint64_t>();
+  if (s.train_info.length > 0 &&
+      in_epoch * global > static_cast<uint64_t>(s.train_info.length) + global)
+    throw Error(TSR_ERR_INVALID,
+                path + ": the manifest says " + std::to_string(in_epoch) + " steps of " +
+                    std::to_string(global) + " samples into the epoch, past the " +
+                    std::to_string(s.train_info.length) +
+                    " samples of the training data: another dataset, or an edited manifest");
+  ShardReader reader(path, m);
+  std::vector<float> buf;
+  for (const auto &r : owned_ranges(s)) {
+    size_t c0, n;
+    s.layout.to_canonical(r.flat_offset, r.count, &c0, &n);
+    if (n == 0) continue;
+    buf.resize(n);
+    for (uint32_t slot = 0; slot < slots.size(); ++slot) {
+      reader.read(slots[slot], c0, n, buf.data());
+      if (slot == 0) require_finite_params(m, path, c0, buf.data(), n);  // the master weights
+      plugin_ok(s.host,
+                s.offload.vt->write_state(s.offload.self, slot, r.owned_offset, n, buf.data()),
+                "offload", s.offload.name, "write_state from a checkpoint");
     }
-  } catch (...) {
-    for (auto &[p, fd] : fds) ::close(fd);
-    throw;
   }
-  for (auto &[p, fd] : fds) ::close(fd);
   // Compute parameters from the loaded masters: the zero plugin drives an
   // update that copies instead of stepping, then re-shares as its stage needs.
   auto copy_master = [](void *ctx, const tsr_owned_range *r) -> tsr_status {
@@ -426,9 +333,9 @@ RunPosition load_checkpoint(Session &s, const std::string &path) {
     return guarded(ss->host.ctx(), [&] { ss->put_compute(master.data(), r->count, r->params); });
   };
   auto no_flush = [](void *) -> tsr_status { return TSR_OK; };
-  tsr_zero_step zs{sizeof(tsr_zero_step), copy_master, no_flush, &s};
-  plugin_ok(s.host, s.zero.vt->step(s.zero.self, &zs),
-            "[zero] load parameters from the checkpoint");
+  tsr_zero_step zs{tsr_zero_step_STRUCT_SIZE, copy_master, no_flush, &s};
+  plugin_ok(s.host, s.zero.vt->step(s.zero.self, &zs), "zero", s.zero.name,
+            "load parameters from the checkpoint");
   RunPosition st;
   st.step = m.at("step").get<int64_t>();
   st.epoch = m.at("epoch").get<int64_t>();
@@ -444,77 +351,6 @@ RunPosition load_checkpoint(Session &s, const std::string &path) {
     st.scale_skipped = ls.value("skipped_steps", int64_t{0});
   }
   return st;
-}
-
-void read_canonical_params(const std::string &path, std::vector<float> *canonical,
-                           nlohmann::json *manifest) {
-  nlohmann::json m = read_manifest(path);
-  size_t total = 0;
-  for (const auto &p : m.at("params")) {
-    size_t n = 1;
-    for (auto d : p.at("shape")) n *= d.get<size_t>();
-    total += n;
-  }
-  // The allocation is bounded by what the files really hold.
-  uint64_t stored = 0;
-  for (const auto &f : m.at("files")) {
-    std::error_code ec;
-    const auto n = fs::file_size(fs::path(path) / f.at("name").get<std::string>(), ec);
-    if (!ec) stored += n;
-  }
-  if (uint64_t{total} * 4 > stored)
-    throw Error(TSR_ERR_INVALID, path + ": the manifest's parameters need " +
-                                     std::to_string(uint64_t{total} * 4) +
-                                     " bytes, its files hold " + std::to_string(stored));
-  canonical->assign(total, 0.f);
-  std::vector<Piece> pieces = pieces_of(m);
-  std::map<std::string, int> fds;
-  try {
-    read_range(path, pieces, "master", 0, total, canonical->data(), fds);
-  } catch (...) {
-    for (auto &[p, fd] : fds) ::close(fd);
-    throw;
-  }
-  for (auto &[p, fd] : fds) ::close(fd);
-  if (manifest) *manifest = std::move(m);
-}
-
-std::vector<std::string> verify_checkpoint(const std::string &path) {
-  std::vector<std::string> problems;
-  nlohmann::json m;
-  try {
-    m = read_manifest(path);
-  } catch (const std::exception &e) {
-    return {e.what()};
-  }
-  for (const auto &f : m.at("files")) {
-    fs::path file = fs::path(path) / f.at("name").get<std::string>();
-    std::ifstream in(file, std::ios::binary);
-    if (!in) {
-      problems.push_back(file.string() + ": missing");
-      continue;
-    }
-    std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (bytes.size() != f.at("bytes").get<size_t>())
-      problems.push_back(file.string() + ": " + std::to_string(bytes.size()) +
-                         " bytes, manifest says " + std::to_string(f.at("bytes").get<size_t>()));
-    else if (crc32_of(bytes.data(), bytes.size()) != f.at("crc32").get<uint32_t>())
-      problems.push_back(file.string() + ": file checksum mismatch");
-    for (const auto &t : f.at("tensors")) {
-      size_t off = t.at("offset").get<size_t>(), nbytes = t.at("count").get<size_t>() * 4;
-      auto blocks = t.at("block_crc32").get<std::vector<uint32_t>>();
-      for (size_t k = 0; k * kBlock < nbytes; ++k) {
-        size_t b = off + k * kBlock, len = std::min(kBlock, nbytes - k * kBlock);
-        if (b > bytes.size() || len > bytes.size() - b || k >= blocks.size() ||
-            crc32_of(bytes.data() + b, len) != blocks[k]) {
-          problems.push_back(file.string() + ": tensor '" + t.at("name").get<std::string>() +
-                             "' block " + std::to_string(k) + " fails its checksum");
-          break;
-        }
-      }
-    }
-  }
-  return problems;
 }
 
 }  // namespace tessera

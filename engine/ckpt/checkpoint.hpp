@@ -61,5 +61,9 @@ std::string shape_text(const std::vector<int64_t> &shape);
 // ("fc0.weight: checkpoint [256, 784], model [128, 784]") and what to
 // check; "" when it fits.
 std::string params_mismatch(const nlohmann::json &table, const Layout &layout);
+// Throws Error naming the parameter (and `dir`) if canonical elements
+// [c0, c0 + n) of the weights, `values`, hold a NaN or an infinity.
+void require_finite_params(const nlohmann::json &manifest, const std::string &dir, size_t c0,
+                           const float *values, size_t n);
 
 }  // namespace tessera

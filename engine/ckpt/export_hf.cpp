@@ -10,6 +10,7 @@
 #include <iterator>
 
 #include "util/error.hpp"
+#include "util/regular_file.hpp"
 #include "util/safetensors.hpp"
 
 namespace fs = std::filesystem;
@@ -243,8 +244,7 @@ Gpt2Dims gpt2_dims_from_config(const std::string &config_toml, const std::string
     d.init_from_config = f;
     nlohmann::json cfg;
     try {
-      std::ifstream in(cfg_path);
-      cfg = nlohmann::json::parse(in);
+      cfg = nlohmann::json::parse(read_regular(f, "Hugging Face config", uint64_t{16} << 20));
     } catch (const nlohmann::json::exception &e) {
       throw Error(TSR_ERR_INVALID, "gpt2 export: " + f + ": " + e.what());
     }

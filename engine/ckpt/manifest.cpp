@@ -1,7 +1,11 @@
 #include "ckpt/manifest.hpp"
 
+#include <algorithm>
 #include <limits>
+#include <map>
+#include <vector>
 
+#include "util/crypto.hpp"
 #include "util/error.hpp"
 
 namespace tessera {
@@ -12,6 +16,12 @@ namespace {
 // sum below 2^63.
 constexpr uint64_t kMaxElements = uint64_t{1} << 50;
 constexpr uint64_t kMaxFileBytes = uint64_t{1} << 60;
+// Where training stands, bounded so that every product the trainer forms
+// (steps into an epoch x global batch) stays below 2^63, and far beyond
+// any real run: 2^40 steps, 2^22 samples per step.
+constexpr uint64_t kMaxSteps = uint64_t{1} << 40;
+constexpr uint64_t kMaxGlobalBatch = uint64_t{1} << 22;
+constexpr uint64_t kMaxWorld = uint64_t{1} << 20;
 
 struct Check {
   std::string where;
@@ -44,10 +54,35 @@ struct Check {
 void check_manifest(const nlohmann::json &m, const std::string &where) {
   Check c{where};
   if (!m.is_object()) c.fail("the manifest is not a JSON object");
-  for (const char *k : {"step", "epoch", "batch_in_epoch", "samples", "global_batch"})
-    if (!c.field(m, k, "the manifest").is_number_integer())
-      c.fail(std::string("'") + k + "' is not an integer");
+  // Where training stands: each number inside what a run can reach, and
+  // consistent with the others (an epoch takes at least one step, a step at
+  // least one sample).
+  const uint64_t step = c.uint(m, "step", "the manifest", kMaxSteps);
+  const uint64_t global_batch = c.uint(m, "global_batch", "the manifest", kMaxGlobalBatch);
+  if (global_batch == 0) c.fail("'global_batch' is 0");
+  const uint64_t epoch = c.uint(m, "epoch", "the manifest", kMaxSteps);
+  if (epoch > step)
+    c.fail("'epoch' = " + std::to_string(epoch) + " is more than the " + std::to_string(step) +
+           " steps taken (an epoch takes at least one)");
+  const uint64_t in_epoch = c.uint(m, "batch_in_epoch", "the manifest", kMaxSteps);
+  if (in_epoch > step)
+    c.fail("'batch_in_epoch' = " + std::to_string(in_epoch) + " is more than the " +
+           std::to_string(step) + " steps taken");
+  const uint64_t samples = c.uint(m, "samples", "the manifest", kMaxSteps * kMaxGlobalBatch);
+  if (samples < step || samples / kMaxGlobalBatch > step)
+    c.fail("'samples' = " + std::to_string(samples) + " does not fit " + std::to_string(step) +
+           " steps of 1 to 2^22 samples");
   c.uint(m, "seed", "the manifest", std::numeric_limits<uint64_t>::max());
+  if (m.contains("world_size") && c.uint(m, "world_size", "the manifest", kMaxWorld) == 0)
+    c.fail("'world_size' is 0");
+  if (m.contains("loss_scaler") && !m["loss_scaler"].is_null()) {
+    const auto &ls = m["loss_scaler"];
+    const auto &scale = c.field(ls, "cur_scale", "'loss_scaler'");
+    if (!scale.is_number() || !(scale.get<double>() > 0) || !(scale.get<double>() <= 1e38))
+      c.fail("'loss_scaler': 'cur_scale' is not a positive finite number");
+    for (const char *k : {"good_steps", "cur_hysteresis", "skipped_steps"})
+      if (ls.contains(k)) c.uint(ls, k, "'loss_scaler'", kMaxSteps);
+  }
 
   // The parameter table: the canonical index space every tensor lies in.
   const auto &params = c.field(m, "params", "the manifest");
@@ -73,11 +108,20 @@ void check_manifest(const nlohmann::json &m, const std::string &where) {
 
   const auto &slots = c.field(m, "slots", "the manifest");
   if (!slots.is_array()) c.fail("'slots' is not an array");
-  for (const auto &s : slots)
-    if (!s.is_string()) c.fail("'slots' holds a non-string");
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (!slots[i].is_string()) c.fail("'slots' holds a non-string");
+    for (size_t k = 0; k < i; ++k)
+      if (slots[k] == slots[i]) c.fail("'slots' names '" + slots[i].get<std::string>() + "' twice");
+  }
 
   const auto &files = c.field(m, "files", "the manifest");
   if (!files.is_array()) c.fail("'files' is not an array");
+  struct Run {
+    uint64_t begin, count;
+    std::string what;
+  };
+  std::map<std::string, std::vector<Run>> pieces;  // per slot, in elements
+  std::vector<Run> layout;                         // per file, in bytes
   for (size_t i = 0; i < files.size(); ++i) {
     const auto &f = files[i];
     const std::string &name = c.str(f, "name", "files[" + std::to_string(i) + "]");
@@ -114,8 +158,55 @@ void check_manifest(const nlohmann::json &m, const std::string &where) {
       for (const auto &b : blocks)
         if (!b.is_number_unsigned() || b.get<uint64_t>() > 0xFFFFFFFFu)
           c.fail(tctx + ": a block checksum is not a 32-bit unsigned integer");
+      if (std::find(slots.begin(), slots.end(), t["slot"]) == slots.end())
+        c.fail(tctx + ": slot '" + t["slot"].get<std::string>() + "' is not in 'slots'");
+      pieces[t["slot"].get<std::string>()].push_back({start, count, tctx});
+      layout.push_back({offset, count * 4, tctx});
     }
+    // The writer puts a file's tensors one after another up to its end: a
+    // byte read for two tensors, or one read for none, is an edit.
+    std::sort(layout.begin(), layout.end(),
+              [](const Run &a, const Run &b) { return a.begin < b.begin; });
+    for (size_t k = 1; k < layout.size(); ++k)
+      if (layout[k].begin != layout[k - 1].begin + layout[k - 1].count)
+        c.fail(layout[k].what + ": its bytes start at " + std::to_string(layout[k].begin) +
+               ", not where " + layout[k - 1].what + "'s end (" +
+               std::to_string(layout[k - 1].begin + layout[k - 1].count) + ")");
+    if (!layout.empty() && layout.back().begin + layout.back().count != bytes)
+      c.fail(ctx + ": its tensors end at byte " +
+             std::to_string(layout.back().begin + layout.back().count) + ", the file at " +
+             std::to_string(bytes));
+    layout.clear();
   }
+  // Coverage, per slot: the pieces tile [0, parameters) exactly. An overlap
+  // would count elements twice and leave others at their initial values.
+  for (const auto &s : slots) {
+    auto &runs = pieces[s.get<std::string>()];
+    std::sort(runs.begin(), runs.end(),
+              [](const Run &a, const Run &b) { return a.begin < b.begin; });
+    uint64_t covered = 0;
+    for (const auto &r : runs) {
+      if (r.begin < covered)
+        c.fail("slot '" + s.get<std::string>() + "': " + r.what + " (elements [" +
+               std::to_string(r.begin) + ", " + std::to_string(r.begin + r.count) +
+               ")) overlaps the piece before it, which ends at " + std::to_string(covered));
+      if (r.begin > covered)
+        c.fail("slot '" + s.get<std::string>() + "': elements [" + std::to_string(covered) + ", " +
+               std::to_string(r.begin) + ") are in no tensor");
+      covered = r.begin + r.count;
+    }
+    if (covered != canonical)
+      c.fail("slot '" + s.get<std::string>() + "': elements [" + std::to_string(covered) + ", " +
+             std::to_string(canonical) + ") are in no tensor");
+  }
+}
+
+std::string manifest_checksum(const nlohmann::json &m) {
+  nlohmann::json body = m;
+  if (body.is_object()) body.erase("checksum");
+  // nlohmann::json keeps object keys sorted: the dump is canonical, however
+  // the file was indented.
+  return "sha256:" + to_hex(sha256(body.dump()));
 }
 
 nlohmann::json parse_manifest(const std::string &text, const std::string &where) {
@@ -126,8 +217,22 @@ nlohmann::json parse_manifest(const std::string &text, const std::string &where)
     throw Error(TSR_ERR_INVALID, where + ": not valid JSON: " + e.what());
   }
   if (!j.is_object() || !j["format"].is_string() || !j["version"].is_number_integer() ||
-      j["format"] != "tessera-checkpoint" || j["version"] != 2)
-    throw Error(TSR_ERR_INVALID, where + ": not a tessera checkpoint manifest (format version 2)");
+      j["format"] != "tessera-checkpoint" || (j["version"] != 2 && j["version"] != 3))
+    throw Error(TSR_ERR_INVALID,
+                where + ": not a tessera checkpoint manifest (format version 2 or 3)");
+  // Version 3 carries its own checksum; version 2 (older tessera) has none.
+  if (j["version"] == 3) {
+    if (!j.contains("checksum") || !j["checksum"].is_string())
+      throw Error(TSR_ERR_INVALID, where +
+                                       ": has no 'checksum' (a version 3 manifest carries "
+                                       "one; edited, or damaged)");
+    const std::string want = manifest_checksum(j);
+    if (j["checksum"].get<std::string>() != want)
+      throw Error(TSR_ERR_INVALID,
+                  where + ": fails its checksum (it says " + j["checksum"].get<std::string>() +
+                      ", its content is " + want +
+                      "): the manifest was edited or damaged; refusing the checkpoint");
+  }
   check_manifest(j, where);
   return j;
 }

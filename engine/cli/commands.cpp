@@ -17,6 +17,7 @@
 #include "train/device_select.hpp"
 #include "train/job.hpp"
 #include "train/monitor.hpp"
+#include "train/run_lock.hpp"
 #include "train/trainer.hpp"
 #include "util/error.hpp"
 
@@ -235,6 +236,7 @@ std::unique_ptr<DistContext> join_job(const Job &job, ProcessInfo &proc) {
                                           job.settings.comm_interface);
   opt.cuda = proc.device.device_type == kDLCUDA;
   opt.shm = job.settings.comm_shm;
+  opt.heartbeat_timeout_s = static_cast<int>(job.settings.comm_heartbeat_timeout_s);
   auto dist = std::make_unique<DistContext>(opt);
   proc.comm = dist->comm();
   proc.comm_state = dist->comm_state();
@@ -255,6 +257,13 @@ int train_here(const Parsed &p) {
   // [monitor]: the trainer's Reporter picks these up by run directory.
   set_run_monitors(job.settings.dir, job.settings.monitor);
   try {
+    // Rank 0 holds the run and checkpoint directories for the job's life,
+    // and has found them writable, before anything is written to either.
+    std::unique_ptr<RunLock> lock;
+    if (proc.rank == 0)
+      lock = std::make_unique<RunLock>(
+          std::vector<std::string>{job.settings.dir, job.settings.ckpt_dir},
+          std::vector<std::string>{"run.dir", "checkpoint.dir"});
     train(job, proc);
   } catch (const std::exception &e) {
     // A failed run's summary says so. Under our launcher the launcher

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -20,6 +21,7 @@
 #include "data/token_shard.hpp"
 #include "data/tokenizer_bpe.hpp"
 #include "util/error.hpp"
+#include "util/regular_file.hpp"
 
 namespace fs = std::filesystem;
 
@@ -105,12 +107,8 @@ std::string read_input(const fs::path &path) {
   std::error_code ec;
   if (fs::is_directory(path, ec))
     throw Error(TSR_ERR_IO, "input '" + path.string() + "' is a directory, not a text file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(TSR_ERR_IO, "cannot open input '" + path.string() + "'");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw Error(TSR_ERR_IO, "cannot read input '" + path.string() + "'");
-  return ss.str();
+  // Any size: a corpus may be gigabytes.
+  return read_regular(path.string(), "input", std::numeric_limits<uint64_t>::max());
 }
 
 // The documents of one file: the whole file, or the pieces between lines

@@ -76,6 +76,7 @@ void start_debug_job(Job &job, uint32_t rank, uint32_t world) {
   // rendezvous: the job trades its hang protection for being steppable.
   // (The launcher still stops every rank when one exits.)
   job.settings.comm_timeout_s = kDebugTimeoutS;
+  job.settings.comm_heartbeat_timeout_s = 0;  // a rank at a breakpoint has no heartbeat
   if (rank == 0)
     spdlog::info(
         "debug job: {} wait{} for a debugger; collective and store timeouts are off, so a stuck "

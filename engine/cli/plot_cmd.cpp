@@ -12,6 +12,7 @@
 
 #include "cli/args.hpp"
 #include "util/error.hpp"
+#include "util/regular_file.hpp"
 #include "viz/plot.hpp"
 
 extern char **environ;
@@ -74,10 +75,9 @@ bool run_program(std::vector<std::string> argv) {
 }
 
 bool is_png(const std::string &path) {
-  std::ifstream in(path, std::ios::binary);
+  sdk::RegularFile f = sdk::open_regular_file(path);
   char magic[8] = {};
-  in.read(magic, 8);
-  return in && std::string(magic, 8) == "\x89PNG\r\n\x1a\n";
+  return f && ::pread(f.fd, magic, 8, 0) == 8 && std::string(magic, 8) == "\x89PNG\r\n\x1a\n";
 }
 
 // SVG -> PNG with the first converter that works: each is checked by the

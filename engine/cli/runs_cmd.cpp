@@ -8,10 +8,13 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "cli/args.hpp"
 #include "util/error.hpp"
+#include "util/regular_file.hpp"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -66,10 +69,10 @@ std::time_t parse_iso(const std::string &s) {
 }
 
 json read_json_file(const fs::path &p) {
-  std::ifstream in(p);
-  if (!in) return nullptr;
+  std::string text, why;
+  if (!sdk::read_regular_file(p.string(), &text, &why)) return nullptr;
   try {
-    return json::parse(in);
+    return json::parse(text);
   } catch (const json::exception &) {
     return nullptr;
   }
@@ -81,7 +84,13 @@ json describe_run(const fs::path &dir) {
   json summary = read_json_file(dir / "summary.json");
   // The last train and eval lines (a live run's torn last line is skipped).
   json last_train, last_eval;
-  std::ifstream in(dir / "metrics.jsonl");
+  // A run directory anyone could have written into: a FIFO in place of
+  // metrics.jsonl is skipped like a missing file, never read.
+  std::string metrics, why;
+  if (!sdk::read_regular_file((dir / "metrics.jsonl").string(), &metrics, &why,
+                              std::numeric_limits<uint64_t>::max()))
+    metrics.clear();
+  std::istringstream in(metrics);
   for (std::string line; std::getline(in, line);) {
     try {
       json j = json::parse(line);

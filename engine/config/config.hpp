@@ -20,6 +20,11 @@ class ConfigError : public Error {
   explicit ConfigError(const std::string &message) : Error(TSR_ERR_CONFIG, message) {}
 };
 
+// The text of a config file (`what`: "config file", "DeepSpeed config"), a
+// regular file of at most 64 MiB; a FIFO, a device or a directory is
+// refused without reading it (reading could block forever).
+std::string read_config_file(const std::string &path, const std::string &what);
+
 class Document {
  public:
   // Reads a TOML file, or a DeepSpeed JSON when the name ends in .json.
@@ -35,6 +40,22 @@ class Document {
   // Sets a dotted key, creating tables on the way, and records its origin.
   void set(const std::string &dotted_key, toml::node &&value, const std::string &origin);
   void set_value(const std::string &dotted_key, const toml::node &value, const std::string &origin);
+  // A key that a DeepSpeed mapping sets in a plugin's section for a feature
+  // only some plugins have (activation_checkpointing -> model.recompute):
+  // where the chosen plugin does not declare it, the key is dropped with a
+  // warning naming `feature` (take_undeclared), not refused as a typo. A
+  // later set() or erase() of the key makes it an ordinary key again.
+  void set_if_declared(const std::string &dotted_key, toml::node &&value, const std::string &origin,
+                       const std::string &feature);
+  struct Undeclared {
+    std::string key;      // "model.recompute"
+    std::string origin;   // "ds.json: activation_checkpointing"
+    std::string feature;  // "activation checkpointing"
+  };
+  // Removes from `section` the keys set_if_declared put there that
+  // `declared` lacks, and returns them.
+  std::vector<Undeclared> take_undeclared(const std::string &section,
+                                          const std::vector<std::string> &declared);
   // Removes a whole table (a section replaced wholesale by DeepSpeed JSON).
   void erase(const std::string &dotted_key);
   // `--unset KEY`: removes a key or a whole section; throws ConfigError,
@@ -53,7 +74,8 @@ class Document {
  private:
   toml::table root_;
   std::string path_;
-  std::map<std::string, std::string> origins_;  // dotted key -> "--set" / "ds.json"
+  std::map<std::string, std::string> origins_;      // dotted key -> "--set" / "ds.json"
+  std::map<std::string, std::string> if_declared_;  // dotted key -> feature
   std::vector<std::string> warnings_;
 };
 

@@ -332,9 +332,28 @@ struct Mapper {
     }
   }
 
+  // DeepSpeed checkpoints activations where the model's code asks for it;
+  // the section says the model should. Here that is the model plugin's
+  // boolean `recompute` (docs/writing-a-model.md), set only where the
+  // chosen model declares it: for another the key is dropped with a
+  // warning (Document::take_undeclared), not refused as a typo.
+  void activation_checkpointing(const json &a) {
+    if (!a.is_object())
+      fail("activation_checkpointing",
+           "expected an object like {\"partition_activations\": false}");
+    doc.set_if_declared("model.recompute", toml::value<bool>(true),
+                        origin("activation_checkpointing"), "activation checkpointing");
+    // Model parallelism, CPU copies and profiling of the checkpoints: false
+    // is what tessera does anyway, anything else is not done.
+    for (const auto &[k, v] : a.items())
+      if (!(v.is_boolean() && !v.get<bool>()))
+        doc.warn(path + ": activation_checkpointing." + k + " is not used by tessera; ignored");
+  }
+
   void apply(const json &j) {
     if (!j.is_object()) throw ConfigError(path + ": a DeepSpeed config must be a JSON object");
-    static const std::set<std::string> handled = {"train_batch_size",
+    static const std::set<std::string> handled = {"activation_checkpointing",
+                                                  "train_batch_size",
                                                   "train_micro_batch_size_per_gpu",
                                                   "gradient_accumulation_steps",
                                                   "optimizer",
@@ -382,6 +401,8 @@ struct Mapper {
       put("log.breakdown", j["wall_clock_breakdown"], "wall_clock_breakdown");
     }
     guarded("monitor", [&] { monitor(j); });
+    if (j.contains("activation_checkpointing"))
+      activation_checkpointing(j["activation_checkpointing"]);
     for (const auto &[k, v] : j.items())
       if (!handled.count(k)) doc.warn(path + ": '" + k + "' is not used by tessera; ignored");
     if (j.contains("optimizer") && !j.contains("scheduler")) say_which_schedule();
@@ -420,11 +441,10 @@ struct Mapper {
 }  // namespace
 
 void deepspeed_apply(Document &doc, const std::string &path) {
-  std::ifstream in(path);
-  if (!in) throw ConfigError(path + ": cannot open DeepSpeed config");
+  const std::string text = read_config_file(path, "DeepSpeed config");
   json j;
   try {
-    j = json::parse(in);
+    j = json::parse(text);
   } catch (const json::parse_error &e) {
     throw ConfigError(path + ": invalid JSON: " + e.what());
   }

@@ -1,7 +1,7 @@
 // Loading and layering of configuration documents.
 #include <algorithm>
-#include <fstream>
 #include <sstream>
+#include <tessera/cpp/regular_file.hpp>
 
 #include "config/config.hpp"
 #include "config/deepspeed.hpp"
@@ -29,18 +29,23 @@ std::vector<std::string> split_dots(const std::string &key) {
 
 }  // namespace
 
+std::string read_config_file(const std::string &path, const std::string &what) {
+  std::string text, why;
+  bool refused = false;
+  if (!sdk::read_regular_file(path, &text, &why, uint64_t{64} << 20, &refused))
+    throw ConfigError(refused ? path + ": the " + what + " " + why
+                              : path + ": cannot open " + what + ": " + why);
+  return text;
+}
+
 Document Document::load(const std::string &path) {
-  std::ifstream in(path);
-  if (!in) throw ConfigError(path + ": cannot open config file");
   if (path.size() > 5 && path.substr(path.size() - 5) == ".json") {
     Document d;
     d.path_ = path;
     d.apply_deepspeed(path);
     return d;
   }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return from_string(ss.str(), path);
+  return from_string(read_config_file(path, "config file"), path);
 }
 
 Document Document::from_string(const std::string &text, const std::string &name) {
@@ -85,6 +90,27 @@ void Document::set(const std::string &dotted_key, toml::node &&value, const std:
   }
   value.visit([&](auto &&v) { t->insert_or_assign(parts.back(), std::move(v)); });
   origins_[dotted_key] = origin;
+  if_declared_.erase(dotted_key);
+}
+
+void Document::set_if_declared(const std::string &dotted_key, toml::node &&value,
+                               const std::string &origin, const std::string &feature) {
+  set(dotted_key, std::move(value), origin);
+  if_declared_[dotted_key] = feature;
+}
+
+std::vector<Document::Undeclared> Document::take_undeclared(
+    const std::string &section, const std::vector<std::string> &declared) {
+  std::vector<Undeclared> taken;
+  for (const auto &[key, feature] : if_declared_) {
+    if (key.rfind(section + ".", 0) != 0) continue;
+    const std::string name = key.substr(section.size() + 1);
+    if (name.find('.') != std::string::npos) continue;  // a sub-section's key
+    if (std::find(declared.begin(), declared.end(), name) == declared.end())
+      taken.push_back({key, where(key, nullptr), feature});
+  }
+  for (const auto &u : taken) erase(u.key);
+  return taken;
 }
 
 void Document::erase(const std::string &dotted_key) {
@@ -96,12 +122,13 @@ void Document::erase(const std::string &dotted_key) {
     t = n->as_table();
   }
   t->erase(parts.back());
-  for (auto it = origins_.begin(); it != origins_.end();) {
-    if (it->first == dotted_key || it->first.rfind(dotted_key + ".", 0) == 0)
-      it = origins_.erase(it);
-    else
-      ++it;
-  }
+  for (auto *keys : {&origins_, &if_declared_})
+    for (auto it = keys->begin(); it != keys->end();) {
+      if (it->first == dotted_key || it->first.rfind(dotted_key + ".", 0) == 0)
+        it = keys->erase(it);
+      else
+        ++it;
+    }
 }
 
 void Document::unset(const std::string &dotted_key) {

@@ -35,7 +35,10 @@ const tsr_param_decl kRun[] = {
           "extra directories searched for plugins, relative to the config file"),
     param("deepspeed", TSR_PARAM_STRING, "\"\"",
           "a DeepSpeed JSON config layered on top of this file"),
-    param_min("threads", TSR_PARAM_INT, "0", "CPU threads per rank; 0: cores / local ranks", 0),
+    // Bounded: each thread is a stack and a share of every op; a number
+    // beyond any machine is a typo, refused before a thread is made.
+    param_range("threads", TSR_PARAM_INT, "0", "CPU threads per rank; 0: cores / local ranks", 0,
+                4096),
     param_min("gradient_clipping", TSR_PARAM_FLOAT, "0.0",
               "clip gradients to this global L2 norm; 0: off", 0),
     param("max_gpu_memory", TSR_PARAM_STRING, "\"\"",
@@ -53,8 +56,8 @@ const tsr_param_decl kBatch[] = {
               "micro-batches per step (DeepSpeed gradient_accumulation_steps); 0: derived", 0),
 };
 const tsr_param_decl kData[] = {
-    param_min("workers", TSR_PARAM_INT, "1", "loader threads per rank", 0),
-    param_min("prefetch", TSR_PARAM_INT, "2", "batches prepared ahead of the step", 1),
+    param_range("workers", TSR_PARAM_INT, "1", "loader threads per rank", 0, 256),
+    param_range("prefetch", TSR_PARAM_INT, "2", "batches prepared ahead of the step", 1, 1024),
 };
 const tsr_param_decl kSchedule[] = {
     param_choice("type", "\"constant\"", "learning-rate schedule",
@@ -103,6 +106,10 @@ const tsr_param_decl kCheckpoint[] = {
 const tsr_param_decl kComm[] = {
     param_min("timeout_s", TSR_PARAM_INT, "300",
               "seconds a collective or the rendezvous may wait before the job fails", 1),
+    param_min("heartbeat_timeout_s", TSR_PARAM_INT, "30",
+              "seconds without a heartbeat (twice a second) after which a rank is named as "
+              "stopped (SIGSTOP, a hung host) and the job fails; 0: off",
+              0),
     param("interface", TSR_PARAM_STRING, "\"\"",
           "network interface Gloo binds to (also GLOO_SOCKET_IFNAME); empty: the route to the "
           "master"),
@@ -291,6 +298,7 @@ Settings resolve_settings(const Document &doc, uint32_t world, toml::table *reso
   s.fp16.min_loss_scale = f64("fp16", "min_loss_scale");
   s.fp16.loss_scale = f64("fp16", "loss_scale");
   s.comm_timeout_s = i64("comm", "timeout_s");
+  s.comm_heartbeat_timeout_s = i64("comm", "heartbeat_timeout_s");
   s.comm_interface = str("comm", "interface");
   s.comm_shm = all["comm"]["shm"].value_or(true);
   if (s.comm_interface.empty())

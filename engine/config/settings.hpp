@@ -54,6 +54,7 @@ struct Settings {
   Fp16Settings fp16;
   // [comm]
   int64_t comm_timeout_s = 300;
+  int64_t comm_heartbeat_timeout_s = 30;  // 0: off
   std::string comm_interface;
   bool comm_shm = true;  // CPU collectives through /dev/shm when every rank is on one host
   // [checkpoint]

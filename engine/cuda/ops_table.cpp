@@ -223,7 +223,7 @@ namespace tessera {
 
 const tsr_ops *cuda_ops() {
   static const tsr_ops table = {
-      .struct_size = sizeof(tsr_ops),
+      .struct_size = tsr_ops_STRUCT_SIZE,
       .matmul = cuda::matmul,
       .bias_act = cuda::bias_act,
       .bias_grad = cuda::bias_grad,

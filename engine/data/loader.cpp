@@ -142,7 +142,7 @@ void Loader::fill(Slot &s, int64_t seq, int lane) {
   s.tgt_shape[0] = n;
   tsr_batch &b = s.batch;
   std::memset(&b, 0, sizeof b);
-  b.struct_size = sizeof b;
+  b.struct_size = tsr_batch_STRUCT_SIZE;
   b.size = n;
   b.inputs.data = s.inputs;
   b.inputs.device = DLDevice{kDLCPU, 0};

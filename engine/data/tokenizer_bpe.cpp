@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "util/error.hpp"
+#include "util/regular_file.hpp"
 
 namespace fs = std::filesystem;
 
@@ -240,12 +241,7 @@ CharClass class_of(const Char &c) {
 }
 
 std::string read_file(const fs::path &path, const std::string &role) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(TSR_ERR_IO, "cannot open " + role + " '" + path.string() + "'");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw Error(TSR_ERR_IO, "cannot read " + role + " '" + path.string() + "'");
-  return ss.str();
+  return read_regular(path.string(), role);
 }
 
 }  // namespace

@@ -39,8 +39,14 @@ pid_t spawn_quiet(const std::vector<std::string> &args, bool new_session) {
 }
 
 std::vector<std::string> gdb_command(const std::string &gdb, uint32_t rank, pid_t pid) {
+  // Paging off from before the attach: its "Reading symbols" lines for
+  // every loaded library would otherwise stop at a --Type <RET>-- prompt
+  // before the message below (the more libraries, the sooner), and gdb
+  // counts them against the page even if paging came back on after.
   return {gdb,
           "-q",
+          "-iex",
+          "set pagination off",
           "-p",
           std::to_string(pid),
           "-ex",

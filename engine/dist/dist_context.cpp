@@ -212,6 +212,18 @@ void check_open_store(const std::string &listen_at) {
                   "trusted network (docs/security.md)");
 }
 
+namespace {
+
+std::string heartbeat_key(const std::string &prefix, uint32_t rank) {
+  return prefix + "/heartbeat/" + std::to_string(rank);
+}
+
+// What a rank posts as its heartbeat once it has left the job: a peer that
+// finished is not a peer that froze.
+constexpr const char *kLeft = "left";
+
+}  // namespace
+
 DistContext::DistContext(const DistOptions &opt) : opt_(opt) {
   auto timeout = std::chrono::seconds(opt.timeout_s);
 #ifdef TESSERA_HAVE_CUDA
@@ -274,6 +286,13 @@ void *DistContext::comm_state() {
 DistContext::~DistContext() {
   stopping_ = true;
   if (watcher_.joinable()) watcher_.join();
+  try {
+    // Leaving: the rank watching this one must not take the silence that
+    // follows for a freeze.
+    if (opt_.heartbeat_timeout_s > 0) client_->set(heartbeat_key(opt_.prefix, opt_.rank), kLeft);
+  } catch (const std::exception &) {
+    // The store may be gone already at shutdown.
+  }
 #ifdef TESSERA_HAVE_CUDA
   // NCCL first: it may wait for its collectives in flight.
   cuda_comm_.reset();
@@ -309,12 +328,47 @@ void DistContext::post_abort(const std::string &reason) {
   }
 }
 
+bool DistContext::heartbeat(std::chrono::steady_clock::time_point now) {
+  if (opt_.heartbeat_timeout_s <= 0 || opt_.world_size < 2) return false;
+  if (now - last_post_ < std::chrono::milliseconds(500)) return false;
+  last_post_ = now;
+  // A count, twice a second, from this thread: it runs whatever the rank's
+  // main thread is doing (a long collective, a long step), and stops only
+  // when the whole process does (SIGSTOP, a host that hangs).
+  watch_client_->set(heartbeat_key(opt_.prefix, opt_.rank), std::to_string(++beats_));
+  // Each rank watches the next one: every rank is watched, and the store
+  // sees two requests per rank per beat whatever the world size.
+  const uint32_t peer = (opt_.rank + 1) % opt_.world_size;
+  std::string beat;
+  if (!watch_client_->check(heartbeat_key(opt_.prefix, peer), &beat)) return false;  // not up yet
+  if (beat == kLeft) return false;
+  if (beat != peer_beat_) {
+    peer_beat_ = beat;
+    peer_changed_ = now;
+    return false;
+  }
+  const auto quiet = std::chrono::duration_cast<std::chrono::seconds>(now - peer_changed_);
+  if (quiet.count() < opt_.heartbeat_timeout_s) return false;
+  // Posted in the frozen rank's name: it is the cause, whoever noticed.
+  const std::string why = "rank " + std::to_string(peer) +
+                          ": stopped responding: no heartbeat for " +
+                          std::to_string(quiet.count()) +
+                          " s (comm.heartbeat_timeout_s); the process is stopped (SIGSTOP, a "
+                          "debugger), swapping hard, or its host hangs (noticed by rank " +
+                          std::to_string(opt_.rank) + ")";
+  if (watch_client_->add(abort_key(opt_.prefix) + "/count", 1) == 1)
+    watch_client_->set(abort_key(opt_.prefix), why);
+  return true;
+}
+
 void DistContext::watch() {
   // Another rank's failure ends this one promptly instead of leaving it in
-  // a collective until the timeout; so does losing the store.
+  // a collective until the timeout; so does losing the store, and so does a
+  // peer that stops responding (its heartbeat).
   const std::string mine = "rank " + std::to_string(opt_.rank) + ":";
   while (!stopping_) {
     try {
+      (void)heartbeat(std::chrono::steady_clock::now());
       if (!watch_client_->wait({abort_key(opt_.prefix)}, std::chrono::milliseconds(200))) continue;
       std::string why;
       if (!watch_client_->check(abort_key(opt_.prefix), &why) || why.rfind(mine, 0) == 0) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
 #include <thread>
@@ -27,6 +28,10 @@ struct DistOptions {
   uint16_t master_port = 29500;
   bool serve_store = false;  // rank 0 without our launcher
   int timeout_s = 300;
+  // A rank whose heartbeat (posted by its watch thread) stops for this
+  // long is named as the failed one; 0: off (debugging: a rank stopped in a
+  // debugger has no heartbeat).
+  int heartbeat_timeout_s = 30;
   std::string interface;
   std::string prefix = "tessera/a0";  // store keys of this attempt
   bool cuda = false;                  // also connect NCCL (the GPU is selected already)
@@ -80,6 +85,9 @@ class DistContext {
 
  private:
   void watch();
+  // Posts this rank's heartbeat, and checks the next rank's: true (and the
+  // abort posted for it) when that one has stopped.
+  bool heartbeat(std::chrono::steady_clock::time_point now);
 
   DistOptions opt_;
   std::unique_ptr<StoreServer> server_;
@@ -91,6 +99,10 @@ class DistContext {
 #endif
   std::atomic<bool> stopping_{false};
   std::thread watcher_;
+  // The watch thread's heartbeat state.
+  int64_t beats_ = 0;
+  std::chrono::steady_clock::time_point last_post_{}, peer_changed_{};
+  std::string peer_beat_;
 };
 
 }  // namespace tessera

@@ -264,8 +264,13 @@ tsr_status c_wait(tsr_host_ctx *ctx, tsr_comm_work *w) {
   return c ? c->wait(ctx, w) : no_comm(ctx);
 }
 
-const tsr_comm kTable = {
-    sizeof(tsr_comm), c_all_reduce, c_reduce_scatter, c_all_gather, c_broadcast, c_barrier, c_wait};
+const tsr_comm kTable = {tsr_comm_STRUCT_SIZE,
+                         c_all_reduce,
+                         c_reduce_scatter,
+                         c_all_gather,
+                         c_broadcast,
+                         c_barrier,
+                         c_wait};
 
 }  // namespace
 

@@ -27,6 +27,23 @@ inline std::string abort_key(const std::string &prefix) {
   return prefix + "/abort";
 }
 
+// How much an unauthenticated peer may hold, and for how long. Handshakes
+// run in one event loop, side by side: a rank's handshake never waits
+// behind a stranger's. When the table is full, the oldest unanswered
+// connection (of the address with the most, or of the newcomer's own
+// address past its cap) is dropped to make room: a connection is never
+// refused at the door, so a flood cannot keep the job's ranks out, it can
+// only make some of them try again (StoreClient does, until its timeout).
+struct StoreLimits {
+  // The whole handshake, from accept to the answer: one deadline, however
+  // the peer spaces its bytes.
+  std::chrono::milliseconds handshake{10000};
+  // Connections in their handshake from one address.
+  size_t per_address = 64;
+  // In all; 0: a quarter of the open-file limit, between 64 and 1024.
+  size_t pending = 0;
+};
+
 class StoreServer {
  public:
   // Listens on host:port (port 0 picks a free one; see port()). With a
@@ -34,7 +51,7 @@ class StoreServer {
   // address and dropped; without one the store is open (the callers decide
   // when that is allowed: docs/security.md).
   StoreServer(const std::string &host, uint16_t port,
-              const std::string &secret = job_secret_from_env());
+              const std::string &secret = job_secret_from_env(), StoreLimits limits = {});
   ~StoreServer();
   StoreServer(const StoreServer &) = delete;
   StoreServer &operator=(const StoreServer &) = delete;
@@ -43,28 +60,37 @@ class StoreServer {
   // and posts one for a rank that died without a word).
   bool peek(const std::string &key, std::string *value);
   void put(const std::string &key, const std::string &value);
-  // Connections refused so far (failed the handshake, or too many pending).
+  // Connections refused so far: a wrong or missing answer, or none in time.
   size_t refused() const { return refused_; }
+  // Connections dropped unanswered to make room for newer ones (a flood).
+  size_t dropped() const { return dropped_; }
 
  private:
-  void accept_loop();
+  struct Pending;
+  void handshake_loop();
+  void admit(int fd, std::vector<Pending> &pending);
+  // Reads what arrived of a pending connection's answer; true when it is
+  // finished with (promoted to a served connection, or closed).
+  bool on_answer(Pending &p);
+  void drop(Pending &p, const std::vector<Pending> &pending);
+  void promote(int fd);
   void serve(int fd);
-  // The challenge-response; false (and the connection logged) on failure.
-  bool handshake(int fd, const std::string &peer);
   void note_refused(const std::string &peer, const std::string &why);
 
   int listen_fd_ = -1;
+  int wake_[2] = {-1, -1};  // a pipe: the destructor wakes the handshake loop
   uint16_t port_ = 0;
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::string, std::string> data_;
-  std::vector<int> clients_;
+  std::vector<int> clients_;  // authenticated connections
   std::vector<std::thread> threads_;
-  std::thread acceptor_;
-  bool stopping_ = false;
+  std::thread loop_;
+  std::atomic<bool> stopping_{false};
   std::string secret_;
-  std::atomic<size_t> refused_{0};
-  size_t pending_ = 0;                     // connections still in their handshake
+  StoreLimits limits_;
+  std::atomic<size_t> refused_{0}, dropped_{0};
+  std::chrono::steady_clock::time_point flood_logged_{};
   std::vector<std::thread::id> finished_;  // serve threads to join
 };
 
@@ -72,7 +98,10 @@ class StoreClient {
  public:
   // Connects, retrying until `timeout` (the server may start after us), then
   // authenticates both ways with `secret` (throws Error when either side
-  // fails to prove it knows it, or when only one side has one).
+  // fails to prove it knows it, or when only one side has one). A store
+  // that drops the connection before the handshake ends (flooded by
+  // strangers) is tried again with backoff until `timeout`; the error then
+  // says it was flooded.
   StoreClient(const std::string &host, uint16_t port, std::chrono::milliseconds timeout,
               const std::string &secret = job_secret_from_env());
   ~StoreClient();
@@ -97,7 +126,9 @@ class StoreClient {
     std::string value;
   };
   Reply request(uint8_t op, const std::string &key, const std::string &value, int64_t arg);
-  void handshake(const std::string &secret, std::chrono::milliseconds timeout);
+  // "" once authenticated; why not, when trying again may succeed (the store
+  // dropped or never greeted this connection); throws when it cannot.
+  std::string handshake(const std::string &secret, std::chrono::steady_clock::time_point deadline);
 
   int fd_ = -1;
   std::mutex mu_;

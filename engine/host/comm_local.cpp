@@ -64,8 +64,8 @@ tsr_status wait(tsr_host_ctx *, tsr_comm_work *) {
   return TSR_OK;
 }
 
-const tsr_comm kLocal = {sizeof(tsr_comm), all_reduce, reduce_scatter, all_gather, broadcast,
-                         barrier,          wait};
+const tsr_comm kLocal = {
+    tsr_comm_STRUCT_SIZE, all_reduce, reduce_scatter, all_gather, broadcast, barrier, wait};
 
 }  // namespace
 

@@ -2,7 +2,6 @@
 #include "host/host.hpp"
 
 #include <spdlog/spdlog.h>
-
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -13,6 +12,7 @@
 #include "host/comm_local.hpp"
 #include "ops/cpu_ops.hpp"
 #include "util/error.hpp"
+#include "util/meminfo.hpp"
 #ifdef TESSERA_HAVE_CUDA
 #include "cuda/cuda_ops.hpp"
 #include "cuda/device.hpp"
@@ -281,7 +281,7 @@ tsr_status cb_device_memory(tsr_host_ctx *ctx, tsr_device_memory *out) {
 
 Host::Host(RunFacts facts) : facts_(std::move(facts)), impl_(std::make_unique<Impl>()) {
   impl_->self = this;
-  run_info_.struct_size = sizeof(run_info_);
+  run_info_.struct_size = tsr_run_info_STRUCT_SIZE;
   run_info_.rank = facts_.rank;
   run_info_.world_size = facts_.world_size;
   run_info_.local_rank = facts_.local_rank;
@@ -291,7 +291,7 @@ Host::Host(RunFacts facts) : facts_(std::move(facts)), impl_(std::make_unique<Im
   run_info_.seed = facts_.seed;
   run_info_.run_dir = facts_.run_dir.c_str();
 
-  table_.struct_size = sizeof(table_);
+  table_.struct_size = tsr_host_STRUCT_SIZE;
   table_.abi_major = TSR_ABI_MAJOR;
   table_.abi_minor = TSR_ABI_MINOR;
   table_.ctx = ctx();
@@ -446,6 +446,24 @@ void *Host::alloc(DLDevice device, size_t bytes, tsr_mem_purpose purpose) {
     p = map_host(bytes);
     if (p) kind = Impl::Kind::mapped;
   } else {
+    // A buffer larger than what the host has free fails here, at once and
+    // naming what asked for it, not after minutes of swapping or at the
+    // OOM killer's hand (the memset below touches every page): the CPU's
+    // counterpart of run.max_gpu_memory. Small buffers are not worth
+    // reading /proc/meminfo for.
+    if (bytes >= (size_t{64} << 20)) {
+      const uint64_t avail = available_host_memory();
+      if (avail > 0 && bytes > avail) {
+        const MemoryStats now = memory();
+        throw Error(TSR_ERR_NO_MEMORY,
+                    "rank " + std::to_string(facts_.rank) + ": " + mib_str(bytes) + " of " +
+                        purpose_name(purpose) + " do not fit in the " + mib_str(avail) +
+                        " of memory this host has available (MemAvailable; this rank holds " +
+                        mib_str(now.current_total) +
+                        " already); use a smaller model, more ranks with a higher ZeRO stage, "
+                        "or offload to NVMe");
+      }
+    }
     // 64-byte alignment for vector loads; zeroed so fresh buffers are
     // deterministic.
     size_t rounded = (bytes + 63) / 64 * 64;

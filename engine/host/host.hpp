@@ -74,6 +74,11 @@ class Host {
   void clear_error();
   void set_error(const std::string &message);
 
+  // The training step under way (-1 outside training), for messages that
+  // say when a plugin call failed.
+  int64_t step() const { return step_.load(std::memory_order_relaxed); }
+  void set_step(int64_t step) { step_.store(step, std::memory_order_relaxed); }
+
   // A config handle for a plugin; lives as long as the Host.
   tsr_config *make_config(const std::string &section, const std::string &plugin,
                           toml::table values);
@@ -98,6 +103,7 @@ class Host {
   tsr_run_info run_info_{};
   tsr_host table_{};
   std::unique_ptr<Impl> impl_;
+  std::atomic<int64_t> step_{-1};
 };
 
 // The host behind a ctx pointer (the ctx is the Host's Impl).

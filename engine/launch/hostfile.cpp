@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
-#include <fstream>
+#include <filesystem>
 #include <set>
 #include <sstream>
 
@@ -28,6 +28,8 @@ std::string strip_comment(const std::string &line) {
   auto hash = line.find('#');
   return trim(hash == std::string::npos ? line : line.substr(0, hash));
 }
+
+constexpr long kMaxSlotsPerHost = 1024;
 
 // A non-negative decimal integer, or -1.
 long parse_count(const std::string &s) {
@@ -83,8 +85,7 @@ std::vector<std::pair<std::string, std::vector<int>>> parse_filter(const std::st
 }  // namespace
 
 std::vector<HostSlots> parse_hostfile(const std::string &path) {
-  std::ifstream in(path);
-  if (!in) throw ConfigError("cannot read the hostfile " + path);
+  std::istringstream in(config::read_config_file(path, "hostfile"));
   std::vector<HostSlots> hosts;
   std::string raw;
   for (int line = 1; std::getline(in, raw); ++line) {
@@ -100,6 +101,11 @@ std::vector<HostSlots> parse_hostfile(const std::string &path) {
     const long n = parse_count(slots.substr(6));
     if (n < 1)
       throw ConfigError(where + "'" + slots + "': the slot count must be a positive integer");
+    // Each slot is a worker process with its pipes: a number beyond any
+    // machine is a typo, refused before anything is sized by it.
+    if (n > kMaxSlotsPerHost)
+      throw ConfigError(where + "'" + slots + "': at most " + std::to_string(kMaxSlotsPerHost) +
+                        " slots per host (one worker each)");
     for (const auto &h : hosts)
       if (h.host == host)
         throw ConfigError(where + "host '" + host + "' is listed twice (first at line " +
@@ -183,8 +189,7 @@ std::vector<HostSlots> select_hosts(std::vector<HostSlots> hosts, const std::str
 }
 
 std::vector<std::pair<std::string, std::string>> read_env_file(const std::string &path) {
-  std::ifstream in(path);
-  if (!in) throw ConfigError("cannot read " + path);
+  std::istringstream in(config::read_config_file(path, "environment file"));
   std::vector<std::pair<std::string, std::string>> out;
   std::string raw;
   for (int line = 1; std::getline(in, raw); ++line) {
@@ -222,8 +227,8 @@ std::vector<std::pair<std::string, std::string>> forwarded_env(
   files.push_back(".tessera_env");
   std::set<std::string> seen;
   for (const auto &f : files) {
-    std::ifstream probe(f);
-    if (!probe) continue;
+    std::error_code ec;
+    if (!std::filesystem::exists(f, ec)) continue;
     char real[4096];
     std::string key = ::realpath(f.c_str(), real) ? real : f;
     if (!seen.insert(key).second) continue;  // home is the working directory

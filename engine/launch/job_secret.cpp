@@ -9,8 +9,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "util/crypto.hpp"
 #include "util/error.hpp"
-#include "util/hmac_sha256.hpp"
 
 namespace tessera {
 
@@ -59,7 +59,9 @@ void check_job_secret(const std::string &secret, const std::string &origin) {
 }
 
 std::string read_job_secret_file(const std::string &path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  // Non-blocking: a FIFO in its place is refused below instead of waiting
+  // for a writer.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0)
     throw Error(TSR_ERR_IO, "--job-secret-file " + path + ": cannot open: " + std::strerror(errno));
   struct stat st {};

@@ -326,7 +326,7 @@ namespace tessera {
 
 const tsr_ops *cpu_ops() {
   static const tsr_ops table = {
-      .struct_size = sizeof(tsr_ops),
+      .struct_size = tsr_ops_STRUCT_SIZE,
       .matmul = cpu::matmul,
       .bias_act = cpu::bias_act,
       .bias_grad = cpu::bias_grad,

@@ -4,12 +4,17 @@
 #include "plugin/registry.hpp"
 
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <tessera/tessera.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <boost/dll/shared_library.hpp>
+#include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -20,6 +25,12 @@
 namespace fs = std::filesystem;
 
 namespace tessera {
+
+const void *PluginEntry::extension(const char *id) const {
+  if (!desc || !TSR_HAS_FIELD(desc, tsr_plugin_descriptor, get_extension) || !desc->get_extension)
+    return nullptr;
+  return desc->get_extension(id);
+}
 
 struct Registry::Libs {
   std::vector<boost::dll::shared_library> libs;
@@ -41,9 +52,9 @@ struct KindInfo {
 
 const KindInfo kKinds[] = {
     {TSR_KIND_MODEL, "model", offsetof(tsr_model_vtable, predict)},  // predict: ABI 1.1
-    {TSR_KIND_DATASET, "dataset", sizeof(tsr_dataset_vtable)},
-    {TSR_KIND_SAMPLER, "sampler", sizeof(tsr_sampler_vtable)},
-    {TSR_KIND_OPTIMIZER, "optimizer", sizeof(tsr_optimizer_vtable)},
+    {TSR_KIND_DATASET, "dataset", tsr_dataset_vtable_STRUCT_SIZE},
+    {TSR_KIND_SAMPLER, "sampler", tsr_sampler_vtable_STRUCT_SIZE},
+    {TSR_KIND_OPTIMIZER, "optimizer", tsr_optimizer_vtable_STRUCT_SIZE},
     {TSR_KIND_ZERO, "zero", offsetof(tsr_zero_vtable, reshare)},               // reshare: ABI 1.2
     {TSR_KIND_OFFLOAD, "offload", offsetof(tsr_offload_vtable, wait_params)},  // ABI 1.2
 };
@@ -56,6 +67,73 @@ bool is_shared_library(const fs::path &p) {
   std::string name = p.filename().string();
   return p.extension() == ".so" || name.find(".so.") != std::string::npos ||
          p.extension() == ".dylib";
+}
+
+// The checks of unsafe_plugin_location on one path itself (no ancestors).
+std::string unsafe_plugin_location_real(const fs::path &p, const char *what) {
+  struct stat st {};
+  if (::stat(p.c_str(), &st) != 0) return "";
+  if (st.st_mode & S_IWOTH)
+    return std::string(what) + " is world-writable; refusing to load code from it";
+  if (st.st_uid != 0 && st.st_uid != ::geteuid())
+    return std::string(what) + " is owned by another user (uid " + std::to_string(st.st_uid) + ")";
+  return "";
+}
+
+// Loading a library runs its code (static initialisers, then the entry
+// function) before any check: done first in a child process, so that a
+// library that crashes, exits or hangs there is refused with its file
+// named instead of taking every run down, whether or not the run uses it.
+// "" when the child got through; the parent then loads it for real.
+std::string probe_in_child(const std::string &path) {
+  int ok[2];
+  if (::pipe2(ok, O_CLOEXEC) != 0) return "";  // no probe: load as before
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(ok[0]);
+    ::close(ok[1]);
+    return "";
+  }
+  if (pid == 0) {
+    // Quiet: the parent loads it again, and prints whatever it prints then.
+    const int null = ::open("/dev/null", O_WRONLY);
+    if (null >= 0) {
+      ::dup2(null, 1);
+      ::dup2(null, 2);
+    }
+    void *h = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (h) {
+      using EntryFn = const tsr_plugin_library *(*)();
+      if (auto entry = reinterpret_cast<EntryFn>(::dlsym(h, TSR_ENTRY_SYMBOL))) (void)entry();
+    }
+    // Got through (or dlopen refused it, which the parent reports).
+    (void)!::write(ok[1], "ok", 2);
+    ::_exit(0);
+  }
+  ::close(ok[1]);
+  char buf[2] = {};
+  pollfd pfd{ok[0], POLLIN, 0};
+  // A library's initialisers have 10 s: one that hangs is refused, not waited on.
+  const bool answered = ::poll(&pfd, 1, 10000) > 0 && ::read(ok[0], buf, 2) == 2;
+  ::close(ok[0]);
+  if (!answered) ::kill(pid, SIGKILL);
+  int st = 0;
+  while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  }
+  if (answered && buf[0] == 'o') return "";
+  std::string how;
+  if (WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL && !answered)
+    how = "hung while loading (10 s in its static initialisers or " TSR_ENTRY_SYMBOL "())";
+  else if (WIFSIGNALED(st))
+    how = std::string("crashed while loading (signal ") + std::to_string(WTERMSIG(st)) + ", " +
+          (sigabbrev_np(WTERMSIG(st)) ? std::string("SIG") + sigabbrev_np(WTERMSIG(st)) : "?") +
+          ", in its static initialisers or " TSR_ENTRY_SYMBOL "())";
+  else
+    how = "exited with status " + std::to_string(WIFEXITED(st) ? WEXITSTATUS(st) : -1) +
+          " while loading (its static initialisers end the process)";
+  return path + ": " + how +
+         "; refusing it (tested in a child process; remove it from the plugin path or fix it)";
 }
 
 }  // namespace
@@ -72,6 +150,23 @@ std::string unsafe_plugin_location(const std::string &path, const char *what) {
   if (st.st_uid != 0 && st.st_uid != ::geteuid())
     return path + ": " + what + " is owned by another user (uid " + std::to_string(st.st_uid) +
            "); refusing to load code from it";
+  // Where it really is (symbolic links resolved), and every directory
+  // above: one that anyone may write to without the sticky bit lets anyone
+  // rename what is under it and put their own in its place.
+  std::error_code ec;
+  const fs::path real = fs::canonical(path, ec);
+  if (ec) return "";
+  if (real != fs::path(path))
+    if (std::string why = unsafe_plugin_location_real(real, what); !why.empty())
+      return path + " (really " + real.string() + "): " + why;
+  for (fs::path dir = real.parent_path(); !dir.empty(); dir = dir.parent_path()) {
+    struct stat ds {};
+    if (::stat(dir.c_str(), &ds) == 0 && (ds.st_mode & S_IWOTH) && !(ds.st_mode & S_ISVTX))
+      return path + ": " + what + " lies under " + dir.string() +
+             ", which anyone may write to (world-writable, no sticky bit): anyone could replace "
+             "what is under it; refusing to load code from it";
+    if (dir == dir.root_path()) break;
+  }
   return "";
 }
 
@@ -100,6 +195,7 @@ void Registry::load_file(const std::string &path) {
                                 {fs::path(path).parent_path().string(), "plugin directory"}})
     if (std::string why = unsafe_plugin_location(p.empty() ? "." : p, what); !why.empty())
       throw Error(TSR_ERR_INVALID, why);
+  if (std::string why = probe_in_child(path); !why.empty()) throw Error(TSR_ERR_INVALID, why);
   boost::dll::shared_library lib;
   std::error_code ec;
   lib.load(path, ec, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
@@ -193,6 +289,7 @@ void Registry::scan(const std::vector<std::string> &dirs) {
     if (!there) continue;
     if (std::string why = unsafe_plugin_location(dir, "plugin directory"); !why.empty()) {
       refusals_.push_back(why);
+      refused_files_.push_back(dir);
       continue;
     }
     std::vector<fs::path> files;
@@ -207,6 +304,7 @@ void Registry::scan(const std::vector<std::string> &dirs) {
         load_file(f.string());
       } catch (const Error &e) {
         refusals_.push_back(e.what());
+        refused_files_.push_back(f.string());
       }
     }
   }
@@ -232,6 +330,18 @@ const PluginEntry &Registry::get(const std::string &kind, const std::string &nam
   msg += "); searched";
   for (size_t i = 0; i < dirs_.size(); ++i) msg += (i ? ", " : " ") + dirs_[i];
   if (dirs_.empty()) msg += " no directory";
+  // The plugin may be in a library that was refused (another ABI, a crash
+  // while loading): a refused library's plugins cannot be read, so the one
+  // whose file name holds the plugin's name is the likely one; say why.
+  size_t named = 0;
+  for (size_t i = 0; i < refused_files_.size(); ++i)
+    if (fs::path(refused_files_[i]).filename().string().find(name) != std::string::npos) {
+      msg += "; a library that may hold it was refused: " + refusals_[i];
+      ++named;
+    }
+  if (named == 0 && !refused_files_.empty())
+    msg += "; " + std::to_string(refused_files_.size()) +
+           " plugin libraries were refused ('tessera plugins' says why)";
   msg +=
       "; a plugin built elsewhere is found with --plugin-path DIR (or run.plugin_path, or "
       "TESSERA_PLUGIN_PATH) naming the directory that holds its library";

@@ -17,6 +17,16 @@ struct PluginEntry {
   std::vector<tsr_param_decl> params;
   std::string kind;  // short kind name: "model", "optimizer", ...
   std::string file;  // the library it came from
+
+  // The plugin's table for extension `id` (extensions.h, TSR_EXT_*), or
+  // nullptr when it offers none by that id (or predates ABI 1.2).
+  const void *extension(const char *id) const;
+  template <typename T>
+  const T *extension(const char *id) const {
+    const auto *t = static_cast<const T *>(extension(id));
+    // A table shorter than the fields this host calls counts as absent.
+    return t && t->struct_size >= sizeof(size_t) ? t : nullptr;
+  }
 };
 
 class Registry {
@@ -27,7 +37,9 @@ class Registry {
   Registry &operator=(const Registry &) = delete;
 
   // Loads every shared library in each directory (missing directories are
-  // skipped). Libraries that cannot be used are recorded in refusals().
+  // skipped). Libraries that cannot be used are recorded in refusals(). Each
+  // is loaded first in a child process (load_file), so one that crashes or
+  // hangs while loading is refused, not fatal.
   void scan(const std::vector<std::string> &dirs);
   // Loads one library; throws tessera::Error with the reason when it is
   // refused (the message names the file).
@@ -52,11 +64,14 @@ class Registry {
   std::vector<PluginEntry> entries_;
   std::vector<std::string> refusals_;
   std::vector<std::string> dirs_;  // every directory scan() searched, for messages
+  std::vector<std::string> refused_files_;  // the library of each scan refusal
 };
 
 // Why code must not be loaded from `path` (`what`: "plugin directory" or
 // "plugin library"): world-writable, or owned by a user other than this one
-// and root. "" when it may (or does not exist).
+// and root, itself or where its symbolic links lead; or under a directory
+// anyone may write to (world-writable without the sticky bit). "" when it
+// may (or does not exist).
 std::string unsafe_plugin_location(const std::string &path, const char *what);
 
 // "tessera.model/1" -> "model"; "" when the id is not a known kind.

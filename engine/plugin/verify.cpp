@@ -12,15 +12,14 @@
 #include "config/validate.hpp"
 #include "plugin/registry.hpp"
 #include "util/error.hpp"
+#include "util/regular_file.hpp"
 
 namespace fs = std::filesystem;
 
 namespace tessera {
 
 std::vector<std::string> elf_exported_symbols(const std::string &path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(TSR_ERR_IO, path + ": cannot open");
-  const std::string b((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string b = read_regular(path, "plugin library");
   auto bad = [&](const std::string &why) -> Error {
     return Error(TSR_ERR_INVALID, path + ": not a well-formed ELF library: " + why);
   };

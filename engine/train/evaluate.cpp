@@ -28,10 +28,10 @@ EvalResult evaluate(Session &s, int64_t batch_size) {
   double acc[4] = {0, 0, 0, 1};
   while (const tsr_batch *b = loader.next()) {
     tsr_forward_result res{};
-    res.struct_size = sizeof res;
-    plugin_ok(s.host, s.model.vt->forward(s.model.self, step, b, 0, &res),
-              "[model] forward (eval)");
-    plugin_ok(s.host, s.zero.vt->end_pass(s.zero.self), "[zero] end_pass");
+    res.struct_size = tsr_forward_result_STRUCT_SIZE;
+    plugin_ok(s.host, s.model.vt->forward(s.model.self, step, b, 0, &res), "model", s.model.name,
+              "forward (eval)");
+    plugin_ok(s.host, s.zero.vt->end_pass(s.zero.self), "zero", s.zero.name, "end_pass");
     acc[0] += res.loss_sum;
     acc[1] += static_cast<double>(res.count);
     acc[2] += static_cast<double>(std::max<int64_t>(res.correct, 0));

@@ -11,6 +11,7 @@
 
 #include "ckpt/checkpoint.hpp"
 #include "data/tokenizer_bpe.hpp"
+#include "plugin/legacy.hpp"
 #include "train/device_select.hpp"
 #include "train/model_file.hpp"
 #include "train/trainer.hpp"
@@ -23,26 +24,45 @@ namespace tessera {
 namespace {
 
 // The sample shape the model is built for: the training windows' (int32
-// [T] inputs and targets, from [data.train] context), without opening the
-// data. T is also the longest prompt window generation feeds the model.
+// [T] inputs and targets), from [data.train]'s config without opening the
+// data: what the dataset answers through TSR_EXT_DATASET_SHAPE (before ABI
+// 1.2: its `context` and `vocab` values). T is also the longest prompt
+// window generation feeds the model.
 tsr_data_info model_data_info(const Job &job, const std::string &where) {
-  const toml::table &data = job.plugin("data.train").values;
-  const auto context = data["context"].value<int64_t>();
-  if (!context || *context < 1)
-    throw Error(TSR_ERR_UNSUPPORTED,
-                where +
-                    ": [data.train] has no 'context' (tokens per window): tessera generate "
-                    "needs a language model trained on token windows (the tokens dataset)");
+  const PluginChoice &c = job.plugin("data.train");
+  const std::string who = "[data.train] plugin '" + std::string(c.entry->desc->name) + "'";
+  const std::string needs =
+      ": tessera generate needs a language model trained on token windows (the tokens "
+      "dataset)";
+  if (predates_extensions(*c.entry)) {
+    const auto shape = legacy_window_shape(c.values);
+    if (!shape) throw Error(TSR_ERR_UNSUPPORTED, where + ": " + who + " has no 'context'" + needs);
+    tsr_data_info info{};
+    info.struct_size = tsr_data_info_STRUCT_SIZE;
+    info.input_dtype = DLDataType{kDLInt, 32, 1};
+    info.input_ndim = 1;
+    info.input_shape[0] = shape->first;
+    info.target_dtype = info.input_dtype;
+    info.target_ndim = 1;
+    info.target_shape[0] = shape->first;
+    info.num_classes = shape->second;
+    info.length = 1;
+    return info;
+  }
+  const auto *ext = c.entry->extension<tsr_ext_dataset_shape>(TSR_EXT_DATASET_SHAPE);
+  if (!ext || !TSR_HAS_FIELD(ext, tsr_ext_dataset_shape, shape) || !ext->shape)
+    throw Error(TSR_ERR_UNSUPPORTED, where + ": " + who + " offers no sample shape (extension " +
+                                         TSR_EXT_DATASET_SHAPE + ")" + needs);
+  // The plugin reads its config through a host: a CPU one for the query.
+  Host probe{Host::RunFacts{}};
+  tsr_config *cfg = probe.make_config("data.train", c.entry->desc->name, c.values);
   tsr_data_info info{};
-  info.struct_size = sizeof info;
+  info.struct_size = tsr_data_info_STRUCT_SIZE;
+  plugin_ok(probe, ext->shape(probe.table(), cfg, &info), who + " shape");
+  if (info.input_ndim != 1 || info.input_dtype.code != kDLInt || info.input_shape[0] < 1)
+    throw Error(TSR_ERR_UNSUPPORTED,
+                where + ": " + who + " gives samples that are no token window" + needs);
   info.length = 1;
-  info.input_dtype = DLDataType{kDLInt, 32, 1};
-  info.input_ndim = 1;
-  info.input_shape[0] = *context;
-  info.target_dtype = info.input_dtype;
-  info.target_ndim = 1;
-  info.target_shape[0] = *context;
-  info.num_classes = data["vocab"].value<int64_t>().value_or(0);
   return info;
 }
 
@@ -155,7 +175,8 @@ GenerateResult generate(const GenerateOptions &o, std::FILE *out) {
   // The vocabulary: the model's size query.
   int64_t qshape[2] = {1, 0};
   DLTensor query{nullptr, DLDevice{kDLCPU, 0}, 2, DLDataType{kDLFloat, 32, 1}, qshape, nullptr, 0};
-  plugin_ok(s.host, vt->predict(s.model.self, step, nullptr, &query), "[model] predict (classes)");
+  plugin_ok(s.host, vt->predict(s.model.self, step, nullptr, &query), "model", s.model.name,
+            "predict (classes)");
   const int64_t V = qshape[1];
   TSR_CHECK(V >= 1, TSR_ERR_INVALID,
             "[model] plugin '" + s.model.name + "' reports " + std::to_string(V) + " classes");
@@ -222,7 +243,7 @@ GenerateResult generate(const GenerateOptions &o, std::FILE *out) {
     DLTensor host_ids{ids.data(), DLDevice{kDLCPU, 0}, 2, DLDataType{kDLInt, 32, 1}, shape, nullptr,
                       0};
     tsr_batch batch{};
-    batch.struct_size = sizeof batch;
+    batch.struct_size = tsr_batch_STRUCT_SIZE;
     batch.size = 1;
     batch.inputs = host_ids;
     if (on_device) {
@@ -234,8 +255,9 @@ GenerateResult generate(const GenerateOptions &o, std::FILE *out) {
     int64_t lshape[2] = {1, V};
     DLTensor z{
         logits.data(), DLDevice{kDLCPU, 0}, 2, DLDataType{kDLFloat, 32, 1}, lshape, nullptr, 0};
-    plugin_ok(s.host, vt->predict(s.model.self, step, &batch, &z), "[model] predict");
-    plugin_ok(s.host, s.zero.vt->end_pass(s.zero.self), "[zero] end_pass");
+    plugin_ok(s.host, vt->predict(s.model.self, step, &batch, &z), "model", s.model.name,
+              "predict");
+    plugin_ok(s.host, s.zero.vt->end_pass(s.zero.self), "zero", s.zero.name, "end_pass");
     const int32_t next = pick(logits, o.top_k, o.temperature, rng);
     if (stop && static_cast<uint32_t>(next) == *stop) break;
     tokens.push_back(next);

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "util/error.hpp"
+#include "util/finite.hpp"
 #include "util/safetensors.hpp"
 
 namespace fs = std::filesystem;
@@ -66,9 +67,11 @@ std::string init_from_safetensors(const std::string &given, const Layout &layout
     for (size_t d = 0; ok && d < t.shape.size(); ++d)
       ok = d == 0 ? (t.shape[0] <= p.shape[0] && t.shape[0] > 0) : t.shape[d] == p.shape[d];
     if (!ok)
-      throw Error(TSR_ERR_INVALID, "[model] init_from " + path + ": tensor '" + p.name +
-                                       "' has shape " + shape_str(t.shape) +
-                                       ", the model declares " + shape_str(p.shape));
+      throw Error(TSR_ERR_INVALID,
+                  "[model] init_from " + path + ": " + p.name + ": file " + shape_str(t.shape) +
+                      ", model " + shape_str(p.shape) +
+                      "; the file holds another model than [model] describes (only the "
+                      "first dimension may be smaller in the file, as a padded vocabulary's)");
     size_t n = 1;
     for (int64_t d : t.shape) n *= static_cast<size_t>(d);
     float *dst = flat + p.offset;
@@ -88,6 +91,7 @@ std::string init_from_safetensors(const std::string &given, const Layout &layout
       throw Error(TSR_ERR_UNSUPPORTED, "[model] init_from " + path + ": tensor '" + p.name +
                                            "' is " + t.dtype + "; F32, F16 or BF16 expected");
     }
+    require_finite(dst, n, "[model] init_from " + path + ": tensor '" + p.name + "'");
     ++loaded;
   }
   const size_t skipped = file.tensors().size() - loaded;

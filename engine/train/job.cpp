@@ -1,6 +1,7 @@
 #include "train/job.hpp"
 
 #include <filesystem>
+#include <set>
 
 #include "config/validate.hpp"
 
@@ -56,6 +57,27 @@ void resolve_plugin_path(Job &job) {
     resolved.push_back(p);
   }
   if (auto *run = job.engine["run"].as_table()) run->insert_or_assign("plugin_path", resolved);
+}
+
+// Keys a DeepSpeed mapping set for a feature that `entry` does not have
+// (Document::set_if_declared): dropped, with a warning that says so and
+// names the plugins of the same kind that have it.
+void drop_undeclared(Job &job, const std::string &section, const PluginEntry &entry) {
+  std::vector<std::string> declared;
+  for (const auto &d : entry.params) declared.emplace_back(d.name);
+  for (const auto &u : job.doc.take_undeclared(section, declared)) {
+    const std::string name = u.key.substr(section.size() + 1);
+    std::set<std::string> have;
+    for (const auto &e : job.registry->plugins())
+      for (const auto &d : e.params)
+        if (e.kind == entry.kind && name == d.name) have.insert(e.desc->name);
+    std::string with;
+    for (const auto &h : have) with += (with.empty() ? "" : ", ") + h;
+    job.doc.warn(
+        u.origin + ": the " + entry.kind + " plugin '" + entry.desc->name + "' has no '" + name +
+        "' parameter (" + u.feature + "); ignored" +
+        (with.empty() ? std::string() : " (" + entry.kind + " plugins with it: " + with + ")"));
+  }
 }
 
 }  // namespace
@@ -117,6 +139,7 @@ Job load_job(const JobOptions &opts, uint32_t world_size, bool training) {
       throw config::ConfigError(job.doc.where(section + ".plugin", plugin_node) + ": [" + section +
                                 "] " + e.what());
     }
+    drop_undeclared(job, section, *entry);
     PluginChoice choice;
     choice.entry = entry;
     choice.values = config::validate_section(

@@ -7,8 +7,14 @@
 #include <thread>
 
 #include "util/error.hpp"
+#include "util/meminfo.hpp"
 
 namespace tessera {
+
+namespace {
+// The most elements a model may declare, in all.
+constexpr uint64_t kMaxParamElements = uint64_t{1} << 40;
+}  // namespace
 
 Layout make_layout(const tsr_model_vtable *vt, void *model, uint32_t world,
                    const std::string &model_name) {
@@ -28,7 +34,7 @@ Layout make_layout(const tsr_model_vtable *vt, void *model, uint32_t world,
   };
   for (size_t i = 0; i < n; ++i) {
     tsr_param_info info{};
-    info.struct_size = sizeof(info);
+    info.struct_size = tsr_param_info_STRUCT_SIZE;
     tsr_status st = vt->param_info(model, i, &info);
     TSR_CHECK(st == TSR_OK, st,
               "model '" + model_name + "': param_info(" + std::to_string(i) + ") failed");
@@ -44,6 +50,12 @@ Layout make_layout(const tsr_model_vtable *vt, void *model, uint32_t world,
       TSR_CHECK(info.shape[d] > 0, TSR_ERR_INVALID,
                 "model '" + model_name + "': parameter '" + p.name + "' has a dimension <= 0");
       p.shape.push_back(info.shape[d]);
+      // Bounded before anything is sized by it: 2^40 elements (4 TiB of
+      // fp32) is beyond any model this engine trains, and keeps every
+      // product and sum far from overflow.
+      TSR_CHECK(static_cast<uint64_t>(info.shape[d]) <= kMaxParamElements / p.numel, TSR_ERR_CONFIG,
+                "model '" + model_name + "': parameter '" + p.name +
+                    "' has more than 2^40 elements (a dimension in [model] too large?)");
       p.numel *= static_cast<size_t>(info.shape[d]);
     }
     for (const auto &q : L.params)
@@ -65,6 +77,10 @@ Layout make_layout(const tsr_model_vtable *vt, void *model, uint32_t world,
     p.init_b = info.init_b;
     p.trainable = info.trainable != 0;
     p.decay = info.decay != 0;
+    TSR_CHECK(L.numel + p.numel <= kMaxParamElements, TSR_ERR_CONFIG,
+              "model '" + model_name +
+                  "': its parameters add up to more than 2^40 elements "
+                  "(a dimension in [model] too large?)");
     cursor += p.numel;
     L.numel += p.numel;
     if (p.trainable) L.trainable_numel += p.numel;
@@ -72,6 +88,17 @@ Layout make_layout(const tsr_model_vtable *vt, void *model, uint32_t world,
   }
   close_group();
   L.total = cursor;
+  // Before anything is sized by the layout: the parameters as fp32, once,
+  // are the least any run holds in host memory (the initial values); a
+  // model past what the host has is refused here, not after minutes of
+  // swapping. (Each later buffer is checked as it is made: host.cpp.)
+  if (const uint64_t avail = available_host_memory(); avail > 0 && L.total * 4 > avail)
+    throw Error(TSR_ERR_NO_MEMORY,
+                "model '" + model_name + "': its " + std::to_string(L.numel) + " parameters need " +
+                    std::to_string((L.total * 4) >> 20) +
+                    " MiB as fp32 at the least, more than the " + std::to_string(avail >> 20) +
+                    " MiB this host has available; use a smaller model (or a host with more "
+                    "memory)");
   size_t canon = 0;
   L.group_real.assign(L.group_offset.size(), 0);
   for (const auto &p : L.params) L.group_real[p.group] += p.numel;

@@ -5,6 +5,7 @@
 
 #include "ckpt/checkpoint.hpp"
 #include "util/error.hpp"
+#include "util/finite.hpp"
 #include "util/safetensors.hpp"
 
 namespace fs = std::filesystem;
@@ -46,6 +47,7 @@ void from_safetensors(const std::string &file, const Layout &layout, float *flat
       throw Error(TSR_ERR_UNSUPPORTED, file + ": parameter '" + slot.name + "' has dtype " +
                                            t.dtype + " (F32, F64 or BF16 expected)");
     }
+    require_finite(out, slot.numel, file + ": parameter '" + slot.name + "'");
   }
 }
 
@@ -67,6 +69,7 @@ std::string load_model_params(const std::string &path, const Layout &layout, flo
   for (size_t i = 0; i < layout.params.size(); ++i) {
     const auto &p = layout.params[i];
     std::memcpy(flat + p.offset, canonical.data() + canon, p.numel * 4);
+    require_finite(flat + p.offset, p.numel, dir + ": parameter '" + p.name + "'");
     canon += p.numel;
   }
   return dir;

@@ -109,7 +109,7 @@ nlohmann::json RunObserver::offload_interval() {
   const auto *vt = s_.offload.vt;
   if (!vt || !TSR_HAS_FIELD(vt, tsr_offload_vtable, stats) || !vt->stats) return nullptr;
   tsr_offload_stats now{};
-  now.struct_size = sizeof now;
+  now.struct_size = tsr_offload_stats_STRUCT_SIZE;
   if (vt->stats(s_.offload.self, &now) != TSR_OK) {
     s_.host.clear_error();
     return nullptr;

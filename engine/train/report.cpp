@@ -118,8 +118,7 @@ std::string format_duration(double s) {
 Reporter::Reporter(const std::string &run_dir, bool primary, int64_t total_steps)
     : dir_(run_dir), primary_(primary), total_(total_steps) {
   if (!primary_) return;
-  metrics_.open(dir_ + "/metrics.jsonl", std::ios::trunc);
-  if (!metrics_) throw Error(TSR_ERR_IO, dir_ + "/metrics.jsonl: cannot open for writing");
+  metrics_ = MetricsLog(dir_);
   if (auto m = run_monitors(dir_)) {
     monitors_ = std::make_unique<Monitors>(*m);
     if (std::string what = monitors_->describe(); !what.empty())
@@ -130,8 +129,7 @@ Reporter::Reporter(const std::string &run_dir, bool primary, int64_t total_steps
 Reporter::~Reporter() = default;
 
 void Reporter::append(const nlohmann::json &line) {
-  metrics_ << line.dump() << "\n";
-  metrics_.flush();
+  metrics_.append(line);
 }
 
 std::string format_breakdown(const nlohmann::json &b) {
@@ -209,8 +207,10 @@ void Reporter::eval(int64_t step, int64_t epoch, const EvalResult &r) {
   if (monitors_) monitors_->eval(step, r.loss, r.accuracy);
 }
 
-void Reporter::write_summary(const nlohmann::json &summary) {
+void Reporter::write_summary(const nlohmann::json &given) {
   if (!primary_) return;
+  nlohmann::json summary = given;
+  summary["metrics_lost"] = metrics_.lost();
   std::string tmp = dir_ + "/summary.json.tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);

@@ -9,6 +9,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "train/metrics_log.hpp"
+
 namespace tessera {
 
 class Monitors;
@@ -21,9 +23,10 @@ struct EvalResult {
 
 class Reporter {
  public:
-  // Only rank 0 writes files and progress; other ranks stay quiet. The
-  // [monitor] outputs registered for `run_dir` (set_run_monitors) receive
-  // every progress and eval line too.
+  // Only rank 0 writes files and progress; other ranks stay quiet. Rank 0
+  // checks the run directory is writable here, at start-up. The [monitor]
+  // outputs registered for `run_dir` (set_run_monitors) receive every
+  // progress and eval line too.
   Reporter(const std::string &run_dir, bool primary, int64_t total_steps);
   ~Reporter();
 
@@ -41,7 +44,7 @@ class Reporter {
   std::string dir_;
   bool primary_;
   int64_t total_;
-  std::ofstream metrics_;
+  MetricsLog metrics_;
   std::unique_ptr<Monitors> monitors_;
 };
 

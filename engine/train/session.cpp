@@ -5,22 +5,29 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <tessera/cpp/optimizer.hpp>
 
 #include "ops/cpu_ops.hpp"
+#include "plugin/legacy.hpp"
 #include "train/init_from.hpp"
 #include "util/error.hpp"
 
 namespace tessera {
 
-void plugin_ok(Host &host, tsr_status s, const std::string &what) {
-  if (s == TSR_OK) return;
-  std::string msg = host.last_error();
-  host.clear_error();
-  throw Error(s, what + ": " + (msg.empty() ? "failed with status " + std::to_string(s) : msg));
-}
-
 namespace {
+
+// The model's file of initial weights: what it answers through
+// TSR_EXT_MODEL_INIT_FROM (before ABI 1.2: its `init_from` value).
+std::optional<std::string> model_weights_file(const PluginChoice &c, void *self) {
+  if (predates_extensions(*c.entry)) return legacy_init_from(c.values);
+  const auto *ext = c.entry->extension<tsr_ext_model_init_from>(TSR_EXT_MODEL_INIT_FROM);
+  if (!ext || !TSR_HAS_FIELD(ext, tsr_ext_model_init_from, weights_file) || !ext->weights_file)
+    return std::nullopt;
+  const char *f = ext->weights_file(self);
+  if (!f || !*f) return std::nullopt;
+  return std::string(f);
+}
 
 // A plugin that computes (model, optimizer, zero, offload) must declare the
 // device the run computes on; datasets and samplers work in host memory
@@ -56,7 +63,7 @@ void create_dataset(Session &s, Instance<tsr_dataset_vtable> &inst, tsr_data_inf
   std::string what = "[" + section + "] dataset '" + inst.name + "'";
   plugin_ok(s.host, inst.vt->create(s.host.table(), cfg, split, &inst.self), what);
   std::memset(&info, 0, sizeof info);
-  info.struct_size = sizeof info;
+  info.struct_size = tsr_data_info_STRUCT_SIZE;
   plugin_ok(s.host, inst.vt->info(inst.self, &info), what + " info");
   TSR_CHECK(info.input_ndim >= 0 && info.input_ndim <= 8 && info.target_ndim >= 0 &&
                 info.target_ndim <= 8,
@@ -87,7 +94,7 @@ Session::Session(const Job &j, Host::RunFacts facts, bool train, ParamInitialize
     model.name = c.entry->desc->name;
     tsr_config *cfg = host.make_config("model", model.name, c.values);
     tsr_model_init init{};
-    init.struct_size = sizeof init;
+    init.struct_size = tsr_model_init_STRUCT_SIZE;
     init.data = &train_info;
     init.max_micro_batch = st.micro_batch;
     plugin_ok(host, model.vt->create(host.table(), cfg, &init, &model.self),
@@ -103,10 +110,9 @@ Session::Session(const Job &j, Host::RunFacts facts, bool train, ParamInitialize
     initializer(layout, initial.data());
   } else {
     init_params(layout, initial.data(), host.table()->seed_for(host.ctx(), "init", 0));
-    // [model] init_from: a model that declares the key starts from a file's
-    // weights (by parameter name) instead.
-    const auto &mv = job.plugin("model").values;
-    if (auto from = mv["init_from"].value<std::string>(); from && !from->empty()) {
+    // A model that names a file of initial weights (by parameter name)
+    // starts from them instead.
+    if (auto from = model_weights_file(job.plugin("model"), model.self)) {
       const std::string msg = init_from_safetensors(*from, layout, initial.data());
       if (host.facts().rank == 0) spdlog::info("[model] {}", msg);
     }
@@ -114,10 +120,10 @@ Session::Session(const Job &j, Host::RunFacts facts, bool train, ParamInitialize
 
   create_simple(*this, zero, "zero");
   plan = tsr_zero_plan{};
-  plan.struct_size = sizeof plan;
+  plan.struct_size = tsr_zero_plan_STRUCT_SIZE;
   plugin_ok(host, zero.vt->plan(zero.self, &plan), "[zero] plugin '" + zero.name + "' plan");
   tsr_zero_setup zs{};
-  zs.struct_size = sizeof zs;
+  zs.struct_size = tsr_zero_setup_STRUCT_SIZE;
   zs.num_groups = layout.group_offset.size();
   zs.group_offset = layout.group_offset.data();
   zs.group_size = layout.group_size.data();
@@ -194,7 +200,7 @@ Session::Session(const Job &j, Host::RunFacts facts, bool train, ParamInitialize
   state_count = optimizer.vt->state_count(optimizer.self);
   create_simple(*this, offload, "offload");
   tsr_offload_setup os{};
-  os.struct_size = sizeof os;
+  os.struct_size = tsr_offload_setup_STRUCT_SIZE;
   os.n = zero.vt->owned_count(zero.self);
   os.optimizer = optimizer.vt;
   os.optimizer_self = optimizer.self;

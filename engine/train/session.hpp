@@ -11,13 +11,11 @@
 #include <vector>
 
 #include "host/host.hpp"
+#include "host/plugin_call.hpp"
 #include "train/job.hpp"
 #include "train/layout.hpp"
 
 namespace tessera {
-
-// Throws Error with the host's last message when a plugin call fails.
-void plugin_ok(Host &host, tsr_status s, const std::string &what);
 
 // One live plugin instance of any kind.
 template <typename VTable>

@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "ckpt/checkpoint.hpp"
+#include "plugin/legacy.hpp"
 #include "train/device_select.hpp"
 #include "util/error.hpp"
 
@@ -19,19 +20,27 @@ int64_t agree_max(Session &s, int64_t v, const char *what) {
   return v;
 }
 
-double base_lr(const Job &job) {
-  const auto &v = job.plugin("optimizer").values;
-  if (auto x = v["lr"].value<double>()) return *x;
-  throw Error(TSR_ERR_CONFIG, "[optimizer] plugin '" +
-                                  std::string(job.plugin("optimizer").entry->desc->name) +
-                                  "' declares no 'lr' parameter; the schedule needs one");
+double base_lr(Session &s) {
+  const PluginChoice &c = s.job.plugin("optimizer");
+  const std::string who = "[optimizer] plugin '" + std::string(c.entry->desc->name) + "'";
+  if (predates_extensions(*c.entry)) {
+    if (auto lr = legacy_base_lr(c.values)) return *lr;
+    throw Error(TSR_ERR_CONFIG, who + " declares no 'lr' parameter; the schedule needs one");
+  }
+  const auto *ext = c.entry->extension<tsr_ext_optimizer_lr>(TSR_EXT_OPTIMIZER_LR);
+  if (!ext || !TSR_HAS_FIELD(ext, tsr_ext_optimizer_lr, base_lr) || !ext->base_lr)
+    throw Error(TSR_ERR_CONFIG, who + " offers no learning rate (extension " +
+                                    TSR_EXT_OPTIMIZER_LR +
+                                    "), which the schedule scales; docs/abi.md says how a "
+                                    "plugin offers it");
+  return ext->base_lr(s.optimizer.self);
 }
 
 EpochPlan plan_epochs(Session &s, const ProcessInfo &proc) {
   const auto &st = s.job.settings;
   EpochPlan e;
   tsr_sampler_args &a = e.sampler;
-  a.struct_size = sizeof a;
+  a.struct_size = tsr_sampler_args_STRUCT_SIZE;
   a.dataset_size = s.train_info.length;
   a.rank = proc.rank;
   a.world_size = proc.world_size;

@@ -33,8 +33,9 @@ nlohmann::json report_memory(Session &s);
 // ("auto" or a path) or TESSERA_RESUME (set by the launcher on a restart).
 TrainState start_state(Session &s, const EpochPlan &e);
 
-// The optimizer's base learning rate: every optimizer declares `lr`.
-double base_lr(const Job &job);
+// The optimizer's base learning rate, the peak of the schedule: what it
+// answers through TSR_EXT_OPTIMIZER_LR (before ABI 1.2: its `lr` value).
+double base_lr(Session &s);
 
 // A value agreed by every rank (the maximum), through the run's collectives.
 int64_t agree_max(Session &s, int64_t v, const char *what);

@@ -28,7 +28,8 @@ Clip clip_of(StepPlan &p, const TrainState &ts, double loss) {
   const bool fp16 = p.st.precision == "fp16";
   if (p.st.gradient_clipping <= 0 && !fp16) return c;
   double sq = 0;
-  plugin_ok(p.s.host, p.s.zero.vt->grad_norm_sq(p.s.zero.self, &sq), "[zero] grad norm");
+  plugin_ok(p.s.host, p.s.zero.vt->grad_norm_sq(p.s.zero.self, &sq), "zero", p.s.zero.name,
+            "grad norm");
   c.overflow = !std::isfinite(sq) || !std::isfinite(loss);
   const double norm = std::sqrt(sq) / ts.scaler.scale;
   if (!c.overflow && p.st.gradient_clipping > 0 && norm > p.st.gradient_clipping)
@@ -42,7 +43,7 @@ tsr_status offload_step(StepPlan &p, const UpdateArgs &u, const tsr_owned_range 
   if (it == p.segments.end())
     it = p.segments.emplace(r.flat_offset, p.s.layout.segments(r.flat_offset, r.count)).first;
   tsr_offload_step os{};
-  os.struct_size = sizeof os;
+  os.struct_size = tsr_offload_step_STRUCT_SIZE;
   os.offset = r.owned_offset;
   os.count = r.count;
   os.grads = r.grads;
@@ -71,7 +72,7 @@ void legacy_zero_step(StepPlan &p, const UpdateArgs &u, bool apply) {
     auto *x = static_cast<Ctx *>(c);
     return x->p->s.offload.vt->flush(x->p->s.offload.self);
   };
-  const tsr_zero_step zs{sizeof(tsr_zero_step), update, flush, &ctx};
+  const tsr_zero_step zs{tsr_zero_step_STRUCT_SIZE, update, flush, &ctx};
   plugin_ok(p.s.host, p.s.zero.vt->step(p.s.zero.self, &zs),
             apply ? "[zero] step" : "[zero] step (skipped)");
 }
@@ -86,12 +87,13 @@ void update_ranges(StepPlan &p, const UpdateArgs &u) {
     p.started.assign(p.ranges.size(), 0);
   }
   for (size_t i = 0; i < p.ranges.size(); ++i)
-    if (!p.started[i]) plugin_ok(s.host, offload_step(p, u, p.ranges[i]), "[offload] step");
+    if (!p.started[i])
+      plugin_ok(s.host, offload_step(p, u, p.ranges[i]), "offload", s.offload.name, "step");
   p.started.clear();
   s.updates_started();
   if (s.needs_reshare()) {
     s.settle_update();
-    plugin_ok(s.host, s.zero.vt->reshare(s.zero.self), "[zero] reshare");
+    plugin_ok(s.host, s.zero.vt->reshare(s.zero.self), "zero", s.zero.name, "reshare");
   }
 }
 
@@ -100,7 +102,8 @@ void update_ranges(StepPlan &p, const UpdateArgs &u) {
 void clear_grads(StepPlan &p, TrainState &ts) {
   auto t = p.obs.time(Part::optimizer, "clear gradients");
   p.s.wait_grads_read();
-  plugin_ok(p.s.host, p.s.zero.vt->clear_grads(p.s.zero.self), "[zero] clear_grads");
+  plugin_ok(p.s.host, p.s.zero.vt->clear_grads(p.s.zero.self), "zero", p.s.zero.name,
+            "clear_grads");
   ts.grads_dirty = false;
 }
 
@@ -129,7 +132,7 @@ tsr_status start_group(StepPlan &p, const TrainState &ts, uint32_t g) {
       const tsr_owned_range &r = p.ranges[i];
       if (p.started[i] || r.flat_offset < lo || r.flat_offset >= hi) continue;
       p.started[i] = 1;
-      plugin_ok(p.s.host, offload_step(p, u, r), "[offload] step");
+      plugin_ok(p.s.host, offload_step(p, u, r), "offload", p.s.offload.name, "step");
     }
   });
 }
@@ -138,6 +141,7 @@ tsr_status start_group(StepPlan &p, const TrainState &ts, uint32_t g) {
 
 double train_step(StepPlan &p, TrainState &ts, Loader &loader) {
   p.obs.begin_step(ts.step + 1);
+  p.s.host.set_step(ts.step + 1);
   double loss = 0;
   for (int64_t m = 0; m < p.st.accumulation; ++m) {
     const bool last = m == p.st.accumulation - 1;
@@ -165,10 +169,11 @@ double micro_step(StepPlan &p, TrainState &ts, Loader &loader, bool last) {
   s.last_micro = last ? 1 : 0;
   s.backward = false;
   tsr_forward_result res{};
-  res.struct_size = sizeof res;
+  res.struct_size = tsr_forward_result_STRUCT_SIZE;
   auto fwd_t = p.obs.time(Part::forward, "forward");
-  plugin_ok(s.host, s.model.vt->forward(s.model.self, p.handle, batch, 1, &res), "[model] forward");
-  plugin_ok(s.host, s.zero.vt->end_pass(s.zero.self), "[zero] end_pass");
+  plugin_ok(s.host, s.model.vt->forward(s.model.self, p.handle, batch, 1, &res), "model",
+            s.model.name, "forward");
+  plugin_ok(s.host, s.zero.vt->end_pass(s.zero.self), "zero", s.zero.name, "end_pass");
   fwd_t.stop();
   if (res.count <= 0) throw Error(TSR_ERR_INVALID, "[model] forward counted no targets in a batch");
   // The step's loss is the mean over its samples: each micro-batch's summed
@@ -182,8 +187,8 @@ double micro_step(StepPlan &p, TrainState &ts, Loader &loader, bool last) {
   plugin_ok(s.host,
             s.model.vt->backward(s.model.self, p.handle, batch,
                                  static_cast<float>(scale * ts.scaler.scale)),
-            "[model] backward");
-  plugin_ok(s.host, s.zero.vt->end_pass(s.zero.self), "[zero] end_pass");
+            "model", s.model.name, "backward");
+  plugin_ok(s.host, s.zero.vt->end_pass(s.zero.self), "zero", s.zero.name, "end_pass");
   bwd_t.stop();
   const int64_t seen = batch->size * static_cast<int64_t>(s.host.facts().world_size);
   ts.samples += seen;
@@ -194,7 +199,7 @@ double micro_step(StepPlan &p, TrainState &ts, Loader &loader, bool last) {
 void apply_update(StepPlan &p, TrainState &ts, double loss) {
   Session &s = p.s;
   auto comm_t = p.obs.time(Part::comm_wait, "finish_grads");
-  plugin_ok(s.host, s.zero.vt->finish_grads(s.zero.self), "[zero] finish_grads");
+  plugin_ok(s.host, s.zero.vt->finish_grads(s.zero.self), "zero", s.zero.name, "finish_grads");
   comm_t.stop();
   const bool fp16 = p.st.precision == "fp16";
   if (!std::isfinite(loss) && !fp16)

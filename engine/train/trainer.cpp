@@ -261,7 +261,7 @@ nlohmann::json train(const Job &job, const ProcessInfo &proc) {
   print_startup(s, proc, epochs);
   const nlohmann::json memory_by_rank = report_memory(s);
   RunObserver obs(job, s, epochs.total);  // [log]: breakdown, trace, run report
-  StepPlan plan{s, obs, st, s.step_handle(), base_lr(job), {}, {}, {}};
+  StepPlan plan{s, obs, st, s.step_handle(), base_lr(s), {}, {}, {}};
   Loop loop{s, plan, rep, obs, st, proc};
   TrainState ts = start_state(s, epochs);
   install_stop_handlers();

@@ -26,6 +26,33 @@ class ReportedError : public Error {
   explicit ReportedError(tsr_status code) : Error(code, "(reported)") {}
 };
 
+// The status code's name ("TSR_ERR_CONFIG"), for messages: a user reads
+// the name, not the number.
+constexpr const char *status_name(tsr_status s) {
+  switch (s) {
+    case TSR_OK:
+      return "TSR_OK";
+    case TSR_ERR_INVALID:
+      return "TSR_ERR_INVALID";
+    case TSR_ERR_CONFIG:
+      return "TSR_ERR_CONFIG";
+    case TSR_ERR_IO:
+      return "TSR_ERR_IO";
+    case TSR_ERR_NO_MEMORY:
+      return "TSR_ERR_NO_MEMORY";
+    case TSR_ERR_UNSUPPORTED:
+      return "TSR_ERR_UNSUPPORTED";
+    case TSR_ERR_COMM:
+      return "TSR_ERR_COMM";
+    case TSR_ERR_INTERNAL:
+      return "TSR_ERR_INTERNAL";
+    case TSR_ERR_ABORTED:
+      return "TSR_ERR_ABORTED";
+    default:
+      return "an unknown status";
+  }
+}
+
 // Records `message` as the last error of the host behind `ctx` (if any) and
 // returns `code`. Safe with ctx == nullptr (the message is then dropped).
 tsr_status report_error(tsr_host_ctx *ctx, tsr_status code, const std::string &message);

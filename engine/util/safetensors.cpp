@@ -3,13 +3,16 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "util/error.hpp"
+#include "util/regular_file.hpp"
 
 namespace tessera {
 
@@ -68,14 +71,11 @@ size_t safetensors_write(const std::string &path, const std::vector<StTensor> &t
 }
 
 SafetensorsFile::SafetensorsFile(const std::string &path) : path_(path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) throw Error(TSR_ERR_IO, path + ": cannot open");
-  auto size = static_cast<size_t>(in.tellg());
-  in.seekg(0);
+  // Held in memory whole (the tensors point into it): as large as the
+  // file, which must be a regular one (a FIFO or /dev/zero would never end).
+  bytes_ = read_regular(path, "safetensors file", std::numeric_limits<uint64_t>::max());
+  const size_t size = bytes_.size();
   if (size < 8) throw Error(TSR_ERR_INVALID, path + ": too short for a safetensors file");
-  bytes_.resize(size);
-  in.read(bytes_.data(), static_cast<std::streamsize>(size));
-  if (!in) throw Error(TSR_ERR_IO, path + ": read failed");
   uint64_t hlen;
   std::memcpy(&hlen, bytes_.data(), 8);
   if (hlen > size - 8 || hlen > (100u << 20))
@@ -90,6 +90,11 @@ SafetensorsFile::SafetensorsFile(const std::string &path) : path_(path) {
     throw Error(TSR_ERR_INVALID, path + ": header is not valid JSON: " + e.what());
   }
   if (!j.is_object()) throw Error(TSR_ERR_INVALID, path + ": header is not a JSON object");
+  struct Range {
+    size_t begin, end;
+    std::string name;
+  };
+  std::vector<Range> ranges;
   for (auto &item : j.items()) {
     // (Named, not a structured binding: the lambda below captures it.)
     const std::string name = item.key();
@@ -138,7 +143,19 @@ SafetensorsFile::SafetensorsFile(const std::string &path) : path_(path) {
     st.bytes = e - b;
     st.data = bytes_.data() + data_start + b;
     tensors_[name] = std::move(st);
+    if (e > b) ranges.push_back({b, e, name});
   }
+  // Two tensors over the same bytes: a crafted file that loads one tensor's
+  // values into another (the format writes each tensor's bytes once).
+  std::sort(ranges.begin(), ranges.end(),
+            [](const Range &x, const Range &y) { return x.begin < y.begin; });
+  for (size_t i = 1; i < ranges.size(); ++i)
+    if (ranges[i].begin < ranges[i - 1].end)
+      throw Error(TSR_ERR_INVALID,
+                  path + ": tensors '" + ranges[i - 1].name + "' and '" + ranges[i].name +
+                      "' overlap: data_offsets [" + std::to_string(ranges[i - 1].begin) + ", " +
+                      std::to_string(ranges[i - 1].end) + ") and [" +
+                      std::to_string(ranges[i].begin) + ", " + std::to_string(ranges[i].end) + ")");
 }
 
 const StTensor &SafetensorsFile::get(const std::string &name) const {

@@ -44,7 +44,7 @@ class SafetensorsFile {
 
  private:
   std::string path_;
-  std::vector<char> bytes_;
+  std::string bytes_;
   std::map<std::string, StTensor> tensors_;
   std::map<std::string, std::string> metadata_;
 };

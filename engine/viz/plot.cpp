@@ -5,8 +5,10 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <sstream>
 
 #include "util/error.hpp"
+#include "util/regular_file.hpp"
 #include "viz/svg.hpp"
 
 namespace fs = std::filesystem;
@@ -213,10 +215,12 @@ RunMetrics load_run_metrics(const std::string &dir) {
   if (ec) p = fs::path(dir).lexically_normal();
   r.label = (p.has_filename() ? p.filename() : p.parent_path().filename()).string();
   fs::path file = fs::path(dir) / "metrics.jsonl";
-  std::ifstream in(file);
-  if (!in)
+  std::error_code exists_ec;
+  if (!fs::exists(file, exists_ec))
     throw Error(TSR_ERR_IO, file.string() + ": cannot read (is " + dir +
                                 " a run directory? 'tessera runs' lists them)");
+  std::istringstream in(
+      read_regular(file.string(), "metrics file", std::numeric_limits<uint64_t>::max()));
   for (std::string line; std::getline(in, line);) {
     if (line.empty()) continue;
     try {

@@ -304,7 +304,7 @@ const tsr_offload_vtable kVtable = {
     nullptr};
 
 const tsr_plugin_descriptor kDescriptor = {
-    sizeof(tsr_plugin_descriptor),
+    tsr_plugin_descriptor_STRUCT_SIZE,
     TSR_KIND_OFFLOAD,
     "host_offload",
     "1.0.0",
@@ -314,12 +314,13 @@ const tsr_plugin_descriptor kDescriptor = {
     std::size(kParams),
     TSR_DEVICE_CPU,
     &kVtable,
+    nullptr,  // get_extension (ABI 1.2): none
 };
 
 const tsr_plugin_descriptor *const kPlugins[] = {&kDescriptor};
 
 const tsr_plugin_library kLibrary = {
-    sizeof(tsr_plugin_library), TSR_ABI_MAJOR, TSR_ABI_MINOR, kPlugins, std::size(kPlugins),
+    tsr_plugin_library_STRUCT_SIZE, TSR_ABI_MAJOR, TSR_ABI_MINOR, kPlugins, std::size(kPlugins),
 };
 
 }  // namespace

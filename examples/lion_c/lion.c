@@ -18,10 +18,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <tessera/extensions.h>
 #include <tessera/optimizer.h>
 
 typedef struct lion {
   const tsr_host *host;
+  double lr; /* answered through TSR_EXT_OPTIMIZER_LR */
   float beta1, beta2, weight_decay;
 } lion;
 
@@ -55,6 +57,7 @@ static tsr_status lion_create(const tsr_host *host, const tsr_config *cfg, void 
   self = (lion *)malloc(sizeof *self);
   if (!self) return fail(host, TSR_ERR_NO_MEMORY, "lion: out of memory");
   self->host = host;
+  self->lr = lr;
   self->beta1 = (float)beta1;
   self->beta2 = (float)beta2;
   self->weight_decay = (float)weight_decay;
@@ -163,15 +166,28 @@ static const tsr_param_decl lion_params[] = {
      NULL},
 };
 
-static const tsr_optimizer_vtable lion_vtable = {sizeof(tsr_optimizer_vtable),
+static const tsr_optimizer_vtable lion_vtable = {tsr_optimizer_vtable_STRUCT_SIZE,
                                                  lion_create,
                                                  lion_destroy,
                                                  lion_state_count,
                                                  lion_state_name,
                                                  lion_step};
 
+/* The configured rate, the peak the engine's schedule scales: the lr
+ * extension (ABI 1.2) answers it. */
+static double lion_base_lr(void *self) {
+  return ((lion *)self)->lr;
+}
+
+static const tsr_ext_optimizer_lr lion_lr_extension = {tsr_ext_optimizer_lr_STRUCT_SIZE,
+                                                       lion_base_lr};
+
+static const void *lion_extension(const char *id) {
+  return strcmp(id, TSR_EXT_OPTIMIZER_LR) == 0 ? (const void *)&lion_lr_extension : NULL;
+}
+
 static const tsr_plugin_descriptor lion_descriptor = {
-    sizeof(tsr_plugin_descriptor),
+    tsr_plugin_descriptor_STRUCT_SIZE,
     TSR_KIND_OPTIMIZER,
     "lion",
     "1.0.0",
@@ -179,12 +195,14 @@ static const tsr_plugin_descriptor lion_descriptor = {
     lion_params,
     sizeof(lion_params) / sizeof(lion_params[0]),
     TSR_DEVICE_CPU,
-    &lion_vtable};
+    &lion_vtable,
+    lion_extension};
 
 static const tsr_plugin_descriptor *const plugins[] = {&lion_descriptor};
 
-static const tsr_plugin_library library = {sizeof(tsr_plugin_library), TSR_ABI_MAJOR, TSR_ABI_MINOR,
-                                           plugins, sizeof(plugins) / sizeof(plugins[0])};
+static const tsr_plugin_library library = {tsr_plugin_library_STRUCT_SIZE, TSR_ABI_MAJOR,
+                                           TSR_ABI_MINOR, plugins,
+                                           sizeof(plugins) / sizeof(plugins[0])};
 
 TSR_PLUGIN_ENTRY {
   return &library;

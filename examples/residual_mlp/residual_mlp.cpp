@@ -22,6 +22,7 @@
 #include <iterator>
 #include <memory>
 #include <string>
+#include <tessera/cpp/model.hpp>
 #include <tessera/cpp/plugin.hpp>
 #include <vector>
 
@@ -66,6 +67,7 @@ struct Block {
 };
 
 struct Model {
+  static constexpr const char *kName = "residual_mlp";  // for messages
   const tsr_host *host = nullptr;
   const tsr_ops *ops = nullptr;
   DLDevice device{kDLCPU, 0};
@@ -74,6 +76,7 @@ struct Model {
 
   std::deque<std::string> names;  // stable storage for the names infos point at
   std::vector<tsr_param_info> infos;
+
   Linear stem, head;
   std::vector<Block> blocks;
 
@@ -84,6 +87,15 @@ struct Model {
   sdk::Buffer dh, du;          // backward scratch: [n, width], [n, ffn]
   bool ready = false;          // a training forward ran: backward may follow
   int64_t ready_n = 0;
+
+  // 2 FLOPs per weight forward, 4 backward (the stem's dx is not computed, but
+  // count it anyway: a rough figure for MFU).
+  double flops_per_sample() const {
+    double weights = 0;
+    for (const tsr_param_info &p : infos)
+      if (p.ndim == 2) weights += static_cast<double>(p.shape[0]) * static_cast<double>(p.shape[1]);
+    return 6.0 * weights;
+  }
 
   // --- declaring parameters -------------------------------------------------
 
@@ -323,52 +335,6 @@ Model *build(const tsr_host *host, const tsr_config *cfg, const tsr_model_init *
   return m.release();
 }
 
-// --- the function table: every entry point guarded -----------------------------
-
-tsr_status create(const tsr_host *host, const tsr_config *cfg, const tsr_model_init *init,
-                  void **out_self) {
-  return sdk::guard(host, [&] { *out_self = build(host, cfg, init); });
-}
-
-void destroy(void *self) {
-  delete static_cast<Model *>(self);
-}
-
-size_t num_params(void *self) {
-  return static_cast<Model *>(self)->infos.size();
-}
-
-tsr_status param_info(void *self, size_t i, tsr_param_info *out) {
-  auto *m = static_cast<Model *>(self);
-  return sdk::guard(m->host, [&] {
-    if (i >= m->infos.size())
-      throw Error(TSR_ERR_INVALID, "residual_mlp: no parameter " + std::to_string(i));
-    const size_t size = out->struct_size;  // the host's struct size: keep it
-    *out = m->infos[i];
-    out->struct_size = size;
-  });
-}
-
-tsr_status forward(void *self, tsr_step *step, const tsr_batch *batch, int32_t training,
-                   tsr_forward_result *out) {
-  auto *m = static_cast<Model *>(self);
-  return sdk::guard(m->host, [&] { m->forward(step, batch, training, out); });
-}
-
-tsr_status backward(void *self, tsr_step *step, const tsr_batch *batch, float loss_scale) {
-  auto *m = static_cast<Model *>(self);
-  return sdk::guard(m->host, [&] { m->backward(step, batch, loss_scale); });
-}
-
-// 2 FLOPs per weight forward, 4 backward (the stem's dx is not computed, but
-// count it anyway: a rough figure for MFU).
-double flops_per_sample(void *self) {
-  double weights = 0;
-  for (const tsr_param_info &p : static_cast<Model *>(self)->infos)
-    if (p.ndim == 2) weights += static_cast<double>(p.shape[0]) * static_cast<double>(p.shape[1]);
-  return 6.0 * weights;
-}
-
 const tsr_param_decl kParams[] = {
     sdk::param_min("width", TSR_PARAM_INT, "256", "width of the residual stream", 1),
     sdk::param_min("ffn", TSR_PARAM_INT, "512", "hidden units inside each residual block", 1),
@@ -377,13 +343,12 @@ const tsr_param_decl kParams[] = {
                       "relu|tanh"),
 };
 
-const tsr_model_vtable kVtable = {
-    sizeof(tsr_model_vtable), create,  destroy, num_params, param_info, forward, backward,
-    flops_per_sample,         nullptr,  // predict (ABI 1.1, optional): none
-};
+// The function table: the SDK's adapter over Model, every entry guarded
+// (param_info copies at most the host's struct_size).
+const tsr_model_vtable kVtable = sdk::model_vtable<Model, build>();
 
 const tsr_plugin_descriptor kDescriptor = {
-    sizeof(tsr_plugin_descriptor),
+    tsr_plugin_descriptor_STRUCT_SIZE,
     TSR_KIND_MODEL,
     "residual_mlp",
     "1.0.0",
@@ -392,12 +357,13 @@ const tsr_plugin_descriptor kDescriptor = {
     std::size(kParams),
     TSR_DEVICE_CPU | TSR_DEVICE_CUDA,
     &kVtable,
+    nullptr,  // get_extension (ABI 1.2): none
 };
 
 const tsr_plugin_descriptor *const kPlugins[] = {&kDescriptor};
 
 const tsr_plugin_library kLibrary = {
-    sizeof(tsr_plugin_library), TSR_ABI_MAJOR, TSR_ABI_MINOR, kPlugins, std::size(kPlugins),
+    tsr_plugin_library_STRUCT_SIZE, TSR_ABI_MAJOR, TSR_ABI_MINOR, kPlugins, std::size(kPlugins),
 };
 
 }  // namespace

@@ -83,7 +83,7 @@ tsr_status clear_grads(void *self) {
 
 template <int Stage>
 constexpr tsr_zero_vtable vtable() {
-  return {sizeof(tsr_zero_vtable),
+  return {tsr_zero_vtable_STRUCT_SIZE,
           create<Stage>,
           destroy,
           plan,
@@ -122,7 +122,7 @@ const tsr_param_decl kStage3Params[] = {
 
 constexpr uint32_t kDevices = TSR_DEVICE_CPU | TSR_DEVICE_CUDA;
 const tsr_plugin_descriptor kStage0 = {
-    sizeof(tsr_plugin_descriptor),
+    tsr_plugin_descriptor_STRUCT_SIZE,
     TSR_KIND_ZERO,
     "stage0",
     "1.0.0",
@@ -130,8 +130,9 @@ const tsr_plugin_descriptor kStage0 = {
     kCommon,
     2,
     kDevices,
-    &kV0};
-const tsr_plugin_descriptor kStage1 = {sizeof(tsr_plugin_descriptor),
+    &kV0,
+    nullptr};
+const tsr_plugin_descriptor kStage1 = {tsr_plugin_descriptor_STRUCT_SIZE,
                                        TSR_KIND_ZERO,
                                        "stage1",
                                        "1.0.0",
@@ -139,9 +140,10 @@ const tsr_plugin_descriptor kStage1 = {sizeof(tsr_plugin_descriptor),
                                        kCommon,
                                        2,
                                        kDevices,
-                                       &kV1};
+                                       &kV1,
+                                       nullptr};
 const tsr_plugin_descriptor kStage2 = {
-    sizeof(tsr_plugin_descriptor),
+    tsr_plugin_descriptor_STRUCT_SIZE,
     TSR_KIND_ZERO,
     "stage2",
     "1.0.0",
@@ -149,9 +151,10 @@ const tsr_plugin_descriptor kStage2 = {
     kCommon,
     2,
     kDevices,
-    &kV2};
+    &kV2,
+    nullptr};
 const tsr_plugin_descriptor kStage3 = {
-    sizeof(tsr_plugin_descriptor),
+    tsr_plugin_descriptor_STRUCT_SIZE,
     TSR_KIND_ZERO,
     "stage3",
     "1.0.0",
@@ -159,9 +162,10 @@ const tsr_plugin_descriptor kStage3 = {
     kStage3Params,
     3,
     kDevices,
-    &kV3};
+    &kV3,
+    nullptr};
 const tsr_plugin_descriptor *const kPlugins[] = {&kStage0, &kStage1, &kStage2, &kStage3};
-const tsr_plugin_library kLibrary = {sizeof(tsr_plugin_library), TSR_ABI_MAJOR, TSR_ABI_MINOR,
+const tsr_plugin_library kLibrary = {tsr_plugin_library_STRUCT_SIZE, TSR_ABI_MAJOR, TSR_ABI_MINOR,
                                      kPlugins, 4};
 
 }  // namespace

@@ -3,10 +3,12 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <span>
 
@@ -147,6 +149,54 @@ int ckpt_manifest(const uint8_t *data, size_t size) {
   });
 }
 
+int ckpt_coverage(const uint8_t *data, size_t size) {
+  return guarded([&] {
+    // Past the checksum (a fuzzer cannot forge SHA-256): what the check
+    // itself lets through must keep its promises, or the input crashes.
+    const nlohmann::json m =
+        nlohmann::json::parse(std::string(reinterpret_cast<const char *>(data), size));
+    check_manifest(m, "fuzz/manifest.json");
+    const auto u = [&](const char *k) { return m.at(k).get<uint64_t>(); };
+    if (u("global_batch") == 0 || u("epoch") > u("step") || u("batch_in_epoch") > u("step") ||
+        u("samples") < u("step") || u("batch_in_epoch") > (uint64_t{1} << 40) ||
+        u("global_batch") > (uint64_t{1} << 22))
+      std::abort();
+    uint64_t total = 0;
+    for (const auto &p : m.at("params")) {
+      uint64_t n = 1;
+      for (const auto &d : p.at("shape")) n *= d.get<uint64_t>();
+      total += n;
+    }
+    // Each slot's tensors tile [0, total); each file's run end to end.
+    std::map<std::string, std::vector<std::pair<uint64_t, uint64_t>>> slots;
+    for (const auto &f : m.at("files")) {
+      std::vector<std::pair<uint64_t, uint64_t>> bytes;
+      for (const auto &t : f.at("tensors")) {
+        slots[t.at("slot").get<std::string>()].push_back(
+            {t.at("start").get<uint64_t>(), t.at("count").get<uint64_t>()});
+        bytes.push_back({t.at("offset").get<uint64_t>(), t.at("count").get<uint64_t>() * 4});
+      }
+      std::sort(bytes.begin(), bytes.end());
+      for (size_t k = 1; k < bytes.size(); ++k)
+        if (bytes[k].first != bytes[k - 1].first + bytes[k - 1].second) std::abort();
+      if (!bytes.empty() &&
+          bytes.back().first + bytes.back().second != f.at("bytes").get<uint64_t>())
+        std::abort();
+    }
+    for (const auto &s : m.at("slots")) {
+      auto &runs = slots[s.get<std::string>()];
+      std::sort(runs.begin(), runs.end());
+      uint64_t at = 0;
+      for (const auto &[start, count] : runs) {
+        if (start != at) std::abort();
+        at += count;
+      }
+      if (at != total) std::abort();
+    }
+    if (slots.size() != m.at("slots").size()) std::abort();
+  });
+}
+
 int idx(const uint8_t *data, size_t size) {
   return guarded([&] {
     const fs::path p = write_input("input-idx", data, size);
@@ -193,13 +243,10 @@ int tokenizer(const uint8_t *data, size_t size) {
 
 const std::vector<Target> &targets() {
   static const std::vector<Target> all = {
-      {"toml_config", toml_config},
-      {"deepspeed_json", deepspeed_json},
-      {"safetensors", safetensors},
-      {"ckpt_manifest", ckpt_manifest},
-      {"idx", idx},
-      {"token_shard", token_shard},
-      {"tokenizer", tokenizer},
+      {"toml_config", toml_config},     {"deepspeed_json", deepspeed_json},
+      {"safetensors", safetensors},     {"ckpt_manifest", ckpt_manifest},
+      {"ckpt_coverage", ckpt_coverage}, {"idx", idx},
+      {"token_shard", token_shard},     {"tokenizer", tokenizer},
   };
   return all;
 }

@@ -29,8 +29,10 @@ int toml_config(const uint8_t *data, size_t size);     // TOML + engine and plug
 int deepspeed_json(const uint8_t *data, size_t size);  // DeepSpeed JSON -> config
 int safetensors(const uint8_t *data, size_t size);     // safetensors reader
 int ckpt_manifest(const uint8_t *data, size_t size);   // checkpoint manifest.json
-int idx(const uint8_t *data, size_t size);             // IDX (MNIST) files, plain or gzip
-int token_shard(const uint8_t *data, size_t size);     // token shards
+// check_manifest alone (past the checksum): coverage, layout and ranges.
+int ckpt_coverage(const uint8_t *data, size_t size);
+int idx(const uint8_t *data, size_t size);          // IDX (MNIST) files, plain or gzip
+int token_shard(const uint8_t *data, size_t size);  // token shards
 // encoder.json and vocab.bpe: the input is encoder.json's text, a line
 // "#----vocab.bpe----", then vocab.bpe's text.
 int tokenizer(const uint8_t *data, size_t size);

@@ -78,10 +78,10 @@ def main():
         "partition_rule": "canonical: parameters in declaration order, unpadded; each rank stores its owned ranges",
         "loss_scaler": None, "config": "[run]\nname = \"x\"\n",
         "files": [
-            {"name": "rank_00000.safetensors", "rank": 0, "bytes": 400, "crc32": 1,
+            {"name": "rank_00000.safetensors", "rank": 0, "bytes": 296, "crc32": 1,
              "tensors": [piece("master.0", "master", 0, 8, 200), piece("exp_avg.0", "exp_avg", 0, 8, 232),
                          piece("exp_avg_sq.0", "exp_avg_sq", 0, 8, 264)]},
-            {"name": "rank_00001.safetensors", "rank": 1, "bytes": 400, "crc32": 2,
+            {"name": "rank_00001.safetensors", "rank": 1, "bytes": 296, "crc32": 2,
              "tensors": [piece("master.1", "master", 8, 8, 200), piece("exp_avg.1", "exp_avg", 8, 8, 232),
                          piece("exp_avg_sq.1", "exp_avg_sq", 8, 8, 264)]},
         ],
@@ -90,6 +90,16 @@ def main():
     fp16 = dict(manifest, loss_scaler={"cur_scale": 65536.0, "good_steps": 3, "cur_hysteresis": 2,
                                        "skipped_steps": 1})
     put("ckpt_manifest", "manifest_fp16.json", json.dumps(fp16))
+    # check_manifest alone: the same manifest (version 3, its checksum not
+    # checked here), and edits it must refuse: one tensor's start shifted
+    # into its neighbour (an overlap and a gap), and out-of-range counters.
+    v3 = dict(manifest, version=3, checksum="sha256:" + "0" * 64)
+    put("ckpt_coverage", "manifest.json", json.dumps(v3, indent=1))
+    shifted = json.loads(json.dumps(v3))
+    shifted["files"][1]["tensors"][0]["start"] = 4
+    put("ckpt_coverage", "overlap.json", json.dumps(shifted))
+    put("ckpt_coverage", "ranges.json",
+        json.dumps(dict(v3, epoch=10 ** 18, global_batch=0, batch_in_epoch=10 ** 15)))
 
     # IDX: images (3 dims) and labels (1 dim), plain and gzip.
     images = struct.pack(">IIII", 0x803, 2, 4, 4) + bytes(range(32))

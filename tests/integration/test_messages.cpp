@@ -54,12 +54,18 @@ TEST_CASE("DeepSpeed-JSON warnings are printed once per job, not per rank",
           "[messages][launcher][deepspeed]") {
   Setup s = setup();
   const fs::path ds = scratch() / "ds.json";
-  write_text(ds, R"({"prescale_gradients": false, "steps_per_print": 5})");
+  write_text(ds, R"({"prescale_gradients": false, "steps_per_print": 5,
+                      "activation_checkpointing": {"cpu_checkpointing": true}})");
   RunResult r = run_cli({"run", "-n", "2", s.config.string(), "--deepspeed_config", ds.string(),
                          "--set", "run.steps=5"});
   INFO(describe(r));
   REQUIRE(r.status == 0);
   CHECK(count_of(r.err, "'prescale_gradients' is not used by tessera; ignored") == 1);
+  CHECK(count_of(r.err, "activation_checkpointing.cpu_checkpointing is not used by tessera") == 1);
+  // The one the launcher finds only with the plugins loaded, once too.
+  CHECK(count_of(r.err, ds.string() +
+                            ": activation_checkpointing: the model plugin 'mlp' has no "
+                            "'recompute' parameter (activation checkpointing); ignored") == 1);
 }
 
 TEST_CASE("a DeepSpeed key that DeepSpeed does not know is an error with a did-you-mean",

@@ -39,7 +39,8 @@ static const tsr_plugin_descriptor turbo_descriptor = {
     turbo_params,
     1,
     TSR_DEVICE_CPU,
-    &turbo_vtable};
+    &turbo_vtable,
+    NULL};
 static const tsr_plugin_descriptor *const plugins[] = {&turbo_descriptor};
 static const tsr_plugin_library library = {sizeof(tsr_plugin_library), TSR_ABI_MAJOR, TSR_ABI_MINOR,
                                            plugins, 1};

@@ -14,18 +14,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <tessera/extensions.h>
 #include <tessera/optimizer.h>
 #include <unistd.h>
 
 typedef struct faulty {
   const tsr_host *host;
+  double lr; /* the configured rate, answered through TSR_EXT_OPTIMIZER_LR */
   int64_t fail_rank, fail_step;
   int mode; /* 0 error, 1 exit, 2 abort */
 } faulty;
 
 static tsr_status faulty_create(const tsr_host *host, const tsr_config *cfg, void **out_self) {
   faulty *f;
-  double lr = 0;
   const char *mode = NULL;
   tsr_status s;
   if (!out_self) return host->error(host->ctx, TSR_ERR_INVALID, "faulty-sgd: out_self is NULL");
@@ -33,7 +34,7 @@ static tsr_status faulty_create(const tsr_host *host, const tsr_config *cfg, voi
   f = (faulty *)calloc(1, sizeof *f);
   if (!f) return host->error(host->ctx, TSR_ERR_NO_MEMORY, "faulty-sgd: out of memory");
   f->host = host;
-  if ((s = host->config_float(cfg, "lr", &lr)) != TSR_OK ||
+  if ((s = host->config_float(cfg, "lr", &f->lr)) != TSR_OK ||
       (s = host->config_int(cfg, "fail_rank", &f->fail_rank)) != TSR_OK ||
       (s = host->config_int(cfg, "fail_step", &f->fail_step)) != TSR_OK ||
       (s = host->config_string(cfg, "mode", &mode)) != TSR_OK) {
@@ -125,6 +126,19 @@ static const tsr_optimizer_vtable faulty_vtable = {
     sizeof(tsr_optimizer_vtable), faulty_create,     faulty_destroy,
     faulty_state_count,           faulty_state_name, faulty_step};
 
+/* The configured rate, the peak the engine's schedule scales: the lr
+ * extension (ABI 1.2) answers it. */
+static double faulty_base_lr(void *self) {
+  return ((faulty *)self)->lr;
+}
+
+static const tsr_ext_optimizer_lr faulty_lr_extension = {tsr_ext_optimizer_lr_STRUCT_SIZE,
+                                                         faulty_base_lr};
+
+static const void *faulty_extension(const char *id) {
+  return strcmp(id, TSR_EXT_OPTIMIZER_LR) == 0 ? (const void *)&faulty_lr_extension : NULL;
+}
+
 static const tsr_plugin_descriptor faulty_descriptor = {
     sizeof(tsr_plugin_descriptor),
     TSR_KIND_OPTIMIZER,
@@ -134,7 +148,8 @@ static const tsr_plugin_descriptor faulty_descriptor = {
     faulty_params,
     sizeof(faulty_params) / sizeof(faulty_params[0]),
     TSR_DEVICE_CPU | TSR_DEVICE_CUDA,
-    &faulty_vtable};
+    &faulty_vtable,
+    faulty_extension};
 static const tsr_plugin_descriptor *const plugins[] = {&faulty_descriptor};
 static const tsr_plugin_library library = {sizeof(tsr_plugin_library), TSR_ABI_MAJOR, TSR_ABI_MINOR,
                                            plugins, 1};

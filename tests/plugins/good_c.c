@@ -13,10 +13,13 @@
  * only when TSR_HAS_FIELD says they are there. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <tessera/extensions.h>
 #include <tessera/optimizer.h>
 
 typedef struct signsgd {
   const tsr_host *host;
+  double lr; /* answered through TSR_EXT_OPTIMIZER_LR */
   float momentum;
   float weight_decay;
 } signsgd;
@@ -46,6 +49,7 @@ static tsr_status signsgd_create(const tsr_host *host, const tsr_config *cfg, vo
   self = (signsgd *)malloc(sizeof *self);
   if (!self) return fail(host, TSR_ERR_NO_MEMORY, "signsgd: out of memory");
   self->host = host;
+  self->lr = lr;
   self->momentum = (float)momentum;
   self->weight_decay = (float)weight_decay;
   *out_self = self;
@@ -138,6 +142,19 @@ static const tsr_optimizer_vtable signsgd_vtable = {
     sizeof(tsr_optimizer_vtable), signsgd_create,     signsgd_destroy,
     signsgd_state_count,          signsgd_state_name, signsgd_step};
 
+/* The configured rate, the peak the engine's schedule scales: the lr
+ * extension (ABI 1.2) answers it. */
+static double signsgd_base_lr(void *self) {
+  return ((signsgd *)self)->lr;
+}
+
+static const tsr_ext_optimizer_lr signsgd_lr_extension = {tsr_ext_optimizer_lr_STRUCT_SIZE,
+                                                          signsgd_base_lr};
+
+static const void *signsgd_extension(const char *id) {
+  return strcmp(id, TSR_EXT_OPTIMIZER_LR) == 0 ? (const void *)&signsgd_lr_extension : NULL;
+}
+
 static const tsr_plugin_descriptor signsgd_descriptor = {
     sizeof(tsr_plugin_descriptor),
     TSR_KIND_OPTIMIZER,
@@ -147,7 +164,8 @@ static const tsr_plugin_descriptor signsgd_descriptor = {
     signsgd_params,
     sizeof(signsgd_params) / sizeof(signsgd_params[0]),
     TSR_DEVICE_CPU,
-    &signsgd_vtable};
+    &signsgd_vtable,
+    signsgd_extension};
 
 static const tsr_plugin_descriptor *const plugins[] = {&signsgd_descriptor};
 

@@ -13,7 +13,8 @@ static const tsr_plugin_descriptor stubby_descriptor = {offsetof(tsr_plugin_desc
                                                         NULL,
                                                         0,
                                                         TSR_DEVICE_CPU,
-                                                        &tsr_test_stub_vtable};
+                                                        &tsr_test_stub_vtable,
+                                                        NULL};
 static const tsr_plugin_descriptor *const plugins[] = {&stubby_descriptor};
 static const tsr_plugin_library library = {sizeof(tsr_plugin_library), TSR_ABI_MAJOR, TSR_ABI_MINOR,
                                            plugins, 1};

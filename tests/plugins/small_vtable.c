@@ -19,7 +19,8 @@ static const tsr_plugin_descriptor shorty_descriptor = {sizeof(tsr_plugin_descri
                                                         NULL,
                                                         0,
                                                         TSR_DEVICE_CPU,
-                                                        &short_vtable};
+                                                        &short_vtable,
+                                                        NULL};
 static const tsr_plugin_descriptor *const plugins[] = {&shorty_descriptor};
 static const tsr_plugin_library library = {sizeof(tsr_plugin_library), TSR_ABI_MAJOR, TSR_ABI_MINOR,
                                            plugins, 1};

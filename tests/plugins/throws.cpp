@@ -83,7 +83,8 @@ const tsr_plugin_descriptor kDescriptor = {sizeof(tsr_plugin_descriptor),
                                            kParams,
                                            sizeof(kParams) / sizeof(kParams[0]),
                                            TSR_DEVICE_CPU,
-                                           &kVtable};
+                                           &kVtable,
+                                           nullptr};
 const tsr_plugin_descriptor *const kPlugins[] = {&kDescriptor};
 const tsr_plugin_library kLibrary = {sizeof(tsr_plugin_library), TSR_ABI_MAJOR, TSR_ABI_MINOR,
                                      kPlugins, 1};

@@ -7,6 +7,12 @@
 #   <!-- test: skip (REASON) -->  not run (only for what cannot run here, such
 #                                 as `git clone` from the network)
 # An unmarked ```sh block fails the test, so no command is left unchecked.
+# What a page takes as given (README.md: "your" ds.json, a language model
+# to sample from) is made by commands in an HTML comment, which the reader
+# does not see, run where they stand:
+#   <!-- test: setup (WHAT)
+#   command...
+#   -->
 # The marked blocks run in order, as one bash session (set -euo pipefail), so
 # `cd` and `export` carry over as in a terminal, with
 #  - HOME a fresh WORK/home (where the guides install tessera and create
@@ -14,7 +20,8 @@
 #  - the working directory a fresh "clone" where the guides clone to,
 #    ~/tessera: links to everything in SOURCE_DIR, and `build` linked to
 #    BUILD_DIR (so the guide's tools/build is the incremental build of this
-#    tree).
+#    tree); not `runs` or `data`, which the guides write (runs, prepared
+#    data) and which stay in WORK, out of the source tree.
 # The commands and their output go to the test log.
 #
 # With GUIDE_QUICK_RUN_STEPS=N (docs/quickstart.md, whose runs train for
@@ -33,7 +40,7 @@ for entry in "$src"/* "$src"/.[!.]*; do
   [ -e "$entry" ] || continue
   name=$(basename "$entry")
   case "$name" in
-    .git | build | build-*) continue ;;
+    .git | build | build-* | runs | data) continue ;;
   esac
   ln -s "$entry" "$clone/$name"
 done
@@ -53,12 +60,23 @@ awk -v guide="$guide" -v steps="$steps" '
     return cmd " --set run.steps=" steps comment
   }
   BEGIN {
-    mark = ""; inblock = 0; blocks = 0; print "set -euo pipefail"
+    mark = ""; inblock = 0; insetup = 0; blocks = 0; print "set -euo pipefail"
     if (steps != "") print "export PATH=\"$PWD/build/bin:$PATH\""
   }
   inblock {
     if ($0 ~ /^```[ \t]*$/) { inblock = 0; if (run) print "echo \"+++ end of block " blocks "\""; next }
     if (run) print shorten($0)
+    next
+  }
+  insetup {
+    if ($0 ~ /^-->[ \t]*$/) { insetup = 0; print "echo \"+++ end of setup\""; next }
+    print
+    next
+  }
+  /^<!-- test: setup/ {
+    if (mark != "") die("<!-- test --> must come right before a ```sh block")
+    printf "echo \"+++ setup (%s line %d)\"\n", guide, NR
+    if ($0 !~ /-->[ \t]*$/) insetup = 1
     next
   }
   /^<!-- test -->[ \t]*$/ { mark = "test"; next }
@@ -75,6 +93,7 @@ awk -v guide="$guide" -v steps="$steps" '
   END {
     if (bad) exit 1
     if (inblock) die("unterminated code block")
+    if (insetup) die("unterminated <!-- test: setup")
     if (blocks == 0) die("no <!-- test --> blocks")
     print "echo \"+++ all " blocks " blocks ran\""
   }

@@ -89,7 +89,7 @@ struct CurrentSize {
   { #type, size, sizeof(type) }
 const CurrentSize kCurrentSizes[] = {
     TSR_CURRENT(tsr_param_decl, 80),
-    TSR_CURRENT(tsr_plugin_descriptor, 72),
+    TSR_CURRENT(tsr_plugin_descriptor, 80),
     TSR_CURRENT(tsr_plugin_library, 32),
     TSR_CURRENT(tsr_run_info, 56),
     TSR_CURRENT(tsr_comm, 56),

@@ -106,3 +106,66 @@ TEST_CASE("plugins --verify: exported symbols and descriptors", "[security][plug
   CHECK_THROWS_WITH(tessera::elf_exported_symbols(std::string(TESSERA_SOURCE_DIR) + "/README.md"),
                     Catch::Contains("no ELF magic"));
 }
+
+TEST_CASE("a library that crashes as it loads is refused, and the scan goes on",
+          "[security][plugins]") {
+  // Its constructor raises SIGSEGV: loaded in this process it would end the
+  // test binary here. The registry loads it in a child first.
+  const fs::path dir = fs::path(TESSERA_TEST_BAD_PLUGIN_DIR) / "ctor_crash";
+  const std::string lib = (dir / "libtsr_test_ctor_crash.so").string();
+  tessera::Registry reg;
+  reg.scan({dir.string()});
+  REQUIRE(reg.refusals().size() == 1);
+  // Under ASan the child reports the signal and exits 1 instead of dying by it.
+  CHECK_THAT(reg.refusals()[0], Catch::Contains(lib) && Catch::Contains("while loading") &&
+                                    Catch::Contains("child process"));
+#if !defined(__SANITIZE_ADDRESS__)
+  CHECK_THAT(reg.refusals()[0], Catch::Contains("crashed while loading (signal 11, SIGSEGV"));
+#endif
+  // The good library next to it still loads.
+  CHECK(reg.plugins().size() == 1);
+  CHECK_THROWS_WITH(reg.load_file(lib), Catch::Contains("while loading"));
+}
+
+TEST_CASE("a plugin the config needs names why its library was refused", "[security][plugins]") {
+  // "no optimizer plugin named X" alone hides that X's library is there
+  // but was built for another ABI.
+  tessera::Registry reg;
+  reg.scan({(fs::path(TESSERA_TEST_BAD_PLUGIN_DIR) / "abi_major").string()});
+  CHECK_THROWS_WITH(reg.get("optimizer", "abi_major"),
+                    Catch::Contains("no optimizer plugin named 'abi_major'") &&
+                        Catch::Contains("libtsr_test_abi_major.so") &&
+                        Catch::Contains("built for tessera ABI 2.3"));
+  // Another name: the refusals are counted, not guessed at.
+  CHECK_THROWS_WITH(reg.get("optimizer", "lion"),
+                    Catch::Contains("1 plugin libraries were refused"));
+}
+
+TEST_CASE("plugin paths: symbolic links are resolved, writable parents refused",
+          "[security][plugins]") {
+  TempPluginDir t;
+  SECTION("a directory under a world-writable one (no sticky bit)") {
+    const fs::path open = t.dir / "open", inner = open / "plugins";
+    fs::create_directories(inner);
+    ::chmod(open.c_str(), 0777);
+    fs::copy_file(t.lib, inner / t.lib.filename());
+    tessera::Registry reg;
+    reg.scan({inner.string()});
+    REQUIRE(reg.refusals().size() == 1);
+    CHECK_THAT(reg.refusals()[0],
+               Catch::Contains(open.string()) && Catch::Contains("anyone may write to"));
+    CHECK(reg.find("optimizer", "sgd") == nullptr);
+  }
+  SECTION("a link in a private directory to a library in a world-writable one") {
+    const fs::path open = t.dir / "open", priv = t.dir / "private";
+    fs::create_directories(open);
+    fs::create_directories(priv);
+    ::chmod(open.c_str(), 0777);
+    fs::copy_file(t.lib, open / t.lib.filename());
+    fs::create_symlink(open / t.lib.filename(), priv / t.lib.filename());
+    tessera::Registry reg;
+    CHECK_THROWS_WITH(reg.load_file((priv / t.lib.filename()).string()),
+                      Catch::Contains("really " + (open / t.lib.filename()).string()) ||
+                          Catch::Contains(open.string()));
+  }
+}

@@ -194,7 +194,7 @@ tsr_status read(void *self, const int64_t *indices, tsr_batch *out) {
 }
 
 const tsr_dataset_vtable vtable = {
-    sizeof(tsr_dataset_vtable), create, destroy, info, read,
+    tsr_dataset_vtable_STRUCT_SIZE, create, destroy, info, read,
 };
 
 const tsr_param_decl params[] = {
@@ -213,7 +213,7 @@ const tsr_param_decl params[] = {
 };
 
 const tsr_plugin_descriptor descriptor = {
-    sizeof(tsr_plugin_descriptor),
+    tsr_plugin_descriptor_STRUCT_SIZE,
     TSR_KIND_DATASET,
     "idx",
     "1.0.0",
@@ -223,12 +223,13 @@ const tsr_plugin_descriptor descriptor = {
     sizeof(params) / sizeof(params[0]),
     TSR_DEVICE_CPU,
     &vtable,
+    nullptr,  // get_extension (ABI 1.2): none
 };
 
 const tsr_plugin_descriptor *const plugins[] = {&descriptor};
 
 const tsr_plugin_library library = {
-    sizeof(tsr_plugin_library), TSR_ABI_MAJOR, TSR_ABI_MINOR, plugins, 1,
+    tsr_plugin_library_STRUCT_SIZE, TSR_ABI_MAJOR, TSR_ABI_MINOR, plugins, 1,
 };
 
 }  // namespace

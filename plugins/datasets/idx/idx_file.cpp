@@ -8,6 +8,7 @@
 #include <cstring>
 #include <memory>
 #include <tessera/cpp/plugin.hpp>
+#include <tessera/cpp/regular_file.hpp>
 #include <type_traits>
 
 namespace tessera::idx {
@@ -29,13 +30,15 @@ std::string hex(uint32_t v, int digits) {
 class Reader {
  public:
   Reader(const std::string &path, const std::string &role) : path_(path), role_(role) {
-    errno = 0;
-    file_.reset(gzopen(path.c_str(), "rb"));
-    if (!file_) {
-      const int e = errno;
-      throw sdk::Error(TSR_ERR_IO, "idx: cannot open " + role + " file '" + path +
-                                       "': " + (e ? std::strerror(e) : "out of memory"));
-    }
+    // A regular file only: gzopen on a FIFO would wait for a writer.
+    sdk::RegularFile f = sdk::open_regular_file(path);
+    if (f.refused) throw sdk::Error(TSR_ERR_INVALID, "idx: " + where() + " " + f.why);
+    if (!f)
+      throw sdk::Error(TSR_ERR_IO, "idx: cannot open " + role + " file '" + path + "': " + f.why);
+    file_.reset(gzdopen(f.fd, "rb"));
+    if (!file_)
+      throw sdk::Error(TSR_ERR_NO_MEMORY, "idx: cannot open " + where() + ": out of memory");
+    f.release();  // gzclose closes it
     gzbuffer(file_.get(), 1u << 20);
   }
 

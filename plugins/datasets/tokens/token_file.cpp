@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <tessera/cpp/plugin.hpp>
+#include <tessera/cpp/regular_file.hpp>
 
 namespace tessera::tokens {
 
@@ -17,30 +18,14 @@ namespace sdk = tessera::sdk;
 static_assert(std::endian::native == std::endian::little,
               "token shards are little-endian; this reader assumes a little-endian host");
 
-namespace {
-
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
-}  // namespace
-
 Shard::Shard(std::string path) : path_(std::move(path)) {
   const std::string where = "tokens: shard '" + path_ + "'";
-  Fd f;
-  f.fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-  if (f.fd < 0)
-    throw sdk::Error(TSR_ERR_IO,
-                     "tokens: cannot open shard '" + path_ + "': " + std::strerror(errno));
-  struct stat st {};
-  if (::fstat(f.fd, &st) != 0)
-    throw sdk::Error(TSR_ERR_IO,
-                     "tokens: cannot stat shard '" + path_ + "': " + std::strerror(errno));
-  if (!S_ISREG(st.st_mode)) throw sdk::Error(TSR_ERR_INVALID, where + " is not a regular file");
-  const auto size = static_cast<uint64_t>(st.st_size);
+  // Checked before opening (and on the descriptor): open(2) on a FIFO
+  // would wait for a writer.
+  sdk::RegularFile f = sdk::open_regular_file(path_);
+  if (f.refused) throw sdk::Error(TSR_ERR_INVALID, where + " " + f.why);
+  if (!f) throw sdk::Error(TSR_ERR_IO, "tokens: cannot open shard '" + path_ + "': " + f.why);
+  const uint64_t size = f.size;
   if (size < kHeaderBytes)
     throw sdk::Error(TSR_ERR_INVALID, where + " is " + std::to_string(size) +
                                           " bytes, too short for the 1024-byte header");

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <tessera/cpp/extension.hpp>
 #include <tessera/cpp/plugin.hpp>
 #include <vector>
 
@@ -133,24 +134,49 @@ void destroy(void *self) {
   delete static_cast<Dataset *>(self);
 }
 
+// int32 [T] windows, inputs and next-token targets; vocab as num_classes.
+tsr_data_info window_info(int64_t length, int64_t context, int64_t vocab) {
+  auto d = sdk::make<tsr_data_info>();
+  d.length = length;
+  d.input_dtype = sdk::dtype_i32();
+  d.input_ndim = 1;
+  d.input_shape[0] = context;
+  d.target_dtype = sdk::dtype_i32();
+  d.target_ndim = 1;
+  d.target_shape[0] = context;
+  d.num_classes = vocab;
+  return d;
+}
+
 tsr_status info(void *self, tsr_data_info *out) {
   auto *ds = static_cast<Dataset *>(self);
   return sdk::guard(ds->host, [&] {
     if (!TSR_HAS_FIELD(out, tsr_data_info, num_classes))
       throw sdk::Error(TSR_ERR_INVALID, "tokens: info: output struct missing or too small");
-    const size_t size = out->struct_size;
-    auto d = sdk::make<tsr_data_info>();
-    d.length = ds->length;
-    d.input_dtype = sdk::dtype_i32();
-    d.input_ndim = 1;
-    d.input_shape[0] = ds->context;
-    d.target_dtype = sdk::dtype_i32();
-    d.target_ndim = 1;
-    d.target_shape[0] = ds->context;
-    d.num_classes = ds->vocab;
-    std::memcpy(out, &d, std::min(size, sizeof d));
-    out->struct_size = size;
+    sdk::copy_out(window_info(ds->length, ds->context, ds->vocab), out);
   });
+}
+
+// TSR_EXT_DATASET_SHAPE: the windows' shape from the config alone (no shard
+// opened), for generation from a checkpoint without its training data.
+tsr_status shape(const tsr_host *host, const tsr_config *cfg, tsr_data_info *out) {
+  return sdk::guard(host, [&] {
+    if (!TSR_HAS_FIELD(out, tsr_data_info, num_classes))
+      throw sdk::Error(TSR_ERR_INVALID, "tokens: shape: output struct missing or too small");
+    sdk::Config c(host, cfg);
+    const int64_t context = c.get_int("context");
+    if (context < 1)
+      throw sdk::Error(TSR_ERR_CONFIG,
+                       "tokens: context must be >= 1, got " + std::to_string(context));
+    sdk::copy_out(window_info(0, context, c.get_int("vocab")), out);
+  });
+}
+
+const tsr_ext_dataset_shape shape_extension = {tsr_ext_dataset_shape_STRUCT_SIZE, shape};
+const sdk::Extension extensions[] = {{TSR_EXT_DATASET_SHAPE, &shape_extension}};
+
+const void *get_extension(const char *id) {
+  return sdk::find_extension(extensions, id);
 }
 
 bool host_memory(const DLTensor &t) {
@@ -233,7 +259,7 @@ tsr_status read(void *self, const int64_t *indices, tsr_batch *out) {
 }
 
 const tsr_dataset_vtable vtable = {
-    sizeof(tsr_dataset_vtable), create, destroy, info, read,
+    tsr_dataset_vtable_STRUCT_SIZE, create, destroy, info, read,
 };
 
 const tsr_param_decl params[] = {
@@ -256,7 +282,7 @@ const tsr_param_decl params[] = {
 };
 
 const tsr_plugin_descriptor descriptor = {
-    sizeof(tsr_plugin_descriptor),
+    tsr_plugin_descriptor_STRUCT_SIZE,
     TSR_KIND_DATASET,
     "tokens",
     "1.0.0",
@@ -267,12 +293,13 @@ const tsr_plugin_descriptor descriptor = {
     sizeof(params) / sizeof(params[0]),
     TSR_DEVICE_CPU,
     &vtable,
+    get_extension,
 };
 
 const tsr_plugin_descriptor *const plugins[] = {&descriptor};
 
 const tsr_plugin_library library = {
-    sizeof(tsr_plugin_library), TSR_ABI_MAJOR, TSR_ABI_MINOR, plugins, 1,
+    tsr_plugin_library_STRUCT_SIZE, TSR_ABI_MAJOR, TSR_ABI_MINOR, plugins, 1,
 };
 
 }  // namespace

@@ -225,6 +225,7 @@ Gpt2 *build(const tsr_host *host, const tsr_config *cfg, const tsr_model_init *i
   // Hugging Face shape (wte unpadded or already padded), in a dtype the
   // engine converts.
   if (ck) {
+    m->init_weights = ck->weights_path;
     const auto &hdr = ck->header;
     for (const tsr_param_info &p : m->infos) {
       const std::string name = p.name;

@@ -174,12 +174,16 @@ struct Dims {
 };
 
 struct Gpt2 {
+  static constexpr const char *kName = "gpt2";  // for messages
   const tsr_host *host = nullptr;
   const tsr_ops *ops = nullptr;
   DLDevice device{kDLCPU, 0};
   Dims d;
   int64_t max_batch = 0, data_T = 0;
   bool recompute = false;
+  // init_from's safetensors file ("" without init_from): the engine asks for
+  // it through TSR_EXT_MODEL_INIT_FROM and overlays its tensors by name.
+  std::string init_weights;
   std::deque<std::string> names;  // parameter names; infos point into them
   std::vector<tsr_param_info> infos;
   // Backward runs stage s (0 embeddings, 1..L blocks, L+1 ln_f) only when

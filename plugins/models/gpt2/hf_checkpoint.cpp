@@ -5,19 +5,35 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <system_error>
+#include <tessera/cpp/regular_file.hpp>
 
 namespace tessera::gpt2 {
 
 namespace {
 
+// A config.json: a regular file (a FIFO would block the read), small.
 std::string read_file(const std::string &path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(TSR_ERR_IO, "gpt2: cannot open " + path);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  std::string text, why;
+  bool refused = false;
+  if (!sdk::read_regular_file(path, &text, &why, uint64_t{16} << 20, &refused))
+    throw Error(refused ? TSR_ERR_INVALID : TSR_ERR_IO,
+                refused ? "gpt2: " + path + " " + why : "gpt2: cannot open " + path + ": " + why);
+  return text;
+}
+
+// Exactly n bytes at `offset`, or false.
+bool read_at(int fd, void *dst, size_t n, uint64_t offset) {
+  size_t got = 0;
+  while (got < n) {
+    const ssize_t r =
+        ::pread(fd, static_cast<char *>(dst) + got, n - got, static_cast<off_t>(offset + got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    got += static_cast<size_t>(r);
+  }
+  return true;
 }
 
 bool is_dir(const std::string &path) {
@@ -45,7 +61,10 @@ HfCheckpoint open_checkpoint(const std::string &from) {
     ck.weights_path = from;
   }
   ck.config_path = ck.dir + "/config.json";
-  std::ifstream probe(ck.weights_path, std::ios::binary);
+  sdk::RegularFile probe = sdk::open_regular_file(ck.weights_path);
+  if (probe.refused)
+    throw Error(TSR_ERR_INVALID,
+                "gpt2: init_from '" + from + "': " + ck.weights_path + " " + probe.why);
   if (!probe)
     throw Error(TSR_ERR_IO, "gpt2: init_from '" + from + "': cannot open " + ck.weights_path +
                                 " (init_from is a Hugging Face model directory with "
@@ -97,16 +116,19 @@ HfCheckpoint open_checkpoint(const std::string &from) {
 
   // The safetensors header: 8-byte little-endian length, then JSON.
   unsigned char len8[8] = {0};
-  probe.read(reinterpret_cast<char *>(len8), 8);
-  if (!probe) throw Error(TSR_ERR_INVALID, "gpt2: " + ck.weights_path + " is too short");
+  if (!read_at(probe.fd, len8, 8, 0))
+    throw Error(TSR_ERR_INVALID, "gpt2: " + ck.weights_path + " is too short");
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | len8[i];
   if (n > (uint64_t{100} << 20))
     throw Error(TSR_ERR_INVALID, "gpt2: " + ck.weights_path + ": implausible header length " +
                                      std::to_string(n) + " (not a safetensors file?)");
+  if (n > probe.size - 8)
+    throw Error(TSR_ERR_INVALID, "gpt2: " + ck.weights_path + ": header length " +
+                                     std::to_string(n) + " exceeds the file (" +
+                                     std::to_string(probe.size) + " bytes)");
   std::string text(static_cast<size_t>(n), '\0');
-  probe.read(text.data(), static_cast<std::streamsize>(n));
-  if (!probe)
+  if (!read_at(probe.fd, text.data(), text.size(), 8))
     throw Error(TSR_ERR_INVALID, "gpt2: " + ck.weights_path + ": truncated safetensors header");
   try {
     ck.header = nlohmann::json::parse(text);

@@ -1,75 +1,16 @@
-// The gpt2 plugin's C ABI: the model vtable (every entry guarded), the
-// config keys it takes, and the library descriptor the host loads.
+// The gpt2 plugin's C ABI: the config keys it takes, the model vtable (the
+// SDK's adapter over Gpt2, every entry guarded) and the library descriptor
+// the host loads.
 #include <iterator>
 #include <string>
+#include <tessera/cpp/extension.hpp>
+#include <tessera/cpp/model.hpp>
 
 #include "gpt2.hpp"
 
 namespace tessera::gpt2 {
 
 namespace {
-
-// --- the vtable: every entry guarded -----------------------------------------
-
-tsr_status gpt2_create(const tsr_host *host, const tsr_config *cfg, const tsr_model_init *init,
-                       void **out_self) {
-  return sdk::guard(host, [&] {
-    if (!out_self) throw Error(TSR_ERR_INVALID, "gpt2: out_self is NULL");
-    *out_self = nullptr;
-    *out_self = build(host, cfg, init);
-  });
-}
-
-void gpt2_destroy(void *self) {
-  Gpt2 *m = static_cast<Gpt2 *>(self);
-  if (!m) return;
-  const tsr_host *host = m->host;
-  (void)sdk::guard(host, [&] { delete m; });
-}
-
-size_t gpt2_num_params(void *self) {
-  const Gpt2 *m = static_cast<const Gpt2 *>(self);
-  return m ? m->infos.size() : 0;
-}
-
-tsr_status gpt2_param_info(void *self, size_t index, tsr_param_info *out) {
-  Gpt2 *m = static_cast<Gpt2 *>(self);
-  if (!m) return TSR_ERR_INVALID;
-  return sdk::guard(m->host, [&] {
-    if (!out) throw Error(TSR_ERR_INVALID, "gpt2: param_info out is NULL");
-    if (index >= m->infos.size())
-      throw Error(TSR_ERR_INVALID, "gpt2: parameter index " + std::to_string(index) +
-                                       " out of range (the model has " +
-                                       std::to_string(m->infos.size()) + ")");
-    const size_t size = out->struct_size ? out->struct_size : sizeof *out;
-    *out = m->infos[index];
-    out->struct_size = size;
-  });
-}
-
-tsr_status gpt2_forward(void *self, tsr_step *step, const tsr_batch *batch, int32_t training,
-                        tsr_forward_result *out) {
-  Gpt2 *m = static_cast<Gpt2 *>(self);
-  if (!m) return TSR_ERR_INVALID;
-  return sdk::guard(m->host, [&] { m->forward(step, batch, training, out); });
-}
-
-tsr_status gpt2_backward(void *self, tsr_step *step, const tsr_batch *batch, float loss_scale) {
-  Gpt2 *m = static_cast<Gpt2 *>(self);
-  if (!m) return TSR_ERR_INVALID;
-  return sdk::guard(m->host, [&] { m->backward(step, batch, loss_scale); });
-}
-
-tsr_status gpt2_predict(void *self, tsr_step *step, const tsr_batch *batch, DLTensor *logits) {
-  Gpt2 *m = static_cast<Gpt2 *>(self);
-  if (!m) return TSR_ERR_INVALID;
-  return sdk::guard(m->host, [&] { m->predict(step, batch, logits); });
-}
-
-double gpt2_flops_per_sample(void *self) {
-  const Gpt2 *m = static_cast<const Gpt2 *>(self);
-  return m ? m->flops_per_sample() : 0.0;
-}
 
 const tsr_param_decl kParams[] = {
     sdk::param_min("layers", TSR_PARAM_INT, "0",
@@ -107,20 +48,22 @@ const tsr_param_decl kParams[] = {
                    0.0),
 };
 
-const tsr_model_vtable kVtable = {
-    sizeof(tsr_model_vtable),
-    gpt2_create,
-    gpt2_destroy,
-    gpt2_num_params,
-    gpt2_param_info,
-    gpt2_forward,
-    gpt2_backward,
-    gpt2_flops_per_sample,
-    gpt2_predict,
-};
+const tsr_model_vtable kVtable = sdk::model_vtable<Gpt2, build>();
+
+const char *gpt2_init_weights(void *self) {
+  const Gpt2 *m = static_cast<const Gpt2 *>(self);
+  return m && !m->init_weights.empty() ? m->init_weights.c_str() : nullptr;
+}
+
+const tsr_ext_model_init_from kInitFrom = {tsr_ext_model_init_from_STRUCT_SIZE, gpt2_init_weights};
+const sdk::Extension kExtensions[] = {{TSR_EXT_MODEL_INIT_FROM, &kInitFrom}};
+
+const void *gpt2_extension(const char *id) {
+  return sdk::find_extension(kExtensions, id);
+}
 
 const tsr_plugin_descriptor kDescriptor = {
-    sizeof(tsr_plugin_descriptor),
+    tsr_plugin_descriptor_STRUCT_SIZE,
     TSR_KIND_MODEL,
     "gpt2",
     "1.0.0",
@@ -129,12 +72,13 @@ const tsr_plugin_descriptor kDescriptor = {
     std::size(kParams),
     TSR_DEVICE_CPU | TSR_DEVICE_CUDA,
     &kVtable,
+    gpt2_extension,
 };
 
 const tsr_plugin_descriptor *const kPlugins[] = {&kDescriptor};
 
 const tsr_plugin_library kLibrary = {
-    sizeof(tsr_plugin_library), TSR_ABI_MAJOR, TSR_ABI_MINOR, kPlugins, std::size(kPlugins),
+    tsr_plugin_library_STRUCT_SIZE, TSR_ABI_MAJOR, TSR_ABI_MINOR, kPlugins, std::size(kPlugins),
 };
 
 }  // namespace

@@ -23,12 +23,17 @@
 #include <iterator>
 #include <memory>
 #include <string>
+#include <tessera/cpp/model.hpp>
 #include <tessera/cpp/plugin.hpp>
 #include <vector>
 
 namespace {
 
 namespace sdk = tessera::sdk;
+
+// The widest hidden layer (2^24 units): two such layers already hold 2^48
+// parameters, so no product of widths overflows.
+constexpr int64_t kMaxWidth = int64_t{1} << 24;
 using sdk::Buffer;
 using sdk::check;
 using sdk::Error;
@@ -102,6 +107,7 @@ const char *act_name(tsr_activation a) {
 }
 
 struct Mlp {
+  static constexpr const char *kName = "mlp";  // for messages
   const tsr_host *host = nullptr;
   const tsr_ops *ops = nullptr;
   DLDevice device{kDLCPU, 0};
@@ -129,6 +135,8 @@ struct Mlp {
   int64_t ready_n = 0;
 
   size_t layers() const { return dims.size() - 1; }
+  // 2 FLOPs per multiply-add forward, 4 backward (dW and dX).
+  double flops_per_sample() const { return 6.0 * weight_elems; }
   int64_t classes() const { return dims.back(); }
   static DLDataType f32() { return sdk::dtype_f32(); }
 
@@ -390,11 +398,18 @@ Mlp *build(const tsr_host *host, const tsr_config *cfg, const tsr_model_init *in
                 "mlp: bf16/fp16 compute needs a host with ABI 1.1 ops (cast, linear)");
 
   const std::vector<int64_t> hidden = c.get_int_array("hidden");
-  for (size_t i = 0; i < hidden.size(); ++i)
+  for (size_t i = 0; i < hidden.size(); ++i) {
     if (hidden[i] < 1)
       throw Error(TSR_ERR_CONFIG, "mlp: hidden[" + std::to_string(i) +
                                       "] = " + std::to_string(hidden[i]) +
                                       ": every hidden layer needs at least 1 unit");
+    // Layer sizes multiply: bounded so that no count of parameters or
+    // activations overflows before the host checks the memory.
+    if (hidden[i] > kMaxWidth)
+      throw Error(TSR_ERR_CONFIG, "mlp: hidden[" + std::to_string(i) +
+                                      "] = " + std::to_string(hidden[i]) + " is more than the " +
+                                      std::to_string(kMaxWidth) + " units a layer may have");
+  }
   const std::string act = c.get_string("activation");
   if (act == "relu")
     m->act = TSR_ACT_RELU;
@@ -518,7 +533,9 @@ Mlp *build(const tsr_host *host, const tsr_config *cfg, const tsr_model_init *in
   return m.release();
 }
 
-// --- the vtable: every entry guarded -----------------------------------------
+// --- the vtable: every entry guarded, and named after the plugin (not the
+// SDK's model_vtable adapter) so that `break mlp_forward` works in a
+// release build (docs/debugging.md) -----------------------------------------
 
 tsr_status mlp_create(const tsr_host *host, const tsr_config *cfg, const tsr_model_init *init,
                       void **out_self) {
@@ -550,10 +567,7 @@ tsr_status mlp_param_info(void *self, size_t index, tsr_param_info *out) {
       throw Error(TSR_ERR_INVALID, "mlp: parameter index " + std::to_string(index) +
                                        " out of range (the model has " +
                                        std::to_string(m->infos.size()) + ")");
-    // Every field is a 1.0 field, present in any caller's struct.
-    const size_t size = out->struct_size ? out->struct_size : sizeof *out;
-    *out = m->infos[index];
-    out->struct_size = size;
+    sdk::copy_out(m->infos[index], out);
   });
 }
 
@@ -576,10 +590,9 @@ tsr_status mlp_predict(void *self, tsr_step *step, const tsr_batch *batch, DLTen
   return sdk::guard(m->host, [&] { m->predict(step, batch, logits); });
 }
 
-// 2 FLOPs per multiply-add forward, 4 backward (dW and dX).
 double mlp_flops_per_sample(void *self) {
   const Mlp *m = static_cast<const Mlp *>(self);
-  return m ? 6.0 * m->weight_elems : 0.0;
+  return m ? m->flops_per_sample() : 0.0;
 }
 
 const tsr_param_decl kParams[] = {
@@ -598,7 +611,7 @@ const tsr_param_decl kParams[] = {
 };
 
 const tsr_model_vtable kVtable = {
-    sizeof(tsr_model_vtable),
+    tsr_model_vtable_STRUCT_SIZE,
     mlp_create,
     mlp_destroy,
     mlp_num_params,
@@ -610,7 +623,7 @@ const tsr_model_vtable kVtable = {
 };
 
 const tsr_plugin_descriptor kDescriptor = {
-    sizeof(tsr_plugin_descriptor),
+    tsr_plugin_descriptor_STRUCT_SIZE,
     TSR_KIND_MODEL,
     "mlp",
     "1.0.0",
@@ -619,12 +632,13 @@ const tsr_plugin_descriptor kDescriptor = {
     std::size(kParams),
     TSR_DEVICE_CPU | TSR_DEVICE_CUDA,
     &kVtable,
+    nullptr,  // get_extension (ABI 1.2): none
 };
 
 const tsr_plugin_descriptor *const kPlugins[] = {&kDescriptor};
 
 const tsr_plugin_library kLibrary = {
-    sizeof(tsr_plugin_library), TSR_ABI_MAJOR, TSR_ABI_MINOR, kPlugins, std::size(kPlugins),
+    tsr_plugin_library_STRUCT_SIZE, TSR_ABI_MAJOR, TSR_ABI_MINOR, kPlugins, std::size(kPlugins),
 };
 
 }  // namespace

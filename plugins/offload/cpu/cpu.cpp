@@ -303,7 +303,7 @@ const tsr_offload_vtable kVtable = {TSR_STRUCT_SIZE(tsr_offload_vtable, stats),
                                     wait_grads,
                                     stats};
 
-const tsr_plugin_descriptor kCpu = {sizeof(tsr_plugin_descriptor),
+const tsr_plugin_descriptor kCpu = {tsr_plugin_descriptor_STRUCT_SIZE,
                                     TSR_KIND_OFFLOAD,
                                     "cpu",
                                     "1.2.0",
@@ -312,9 +312,10 @@ const tsr_plugin_descriptor kCpu = {sizeof(tsr_plugin_descriptor),
                                     kParams,
                                     sizeof(kParams) / sizeof(kParams[0]),
                                     kDevices,
-                                    &kVtable};
+                                    &kVtable,
+                                    nullptr};
 const tsr_plugin_descriptor *const kPlugins[] = {&kCpu};
-const tsr_plugin_library kLibrary = {sizeof(tsr_plugin_library), TSR_ABI_MAJOR, TSR_ABI_MINOR,
+const tsr_plugin_library kLibrary = {tsr_plugin_library_STRUCT_SIZE, TSR_ABI_MAJOR, TSR_ABI_MINOR,
                                      kPlugins, 1};
 
 }  // namespace

@@ -323,7 +323,7 @@ const tsr_offload_vtable kVtable = {
     nullptr};
 
 const tsr_plugin_descriptor kCpuBf16 = {
-    sizeof(tsr_plugin_descriptor),
+    tsr_plugin_descriptor_STRUCT_SIZE,
     TSR_KIND_OFFLOAD,
     "cpu-bf16",
     "1.0.0",
@@ -331,9 +331,10 @@ const tsr_plugin_descriptor kCpuBf16 = {
     kParams,
     sizeof(kParams) / sizeof(kParams[0]),
     TSR_DEVICE_CPU | TSR_DEVICE_CUDA,
-    &kVtable};
+    &kVtable,
+    nullptr};
 const tsr_plugin_descriptor *const kPlugins[] = {&kCpuBf16};
-const tsr_plugin_library kLibrary = {sizeof(tsr_plugin_library), TSR_ABI_MAJOR, TSR_ABI_MINOR,
+const tsr_plugin_library kLibrary = {tsr_plugin_library_STRUCT_SIZE, TSR_ABI_MAJOR, TSR_ABI_MINOR,
                                      kPlugins, 1};
 
 }  // namespace

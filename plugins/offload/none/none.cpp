@@ -181,7 +181,7 @@ const tsr_offload_vtable kVtable = {TSR_STRUCT_SIZE(tsr_offload_vtable, stats),
                                     wait_grads,
                                     stats};
 
-const tsr_plugin_descriptor kNone = {sizeof(tsr_plugin_descriptor),
+const tsr_plugin_descriptor kNone = {tsr_plugin_descriptor_STRUCT_SIZE,
                                      TSR_KIND_OFFLOAD,
                                      "none",
                                      "1.0.0",
@@ -189,9 +189,10 @@ const tsr_plugin_descriptor kNone = {sizeof(tsr_plugin_descriptor),
                                      nullptr,
                                      0,
                                      TSR_DEVICE_CPU | TSR_DEVICE_CUDA,
-                                     &kVtable};
+                                     &kVtable,
+                                     nullptr};
 const tsr_plugin_descriptor *const kPlugins[] = {&kNone};
-const tsr_plugin_library kLibrary = {sizeof(tsr_plugin_library), TSR_ABI_MAJOR, TSR_ABI_MINOR,
+const tsr_plugin_library kLibrary = {tsr_plugin_library_STRUCT_SIZE, TSR_ABI_MAJOR, TSR_ABI_MINOR,
                                      kPlugins, 1};
 
 }  // namespace

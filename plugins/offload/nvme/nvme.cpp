@@ -583,7 +583,7 @@ const tsr_offload_vtable kVtable = {
 // clang-format on
 
 const tsr_plugin_descriptor kNvme = {
-    sizeof(tsr_plugin_descriptor),
+    tsr_plugin_descriptor_STRUCT_SIZE,
     TSR_KIND_OFFLOAD,
     "nvme",
     "1.0.0",
@@ -591,9 +591,10 @@ const tsr_plugin_descriptor kNvme = {
     kParams,
     sizeof(kParams) / sizeof(kParams[0]),
     kDevices,
-    &kVtable};
+    &kVtable,
+    nullptr};
 const tsr_plugin_descriptor *const kPlugins[] = {&kNvme};
-const tsr_plugin_library kLibrary = {sizeof(tsr_plugin_library), TSR_ABI_MAJOR, TSR_ABI_MINOR,
+const tsr_plugin_library kLibrary = {tsr_plugin_library_STRUCT_SIZE, TSR_ABI_MAJOR, TSR_ABI_MINOR,
                                      kPlugins, 1};
 
 }  // namespace

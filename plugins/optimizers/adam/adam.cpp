@@ -31,6 +31,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <tessera/cpp/extension.hpp>
 #include <tessera/cpp/optimizer.hpp>
 #include <tessera/cpp/plugin.hpp>
 #include <vector>
@@ -175,6 +176,7 @@ void cpu_segment(const tessera::adam::SimdKernels *simd, Elem ge, const void *g,
 struct Adam {
   const tsr_host *host = nullptr;
   const char *name = "adam";  // for messages: "adam" or "adamw"
+  double lr = 0;              // the configured rate: the schedule's peak (TSR_EXT_OPTIMIZER_LR)
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
   bool decoupled = false;                            // the `adamw` key
   const tessera::adam::SimdKernels *simd = nullptr;  // `cpu_kernel`; NULL: scalar
@@ -186,9 +188,9 @@ void create_into(const tsr_host *host, const tsr_config *cfg, const char *name, 
   auto self = std::make_unique<Adam>();
   self->host = host;
   self->name = name;
-  // `lr` is read by the engine as the base rate of its schedule; the step
-  // gets the scheduled value in args->lr. Reading it here only validates.
-  (void)c.get_float("lr");
+  // The engine's schedule scales `lr` (it asks for it through the lr
+  // extension); each step gets the scheduled value in args->lr.
+  self->lr = c.get_float("lr");
   std::vector<double> betas = c.get_float_array("betas");
   if (betas.size() != 2)
     throw sdk::Error(
@@ -319,7 +321,7 @@ const tsr_param_decl kAdamwParams[] = {
 };
 
 const tsr_optimizer_vtable kAdamVtable = {
-    sizeof(tsr_optimizer_vtable),
+    tsr_optimizer_vtable_STRUCT_SIZE,
     adam_create,
     adam_destroy,
     adam_state_count,
@@ -328,7 +330,7 @@ const tsr_optimizer_vtable kAdamVtable = {
 };
 
 const tsr_optimizer_vtable kAdamwVtable = {
-    sizeof(tsr_optimizer_vtable),
+    tsr_optimizer_vtable_STRUCT_SIZE,
     adamw_create,
     adam_destroy,
     adam_state_count,
@@ -336,8 +338,19 @@ const tsr_optimizer_vtable kAdamwVtable = {
     adam_step,
 };
 
+double adam_base_lr(void *self) {
+  return self ? static_cast<const Adam *>(self)->lr : 0.0;
+}
+
+const tsr_ext_optimizer_lr kLrExtension = {tsr_ext_optimizer_lr_STRUCT_SIZE, adam_base_lr};
+const sdk::Extension kExtensions[] = {{TSR_EXT_OPTIMIZER_LR, &kLrExtension}};
+
+const void *adam_extension(const char *id) {
+  return sdk::find_extension(kExtensions, id);
+}
+
 const tsr_plugin_descriptor kAdamDescriptor = {
-    sizeof(tsr_plugin_descriptor),
+    tsr_plugin_descriptor_STRUCT_SIZE,
     TSR_KIND_OPTIMIZER,
     "adam",
     "1.0.0",
@@ -346,10 +359,11 @@ const tsr_plugin_descriptor kAdamDescriptor = {
     sizeof(kAdamParams) / sizeof(kAdamParams[0]),
     kDevices,
     &kAdamVtable,
+    adam_extension,
 };
 
 const tsr_plugin_descriptor kAdamwDescriptor = {
-    sizeof(tsr_plugin_descriptor),
+    tsr_plugin_descriptor_STRUCT_SIZE,
     TSR_KIND_OPTIMIZER,
     "adamw",
     "1.0.0",
@@ -358,15 +372,13 @@ const tsr_plugin_descriptor kAdamwDescriptor = {
     sizeof(kAdamwParams) / sizeof(kAdamwParams[0]),
     kDevices,
     &kAdamwVtable,
+    adam_extension,
 };
 
 const tsr_plugin_descriptor *const kPlugins[] = {&kAdamDescriptor, &kAdamwDescriptor};
 
 const tsr_plugin_library kLibrary = {
-    sizeof(tsr_plugin_library),
-    TSR_ABI_MAJOR,
-    TSR_ABI_MINOR,
-    kPlugins,
+    tsr_plugin_library_STRUCT_SIZE,         TSR_ABI_MAJOR, TSR_ABI_MINOR, kPlugins,
     sizeof(kPlugins) / sizeof(kPlugins[0]),
 };
 

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <tessera/cpp/extension.hpp>
 #include <tessera/cpp/optimizer.hpp>
 #include <tessera/cpp/plugin.hpp>
 
@@ -65,6 +66,7 @@ TSR_CPU_CLONES void sgd_segment(float *__restrict p, Grads g, float *__restrict 
 
 struct Sgd {
   const tsr_host *host = nullptr;
+  double lr = 0;  // the configured rate: the schedule's peak (TSR_EXT_OPTIMIZER_LR)
   float momentum = 0, weight_decay = 0;
   float keep = 1;             // 1 - dampening, rounded once from double
   bool has_momentum = false;  // momentum != 0, decided in double
@@ -78,9 +80,9 @@ tsr_status sgd_create(const tsr_host *host, const tsr_config *cfg, void **out_se
     sdk::Config c(host, cfg);
     auto self = std::make_unique<Sgd>();
     self->host = host;
-    // `lr` is read by the engine as the base rate of its schedule; the step
-    // gets the scheduled value in args->lr. Reading it here only validates.
-    (void)c.get_float("lr");
+    // The engine's schedule scales `lr` (it asks for it through the lr
+    // extension); each step gets the scheduled value in args->lr.
+    self->lr = c.get_float("lr");
     double momentum = c.get_float("momentum");
     double dampening = c.get_float("dampening");
     self->nesterov = c.get_bool("nesterov");
@@ -167,7 +169,7 @@ const tsr_param_decl kSgdParams[] = {
 };
 
 const tsr_optimizer_vtable kSgdVtable = {
-    sizeof(tsr_optimizer_vtable),
+    tsr_optimizer_vtable_STRUCT_SIZE,
     sgd_create,
     sgd_destroy,
     sgd_state_count,
@@ -175,8 +177,19 @@ const tsr_optimizer_vtable kSgdVtable = {
     sgd_step,
 };
 
+double sgd_base_lr(void *self) {
+  return self ? static_cast<const Sgd *>(self)->lr : 0.0;
+}
+
+const tsr_ext_optimizer_lr kLrExtension = {tsr_ext_optimizer_lr_STRUCT_SIZE, sgd_base_lr};
+const sdk::Extension kExtensions[] = {{TSR_EXT_OPTIMIZER_LR, &kLrExtension}};
+
+const void *sgd_extension(const char *id) {
+  return sdk::find_extension(kExtensions, id);
+}
+
 const tsr_plugin_descriptor kSgdDescriptor = {
-    sizeof(tsr_plugin_descriptor),
+    tsr_plugin_descriptor_STRUCT_SIZE,
     TSR_KIND_OPTIMIZER,
     "sgd",
     "1.0.0",
@@ -185,15 +198,13 @@ const tsr_plugin_descriptor kSgdDescriptor = {
     sizeof(kSgdParams) / sizeof(kSgdParams[0]),
     kDevices,
     &kSgdVtable,
+    sgd_extension,
 };
 
 const tsr_plugin_descriptor *const kPlugins[] = {&kSgdDescriptor};
 
 const tsr_plugin_library kLibrary = {
-    sizeof(tsr_plugin_library),
-    TSR_ABI_MAJOR,
-    TSR_ABI_MINOR,
-    kPlugins,
+    tsr_plugin_library_STRUCT_SIZE,         TSR_ABI_MAJOR, TSR_ABI_MINOR, kPlugins,
     sizeof(kPlugins) / sizeof(kPlugins[0]),
 };
 

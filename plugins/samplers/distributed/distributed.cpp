@@ -171,7 +171,7 @@ tsr_status indices(void *self, const tsr_sampler_args *args, int64_t *out) {
 }
 
 const tsr_sampler_vtable vtable = {
-    sizeof(tsr_sampler_vtable), create, destroy, epoch_size, indices,
+    tsr_sampler_vtable_STRUCT_SIZE, create, destroy, epoch_size, indices,
 };
 
 const tsr_param_decl params[] = {
@@ -184,7 +184,7 @@ const tsr_param_decl params[] = {
 };
 
 const tsr_plugin_descriptor descriptor = {
-    sizeof(tsr_plugin_descriptor),
+    tsr_plugin_descriptor_STRUCT_SIZE,
     TSR_KIND_SAMPLER,
     "distributed",
     "1.0.0",
@@ -194,12 +194,13 @@ const tsr_plugin_descriptor descriptor = {
     sizeof(params) / sizeof(params[0]),
     TSR_DEVICE_CPU,
     &vtable,
+    nullptr,  // get_extension (ABI 1.2): none
 };
 
 const tsr_plugin_descriptor *const plugins[] = {&descriptor};
 
 const tsr_plugin_library library = {
-    sizeof(tsr_plugin_library), TSR_ABI_MAJOR, TSR_ABI_MINOR, plugins, 1,
+    tsr_plugin_library_STRUCT_SIZE, TSR_ABI_MAJOR, TSR_ABI_MINOR, plugins, 1,
 };
 
 }  // namespace

@@ -81,11 +81,11 @@ tsr_status indices(void *self, const tsr_sampler_args *args, int64_t *out) {
 }
 
 const tsr_sampler_vtable vtable = {
-    sizeof(tsr_sampler_vtable), create, destroy, epoch_size, indices,
+    tsr_sampler_vtable_STRUCT_SIZE, create, destroy, epoch_size, indices,
 };
 
 const tsr_plugin_descriptor descriptor = {
-    sizeof(tsr_plugin_descriptor),
+    tsr_plugin_descriptor_STRUCT_SIZE,
     TSR_KIND_SAMPLER,
     "sequential",
     "1.0.0",
@@ -95,12 +95,13 @@ const tsr_plugin_descriptor descriptor = {
     0,
     TSR_DEVICE_CPU,
     &vtable,
+    nullptr,  // get_extension (ABI 1.2): none
 };
 
 const tsr_plugin_descriptor *const plugins[] = {&descriptor};
 
 const tsr_plugin_library library = {
-    sizeof(tsr_plugin_library), TSR_ABI_MAJOR, TSR_ABI_MINOR, plugins, 1,
+    tsr_plugin_library_STRUCT_SIZE, TSR_ABI_MAJOR, TSR_ABI_MINOR, plugins, 1,
 };
 
 }  // namespace

@@ -41,15 +41,21 @@ typedef int32_t tsr_status;
 #define TSR_ERR_INTERNAL 7    /* a bug, or an exception caught at the boundary */
 #define TSR_ERR_ABORTED 8     /* another rank failed; stop promptly */
 
-/* The struct_size rule. Writers set struct_size = sizeof(their struct); readers
- * only touch fields that lie wholly inside struct_size. */
+/* The struct_size rule. Writers set struct_size to the size of the fields
+ * they know, tsr_<type>_STRUCT_SIZE (defined after each struct from its last
+ * field, see TSR_STRUCT_SIZE below); readers only touch fields that lie
+ * wholly inside struct_size, and a callee filling a caller's struct copies at
+ * most struct_size bytes and leaves struct_size as the caller set it. The
+ * one exception is an array's element (tsr_param_decl): its struct_size is
+ * the array's stride, sizeof. */
 #define TSR_HAS_FIELD(ptr, type, field) \
   ((ptr) != NULL && (ptr)->struct_size >= offsetof(type, field) + sizeof(((const type *)0)->field))
 
 /* ABI 1.2: the size a writer declares for a struct, computed from its last
  * field (PJRT's PJRT_STRUCT_SIZE) rather than sizeof, so tail padding is
  * never claimed as a field: a later minor version may put a field there.
- * `struct_size = TSR_STRUCT_SIZE(tsr_zero_step, ctx)`. */
+ * Each struct's header defines tsr_<type>_STRUCT_SIZE with it, and a minor
+ * version that appends a field moves that definition to the new field. */
 #define TSR_STRUCT_SIZE(type, last_field) \
   (offsetof(type, last_field) + sizeof(((const type *)0)->last_field))
 
@@ -110,7 +116,12 @@ typedef struct tsr_plugin_descriptor {
   size_t num_params;
   uint32_t devices; /* TSR_DEVICE_* bits */
   const void *vtable;
+  /* ABI 1.2 (optional, may be NULL): the table of the extension `id`
+   * (extensions.h: TSR_EXT_*) this plugin offers, or NULL when it offers
+   * none by that id. */
+  const void *(*get_extension)(const char *id);
 } tsr_plugin_descriptor;
+#define tsr_plugin_descriptor_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_plugin_descriptor, get_extension)
 
 /* What the entry symbol returns: static storage, valid for the life of the
  * process. */
@@ -121,6 +132,7 @@ typedef struct tsr_plugin_library {
   const tsr_plugin_descriptor *const *plugins;
   size_t num_plugins;
 } tsr_plugin_library;
+#define tsr_plugin_library_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_plugin_library, num_plugins)
 
 #define TSR_ENTRY_SYMBOL "tessera_plugin_library"
 typedef const tsr_plugin_library *(*tsr_plugin_library_fn)(void);

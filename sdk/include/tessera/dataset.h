@@ -16,6 +16,7 @@ typedef struct tsr_data_info {
   int64_t target_shape[8];
   int64_t num_classes; /* classification: number of classes; else 0 */
 } tsr_data_info;
+#define tsr_data_info_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_data_info, num_classes)
 
 /* A batch in host memory: inputs [n, input_shape...], targets [n, target_shape...]. */
 typedef struct tsr_batch {
@@ -24,6 +25,7 @@ typedef struct tsr_batch {
   DLTensor inputs;
   DLTensor targets;
 } tsr_batch;
+#define tsr_batch_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_batch, targets)
 
 typedef struct tsr_dataset_vtable {
   size_t struct_size;
@@ -37,5 +39,6 @@ typedef struct tsr_dataset_vtable {
    * threads: must be safe to call concurrently. */
   tsr_status (*read)(void *self, const int64_t *indices, tsr_batch *out);
 } tsr_dataset_vtable;
+#define tsr_dataset_vtable_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_dataset_vtable, read)
 
 #endif /* TESSERA_DATASET_H */

@@ -53,6 +53,7 @@ typedef struct tsr_run_info {
   uint64_t seed;           /* run.seed */
   const char *run_dir;     /* run.dir, created by the host */
 } tsr_run_info;
+#define tsr_run_info_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_run_info, run_dir)
 
 /* ABI 1.2: what tsr_host.device_memory reports. */
 typedef struct tsr_device_memory {
@@ -61,6 +62,7 @@ typedef struct tsr_device_memory {
   size_t peak;   /* the most allocated at once since the run began */
   size_t limit;  /* what the run may use; 0: no known limit */
 } tsr_device_memory;
+#define tsr_device_memory_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_device_memory, limit)
 
 /* A pending collective; wait on it with tsr_comm.wait. */
 typedef struct tsr_comm_work tsr_comm_work;
@@ -82,6 +84,7 @@ typedef struct tsr_comm {
   tsr_status (*barrier)(tsr_host_ctx *ctx);
   tsr_status (*wait)(tsr_host_ctx *ctx, tsr_comm_work *work);
 } tsr_comm;
+#define tsr_comm_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_comm, wait)
 
 typedef struct tsr_host {
   size_t struct_size;
@@ -155,5 +158,6 @@ typedef struct tsr_host {
    * optimizer state from it. */
   tsr_status (*device_memory)(tsr_host_ctx *ctx, tsr_device_memory *out);
 } tsr_host;
+#define tsr_host_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_host, device_memory)
 
 #endif /* TESSERA_HOST_H */

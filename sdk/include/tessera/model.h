@@ -28,6 +28,7 @@ typedef struct tsr_param_info {
   int32_t trainable; /* 0: frozen, no gradient and no optimizer state */
   int32_t decay;     /* 0: excluded from weight decay (biases, norms) */
 } tsr_param_info;
+#define tsr_param_info_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_param_info, decay)
 
 /* What the model is built for. */
 typedef struct tsr_model_init {
@@ -35,6 +36,7 @@ typedef struct tsr_model_init {
   const tsr_data_info *data; /* the training dataset's sample description */
   int64_t max_micro_batch;   /* largest batch forward will see */
 } tsr_model_init;
+#define tsr_model_init_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_model_init, max_micro_batch)
 
 /* Result of one forward pass over a micro-batch. */
 typedef struct tsr_forward_result {
@@ -43,6 +45,7 @@ typedef struct tsr_forward_result {
   int64_t count;   /* targets counted in the loss */
   int64_t correct; /* targets predicted right (classification), or -1 */
 } tsr_forward_result;
+#define tsr_forward_result_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_forward_result, correct)
 
 typedef struct tsr_model_vtable {
   size_t struct_size;
@@ -82,5 +85,6 @@ typedef struct tsr_model_vtable {
    * and returns TSR_OK; `batch` is not read and may be NULL. */
   tsr_status (*predict)(void *self, tsr_step *step, const tsr_batch *batch, DLTensor *logits);
 } tsr_model_vtable;
+#define tsr_model_vtable_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_model_vtable, predict)
 
 #endif /* TESSERA_MODEL_H */

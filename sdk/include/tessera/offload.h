@@ -20,6 +20,7 @@ typedef struct tsr_offload_setup {
    * where every rank owns (and updates) every element. */
   const tsr_zero_plan *zero_plan;
 } tsr_offload_setup;
+#define tsr_offload_setup_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_offload_setup, zero_plan)
 
 /* One update of owned elements [offset, offset + count). */
 typedef struct tsr_offload_step {
@@ -34,6 +35,7 @@ typedef struct tsr_offload_step {
   double grad_scale;
   int64_t step;
 } tsr_offload_step;
+#define tsr_offload_step_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_offload_step, step)
 
 /* ABI 1.2: cumulative seconds of an offloaded update's parts. */
 typedef struct tsr_offload_stats {
@@ -44,6 +46,7 @@ typedef struct tsr_offload_stats {
   double device_s;   /* the share of the state stepped on the device, if any */
   uint64_t elements; /* elements updated on the host */
 } tsr_offload_stats;
+#define tsr_offload_stats_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_offload_stats, elements)
 
 typedef struct tsr_offload_vtable {
   size_t struct_size;
@@ -79,5 +82,6 @@ typedef struct tsr_offload_vtable {
   tsr_status (*wait_grads)(void *self);
   tsr_status (*stats)(void *self, tsr_offload_stats *out);
 } tsr_offload_vtable;
+#define tsr_offload_vtable_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_offload_vtable, stats)
 
 #endif /* TESSERA_OFFLOAD_H */

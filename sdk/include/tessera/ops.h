@@ -104,5 +104,6 @@ typedef struct tsr_ops {
                                    const DLTensor *lse, float scale, DLTensor *dq, DLTensor *dk,
                                    DLTensor *dv);
 } tsr_ops;
+#define tsr_ops_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_ops, attention_backward)
 
 #endif /* TESSERA_OPS_H */

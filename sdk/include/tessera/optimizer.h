@@ -40,6 +40,7 @@ typedef struct tsr_optimizer_step_args {
    * the update. */
   DLDataType grads_dtype;
 } tsr_optimizer_step_args;
+#define tsr_optimizer_step_args_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_optimizer_step_args, grads_dtype)
 
 typedef struct tsr_optimizer_vtable {
   size_t struct_size;
@@ -51,5 +52,6 @@ typedef struct tsr_optimizer_vtable {
   const char *(*state_name)(void *self, uint32_t i);
   tsr_status (*step)(void *self, const tsr_optimizer_step_args *args);
 } tsr_optimizer_vtable;
+#define tsr_optimizer_vtable_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_optimizer_vtable, step)
 
 #endif /* TESSERA_OPTIMIZER_H */

@@ -12,6 +12,7 @@ typedef struct tsr_sampler_args {
   int64_t epoch;
   uint64_t seed;
 } tsr_sampler_args;
+#define tsr_sampler_args_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_sampler_args, seed)
 
 typedef struct tsr_sampler_vtable {
   size_t struct_size;
@@ -22,5 +23,6 @@ typedef struct tsr_sampler_vtable {
   /* Write this rank's epoch_size indices, in the order they are visited. */
   tsr_status (*indices)(void *self, const tsr_sampler_args *args, int64_t *out);
 } tsr_sampler_vtable;
+#define tsr_sampler_vtable_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_sampler_vtable, indices)
 
 #endif /* TESSERA_SAMPLER_H */

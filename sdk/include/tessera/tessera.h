@@ -5,6 +5,7 @@
 
 #include <tessera/abi.h>
 #include <tessera/dataset.h>
+#include <tessera/extensions.h>
 #include <tessera/host.h>
 #include <tessera/model.h>
 #include <tessera/offload.h>

@@ -21,6 +21,7 @@ typedef struct tsr_zero_plan {
   int32_t partition_grads;     /* stages 2-3 */
   int32_t partition_params;    /* stage 3 */
 } tsr_zero_plan;
+#define tsr_zero_plan_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_zero_plan, partition_params)
 
 /* The layout, fixed for the run. */
 typedef struct tsr_zero_setup {
@@ -37,6 +38,7 @@ typedef struct tsr_zero_setup {
   /* 0 for a frozen model (evaluation): no gradient buffers. */
   int32_t training;
 } tsr_zero_setup;
+#define tsr_zero_setup_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_zero_setup, training)
 
 /* A run of elements this rank owns and updates. */
 typedef struct tsr_owned_range {
@@ -47,6 +49,7 @@ typedef struct tsr_owned_range {
   const void *grads; /* the averaged gradients of the range (compute dtype, device) */
   void *params;      /* where the updated compute parameters go (compute dtype, device) */
 } tsr_owned_range;
+#define tsr_owned_range_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_owned_range, params)
 
 typedef tsr_status (*tsr_range_fn)(void *ctx, const tsr_owned_range *range);
 
@@ -58,6 +61,7 @@ typedef struct tsr_zero_step {
   tsr_status (*flush)(void *ctx);
   void *ctx;
 } tsr_zero_step;
+#define tsr_zero_step_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_zero_step, ctx)
 
 typedef struct tsr_zero_vtable {
   size_t struct_size;
@@ -104,5 +108,6 @@ typedef struct tsr_zero_vtable {
   tsr_status (*reshare)(void *self);
   tsr_status (*clear_grads)(void *self);
 } tsr_zero_vtable;
+#define tsr_zero_vtable_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_zero_vtable, clear_grads)
 
 #endif /* TESSERA_ZERO_H */

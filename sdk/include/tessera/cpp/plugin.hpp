@@ -11,6 +11,7 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <tessera/cpp/struct_size.hpp>
 #include <utility>
 #include <vector>
 
@@ -184,12 +185,12 @@ inline int64_t numel(const DLTensor &t) {
   return n;
 }
 
-// Fills a zeroed struct with its struct_size set.
+// A zeroed struct whose struct_size says which fields this build knows.
 template <typename T>
 T make() {
   T t;
   std::memset(&t, 0, sizeof t);
-  t.struct_size = sizeof(T);
+  t.struct_size = struct_size_v<T>;
   return t;
 }
 

@@ -1,7 +1,8 @@
-// SHA-256 (FIPS 180-4) and HMAC-SHA256 (RFC 2104), written from their
-// definitions: the rendezvous store's challenge-response needs nothing more,
-// and no crypto library is a dependency. Checked against FIPS 180-2's and
-// RFC 4231's test vectors (tests/unit/test_hmac_sha256.cpp).
+// The rendezvous store's cryptography, from OpenSSL (Debian's libssl):
+// SHA-256, HMAC-SHA256, a constant-time comparison and random bytes. A
+// thin layer, so that callers see std::string and not OpenSSL's types;
+// checked against FIPS 180-2's and RFC 4231's vectors
+// (tests/unit/test_crypto.cpp).
 #pragma once
 
 #include <array>
@@ -10,23 +11,25 @@
 #include <string>
 #include <string_view>
 
+struct evp_md_ctx_st;  // OpenSSL's EVP_MD_CTX
+
 namespace tessera {
 
 using Sha256Digest = std::array<uint8_t, 32>;
 
+// SHA-256 of data fed in pieces.
 class Sha256 {
  public:
   Sha256();
+  ~Sha256();
+  Sha256(const Sha256 &) = delete;
+  Sha256 &operator=(const Sha256 &) = delete;
   void update(const void *data, size_t n);
   void update(std::string_view s) { update(s.data(), s.size()); }
   Sha256Digest finish();
 
  private:
-  void block(const uint8_t *p);
-  uint32_t h_[8];
-  uint8_t buf_[64];
-  size_t buf_len_ = 0;
-  uint64_t total_ = 0;
+  evp_md_ctx_st *ctx_;
 };
 
 Sha256Digest sha256(std::string_view data);
@@ -38,11 +41,12 @@ inline std::string to_hex(const Sha256Digest &d) {
   return to_hex(d.data(), d.size());
 }
 
-// Compares in time independent of where the first difference is.
+// Compares in time independent of where the first difference is (the
+// lengths, which are public here, are compared first).
 bool equal_constant_time(std::string_view a, std::string_view b);
 
-// `n` bytes from the kernel's random source (getrandom, else /dev/urandom);
-// throws tessera::Error when neither gives them.
+// `n` bytes from OpenSSL's CSPRNG (seeded by the kernel); throws
+// tessera::Error when it cannot give them.
 std::string random_bytes(size_t n);
 
 }  // namespace tessera

@@ -1,9 +1,10 @@
+// Known answers for the crypto the rendezvous store takes from OpenSSL:
 // SHA-256 against FIPS 180-2's examples and HMAC-SHA256 against RFC 4231's
-// test cases (the rendezvous store's challenge-response rests on them).
+// test cases (the store's challenge-response rests on them).
 #include <catch2/catch.hpp>
 #include <string>
 
-#include "util/hmac_sha256.hpp"
+#include "util/crypto.hpp"
 
 using tessera::hmac_sha256;
 using tessera::sha256;

@@ -1,0 +1,32 @@
+// One job per run directory and per checkpoint directory (docs/security.md):
+// two jobs writing the same checkpoints or metrics.jsonl would interleave
+// their steps and lines, all passing verify. Rank 0 holds an exclusive lock
+// on each directory for its life; a second job is refused, naming the
+// holder. The lock is flock(2) on DIR/.tessera.lock: the kernel drops it
+// when its holder dies however it dies, so a dead job's lock is taken over
+// by the next without any cleanup (the file stays, with the last holder).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace tessera {
+
+class RunLock {
+ public:
+  RunLock() = default;
+  // Creates each directory if needed, checks it is writable (a test file,
+  // then removed) and locks it; `roles` name them in messages ("run.dir",
+  // "checkpoint.dir"). A directory named twice (or the same by another
+  // path) is locked once. Throws Error when one is held by another job.
+  RunLock(const std::vector<std::string> &dirs, const std::vector<std::string> &roles);
+  ~RunLock();
+  RunLock(const RunLock &) = delete;
+  RunLock &operator=(const RunLock &) = delete;
+  RunLock(RunLock &&o) noexcept : fds_(std::move(o.fds_)) { o.fds_.clear(); }
+
+ private:
+  std::vector<int> fds_;
+};
+
+}  // namespace tessera
