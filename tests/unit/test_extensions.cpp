@@ -4,13 +4,13 @@
 // config keys; an unknown id and a plugin without extensions answer NULL; a
 // descriptor that predates get_extension is told apart; sdk::copy_out
 // writes no byte past the caller's struct_size.
-#include <tessera/cpp/plugin.hpp>
-#include <tessera/cpp/struct_size.hpp>
 #include <tessera/extensions.h>
 
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <string>
+#include <tessera/cpp/plugin.hpp>
+#include <tessera/cpp/struct_size.hpp>
 
 #include "gpt2_support.hpp"
 #include "plugin/legacy.hpp"
@@ -123,8 +123,7 @@ TEST_CASE("struct sizes end at the last field, and copy_out stays inside the cal
           "[abi][struct_size]") {
   // tsr_zero_plan ends in a 4-byte field: sizeof claims 4 bytes of padding
   // that the declared size leaves free for a later field.
-  CHECK(tsr_zero_plan_STRUCT_SIZE ==
-        offsetof(tsr_zero_plan, partition_params) + sizeof(int32_t));
+  CHECK(tsr_zero_plan_STRUCT_SIZE == offsetof(tsr_zero_plan, partition_params) + sizeof(int32_t));
   CHECK(tsr_zero_plan_STRUCT_SIZE <= sizeof(tsr_zero_plan));
   CHECK(tsr_plugin_descriptor_STRUCT_SIZE ==
         offsetof(tsr_plugin_descriptor, get_extension) + sizeof(void *));
