@@ -9,6 +9,7 @@ import harness  # noqa: E402
 import machine  # noqa: E402
 
 IMPL = {"eager": "PyTorch eager", "compile": "PyTorch torch.compile"}
+PASSIVE = "-passive"  # OMP_WAIT_POLICY=PASSIVE
 
 
 def layout(key):
@@ -17,11 +18,12 @@ def layout(key):
 
 def torch_label(key):
     ddp = ", DDP gloo" if key[2] > 1 else ""
-    return f"{IMPL[key[1]]}{ddp}, {layout(key)}"
+    env = ", OMP_WAIT_POLICY=PASSIVE" if key[1].endswith(PASSIVE) else ""
+    return f"{IMPL[key[1].removesuffix(PASSIVE)]}{ddp}, {layout(key)}{env}"
 
 
 def best(figs, w, impls):
-    keys = [k for k in figs if k[0] == w and k[1] in impls]
+    keys = [k for k in figs if k[0] == w and k[1].removesuffix(PASSIVE) in impls]
     return max(keys, key=lambda k: figs[k].median) if keys else None
 
 
@@ -65,7 +67,7 @@ def markdown(a, b, figs, before, after, workloads):
                        f"{cells[0]} | {cells[1]} |")
         out += ["", "| PyTorch | samples/s | |", "|---|---|---|"]
         for k in sorted((k for k in figs if k[0] == w and k[1] != "tessera"),
-                        key=lambda k: (k[1] != "eager", k[2])):
+                        key=lambda k: (not k[1].startswith("eager"), k[2], k[1])):
             mark = "best eager" if k == be else ""
             if k == ba:
                 mark = (mark + ", " if mark else "") + "best of all"
@@ -101,7 +103,9 @@ def markdown(a, b, figs, before, after, workloads):
             "- PyTorch (bench/cpu_vs_torch/torch_cpu.py): the same models and batches, data in "
             "memory, `torch.optim.AdamW(fused=True)`, `torch.set_num_threads` per rank, the loss "
             "read every step; DistributedDataParallel over gloo at more than one rank; "
-            "torch.compile (inductor, default mode) of the model or of the DDP module. Warm-up "
+            "torch.compile (inductor, default mode) of the model or of the DDP module; where a rank "
+            "has more than one thread, also with OMP_WAIT_POLICY=PASSIVE (libgomp's default "
+            "spin-wait collapses when another process wants the core). Warm-up "
             "steps (compilation included), then a probe of a few steps sets the step count; "
             "each step's timestamp is kept in memory and written after the run.",
             f"- The {a.reps} repetitions go round every configuration in turn (tessera and "

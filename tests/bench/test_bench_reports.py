@@ -176,7 +176,8 @@ class CpuVsTorchReport(unittest.TestCase):
                 ("mlp", "eager", 1, 2, None): f([85.0, 86.0, 84.0]),
                 ("mlp", "eager", 2, 1, None): f([26.0, 27.0, 26.5]),
                 ("mlp", "compile", 1, 2, None): f([90.0, 91.0, 92.0]),
-                ("mlp", "compile", 2, 1, None): f([30.0, 31.0, 32.0])}
+                ("mlp", "compile", 2, 1, None): f([30.0, 31.0, 32.0]),
+                ("mlp", "eager-passive", 1, 2, None): f([70.0, 71.0, 72.0])}
         b = SimpleNamespace(samples={k: [(None, 1.5), (None, 3.2)] for k in figs},
                             name=bench.Bench.name)
         a = SimpleNamespace(cores=2, reps=3, seconds=7.0)
@@ -193,6 +194,7 @@ class CpuVsTorchReport(unittest.TestCase):
         self.assertIn("mlp-tessera-s0-2x1 (18%)", text)
         self.assertIn("ranged 1.50-3.20 on 2 cores (other work was running", text)
         self.assertIn("| PyTorch torch.compile, 1 x 2 | 91.0 (90.0-92.0) | best of all |", text)
+        self.assertIn("| PyTorch eager, 1 x 2, OMP_WAIT_POLICY=PASSIVE | 71.0 (70.0-72.0) |  |", text)
         self.assertIn("## Environment", text)
 
 
