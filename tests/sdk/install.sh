@@ -43,7 +43,7 @@ echo "the installed tessera finds its plugins from any directory"
 
 # tessera plugin new from the install names the prefix for find_package.
 out=$(cd "$elsewhere" && "$prefix/bin/tessera" plugin new optimizer probe)
-echo "$out" | grep -q -- "-DCMAKE_PREFIX_PATH=$prefix" ||
+grep -q -- "-DCMAKE_PREFIX_PATH=$prefix" <<<"$out" ||
   fail "tessera plugin new does not suggest -DCMAKE_PREFIX_PATH=$prefix: $out"
 
 # pkg-config, and a plugin built with it alone.

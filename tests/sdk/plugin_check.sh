@@ -36,7 +36,7 @@ for line in "^  ok    head.weight .* relative error" "^  ok    head.bias " \
   "^  ok    struct sizes" "^  ok    groups .*1 declared, 1 read by forward" \
   "^  ok    grads_done .*once for each of 1 trainable groups" \
   "^  ok    forward .*deterministic" "^passed: 2 parameter tensors"; do
-  echo "$out" | grep -q "$line" || fail "no line matching '$line' in the scaffold's check"
+  grep -q "$line" <<<"$out" || fail "no line matching '$line' in the scaffold's check"
 done
 
 # The same model with a wrong backward: dW += 2 dy^T x.
@@ -47,8 +47,8 @@ grep -q '&gw, 2.0f, 1.0f)' "$work/broken/gcheck.cpp" ||
 build_project "$work/broken" "$work/build-broken"
 check "$work/broken" "$work/build-broken"
 [ "$status" -eq 1 ] || fail "the broken backward passes the check (status $status)"
-echo "$out" | grep -q "^  FAIL  head.weight " || fail "head.weight is not marked FAIL"
-echo "$out" | grep -q "^  ok    head.bias " || fail "head.bias should still pass"
-echo "$out" | grep -q "tessera plugin check: failed: head.weight: the analytic gradient" ||
+grep -q "^  FAIL  head.weight " <<<"$out" || fail "head.weight is not marked FAIL"
+grep -q "^  ok    head.bias " <<<"$out" || fail "head.bias should still pass"
+grep -q "tessera plugin check: failed: head.weight: the analytic gradient" <<<"$out" ||
   fail "the last line does not name head.weight"
 echo "plugin check: the scaffold passes, the broken backward fails naming head.weight"
