@@ -20,7 +20,7 @@ in memory and writes them to --metrics (the metrics.jsonl format tessera
 writes) for the harness to read. Prints one JSON line (the run's
 description and its whole-window rate).
 """
-import argparse, glob, gzip, json, math, os, struct, sys, time
+import argparse, glob, gzip, json, os, struct, sys, time
 
 import numpy as np
 import torch

@@ -9,7 +9,6 @@ and env-before.json / env-after.json. Exits 1 when a figure is refused
 (its row says why).
 """
 import datetime
-import json
 import os
 import re
 import sys
