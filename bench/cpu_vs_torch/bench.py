@@ -22,7 +22,8 @@ come from a probe run of the same layout. A figure whose spread exceeds 10%
 is marked noisy; a negative or zero rate stops the bench.
 
 Writes bench/results/cpu_vs_torch-DATE.md (--out) and the raw samples
-beside it (.json); scratch (runs, the fortune shards, a PyTorch venv when
+beside it (.json; --from-json RAW writes the result file again from them,
+with --notes FILE appended); scratch (runs, the fortune shards, a PyTorch venv when
 no Python here imports torch, inductor's cache) under $TESSERA_BENCH_SCRATCH,
 else ${TMPDIR:-/tmp}/tessera-bench. PyTorch: --python, else $TORCH_PYTHON,
 else python3 when it imports torch, else that venv, filled from PyPI.
@@ -33,6 +34,7 @@ import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
@@ -227,7 +229,23 @@ def main():
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--out", default=os.path.join(
         ROOT, "bench", "results", f"cpu_vs_torch-{datetime.date.today().isoformat()}.md"))
+    p.add_argument("--notes", default=None, help="a markdown file appended to the result")
+    p.add_argument("--from-json", default=None, metavar="RAW",
+                   help="no runs: the result file again from a run's .json (its raw samples)")
     a = p.parse_args()
+    sys.path.insert(0, HERE)
+    import report
+    if a.from_json:
+        with open(a.from_json) as f:
+            raw = json.load(f)
+        ra, samples, figs = report.from_raw(raw)
+        ra.notes = a.notes or ra.notes
+        b = SimpleNamespace(samples=samples, name=Bench.name)
+        text = report.markdown(ra, b, figs, raw["before"], raw["after"], WORKLOADS)
+        with open(a.out, "w") as f:
+            f.write(text)
+        print(text)
+        return
     if not os.access(a.bin, os.X_OK):
         sys.exit(f"bench/cpu_vs_torch: no tessera binary at {a.bin} (tools/build, or --bin)")
     if a.cores < 2:
@@ -250,8 +268,6 @@ def main():
     except BenchError as e:
         sys.exit(f"bench/cpu_vs_torch: {e}")
     after = machine.snapshot(a.bin)
-    sys.path.insert(0, HERE)
-    import report
     text = report.markdown(a, b, figs, before, after, WORKLOADS)
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:

@@ -2,7 +2,9 @@
 tests/bench/test_bench_reports.py feeds it made-up figures)."""
 import datetime
 import os
+import re
 import sys
+from types import SimpleNamespace
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import harness  # noqa: E402
@@ -25,6 +27,28 @@ def torch_label(key):
 def best(figs, w, impls):
     keys = [k for k in figs if k[0] == w and k[1].removesuffix(PASSIVE) in impls]
     return max(keys, key=lambda k: figs[k].median) if keys else None
+
+
+NAME = re.compile(r"^(\w+)-(tessera|eager|compile)(-passive)?(?:-s(\d))?-(\d+)x(\d+)$")
+
+
+def from_raw(raw):
+    """(a, b, figs) again from a result's .json (bench.py --from-json)."""
+    figs, samples = {}, {}
+    for name, j in raw["figures"].items():
+        m = NAME.match(name)
+        if not m:
+            raise ValueError(f"{name}: not a configuration name")
+        impl = m.group(2) + (m.group(3) or "")
+        stage = int(m.group(4)) if m.group(4) is not None else None
+        key = (m.group(1), impl, int(m.group(5)), int(m.group(6)), stage)
+        figs[key] = harness.figure([harness.Sample(x["rate"], x["seconds"], x["steps"],
+                                                   x.get("source", "")) for x in j["samples"]])
+        samples[key] = [(None, load) for load in j.get("loads", [])]
+    args = raw["args"]
+    a = SimpleNamespace(cores=args["cores"], reps=args["reps"], seconds=args["seconds"],
+                        notes=args.get("notes"))
+    return a, samples, figs
 
 
 def markdown(a, b, figs, before, after, workloads):
@@ -53,14 +77,15 @@ def markdown(a, b, figs, before, after, workloads):
         for k in sorted((k for k in figs if k[0] == w and k[1] == "tessera"),
                         key=lambda k: (k[2], k[4])):
             f = figs[k]
-            cells = []
+            cells, said = [], set()
             for ref in (be, ba):
                 if ref is None:
                     cells.append("not measured")
                     continue
                 r = harness.ratio(f, figs[ref])
                 cells.append(f"{harness.fmt_ratio(r)} against {torch_label(ref)}")
-                if r.value < 1.0:
+                if r.value < 1.0 and ref not in said:
+                    said.add(ref)
                     below.append(f"{spec['label'].split(',')[0]} tessera stage {k[4]} "
                                  f"{layout(k)}: {r.value:.2f}x {torch_label(ref)}")
             out.append(f"| stage {k[4]}, {layout(k)} | {harness.fmt_figure(f)} | "
@@ -112,4 +137,8 @@ def markdown(a, b, figs, before, after, workloads):
             "PyTorch interleaved); raw samples, with the load at each run's start, in the .json "
             "beside this file.", ""]
     out += machine.markdown(before, after)
+    notes = getattr(a, "notes", None)
+    if notes:
+        with open(notes) as f:
+            out += ["", "## Notes from the run", "", f.read().strip()]
     return "\n".join(out) + "\n"

@@ -178,6 +178,8 @@ class CpuVsTorchReport(unittest.TestCase):
                 ("mlp", "compile", 1, 2, None): f([90.0, 91.0, 92.0]),
                 ("mlp", "compile", 2, 1, None): f([30.0, 31.0, 32.0]),
                 ("mlp", "eager-passive", 1, 2, None): f([70.0, 71.0, 72.0])}
+        figs = {k: harness.figure([harness.Sample(r, 6.0, 100) for r in (v.lo, v.median, v.hi)])
+                for k, v in figs.items()}
         b = SimpleNamespace(samples={k: [(None, 1.5), (None, 3.2)] for k in figs},
                             name=bench.Bench.name)
         a = SimpleNamespace(cores=2, reps=3, seconds=7.0)
@@ -196,6 +198,14 @@ class CpuVsTorchReport(unittest.TestCase):
         self.assertIn("| PyTorch torch.compile, 1 x 2 | 91.0 (90.0-92.0) | best of all |", text)
         self.assertIn("| PyTorch eager, 1 x 2, OMP_WAIT_POLICY=PASSIVE | 71.0 (70.0-72.0) |  |", text)
         self.assertIn("## Environment", text)
+        # The result file again from the raw samples (bench.py --from-json).
+        raw = {"args": {"cores": 2, "reps": 3, "seconds": 7.0},
+               "figures": {bench.Bench.name(k): dict(f.as_json(), loads=[1.5, 3.2])
+                           for k, f in figs.items()}}
+        ra, samples, again = report.from_raw(json.loads(json.dumps(raw)))
+        self.assertEqual(set(again), set(figs))
+        b2 = SimpleNamespace(samples=samples, name=bench.Bench.name)
+        self.assertEqual(report.markdown(ra, b2, again, env, env, bench.WORKLOADS), text)
 
 
 class Scripts(unittest.TestCase):
