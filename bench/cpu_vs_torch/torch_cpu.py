@@ -1,7 +1,7 @@
 """The PyTorch anchor of bench/cpu_vs_torch, on the CPU.
 
-  python3 torch_cpu.py mlp  --ranks 1 --threads 2 --steps 400
-  python3 torch_cpu.py gpt2 --ranks 2 --threads 1 --steps 60 --data 'data/fortunes/fortunes_train_*.bin'
+  python3 torch_cpu.py mlp  --ranks 1 --threads 2 --seconds 7 --metrics M.jsonl
+  python3 torch_cpu.py gpt2 --ranks 2 --threads 1 --compile --data 'FORTUNES/fortunes_train_*.bin'
 
 mlp:  784-256-128-10 ReLU, global batch 128 (micro 128 / ranks), AdamW lr 1e-3,
       Fashion-MNIST from /usr/share/datasets (pixels / 255), shuffled.
@@ -10,10 +10,17 @@ gpt2: 4 layers, 4 heads, width 128, context 128, vocab 256 (the
       weight decay 0.1), random windows of a llm.c token shard.
 
 More than one rank: torch.multiprocessing, DistributedDataParallel over the
-gloo backend, each rank with --threads threads. The timed part excludes the
-first --warmup steps. Prints one JSON line: samples/s (and tokens/s).
+gloo backend, each rank with --threads threads. --compile: torch.compile of
+the model (of the DDP module at more than one rank; inductor's C++ backend).
+
+Timing (bench/lib/harness.py's run_steady): --warmup steps, --probe steps
+to time a step, then enough steps for --seconds (rank 0's count, broadcast
+to every rank before the timed steps). Rank 0 keeps each step's timestamp
+in memory and writes them to --metrics (the metrics.jsonl format tessera
+writes) for the harness to read. Prints one JSON line (the run's
+description and its whole-window rate).
 """
-import argparse, glob, gzip, json, math, os, struct, sys, time
+import argparse, glob, gzip, json, os, struct, sys, time
 
 import numpy as np
 import torch
@@ -25,6 +32,9 @@ import torch.nn.functional as F
 # The GPT-2 of the GPU benchmark's anchor, at gpt2-tiny-cpu's size here.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gpt2_gpu"))
 from torch_gpt2 import GPT  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import harness  # noqa: E402
 
 
 def read_idx(path):
@@ -93,34 +103,44 @@ def worker(rank, a, world, port, out):
         dist.init_process_group("gloo", rank=rank, world_size=world)
     model, opt, batch, micro, T = make_job(a, rank, world)
     net = nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    if a.compile:
+        net = torch.compile(net)
     if a.workload == "mlp":
         loss_of = lambda b: F.cross_entropy(net(b[0]), b[1])
     else:
         loss_of = lambda b: net(b[0], b[1])
 
-    def step():
+    def step(_):
         loss = loss_of(batch())
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         return loss.item()  # logged every step, as a training loop does
 
-    for _ in range(a.warmup):
-        step()
-    if world > 1:
-        dist.barrier()
+    def agree(n):  # rank 0's step count on every rank
+        if world == 1:
+            return n
+        t = torch.tensor([n], dtype=torch.int64)
+        dist.broadcast(t, 0)
+        return int(t.item())
+
+    clock = harness.StepClock()
     t0 = time.perf_counter()
-    for _ in range(a.steps):
-        loss = step()
+    loss = harness.run_steady(step, clock, a.warmup, a.seconds, agree, a.probe)
     if world > 1:
         dist.barrier()
-    dt = time.perf_counter() - t0
     if rank == 0:
-        samples = a.steps * micro * world
-        out.put({"impl": "pytorch", "torch": torch.__version__, "workload": a.workload,
-                 "ranks": world, "threads_per_rank": a.threads, "steps": a.steps,
-                 "seconds": dt, "samples_per_s": samples / dt,
-                 "tokens_per_s": samples * T / dt if a.workload == "gpt2" else None,
+        if a.metrics:
+            clock.write(a.metrics)
+        first = next(p for p in clock.points if p[0] >= a.warmup)
+        last = clock.points[-1]
+        dt = last[1] - first[1]
+        samples = (last[0] - first[0]) * micro * world
+        out.put({"impl": "pytorch" + (" torch.compile" if a.compile else ""),
+                 "torch": torch.__version__, "workload": a.workload, "ranks": world,
+                 "threads_per_rank": a.threads, "steps": last[0], "window_s": dt,
+                 "samples_per_s": samples / dt, "samples_per_step": micro * world,
+                 "tokens_per_sample": T, "wall_s": time.perf_counter() - t0,
                  "last_loss": loss})
     if world > 1:
         dist.destroy_process_group()
@@ -131,8 +151,11 @@ def main():
     p.add_argument("workload", choices=["mlp", "gpt2"])
     p.add_argument("--ranks", type=int, default=1)
     p.add_argument("--threads", type=int, default=1, help="threads per rank")
-    p.add_argument("--steps", type=int, default=300, help="timed steps")
-    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--seconds", type=float, default=7.0, help="the timed window, seconds")
+    p.add_argument("--warmup", type=int, default=20, help="steps before the timed window")
+    p.add_argument("--probe", type=int, default=10, help="steps that time a step (in the window)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--metrics", default="", help="write the steps' timestamps here (rank 0)")
     p.add_argument("--images", default="/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")
     p.add_argument("--labels", default="/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz")
     p.add_argument("--data", default="data/fortunes/fortunes_train_*.bin")

@@ -1,12 +1,26 @@
 """The PyTorch anchor of bench/gpt2_gpu: GPT-2 124M (12 layers, 12 heads,
 width 768, context 1024, vocab 50304), batch 16, bf16 autocast, SDPA flash
-attention, fused AdamW, torch.compile. Prints one JSON line: tokens/s over
-the timed steps and the peak memory.
+attention, fused AdamW, torch.compile, gradient clipping 1.0.
+
+  python3 torch_gpt2.py --seconds S --metrics M.jsonl
+
+Timing (bench/lib/harness.py's run_steady): --warmup steps (compilation
+included), a probe of --probe steps, then steps for --seconds, the loss
+read every step; each step's timestamp is kept in memory and written to
+--metrics. Prints one JSON line (tokens/s over the whole window, the peak
+memory). The GPT class is also bench/cpu_vs_torch's model.
 """
-import json, sys, time
+import argparse
+import json
+import os
+import sys
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import harness  # noqa: E402
 
 class Block(nn.Module):
     def __init__(s, C, H):
@@ -39,7 +53,12 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1))
 
 def main():
-    steps = int(sys.argv[1]) if len(sys.argv) > 1 else 30
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seconds", type=float, default=21.0, help="the timed steady state")
+    p.add_argument("--warmup", type=int, default=8, help="steps before it (compilation)")
+    p.add_argument("--probe", type=int, default=10, help="steps that time a step")
+    p.add_argument("--metrics", default="", help="write each step's timestamp here")
+    a = p.parse_args()
     torch.manual_seed(0)
     torch.backends.cuda.matmul.allow_tf32 = True
     model = GPT().cuda()
@@ -57,20 +76,19 @@ def main():
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return loss
+        return loss.item()
 
-    for i in range(8):
-        step(i).item()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    t0 = time.perf_counter()
-    for i in range(steps):
-        step(i).item()
-    torch.cuda.synchronize()
-    dt = time.perf_counter() - t0
-    print(json.dumps({"impl": "pytorch-compile", "torch": torch.__version__,
-                      "tokens_per_s": steps * B * T / dt, "ms_per_step": dt / steps * 1e3,
+    clock = harness.StepClock()
+    harness.run_steady(step, clock, a.warmup, a.seconds, probe_steps=a.probe)
+    if a.metrics:
+        clock.write(a.metrics)
+    first = next(q for q in clock.points if q[0] >= a.warmup)
+    dt = clock.points[-1][1] - first[1]
+    print(json.dumps({"impl": "pytorch-compile", "torch": torch.__version__, "warmup": a.warmup,
+                      "tokens_per_step": B * T, "steps": clock.points[-1][0], "window_s": dt,
+                      "tokens_per_s": (clock.points[-1][0] - first[0]) * B * T / dt,
                       "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30}))
+
 
 if __name__ == "__main__":
     main()

@@ -17,9 +17,12 @@
 //     threads with trivial math (p += g, m += g, v += g * g, copy = top half
 //     of p), vectorised like the step, once with non-temporal stores of the
 //     copy and once with plain ones; the faster is the ceiling.
-// Each figure is the median over REPS windows (default 5) of STEPS steps
-// each (default 2), after one warm-up window; tessera and the ceiling
-// alternate window by window. Prints one JSON line.
+// Each figure is the median over REPS windows (default 5, at least 3) of
+// STEPS steps each, after one warm-up window; tessera and the ceiling
+// alternate window by window. STEPS 0 (the default): as many steps as fill
+// WINDOW_S seconds (default 5.5; bench/lib/harness.py refuses windows under
+// 5 s), timed from the warm-up window. Prints one JSON line: the medians,
+// and each window's rate and length (ours_rates, ours_windows_s, ...).
 #include <dlfcn.h>
 #include <immintrin.h>
 #include <pthread.h>
@@ -30,6 +33,7 @@
 #include <algorithm>
 #include <barrier>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -229,14 +233,15 @@ double median(std::vector<double> x) {
 
 int main(int argc, char **argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: step_bench PLUGIN_DIR PARAMS THREADS [REPS] [STEPS]\n");
+    std::fprintf(stderr, "usage: step_bench PLUGIN_DIR PARAMS THREADS [REPS] [STEPS] [WINDOW_S]\n");
     return 2;
   }
   const std::string dir = argv[1];
   const size_t n = static_cast<size_t>(std::atof(argv[2]));
   const size_t threads = static_cast<size_t>(std::atoi(argv[3]));
   const int reps = argc > 4 ? std::max(3, std::atoi(argv[4])) : 5;
-  const int steps = argc > 5 ? std::max(1, std::atoi(argv[5])) : 2;
+  int steps = argc > 5 ? std::max(0, std::atoi(argv[5])) : 0;
+  const double window_s = argc > 6 ? std::atof(argv[6]) : 5.5;
   const std::string kernel = std::getenv("KERNEL") ? std::getenv("KERNEL") : "auto";
   // What "auto" picks: the plugin's rule (the widest this CPU runs).
   __builtin_cpu_init();
@@ -323,13 +328,13 @@ int main(int argc, char **argv) {
     a.compute_dtype = DLDataType{kDLBfloat, 16, 1};
     if (adam->step(opt, &a) != TSR_OK) std::abort();
   };
-  auto window = [&](auto &&job) {
+  auto window = [&](auto &&job, int k_steps) {
     double s = 0;
-    for (int k = 0; k < steps; ++k) {
+    for (int k = 0; k < k_steps; ++k) {
       ++t_step;
       s += team.run(job);
     }
-    return s / steps;
+    return s / k_steps;
   };
   const std::function<void(size_t)> ours = adam_job;
   const std::function<void(size_t)> nt = [&](size_t t) {
@@ -339,13 +344,15 @@ int main(int argc, char **argv) {
     rmw<false>(p + lo(t), g + lo(t), m + lo(t), v + lo(t), out + lo(t), lo(t + 1) - lo(t));
   };
   std::vector<double> t_ours, t_nt, t_plain;
-  window(ours);  // warm-up
-  window(nt);
-  window(plain);
+  // Warm-up, which also times a step for STEPS 0: the fastest of the three
+  // sets the count, so every window is at least WINDOW_S long.
+  const double w_ours = window(ours, 1), w_nt = window(nt, 1), w_plain = window(plain, 1);
+  const double fastest = std::min({w_ours, w_nt, w_plain});
+  if (steps == 0) steps = std::max(1, static_cast<int>(std::ceil(window_s / fastest)));
   for (int r = 0; r < reps; ++r) {
-    t_ours.push_back(window(ours));
-    t_nt.push_back(window(nt));
-    t_plain.push_back(window(plain));
+    t_ours.push_back(window(ours, steps));
+    t_nt.push_back(window(nt, steps));
+    t_plain.push_back(window(plain, steps));
   }
   adam->destroy(opt);
 
@@ -361,14 +368,28 @@ int main(int argc, char **argv) {
 #endif
   std::string cpu_list;
   for (int c : cpus) cpu_list += (cpu_list.empty() ? "" : ",") + std::to_string(c);
+  // Each window's rate (params/s) and length (s), as JSON arrays.
+  auto rates = [&](const std::vector<double> &t, bool seconds) {
+    std::string a = "[";
+    char buf[32];
+    for (size_t i = 0; i < t.size(); ++i) {
+      std::snprintf(buf, sizeof buf, "%s%.6g", i ? ", " : "", seconds ? t[i] * steps : n / t[i]);
+      a += buf;
+    }
+    return a + "]";
+  };
   std::printf(
       "{\"params\": %zu, \"threads\": %zu, \"cpus\": \"%s\", \"kernel\": \"%s\", "
       "\"ceiling_isa\": \"%s\", \"reps\": %d, \"steps\": %d, \"step_s\": %.5f, "
       "\"params_per_s\": %.5g, \"GBps\": %.2f, \"ceiling_step_s\": %.5f, "
       "\"ceiling_params_per_s\": %.5g, \"ceiling_GBps\": %.2f, \"ceiling_nt_GBps\": %.2f, "
-      "\"ceiling_plain_GBps\": %.2f, \"pct_of_ceiling\": %.1f}\n",
+      "\"ceiling_plain_GBps\": %.2f, \"pct_of_ceiling\": %.1f, \"ours_rates\": %s, "
+      "\"ours_windows_s\": %s, \"ceiling_nt_rates\": %s, \"ceiling_nt_windows_s\": %s, "
+      "\"ceiling_plain_rates\": %s, \"ceiling_plain_windows_s\": %s}\n",
       n, threads, cpu_list.c_str(), picked.c_str(), isa, reps, steps, s_ours, n / s_ours,
       n * 28.0 / s_ours / 1e9, s_ceil, n / s_ceil, n * 28.0 / s_ceil / 1e9, n * 28.0 / s_nt / 1e9,
-      n * 28.0 / s_plain / 1e9, 100.0 * s_ceil / s_ours);
+      n * 28.0 / s_plain / 1e9, 100.0 * s_ceil / s_ours, rates(t_ours, false).c_str(),
+      rates(t_ours, true).c_str(), rates(t_nt, false).c_str(), rates(t_nt, true).c_str(),
+      rates(t_plain, false).c_str(), rates(t_plain, true).c_str());
   return 0;
 }

@@ -1,34 +1,39 @@
-"""bench/offload_gpu's table, from the runs' metrics and the anchors' JSON lines.
+"""bench/offload_gpu's result file, from its scratch directory (bench/offload_gpu/run
+writes it; tests/bench feeds it made-up runs):
 
-report.py WORK WARMUP GPU CPU COMMIT TORCH_JSON DS_JSON ALONE_JSON RUN...
+  report.py --work WORK [--warmup W] [--windows K] [--commit C] RUN...
+
+WORK holds, per tessera RUN (none, cpu, cpu_auto): RUN/metrics.jsonl (one
+line per step, with log.breakdown), RUN/summary.json, RUN.log; the
+anchors' anchor-fsdp2.json / anchor-deepspeed.json with
+anchor-*/metrics.jsonl; alone.json (step_bench's line); env-before.json
+and env-after.json. Each figure: the median (min-max) of K consecutive
+windows of a run's steady state (bench/lib/harness.py). Exits 1 when a
+figure is refused (its row says why).
 """
+import argparse
 import datetime
 import json
 import os
 import statistics
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import harness  # noqa: E402
+import machine  # noqa: E402
+from harness import BenchError  # noqa: E402
 
-def per_step_rates(run_dir, warmup):
-    """tokens/s of each step after `warmup`, from consecutive metrics lines."""
-    lines = []
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        for raw in f:
-            j = json.loads(raw)
-            if "elapsed_s" in j and "step" in j and "loss" in j:
-                lines.append(j)
-    rates, parts = [], []
-    for a, b in zip(lines, lines[1:]):
-        if b["step"] <= warmup or b["step"] != a["step"] + 1:
-            continue
-        dt = b["elapsed_s"] - a["elapsed_s"]
-        if dt <= 0:
-            raise SystemExit(f"{run_dir}: step {b['step']} took {dt} s: not a rate")
-        rates.append(4 * 1024 / dt)
-        parts.append(b.get("breakdown", {}))
-    if not rates:
-        raise SystemExit(f"{run_dir}: no steps after the {warmup} warm-up steps")
-    return rates, parts
+TOKENS = 1024  # per sample
+
+
+def breakdowns(metrics, warmup):
+    """Each logged step's log.breakdown after the warm-up."""
+    out = []
+    for raw in open(metrics):
+        j = json.loads(raw)
+        if j.get("type", "train") == "train" and j.get("step", 0) > warmup and "breakdown" in j:
+            out.append(j["breakdown"])
+    return out
 
 
 def mean_part(parts, *keys):
@@ -42,75 +47,122 @@ def mean_part(parts, *keys):
     return statistics.mean(vals) if vals else float("nan")
 
 
-def main():
-    work, warmup, gpu, cpu, commit = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
-    torch_j, ds_j, alone = (json.loads(x or "{}") for x in sys.argv[6:9])
-    runs = sys.argv[9:]
-    fsdp = torch_j.get("torch_fsdp2_cpuoffload", {})
-    ref = fsdp.get("tokens_per_s")
-    ds_ref = ds_j.get("tokens_per_s")
-    print(f"# bench/offload_gpu — {datetime.date.today()}\n")
-    print(f"Hardware: {gpu}; {cpu}. Commit {commit}. GPT-2 1.5B (48 x 1600), batch 4 x 1024, bf16, "
-          "AdamW, one GPU, ZeRO stage 1 at one rank.\n")
-    print("| system | tokens/s, median (min-max) | vs FSDP2 | vs DeepSpeed | GPU peak | wall - training (start-up, final eval) |")
-    print("|---|---|---|---|---|---|")
-    rows = {}
-    for name in runs:
-        d = os.path.join(work, name)
-        try:
-            rates, parts = per_step_rates(d, warmup)
-            summary = json.load(open(os.path.join(d, "summary.json")))
-        except (OSError, SystemExit, ValueError) as e:
-            print(f"| tessera {name} | failed: {e} | | | | |")
+def load_json(path):
+    try:
+        text = open(path).read().strip()
+        return json.loads(text.splitlines()[-1]) if text else {}
+    except (OSError, ValueError, IndexError):
+        return {}
+
+
+def vs(a, b):
+    return harness.fmt_ratio(harness.ratio(a, b)) if a and b else "-"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--work", required=True)
+    p.add_argument("--warmup", type=int, default=4)
+    p.add_argument("--windows", type=int, default=harness.MIN_REPS)
+    p.add_argument("--commit", default="")
+    p.add_argument("runs", nargs="*")
+    a = p.parse_args(argv)
+    w, refused = a.work, []
+    anchors = {}
+    for name in ("fsdp2", "deepspeed"):
+        j = load_json(os.path.join(w, f"anchor-{name}.json"))
+        if not j:
             continue
-        med = statistics.median(rates)
-        spread = (max(rates) - min(rates)) / med
-        rows[name] = (med, parts)
-        vs = f"{med / ref:.2f}x" if ref else "-"
-        vs_ds = f"{med / ds_ref:.2f}x" if ds_ref else "-"
-        noisy = " (noisy)" if spread > 0.10 else ""
+        try:
+            f = harness.figure_of_runs([os.path.join(w, f"anchor-{name}", "metrics.jsonl")],
+                                       j["tokens_per_step"] / TOKENS, j.get("warmup", 3),
+                                       windows=a.windows)
+            anchors[name] = (f, j)
+        except BenchError as e:
+            refused.append(f"{j.get('impl', name)}: {e}")
+    fsdp = anchors.get("fsdp2", (None, {}))[0]
+    ds = anchors.get("deepspeed", (None, {}))[0]
+    out = [f"# bench/offload_gpu — {datetime.date.today().isoformat()}", "",
+           f"GPT-2 1.5B (48 x 1600), batch 4 x 1024, bf16, AdamW, one GPU, ZeRO stage 1 at one "
+           f"rank; commit {a.commit or '?'}. Tokens/s, each figure the median (min-max) of "
+           f"{a.windows} consecutive steady-state windows (at least {harness.MIN_WINDOW_S:g} s "
+           f"each) of one run after {a.warmup} warm-up steps, from the steps' own timestamps "
+           f"(bench/lib/harness.py); noisy past {100 * harness.NOISY_SPREAD:.0f}% spread; "
+           "ratios median over median, with the range the spreads allow.", "",
+           "| system | tokens/s | vs FSDP2 | vs DeepSpeed | GPU peak | wall - training (start-up, final eval) |",
+           "|---|---|---|---|---|---|"]
+    rows = {}
+    for name in a.runs:
+        d = os.path.join(w, name)
+        try:
+            f = harness.figure_of_runs([os.path.join(d, "metrics.jsonl")], None, a.warmup,
+                                       windows=a.windows)
+            summary = harness.load_json(os.path.join(d, "summary.json"))
+        except (OSError, ValueError) as e:
+            out.append(f"| tessera offload {name} | failed: {e} | | | | |")
+            refused.append(f"tessera {name}: {e}")
+            continue
+        except BenchError as e:
+            out.append(f"| tessera offload {name} | refused (below) | | | | |")
+            refused.append(f"tessera {name}: {e}")
+            continue
+        rows[name] = (f, breakdowns(os.path.join(d, "metrics.jsonl"), a.warmup))
         start = summary.get("wall_s", 0) - summary.get("train_s", 0)
-        print(f"| tessera offload {name} | {med:,.0f} ({min(rates):,.0f}-{max(rates):,.0f}){noisy} | {vs} | "
-              f"{vs_ds} | {summary['peak_memory_bytes'] / 2**30:.2f} GiB (engine allocations) | {start:.1f} s |")
-    if fsdp:
-        print(f"| PyTorch FSDP2 + CPUOffloadPolicy | {ref:,.0f} | 1.00x | "
-              f"{ref / ds_ref:.2f}x |" if ds_ref else f"| PyTorch FSDP2 + CPUOffloadPolicy | {ref:,.0f} | 1.00x | - |",
-              f"{fsdp.get('peak_gpu_GiB', float('nan')):.2f} GiB | |")
-    else:
-        print("| PyTorch FSDP2 + CPUOffloadPolicy | not run (no anchor scripts or it failed) | | | | |")
-    if ds_ref:
-        print(f"| DeepSpeed ZeRO-2 + offload_optimizer cpu ({ds_j.get('impl', '')}) | {ds_ref:,.0f} | "
-              f"{ds_ref / ref:.2f}x |" if ref else f"| DeepSpeed ZeRO-2 offload | {ds_ref:,.0f} | - |",
-              f"1.00x | {ds_j.get('peak_gpu_GiB', float('nan')):.2f} GiB | |")
-    else:
-        print("| DeepSpeed ZeRO-2 + offload_optimizer cpu | not run (DeepSpeed not importable or failed) | | | | |")
-    print()
+        out.append(f"| tessera offload {name} | {harness.fmt_figure(f, TOKENS)} | {vs(f, fsdp)} | "
+                   f"{vs(f, ds)} | {summary['peak_memory_bytes'] / 2**30:.2f} GiB (engine "
+                   f"allocations) | {start:.1f} s |")
+    for name, label, other in (("fsdp2", "PyTorch FSDP2 + CPUOffloadPolicy", ds),
+                               ("deepspeed", "DeepSpeed ZeRO-2 + offload_optimizer cpu", fsdp)):
+        if name not in anchors:
+            out.append(f"| {label} | not run or failed (anchor-{name}.err) | | | | |")
+            continue
+        f, j = anchors[name]
+        cells = ("1.00x", vs(f, other)) if name == "fsdp2" else (vs(f, other), "1.00x")
+        out.append(f"| {j.get('impl', label)} | {harness.fmt_figure(f, TOKENS)} | {cells[0]} | "
+                   f"{cells[1]} | {j.get('peak_gpu_GiB', float('nan')):.2f} GiB | |")
+    out.append("")
+    for e in refused:
+        out.append(f"- refused: {e}")
+    if refused:
+        out.append("")
+    alone = load_json(os.path.join(w, "alone.json"))
     if "cpu" in rows:
-        med, parts = rows["cpu"]
-        step_ms = 4 * 1024 / med * 1e3
+        f, parts = rows["cpu"]
+        step_ms = 4 / f.median * 1e3  # f: samples/s, 4 samples a step
         fwd_none = mean_part(rows["none"][1], "forward") * 1e3 if "none" in rows else float("nan")
-        print("Offloaded step (offload cpu, ratio 0), ms per step, from log.breakdown: "
-              f"step {step_ms:.0f}; forward {mean_part(parts, 'forward') * 1e3:.0f} (of which waiting for "
-              f"the CPU step {mean_part(parts, 'offload', 'wait') * 1e3:.0f}), backward "
-              f"{mean_part(parts, 'backward') * 1e3:.0f}, optimizer {mean_part(parts, 'optimizer') * 1e3:.0f}; "
-              f"beside it: d2h {mean_part(parts, 'offload', 'd2h') * 1e3:.0f}, CPU step "
-              f"{mean_part(parts, 'offload', 'cpu_step') * 1e3:.0f}, h2d {mean_part(parts, 'offload', 'h2d') * 1e3:.0f}.")
+        out.append("Offloaded step (offload cpu, ratio 0), ms per step at the median, from "
+                   f"log.breakdown: step {step_ms:.0f}; forward {mean_part(parts, 'forward') * 1e3:.0f} "
+                   f"(of which waiting for the CPU step {mean_part(parts, 'offload', 'wait') * 1e3:.0f}), "
+                   f"backward {mean_part(parts, 'backward') * 1e3:.0f}, optimizer "
+                   f"{mean_part(parts, 'optimizer') * 1e3:.0f}; beside it: d2h "
+                   f"{mean_part(parts, 'offload', 'd2h') * 1e3:.0f}, CPU step "
+                   f"{mean_part(parts, 'offload', 'cpu_step') * 1e3:.0f}, h2d "
+                   f"{mean_part(parts, 'offload', 'h2d') * 1e3:.0f}.")
         if alone.get("step_s"):
             bound = alone["step_s"] * 1e3 + fwd_none
-            print(f"\nThe CPU step alone over {alone.get('params', 0):.3g} elements on {alone.get('threads')} threads: "
-                  f"{alone['step_s'] * 1e3:.0f} ms; the GPU's forward (offload none): {fwd_none:.0f} ms; "
-                  f"the offloaded step / (their sum) = {step_ms / bound:.2f} (target <= 1.15).")
-            print(f"\nCPU AdamW alone (step_bench, {alone.get('kernel')} kernel): {alone.get('params_per_s', 0):.3g} "
-                  f"params/s, {alone.get('GBps', 0):.0f} GB/s at 28 B/param; the read-modify-write ceiling on the same "
-                  f"threads {alone.get('ceiling_GBps', 0):.0f} GB/s: {alone.get('pct_of_ceiling', 0):.0f}% of it.")
-        print()
-    for name in runs:
-        log = os.path.join(work, name + ".log")
+            out += ["", f"The CPU step alone over {alone.get('params', 0):.3g} elements on "
+                    f"{alone.get('threads')} threads (step_bench, median of its windows): "
+                    f"{alone['step_s'] * 1e3:.0f} ms; the GPU's forward (offload none): "
+                    f"{fwd_none:.0f} ms; the offloaded step / (their sum) = {step_ms / bound:.2f} "
+                    "(target <= 1.15).", "",
+                    f"CPU AdamW alone ({alone.get('kernel')} kernel): "
+                    f"{alone.get('params_per_s', 0):.3g} params/s, {alone.get('GBps', 0):.0f} GB/s "
+                    f"at 28 B/param; the read-modify-write ceiling on the same threads "
+                    f"{alone.get('ceiling_GBps', 0):.0f} GB/s: {alone.get('pct_of_ceiling', 0):.0f}% "
+                    "of it."]
+        out.append("")
+    for name in a.runs:
+        log = os.path.join(w, name + ".log")
         if os.path.exists(log):
             for line in open(log):
                 if "offload cpu (rank 0)" in line or "ratio = \"auto\"" in line:
-                    print(f"- {name}: {line.strip()}")
+                    out.append(f"- {name}: {line.strip()}")
+    before = load_json(os.path.join(w, "env-before.json"))
+    if before:
+        out += [""] + machine.markdown(before, load_json(os.path.join(w, "env-after.json")) or None)
+    print("\n".join(out))
+    return 1 if refused else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

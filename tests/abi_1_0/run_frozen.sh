@@ -9,10 +9,10 @@ tessera=$1 plugins=$2 config=$3 run=$4
 listing=$("$tessera" plugins --plugin-path "$plugins")
 for p in "dataset *frozen_blobs" "sampler *frozen_blocks" "model *frozen_linear" \
   "optimizer *frozen_sgd" "offload *frozen_host"; do
-  echo "$listing" | grep -q "^$p " || fail "not loaded: $p
+  grep -q "^$p " <<<"$listing" || fail "not loaded: $p
 $listing"
 done
-if echo "$listing" | grep -q "^refused"; then fail "refused: $listing"; fi
+if grep -q "^refused" <<<"$listing"; then fail "refused: $listing"; fi
 echo "all five ABI 1.0 plugins load"
 check_exports "${NM:-nm}" "$plugins"/*.so
 train_check "$tessera" "$config" "$run" --plugin-path "$plugins"

@@ -34,16 +34,16 @@ elsewhere=$(mktemp -d)
 trap 'rm -rf "$elsewhere"' EXIT
 listing=$(cd "$elsewhere" && env -u TESSERA_PLUGIN_PATH PATH="$prefix/bin:$PATH" tessera plugins)
 for p in mlp idx distributed sequential sgd adam stage0 stage3 none; do
-  echo "$listing" | grep -q " $p .*$prefix/lib/tessera/plugins/" ||
+  grep -q " $p .*$prefix/lib/tessera/plugins/" <<<"$listing" ||
     fail "the installed tessera, run from $elsewhere, does not list '$p' from $prefix/lib/tessera/plugins:
 $listing"
 done
-if echo "$listing" | grep -q "^refused"; then fail "refused plugins in a fresh install: $listing"; fi
+if grep -q "^refused" <<<"$listing"; then fail "refused plugins in a fresh install: $listing"; fi
 echo "the installed tessera finds its plugins from any directory"
 
 # tessera plugin new from the install names the prefix for find_package.
 out=$(cd "$elsewhere" && "$prefix/bin/tessera" plugin new optimizer probe)
-echo "$out" | grep -q -- "-DCMAKE_PREFIX_PATH=$prefix" ||
+grep -q -- "-DCMAKE_PREFIX_PATH=$prefix" <<<"$out" ||
   fail "tessera plugin new does not suggest -DCMAKE_PREFIX_PATH=$prefix: $out"
 
 # pkg-config, and a plugin built with it alone.
@@ -65,6 +65,7 @@ cc -std=c99 -pedantic -Wall -Wextra -Werror -O2 $cflags \
 # shellcheck disable=SC2046
 cc -o "$elsewhere/pc/liblion.so" "$elsewhere/pc/lion.o" $(pkg-config --variable=plugin_ldflags tessera)
 check_exports "${NM:-nm}" "$elsewhere/pc/liblion.so"
-"$prefix/bin/tessera" plugins show lion --plugin-path "$elsewhere/pc" | grep -q "^optimizer lion" ||
+shown=$("$prefix/bin/tessera" plugins show lion --plugin-path "$elsewhere/pc")
+grep -q "^optimizer lion" <<<"$shown" ||
   fail "the plugin built with pkg-config does not load"
 echo "pkg-config: a C plugin built with cc and pkg-config loads"

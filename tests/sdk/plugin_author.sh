@@ -57,7 +57,8 @@ export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
 build_pkg_config "$project" "$work/build-pc"
 for lib in "$work/build-cmake/libtsr_model_author.so" "$work/build-pc/libtsr_model_author.so"; do
   check_exports "${NM:-nm}" "$lib"
-  "$tessera" plugins show author --plugin-path "$(dirname "$lib")" | grep -q "^model author" ||
+  shown=$("$tessera" plugins show author --plugin-path "$(dirname "$lib")")
+  grep -q "^model author" <<<"$shown" ||
     fail "$lib does not load"
 done
 echo "built with find_package and with pkg-config; both load"
@@ -68,7 +69,7 @@ for line in "^  ok    head.weight .* relative error" "^  ok    head.bias " \
   "^  ok    struct sizes" "^  ok    groups .*1 declared, 1 read by forward" \
   "^  ok    grads_done .*once for each of 1 trainable groups" \
   "^  ok    forward .*deterministic" "^passed: 2 parameter tensors"; do
-  echo "$out" | grep -q "$line" || fail "no line matching '$line' in the scaffold's check"
+  grep -q "$line" <<<"$out" || fail "no line matching '$line' in the scaffold's check"
 done
 check "$project" "$work/build-pc" >/dev/null
 [ "$status" -eq 0 ] || fail "the pkg-config build fails the check (status $status): $out"
@@ -88,7 +89,7 @@ set -e
 want=$(grep -o '"eval_accuracy": *[0-9.e-]*' "$work/run2/summary.json" | cut -d: -f2 | tr -d ' ')
 [ -n "$want" ] || fail "the 2-rank run's summary.json has no eval_accuracy"
 want=$(awk -v a="$want" 'BEGIN { printf "%.4f", a }')
-echo "$out" | grep -q "^eval | loss .* | accuracy $want | 10000 samples" ||
+grep -q "^eval | loss .* | accuracy $want | 10000 samples" <<<"$out" ||
   fail "eval on config.toml does not report the run's accuracy $want: $out"
 echo "eval on the run's own config.toml: accuracy $want, as the run's summary says"
 
@@ -100,9 +101,9 @@ grep -q '&gw, 2.0f, 1.0f)' "$work/broken/author.cpp" ||
 build_cmake "$work/broken" "$work/build-broken"
 check "$work/broken" "$work/build-broken"
 [ "$status" -eq 1 ] || fail "the broken backward passes the check (status $status)"
-echo "$out" | grep -q "^  FAIL  head.weight " || fail "head.weight is not marked FAIL"
-echo "$out" | grep -q "^  ok    head.bias " || fail "head.bias should still pass"
-echo "$out" | grep -q "tessera plugin check: failed: head.weight: the analytic gradient" ||
+grep -q "^  FAIL  head.weight " <<<"$out" || fail "head.weight is not marked FAIL"
+grep -q "^  ok    head.bias " <<<"$out" || fail "head.bias should still pass"
+grep -q "tessera plugin check: failed: head.weight: the analytic gradient" <<<"$out" ||
   fail "the last line does not name head.weight"
 
 # And one that forgets to say its group is done: the convention is named,
@@ -115,9 +116,9 @@ perl -0pi -e 's/(backward_linear\(step, head, x\.get\(\), dz\.get\(\), nullptr\)
 build_cmake "$work/no_done" "$work/build-no_done"
 check "$work/no_done" "$work/build-no_done"
 [ "$status" -eq 1 ] || fail "a backward without grads_done passes the check (status $status)"
-echo "$out" | grep -q "^  FAIL  grads_done .*backward never calls grads_done for group 0" ||
+grep -q "^  FAIL  grads_done .*backward never calls grads_done for group 0" <<<"$out" ||
   fail "the missing grads_done is not named"
-echo "$out" | grep -q "tessera plugin check: failed: grads_done: .*call host->grads_done(step, 0)" ||
+grep -q "tessera plugin check: failed: grads_done: .*call host->grads_done(step, 0)" <<<"$out" ||
   fail "the last line does not say which call to add"
 
 echo "plugin author: new, built two ways, checked, trained on 1 and 2 ranks, evaluated from"

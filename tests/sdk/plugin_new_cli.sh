@@ -15,7 +15,7 @@ expect() {
   shift 2
   out=$("$@" 2>&1) || status=$?
   [ "$status" = "$want" ] || fail "$*: exit $status, expected $want: $out"
-  echo "$out" | grep -qE -- "$pattern" || fail "$*: output does not match '$pattern': $out"
+  grep -qE -- "$pattern" <<<"$out" || fail "$*: output does not match '$pattern': $out"
 }
 
 expect 0 "usage: tessera plugin new KIND NAME" "$tessera" plugin --help

@@ -52,8 +52,8 @@ check_exports "${NM:-nm}" "${libs[0]}"
 
 # It loads on the first try: listed, nothing refused.
 listing=$("$tessera" plugins --plugin-path "$build")
-echo "$listing" | grep -q "$build/" || fail "tessera does not list the plugin in $build: $listing"
-if echo "$listing" | grep -q "^refused"; then fail "refused: $listing"; fi
+grep -q "$build/" <<<"$listing" || fail "tessera does not list the plugin in $build: $listing"
+if grep -q "^refused" <<<"$listing"; then fail "refused: $listing"; fi
 
 train_check "$tessera" "$config" "$work/run" --plugin-path "$build" --set run.steps=20
 

@@ -1,0 +1,237 @@
+"""The benches' pure-Python parts on made-up runs: the GPU benches' reports
+(bench/mlp_gpu, gpt2_gpu, offload_gpu: they run only on the GPU host) and
+bench/cpu_vs_torch's result file, from fake metrics.jsonl files; and every
+bench script's `bash -n` and `--help`. No torch, no GPU, no tessera binary."""
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+from types import SimpleNamespace
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "bench", "lib"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+import machine  # noqa: E402
+from test_harness import write_metrics  # noqa: E402
+
+
+def steps(step_s, n, every=1, start=2.0, slow_from=None, slow=1.0):
+    """(step, elapsed) for n steps of step_s seconds after a start of `start`
+    s; from step slow_from on, each step takes `slow` times longer."""
+    pts, t = [], start
+    for s in range(1, n + 1):
+        t += step_s * (slow if slow_from and s >= slow_from else 1.0)
+        if s % every == 0 or s == n:
+            pts.append((s, t))
+    return pts
+
+
+class Reports(unittest.TestCase):
+    def setUp(self):
+        self.work = tempfile.mkdtemp(prefix="bench-reports-")
+        self.addCleanup(shutil.rmtree, self.work)
+        env = machine.snapshot(None, None)
+        for name in ("env-before.json", "env-after.json"):
+            with open(os.path.join(self.work, name), "w") as f:
+                json.dump(env, f)
+
+    def put(self, rel, obj):
+        path = os.path.join(self.work, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(json.dumps(obj) + "\n")
+
+    def report(self, bench, *args):
+        r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", bench, "report.py"), *args],
+                           capture_output=True, text=True)
+        self.assertEqual(r.stderr, "")
+        return r.returncode, r.stdout
+
+    def test_mlp_gpu(self):
+        for r in (1, 2, 3):  # 1.5 ms a step, 1024 samples: ~683K samples/s
+            write_metrics(os.path.join(self.work, f"tessera-r{r}", "metrics.jsonl"),
+                          steps(0.0015 * (1 + 0.01 * r), 5100, every=50),
+                          summary={"samples": 5100 * 1024, "steps": 5100,
+                                   "peak_memory_bytes": 900 * 2**20})
+        with open(os.path.join(self.work, "tessera-r1.log"), "w") as f:
+            f.write("tessera: device cuda:0 (NVIDIA H200)\nstep 1/2 | loss 1\n")
+        for mode, step_s in (("eager", 0.0026), ("compile", 0.002)):
+            write_metrics(os.path.join(self.work, f"torch-{mode}", "metrics.jsonl"),
+                          steps(step_s, 30 + int(21 / step_s)))
+            self.put(f"torch-{mode}.json", {"impl": f"pytorch {mode}", "torch": "2.11",
+                                            "sgd": "fused", "samples_per_step": 1024,
+                                            "warmup": 30, "peak_mem_gib": 1.05})
+        rc, out = self.report("mlp_gpu", self.work, "3")
+        self.assertEqual(rc, 0, out)
+        self.assertIn("| 669,281 (662,783-675,908) | 1.530 |", out)  # 1024 / 1.53 ms
+        self.assertIn("PyTorch torch.compile", out)
+        self.assertIn("max-autotune", out)  # not run: a row that says so
+        self.assertIn("not run or failed", out)
+        self.assertIn("Against PyTorch's best here (PyTorch torch.compile): 1.31x (1.29-1.32)", out)
+        self.assertIn("tessera: device cuda:0", out)
+        self.assertIn("## Environment", out)
+
+    def test_mlp_gpu_refuses_a_short_window(self):
+        for r in (1, 2, 3):
+            write_metrics(os.path.join(self.work, f"tessera-r{r}", "metrics.jsonl"),
+                          steps(0.0015, 1000, every=50),  # 1.35 s after the warm-up
+                          summary={"samples": 1024000, "steps": 1000, "peak_memory_bytes": 1})
+        rc, out = self.report("mlp_gpu", self.work, "3")
+        self.assertEqual(rc, 1)
+        self.assertIn("refused", out)
+        self.assertIn("shorter than 5 s", out)
+        self.assertNotIn("| tessera (data loader, bf16 compute, fused SGD) | 6", out)
+
+    def test_gpt2_gpu(self):
+        for r in (1, 2, 3):  # 40 ms a step of 16 x 1024 tokens: ~410K tokens/s
+            write_metrics(os.path.join(self.work, f"tessera-r{r}", "metrics.jsonl"),
+                          steps(0.040, 190), summary={"samples": 190 * 16, "steps": 190,
+                                                      "peak_memory_bytes": 8 * 2**30})
+        # PyTorch slows down in its last third: a noisy figure.
+        write_metrics(os.path.join(self.work, "torch", "metrics.jsonl"),
+                      steps(0.035, 8 + 600, slow_from=400, slow=1.3))
+        self.put("torch.json", {"torch": "2.11", "warmup": 8, "tokens_per_step": 16384,
+                                "peak_mem_gib": 8.45})
+        rc, out = self.report("gpt2_gpu", self.work, "3")
+        self.assertEqual(rc, 0, out)
+        self.assertIn("| tessera (configs/gpt2-124m.toml) | 409,600 (409,600-409,600) |", out)
+        self.assertIn("noisy", out)
+        self.assertIn("below", out)  # 0.88x: said so
+        self.assertIn("8.00 GiB", out)
+
+    def test_offload_gpu(self):
+        for name, step_s in (("none", 0.124), ("cpu", 0.454), ("cpu_auto", 0.124)):
+            n = 4 + int(22 / step_s)
+            pts = steps(step_s, n)
+            path = os.path.join(self.work, name, "metrics.jsonl")
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                for s, t in pts:
+                    f.write(json.dumps({"type": "train", "step": s, "loss": 3.0, "elapsed_s": t,
+                                        "breakdown": {"steps": 1, "forward": step_s * 0.8,
+                                                      "backward": step_s * 0.2,
+                                                      "offload": {"wait": 0.3, "cpu_step": 0.4,
+                                                                  "d2h": 0.06, "h2d": 0.07}}})
+                            + "\n")
+            self.put(f"{name}/summary.json", {"samples": n * 4, "steps": n, "wall_s": 60.0,
+                                              "train_s": 40.0, "peak_memory_bytes": 7 * 2**30})
+        write_metrics(os.path.join(self.work, "anchor-fsdp2", "metrics.jsonl"),
+                      steps(0.76, 3 + 30))
+        self.put("anchor-fsdp2.json", {"impl": "torch FSDP2", "warmup": 3,
+                                       "tokens_per_step": 4096, "peak_gpu_GiB": 13.2})
+        # DeepSpeed's windows are too short: refused, not a row.
+        write_metrics(os.path.join(self.work, "anchor-deepspeed", "metrics.jsonl"),
+                      steps(1.0, 3 + 9))
+        self.put("anchor-deepspeed.json", {"impl": "DeepSpeed 0.19.8", "warmup": 3,
+                                           "tokens_per_step": 4096, "peak_gpu_GiB": 14.9})
+        self.put("alone.json", {"step_s": 0.38, "params": 1.56e9, "threads": 16,
+                                "kernel": "avx512", "params_per_s": 4.1e9, "GBps": 115})
+        rc, out = self.report("offload_gpu", "--work", self.work, "--windows", "3",
+                              "--commit", "abc", "none", "cpu", "cpu_auto")
+        self.assertEqual(rc, 1, out)
+        self.assertIn("| tessera offload cpu | 9,022 (9,022-9,022) | 1.67x", out)
+        self.assertIn("refused: DeepSpeed 0.19.8", out)
+        self.assertIn("Offloaded step (offload cpu, ratio 0)", out)
+        self.assertIn("step 454", out)
+        self.assertIn("## Environment", out)
+
+
+    def test_offload_cpu(self):
+        def windows(rate, n=5, secs=5.6):
+            return [rate * (1 + 0.01 * i) for i in range(n)], [secs] * n
+        o = {"params": 1e8, "threads": 2, "cpus": "0,1", "kernel": "avx2", "ceiling_isa": "avx2",
+             "reps": 5, "steps": 26}
+        for prefix, rate in (("ours_", 4.5e8), ("ceiling_nt_", 4.8e8), ("ceiling_plain_", 4.6e8)):
+            o[prefix + "rates"], o[prefix + "windows_s"] = windows(rate)
+        t = {"impl": "torch AdamW fused"}
+        t["rates"], t["windows_s"] = windows(4.0e8, secs=1.2)  # windows too short: refused
+        self.put("ours.json", o)
+        self.put("torch.json", t)
+        self.put("ds.json", {"error": "not installed (ModuleNotFoundError)"})
+        rc, out = self.report("offload_cpu", self.work, "skipped")
+        self.assertEqual(rc, 1, out)
+        self.assertIn("| tessera adamw, bf16 grads + bf16 copy (avx2) | 4.59e+08 (4.5e+08-4.68e+08) |",
+                      out)
+        self.assertIn("- tessera / RMW ceiling (the faster store): 94% (90%-98%; target 90%): met",
+                      out)
+        self.assertIn("- tessera / torch fused: not measured", out)
+        self.assertIn("refused: torch AdamW fused: a timed window of 1.2 s", out)
+        self.assertIn("| DeepSpeedCPUAdam | not installed (ModuleNotFoundError) |", out)
+
+
+class CpuVsTorchReport(unittest.TestCase):
+    def test_rows_against_the_best_layout(self):
+        sys.path.insert(0, os.path.join(ROOT, "bench", "cpu_vs_torch"))
+        import bench
+        import report
+        f = harness.figure
+        figs = {("mlp", "tessera", 1, 2, 0): f([95.0, 97.0, 96.0]),
+                ("mlp", "tessera", 2, 1, 0): f([100.0, 120.0, 110.0]),
+                ("mlp", "tessera", 2, 1, 2): f([80.0, 82.0, 81.0]),
+                ("mlp", "eager", 1, 2, None): f([85.0, 86.0, 84.0]),
+                ("mlp", "eager", 2, 1, None): f([26.0, 27.0, 26.5]),
+                ("mlp", "compile", 1, 2, None): f([90.0, 91.0, 92.0]),
+                ("mlp", "compile", 2, 1, None): f([30.0, 31.0, 32.0]),
+                ("mlp", "eager-passive", 1, 2, None): f([70.0, 71.0, 72.0])}
+        figs = {k: harness.figure([harness.Sample(r, 6.0, 100) for r in (v.lo, v.median, v.hi)])
+                for k, v in figs.items()}
+        b = SimpleNamespace(samples={k: [(None, 1.5), (None, 3.2)] for k in figs},
+                            name=bench.Bench.name)
+        a = SimpleNamespace(cores=2, reps=3, seconds=7.0)
+        env = machine.snapshot(None, None)
+        text = report.markdown(a, b, figs, env, env, bench.WORKLOADS)
+        self.assertIn("| stage 0, 1 x 2 | 96.0 (95.0-97.0) | 1.13x (1.10-1.15) against "
+                      "PyTorch eager, 1 x 2 | 1.05x (1.03-1.08) against PyTorch torch.compile, "
+                      "1 x 2 |", text)
+        # Stage 2 is below both: said so, in the row and after the table.
+        self.assertIn("| stage 2, 2 x 1 | 81.0 (80.0-82.0) | **0.95x (0.93-0.98) below** against "
+                      "PyTorch eager, 1 x 2 | **0.89x (0.87-0.91) below**", text)
+        self.assertIn("noisy 18%", text)
+        self.assertIn("**Rows below 1.0x**", text)
+        self.assertIn("mlp-tessera-s0-2x1 (18%)", text)
+        self.assertIn("ranged 1.50-3.20 on 2 cores (other work was running", text)
+        self.assertIn("| PyTorch torch.compile, 1 x 2 | 91.0 (90.0-92.0) | best of all |", text)
+        self.assertIn("| PyTorch eager, 1 x 2, OMP_WAIT_POLICY=PASSIVE | 71.0 (70.0-72.0) |  |", text)
+        self.assertIn("## Environment", text)
+        # The result file again from the raw samples (bench.py --from-json).
+        raw = {"args": {"cores": 2, "reps": 3, "seconds": 7.0},
+               "figures": {bench.Bench.name(k): dict(f.as_json(), loads=[1.5, 3.2])
+                           for k, f in figs.items()}}
+        ra, samples, again = report.from_raw(json.loads(json.dumps(raw)))
+        self.assertEqual(set(again), set(figs))
+        b2 = SimpleNamespace(samples=samples, name=bench.Bench.name)
+        self.assertEqual(report.markdown(ra, b2, again, env, env, bench.WORKLOADS), text)
+
+
+class Scripts(unittest.TestCase):
+    def test_every_bench_script_parses_and_has_help(self):
+        scripts = sorted(glob.glob(os.path.join(ROOT, "bench", "*", "run")))
+        self.assertGreaterEqual(len(scripts), 7)
+        for s in scripts + [os.path.join(ROOT, "bench", "lib", "common.sh")]:
+            r = subprocess.run(["bash", "-n", s], capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, f"bash -n {s}: {r.stderr}")
+        for s in scripts:
+            # A script that does not handle --help would run the bench: not here.
+            with open(s) as f:
+                self.assertIn("--help", f.read(), f"{s} has no --help")
+            r = subprocess.run([s, "--help"], capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 0, f"{s} --help: {r.stderr}")
+            self.assertIn("bench/", r.stdout, s)
+            self.assertGreater(len(r.stdout.splitlines()), 3, s)
+
+    def test_benches_write_no_venv_or_data_in_the_repository(self):
+        for s in glob.glob(os.path.join(ROOT, "bench", "*", "run")) + \
+                glob.glob(os.path.join(ROOT, "bench", "*", "*.py")):
+            with open(s) as f:
+                text = f.read()
+            self.assertNotIn('"$here/.venv', text, s)
+            self.assertNotIn("$root/data/", text, s)
+
+
+if __name__ == "__main__":
+    unittest.main()
