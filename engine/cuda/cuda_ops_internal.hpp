@@ -333,12 +333,39 @@ void launch_bias_act(const View &y, const View *bias, tsr_activation act);
 // y *= alpha (ops_elementwise.cu).
 void launch_scale(const View &y, float alpha);
 
-// attention_forward.cu / attention_backward.cu:
+// attention_select.cpp: the table's entries. bf16/fp16 run through cuDNN's
+// fused flash attention where cuDNN is present and takes the call, through
+// the engine's kernels otherwise; TESSERA_ATTENTION=auto|native|cudnn
+// overrides (docs/gpu.md).
 tsr_status attention_forward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
                              const DLTensor *v, float scale, DLTensor *out, DLTensor *lse) noexcept;
 tsr_status attention_backward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
                               const DLTensor *v, const DLTensor *out, const DLTensor *dout,
                               const DLTensor *lse, float scale, DLTensor *dq, DLTensor *dk,
                               DLTensor *dv) noexcept;
+// The same with the implementation given rather than read from the
+// environment (tests, benchmarks): Native runs the engine's kernels, Cudnn
+// runs cuDNN for bf16/fp16 and fails with TSR_ERR_UNSUPPORTED, naming the
+// reason, where cuDNN cannot take the call, Auto falls back silently.
+enum class AttnImpl { Auto, Native, Cudnn };
+tsr_status attention_forward_with(AttnImpl impl, tsr_host_ctx *ctx, const DLTensor *q,
+                                  const DLTensor *k, const DLTensor *v, float scale, DLTensor *out,
+                                  DLTensor *lse) noexcept;
+tsr_status attention_backward_with(AttnImpl impl, tsr_host_ctx *ctx, const DLTensor *q,
+                                   const DLTensor *k, const DLTensor *v, const DLTensor *out,
+                                   const DLTensor *dout, const DLTensor *lse, float scale,
+                                   DLTensor *dq, DLTensor *dk, DLTensor *dv) noexcept;
+// True when cuDNN can serve attention in this process; *what names the
+// library ("cuDNN 9.19.0 (libcudnn.so.9)") or why it cannot.
+bool attention_cudnn_available(std::string *what);
+
+// attention_forward.cu / attention_backward.cu: the engine's flash kernels.
+tsr_status attention_forward_native(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
+                                    const DLTensor *v, float scale, DLTensor *out,
+                                    DLTensor *lse) noexcept;
+tsr_status attention_backward_native(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
+                                     const DLTensor *v, const DLTensor *out, const DLTensor *dout,
+                                     const DLTensor *lse, float scale, DLTensor *dq, DLTensor *dk,
+                                     DLTensor *dv) noexcept;
 
 }  // namespace tessera::cuda

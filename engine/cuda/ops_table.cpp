@@ -1,7 +1,8 @@
 // CUDA ops, the frame: tensor checks, the host/device routing every entry
 // starts with, scratch memory, and the table itself. The entries live in
 // ops_matmul.cpp (cuBLASLt), ops_elementwise.cu, ops_activation.cu,
-// ops_cross_entropy.cu, ops_layernorm.cu, ops_embedding.cu and attention*.cu.
+// ops_cross_entropy.cu, ops_layernorm.cu, ops_embedding.cu and attention_select.cpp
+// (cuDNN, attention_cudnn.cpp, or the kernels of attention*.cu).
 #include <cstring>
 #include <mutex>
 
