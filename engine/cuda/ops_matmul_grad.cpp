@@ -25,6 +25,8 @@
 #include "cuda/gemm.hpp"
 #include "ops/cpu_ops.hpp"
 
+#include <cstdlib>
+
 namespace tessera::cuda {
 
 namespace {
@@ -42,6 +44,15 @@ View check_dbias(const char *op, const DLTensor *dbias, const DLTensor *c, int64
             std::string(op) + ": dbias " + describe(dbias) + " must have the last dim of c " +
                 describe(c) + " (" + std::to_string(n) + " elements)");
   return v;
+}
+
+// EXPERIMENT (to be removed): TESSERA_EPILOGUE_OFF=dgelu,bgrada.
+bool epilogue_off(const char *what) {
+  static const std::string off = [] {
+    const char *e = std::getenv("TESSERA_EPILOGUE_OFF");
+    return std::string(e ? e : "");
+  }();
+  return off.find(what) != std::string::npos;
 }
 
 }  // namespace
@@ -70,7 +81,7 @@ tsr_status matmul_bias_grad(tsr_host_ctx *ctx, const DLTensor *a, int32_t trans_
     if (g.m == 0 || g.n == 0) return;
     // The fused epilogue: alpha = 1 only, since whether cuBLASLt scales
     // the bias gradient by alpha is not documented.
-    if (dbias && g.k > 0 && alpha == 1.0f) {
+    if (dbias && g.k > 0 && alpha == 1.0f && !epilogue_off("bgrada")) {
       const View tmp = bias_scratch(g.n, g.c.dt);
       if (run_gemm(g, g.c.p, alpha, beta, CUBLASLT_EPILOGUE_BGRADA, tmp.p, nullptr, 0)) {
         launch_axpy(1.0f, tmp, vd);
@@ -115,8 +126,8 @@ tsr_status matmul_act_backward(tsr_host_ctx *ctx, const DLTensor *a, int32_t tra
     // layout of linear's GELU_AUX: ld n, which it wants divisible by 8).
     // With a bias, DGELU_BGRAD first, then DGELU and the bias gradient as
     // its own pass.
-    if (act == TSR_ACT_GELU && g.k > 0 && g.n % 8 == 0) {
-      if (dbias) {
+    if (act == TSR_ACT_GELU && g.k > 0 && g.n % 8 == 0 && !epilogue_off("dgelu_all")) {
+      if (dbias && !epilogue_off("dgelu_bgrad")) {
         const View tmp = bias_scratch(g.n, g.c.dt);
         if (run_gemm(g, g.c.p, 1.0f, 0.0f, CUBLASLT_EPILOGUE_DGELU_BGRAD, tmp.p, vp.p, g.n)) {
           launch_axpy(1.0f, tmp, vd);
