@@ -1,7 +1,8 @@
-"""The PyTorch anchor of bench/gpt2_gpu: GPT-2 124M (12 layers, 12 heads,
-width 768, context 1024, vocab 50304), batch 16, bf16 autocast, SDPA flash
-attention, fused AdamW, torch.compile. Prints one JSON line: tokens/s over
-the timed steps and the peak memory.
+"""The PyTorch anchor of bench/gpt2_gpu: GPT-2 (default 124M: 12 layers, 12
+heads, width 768; context 1024, vocab 50304), batch 16, bf16 autocast, SDPA
+flash attention, fused AdamW, torch.compile. Prints one JSON line: tokens/s
+over the timed steps and the peak memory.
+  torch_gpt2.py [STEPS [LAYERS HEADS WIDTH BATCH]]
 """
 import json, sys, time
 import torch
@@ -40,13 +41,14 @@ class GPT(nn.Module):
 
 def main():
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 30
+    L, H, C, B = (int(x) for x in sys.argv[2:6]) if len(sys.argv) > 5 else (12, 12, 768, 16)
     torch.manual_seed(0)
     torch.backends.cuda.matmul.allow_tf32 = True
-    model = GPT().cuda()
+    model = GPT(L=L, H=H, C=C).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1,
                             fused=True)
     cmodel = torch.compile(model)
-    B, T = 16, 1024
+    T = 1024
     data = torch.randint(0, 50257, (8, B, T + 1), device="cuda")
 
     def step(i):
