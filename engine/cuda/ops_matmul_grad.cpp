@@ -8,12 +8,10 @@
 // cuBLASLt's B, use BGRADB for the same sum; cuBLASLt offers BGRADA only
 // with A untransposed, which is why the op asks for trans_b = 0).
 //
-// matmul_act_backward: d pre = act'(pre) * (dy @ W^T) with the GELU
-// derivative applied to the accumulator in the epilogue
-// (CUBLASLT_EPILOGUE_DGELU) from the pre-activation linear's GELU_AUX
-// epilogue wrote (the same [m, n] layout, ld n), and with a bias the column
-// sums of the result too (DGELU_BGRAD). That removes act_backward's pass
-// (read the product and pre, write it back) and bias_grad's read.
+// matmul_act_backward: d pre = act'(pre) * (dy @ W^T) and the bias
+// gradient, as the product, the activation's backward in place and the
+// column sums: cuBLASLt's DGELU epilogues were measured slower on sm_90
+// (see the op).
 //
 // cuBLASLt writes a bias gradient (in D's dtype), it does not add to it;
 // the ops add into dbias, so the epilogue writes a scratch vector that one
@@ -24,8 +22,6 @@
 #include "cuda/cuda_ops_internal.hpp"
 #include "cuda/gemm.hpp"
 #include "ops/cpu_ops.hpp"
-
-#include <cstdlib>
 
 namespace tessera::cuda {
 
@@ -44,15 +40,6 @@ View check_dbias(const char *op, const DLTensor *dbias, const DLTensor *c, int64
             std::string(op) + ": dbias " + describe(dbias) + " must have the last dim of c " +
                 describe(c) + " (" + std::to_string(n) + " elements)");
   return v;
-}
-
-// EXPERIMENT (to be removed): TESSERA_EPILOGUE_OFF=dgelu,bgrada.
-bool epilogue_off(const char *what) {
-  static const std::string off = [] {
-    const char *e = std::getenv("TESSERA_EPILOGUE_OFF");
-    return std::string(e ? e : "");
-  }();
-  return off.find(what) != std::string::npos;
 }
 
 }  // namespace
@@ -81,7 +68,7 @@ tsr_status matmul_bias_grad(tsr_host_ctx *ctx, const DLTensor *a, int32_t trans_
     if (g.m == 0 || g.n == 0) return;
     // The fused epilogue: alpha = 1 only, since whether cuBLASLt scales
     // the bias gradient by alpha is not documented.
-    if (dbias && g.k > 0 && alpha == 1.0f && !epilogue_off("bgrada")) {
+    if (dbias && g.k > 0 && alpha == 1.0f) {
       const View tmp = bias_scratch(g.n, g.c.dt);
       if (run_gemm(g, g.c.p, alpha, beta, CUBLASLT_EPILOGUE_BGRADA, tmp.p, nullptr, 0)) {
         launch_axpy(1.0f, tmp, vd);
@@ -122,25 +109,11 @@ tsr_status matmul_act_backward(tsr_host_ctx *ctx, const DLTensor *a, int32_t tra
     }
     if (g.m == 0 || g.n == 0) return;
 
-    // GELU's derivative in the epilogue, from pre as cuBLASLt's aux (the
-    // layout of linear's GELU_AUX: ld n, which it wants divisible by 8).
-    // With a bias, DGELU_BGRAD first, then DGELU and the bias gradient as
-    // its own pass.
-    if (act == TSR_ACT_GELU && g.k > 0 && g.n % 8 == 0 && !epilogue_off("dgelu_all")) {
-      if (dbias && !epilogue_off("dgelu_bgrad")) {
-        const View tmp = bias_scratch(g.n, g.c.dt);
-        if (run_gemm(g, g.c.p, 1.0f, 0.0f, CUBLASLT_EPILOGUE_DGELU_BGRAD, tmp.p, vp.p, g.n)) {
-          launch_axpy(1.0f, tmp, vd);
-          return;
-        }
-      }
-      if (run_gemm(g, g.c.p, 1.0f, 0.0f, CUBLASLT_EPILOGUE_DGELU, nullptr, vp.p, g.n)) {
-        if (dbias) launch_bias_grad(g.c, vd, 1.0f);
-        return;
-      }
-    }
-    // Unfused: the product, the activation's backward in place, the bias
-    // gradient of the result.
+    // No DGELU epilogue: on the H200 (cuBLASLt of CUDA 13.0) DGELU and
+    // DGELU_BGRAD run as a separate epilogue kernel after the GEMM, 0.33 ms
+    // for GPT-2 small's [16384, 3072], where the activation's own backward
+    // pass and the column sums take ~0.1 ms; GPT-2 124M trained at 531K
+    // tokens/s with it and 567K without (bench/results/gpt2_gpu-2026-12-02.md).
     plain_gemm(op, g, g.c, 1.0f, 0.0f);
     if (act != TSR_ACT_NONE) launch_act_backward(act, 0, vp, g.c, g.c);
     if (dbias) launch_bias_grad(g.c, vd, 1.0f);

@@ -5,7 +5,7 @@
 //   add_layernorm_forward = axpy then layernorm_forward (bit for bit: one
 //                           kernel template computes both)
 //   matmul_bias_grad      = matmul then bias_grad (cuBLASLt's BGRADA)
-//   matmul_act_backward   = matmul, act_backward, bias_grad (DGELU_BGRAD)
+//   matmul_act_backward   = matmul, act_backward, bias_grad
 // and, at GPT-2 124M's shapes in bf16, that cuBLASLt really has algorithms
 // for the fused epilogues (else the ops fall back and the step gains
 // nothing).
@@ -163,8 +163,9 @@ TEST_CASE("cuda matmul_act_backward matches the CPU and the unfused sequence",
 TEST_CASE("cuda fused epilogues have cuBLASLt algorithms at GPT-2 124M's shapes, in bf16",
           "[cuda][ops][fused]") {
   // One micro-batch row block of GPT-2 small (R tokens, C = 768): the
-  // three weight gradients with their bias and the MLP's input gradient
-  // through GELU, as plugins/models/gpt2 calls them.
+  // three weight gradients with their bias (BGRADA), as plugins/models/gpt2
+  // calls them; and the MLP's input gradient through GELU, which asks for
+  // no epilogue (ops_matmul_grad.cpp says why) and so never misses one.
   constexpr int64_t R = 2048, C = 768;
   const uint64_t before = tessera::cuda::epilogue_misses();
   const Dt d = Dt::BF16;
