@@ -1,7 +1,7 @@
 """bench/gpt2_gpu's result file from its scratch directory (bench/gpt2_gpu/run
 writes it; tests/bench feeds it made-up runs):
 
-  report.py WORK REPS
+  report.py WORK REPS [MODEL LAYERS HEADS WIDTH BATCH]   (default 124m 12 12 768 16)
 
 WORK holds tessera-rI/ (I = 1..REPS: metrics.jsonl, summary.json; and
 tessera-rI.log), torch.json (the anchor's line) with torch/metrics.jsonl,
@@ -22,8 +22,24 @@ WARMUP = 10  # tessera's warm-up steps (bench/gpt2_gpu/run plans with the same)
 TOKENS = 1024  # per sample
 
 
+def flops_per_token(L, C, V=50304, T=TOKENS):
+    """Training FLOPs per token: 6 N (N the parameters, the tied embedding
+    once, the vocab padded to 50304) + 6 L C T for attention's two matmuls
+    (the causal mask halves 12 L C T)."""
+    n = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
+    return n, 6 * n + 6 * L * C * T
+
+
+PEAK = 989e12  # dense bf16 of an H100/H200 SXM: MFU against it
+
+
 def main(argv):
     work, reps = argv[1], int(argv[2])
+    model, L, H, C, B = (argv[3], *map(int, argv[4:8])) if len(argv) > 7 else ("124m", 12, 12, 768, 16)
+    n_params, fpt = flops_per_token(L, C)
+
+    def mfu(f):
+        return f"{100 * f.median * TOKENS * fpt / PEAK:.1f}%" if f else ""
     refused = []
     runs = [os.path.join(work, f"tessera-r{r}", "metrics.jsonl") for r in range(1, reps + 1)]
     ours = theirs = None
@@ -52,21 +68,24 @@ def main(argv):
     after_p = os.path.join(work, "env-after.json")
     after = harness.load_json(after_p) if os.path.exists(after_p) else None
     out = [f"# bench/gpt2_gpu — {datetime.date.today().isoformat()}", "",
-           "GPT-2 124M (12 layers, 12 heads, width 768, vocab 50257 padded to 50304), batch "
-           "16 x 1024 tokens, bf16, AdamW, gradient clipping 1.0, random tokens, one GPU. "
+           f"GPT-2 {model} ({L} layers, {H} heads, width {C}, vocab 50257 padded to 50304, "
+           f"{n_params / 1e6:.0f}M parameters), batch {B} x 1024 tokens, bf16, AdamW, gradient "
+           "clipping 1.0, random tokens, one GPU; MFU at 6N + 6LCT FLOPs a token against "
+           f"{PEAK / 1e12:.0f} TFLOP/s. "
            f"Tokens/s, each figure the median (min-max) of {reps} steady-state windows of at "
            f"least {harness.MIN_WINDOW_S:g} s (tessera: {reps} runs; PyTorch: {reps} "
            "consecutive windows of one process, compiled once), from the steps' own "
            f"timestamps (bench/lib/harness.py); noisy past {100 * harness.NOISY_SPREAD:.0f}% "
            "spread.", "",
-           "| system | tokens/s | tessera / PyTorch | peak GPU memory |", "|---|---|---|---|"]
+           "| system | tokens/s | tessera / PyTorch | MFU | peak GPU memory |", "|---|---|---|---|---|"]
     vs = harness.fmt_ratio(harness.ratio(ours, theirs)) if ours and theirs else ""
-    out.append(f"| tessera (configs/gpt2-124m.toml) | "
-               f"{harness.fmt_figure(ours, TOKENS) if ours else 'refused (below)'} | {vs} | {mem} |")
+    out.append(f"| tessera (configs/gpt2-{model}.toml) | "
+               f"{harness.fmt_figure(ours, TOKENS) if ours else 'refused (below)'} | {vs} | "
+               f"{mfu(ours)} | {mem} |")
     label = f"PyTorch {tj.get('torch', '')} torch.compile, SDPA, fused AdamW"
     peak = f"{tj['peak_mem_gib']:.2f} GiB (max_memory_allocated)" if "peak_mem_gib" in tj else ""
     out.append(f"| {label} | {harness.fmt_figure(theirs, TOKENS) if theirs else 'refused (below)'}"
-               f" | | {peak} |")
+               f" | | {mfu(theirs)} | {peak} |")
     out.append("")
     for e in refused:
         out.append(f"- refused: {e}")

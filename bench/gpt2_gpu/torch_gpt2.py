@@ -1,8 +1,8 @@
-"""The PyTorch anchor of bench/gpt2_gpu: GPT-2 124M (12 layers, 12 heads,
-width 768, context 1024, vocab 50304), batch 16, bf16 autocast, SDPA flash
-attention, fused AdamW, torch.compile, gradient clipping 1.0.
+"""The PyTorch anchor of bench/gpt2_gpu: GPT-2 (default 124M: 12 layers, 12
+heads, width 768; context 1024, vocab 50304), batch 16, bf16 autocast, SDPA
+flash attention, fused AdamW, torch.compile, gradient clipping 1.0.
 
-  python3 torch_gpt2.py --seconds S --metrics M.jsonl
+  python3 torch_gpt2.py --seconds S --metrics M.jsonl [--layers L --heads H --width C --batch B]
 
 Timing (bench/lib/harness.py's run_steady): --warmup steps (compilation
 included), a probe of --probe steps, then steps for --seconds, the loss
@@ -58,14 +58,18 @@ def main():
     p.add_argument("--warmup", type=int, default=8, help="steps before it (compilation)")
     p.add_argument("--probe", type=int, default=10, help="steps that time a step")
     p.add_argument("--metrics", default="", help="write each step's timestamp here")
+    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--heads", type=int, default=12)
+    p.add_argument("--width", type=int, default=768)
+    p.add_argument("--batch", type=int, default=16)
     a = p.parse_args()
     torch.manual_seed(0)
     torch.backends.cuda.matmul.allow_tf32 = True
-    model = GPT().cuda()
+    model = GPT(L=a.layers, H=a.heads, C=a.width).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1,
                             fused=True)
     cmodel = torch.compile(model)
-    B, T = 16, 1024
+    B, T = a.batch, 1024
     data = torch.randint(0, 50257, (8, B, T + 1), device="cuda")
 
     def step(i):

@@ -474,7 +474,7 @@ __global__ void __launch_bounds__(128) dkdv_f32_kernel(const BwdF32Params p) {
 }  // namespace
 }  // namespace attn
 
-tsr_status attention_backward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
+tsr_status attention_backward_native(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
                               const DLTensor *v, const DLTensor *out, const DLTensor *dout,
                               const DLTensor *lse, float scale, DLTensor *dq, DLTensor *dk,
                               DLTensor *dv) noexcept {

@@ -79,12 +79,14 @@ __global__ void col_partials(const T *dy, const T *x, const float *mean, const f
   }
 }
 
+// out[c] += scale * the column's sum; scale = 1 multiplies exactly.
 template <typename TO>
-__global__ void col_finalize(const float *partial, int64_t chunks, int64_t cols, TO *out) {
+__global__ void col_finalize(const float *partial, int64_t chunks, int64_t cols, TO *out,
+                             double scale) {
   for (int64_t c = global_thread(); c < cols; c += global_threads()) {
     double s = 0.0;
     for (int64_t k = 0; k < chunks; k++) s += partial[k * cols + c];
-    out[c] = from_f<TO>(static_cast<float>(to_f(out[c]) + s));
+    out[c] = from_f<TO>(static_cast<float>(to_f(out[c]) + scale * s));
   }
 }
 
@@ -120,12 +122,13 @@ float *launch_col_partials(const T *dy, const T *x, const float *mean, const flo
   return partial;
 }
 
-inline void launch_col_finalize(const float *partial, int64_t chunks, const View &out) {
+inline void launch_col_finalize(const float *partial, int64_t chunks, const View &out,
+                                float scale = 1.0f) {
   constexpr int kThreads = 256;
   dispatch_float(out.dt, [&](auto tag) {
     using TO = decltype(tag);
     col_finalize<TO><<<grid_for(out.cols, kThreads), kThreads, 0, compute_stream()>>>(
-        partial, chunks, out.numel(), out.as<TO>());
+        partial, chunks, out.numel(), out.as<TO>(), static_cast<double>(scale));
     check_launch();
   });
 }

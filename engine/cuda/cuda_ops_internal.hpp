@@ -114,7 +114,7 @@ int sm_count();
 // Process-wide device scratch: one buffer per slot, grown on demand and kept,
 // so the hot path allocates nothing after the first calls. Only ops on the
 // compute stream use them, which orders every reuse after the last use.
-enum class Slot : int { Partials, Rows, Flags, SortA, SortB, Temp, kCount };
+enum class Slot : int { Partials, Rows, Flags, SortA, SortB, Temp, BiasGrad, kCount };
 void *scratch(Slot slot, size_t bytes);
 
 // A "lowest bad row" flag (cross_entropy's targets, the embedding ops' ids):
@@ -311,7 +311,19 @@ tsr_status cross_entropy(tsr_host_ctx *ctx, const DLTensor *logits, const DLTens
                          int64_t valid_classes, float grad_scale, DLTensor *dlogits,
                          double *loss_sum, int64_t *count, int64_t *correct) noexcept;
 
-// ops_layernorm.cu:
+// ops_matmul_grad.cpp (ABI 1.3):
+tsr_status matmul_bias_grad(tsr_host_ctx *ctx, const DLTensor *a, int32_t trans_a,
+                            const DLTensor *b, int32_t trans_b, DLTensor *c, float alpha,
+                            float beta, DLTensor *dbias) noexcept;
+tsr_status matmul_act_backward(tsr_host_ctx *ctx, const DLTensor *a, int32_t trans_a,
+                               const DLTensor *b, int32_t trans_b, tsr_activation act,
+                               const DLTensor *pre, DLTensor *c, DLTensor *dbias) noexcept;
+
+// ops_layernorm.cu (add_layernorm_forward: ABI 1.3):
+tsr_status add_layernorm_forward(tsr_host_ctx *ctx, const DLTensor *x, const DLTensor *y,
+                                 const DLTensor *weight, const DLTensor *bias, float eps,
+                                 DLTensor *r, DLTensor *out, DLTensor *mean,
+                                 DLTensor *rstd) noexcept;
 tsr_status layernorm_forward(tsr_host_ctx *ctx, const DLTensor *x, const DLTensor *weight,
                              const DLTensor *bias, float eps, DLTensor *y, DLTensor *mean,
                              DLTensor *rstd) noexcept;
@@ -327,18 +339,52 @@ tsr_status embedding_backward(tsr_host_ctx *ctx, const DLTensor *ids, const DLTe
 
 // Device-side pieces other files reuse (ops_activation.cu), all on the
 // compute stream with checked views: y = act(x) element-wise (x may be y),
-// and y[r, :] = act(y[r, :] + bias[:]) (bias may be NULL).
+// y[r, :] = act(y[r, :] + bias[:]) (bias may be NULL), dx = dy * act'(x)
+// (dx may be dy; act_backward's rules), and dbias[:] += scale * the column
+// sums of dy (bias_grad's deterministic two passes).
 void launch_act_forward(tsr_activation act, const View &x, const View &y);
 void launch_bias_act(const View &y, const View *bias, tsr_activation act);
-// y *= alpha (ops_elementwise.cu).
+void launch_act_backward(tsr_activation act, int32_t from_output, const View &x, const View &dy,
+                         const View &dx);
+void launch_bias_grad(const View &dy, const View &dbias, float scale);
+// y *= alpha, and y += alpha * x with any two float dtypes
+// (ops_elementwise.cu).
 void launch_scale(const View &y, float alpha);
+void launch_axpy(float alpha, const View &x, const View &y);
 
-// attention_forward.cu / attention_backward.cu:
+// attention_select.cpp: the table's entries. bf16/fp16 run through cuDNN's
+// fused flash attention where cuDNN is present and takes the call, through
+// the engine's kernels otherwise; TESSERA_ATTENTION=auto|native|cudnn
+// overrides (docs/gpu.md).
 tsr_status attention_forward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
                              const DLTensor *v, float scale, DLTensor *out, DLTensor *lse) noexcept;
 tsr_status attention_backward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
                               const DLTensor *v, const DLTensor *out, const DLTensor *dout,
                               const DLTensor *lse, float scale, DLTensor *dq, DLTensor *dk,
                               DLTensor *dv) noexcept;
+// The same with the implementation given rather than read from the
+// environment (tests, benchmarks): Native runs the engine's kernels, Cudnn
+// runs cuDNN for bf16/fp16 and fails with TSR_ERR_UNSUPPORTED, naming the
+// reason, where cuDNN cannot take the call, Auto falls back silently.
+enum class AttnImpl { Auto, Native, Cudnn };
+tsr_status attention_forward_with(AttnImpl impl, tsr_host_ctx *ctx, const DLTensor *q,
+                                  const DLTensor *k, const DLTensor *v, float scale, DLTensor *out,
+                                  DLTensor *lse) noexcept;
+tsr_status attention_backward_with(AttnImpl impl, tsr_host_ctx *ctx, const DLTensor *q,
+                                   const DLTensor *k, const DLTensor *v, const DLTensor *out,
+                                   const DLTensor *dout, const DLTensor *lse, float scale,
+                                   DLTensor *dq, DLTensor *dk, DLTensor *dv) noexcept;
+// True when cuDNN can serve attention in this process; *what names the
+// library ("cuDNN 9.19.0 (libcudnn.so.9)") or why it cannot.
+bool attention_cudnn_available(std::string *what);
+
+// attention_forward.cu / attention_backward.cu: the engine's flash kernels.
+tsr_status attention_forward_native(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
+                                    const DLTensor *v, float scale, DLTensor *out,
+                                    DLTensor *lse) noexcept;
+tsr_status attention_backward_native(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
+                                     const DLTensor *v, const DLTensor *out, const DLTensor *dout,
+                                     const DLTensor *lse, float scale, DLTensor *dq, DLTensor *dk,
+                                     DLTensor *dv) noexcept;
 
 }  // namespace tessera::cuda

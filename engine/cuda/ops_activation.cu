@@ -135,7 +135,7 @@ __global__ void bias_act_kernel(T *y, const TB *bias, int64_t n, int64_t cols, b
 }  // namespace
 
 // ---------------------------------------------------------------------------
-// Launchers shared with ops_matmul.cpp
+// Launchers shared with ops_matmul.cpp and ops_matmul_grad.cpp
 
 void launch_act_forward(tsr_activation act, const View &x, const View &y) {
   dispatch_float(y.dt, [&](auto tag) {
@@ -165,6 +165,52 @@ void launch_bias_act(const View &y, const View *bias, tsr_activation act) {
         check_launch();
       });
     });
+  });
+}
+
+void launch_act_backward(tsr_activation act, int32_t from_output, const View &x, const View &dy,
+                         const View &dx) {
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  const bool vec = aligned16(x.p) && aligned16(dy.p) && aligned16(dx.p);
+  const int64_t packs = vec ? n / kPack : 0;
+  const unsigned grid = grid_for(packs > 0 ? packs : n, kThreads);
+  dispatch_float(x.dt, [&](auto tag) {
+    using T = decltype(tag);
+    auto go = [&](auto g) {
+      act_backward_kernel<T, decltype(g)>
+          <<<grid, kThreads, 0, compute_stream()>>>(x.as<T>(), dy.as<T>(), dx.as<T>(), n, packs);
+      check_launch();
+    };
+    switch (act) {
+      case TSR_ACT_NONE:
+        go(IdentityGrad{});
+        break;
+      case TSR_ACT_RELU:
+        go(ReluGrad{});
+        break;
+      case TSR_ACT_GELU:
+        go(GeluGrad{});
+        break;
+      case TSR_ACT_TANH:
+        if (from_output) {
+          go(TanhGradFromOutput{});
+        } else {
+          go(TanhGrad{});
+        }
+        break;
+    }
+  });
+}
+
+void launch_bias_grad(const View &dy, const View &dbias, float scale) {
+  if (dy.cols == 0 || dy.rows == 0) return;
+  dispatch_float(dy.dt, [&](auto tag) {
+    using T = decltype(tag);
+    int64_t chunks = 0;
+    const float *partial = launch_col_partials<T, false>(dy.as<T>(), nullptr, nullptr, nullptr,
+                                                         dy.rows, dy.cols, &chunks);
+    launch_col_finalize(partial, chunks, dbias, scale);
   });
 }
 
@@ -199,14 +245,7 @@ tsr_status bias_grad(tsr_host_ctx *ctx, const DLTensor *dy, DLTensor *dbias) noe
     TSR_CHECK(G.numel() == D.cols, TSR_ERR_INVALID,
               "bias_grad: dbias " + describe(dbias) + " must have the last dim of dy " +
                   describe(dy) + " (" + std::to_string(D.cols) + " elements)");
-    if (D.cols == 0 || D.rows == 0) return;
-    dispatch_float(D.dt, [&](auto tag) {
-      using T = decltype(tag);
-      int64_t chunks = 0;
-      const float *partial = launch_col_partials<T, false>(D.as<T>(), nullptr, nullptr, nullptr,
-                                                           D.rows, D.cols, &chunks);
-      launch_col_finalize(partial, chunks, G);
-    });
+    launch_bias_grad(D, G, 1.0f);
   });
 }
 
@@ -245,37 +284,7 @@ tsr_status act_backward(tsr_host_ctx *ctx, tsr_activation act, const DLTensor *x
               "act_backward: from_output must be 0 or 1, got " + std::to_string(from_output));
     TSR_CHECK(!(act == TSR_ACT_GELU && from_output), TSR_ERR_INVALID,
               "act_backward: gelu needs its input (from_output must be 0)");
-    const int64_t n = X.numel();
-    if (n == 0) return;
-    const bool vec = aligned16(X.p) && aligned16(DY.p) && aligned16(DX.p);
-    const int64_t packs = vec ? n / kPack : 0;
-    const unsigned grid = grid_for(packs > 0 ? packs : n, kThreads);
-    dispatch_float(X.dt, [&](auto tag) {
-      using T = decltype(tag);
-      auto go = [&](auto g) {
-        act_backward_kernel<T, decltype(g)>
-            <<<grid, kThreads, 0, compute_stream()>>>(X.as<T>(), DY.as<T>(), DX.as<T>(), n, packs);
-        check_launch();
-      };
-      switch (act) {
-        case TSR_ACT_NONE:
-          go(IdentityGrad{});
-          break;
-        case TSR_ACT_RELU:
-          go(ReluGrad{});
-          break;
-        case TSR_ACT_GELU:
-          go(GeluGrad{});
-          break;
-        case TSR_ACT_TANH:
-          if (from_output) {
-            go(TanhGradFromOutput{});
-          } else {
-            go(TanhGrad{});
-          }
-          break;
-      }
-    });
+    launch_act_backward(act, from_output, X, DY, DX);
   });
 }
 

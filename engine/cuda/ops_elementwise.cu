@@ -164,6 +164,16 @@ tsr_status cast(tsr_host_ctx *ctx, const DLTensor *x, DLTensor *y) noexcept {
   });
 }
 
+void launch_axpy(float alpha, const View &x, const View &y) {
+  dispatch_float(x.dt, [&](auto xtag) {
+    using Tx = decltype(xtag);
+    dispatch_float(y.dt, [&](auto ytag) {
+      using Ty = decltype(ytag);
+      launch_map<Tx, Ty, true, true>(x.as<Tx>(), y.as<Ty>(), x.numel(), AxpyF{alpha});
+    });
+  });
+}
+
 tsr_status axpy(tsr_host_ctx *ctx, float alpha, const DLTensor *x, DLTensor *y) noexcept {
   return guarded(ctx, [&] {
     if (side_of("axpy", {{"x", x}, {"y", y}}) == Side::Host) {
@@ -174,13 +184,7 @@ tsr_status axpy(tsr_host_ctx *ctx, float alpha, const DLTensor *x, DLTensor *y) 
     const View X = floating("axpy", "x", x), Y = floating("axpy", "y", y);
     check_same_numel("axpy", "x", x, X, "y", y, Y);
     // x and y may differ in dtype (a bf16 gradient into a float32 sum).
-    dispatch_float(X.dt, [&](auto xtag) {
-      using Tx = decltype(xtag);
-      dispatch_float(Y.dt, [&](auto ytag) {
-        using Ty = decltype(ytag);
-        launch_map<Tx, Ty, true, true>(X.as<Tx>(), Y.as<Ty>(), X.numel(), AxpyF{alpha});
-      });
-    });
+    launch_axpy(alpha, X, Y);
   });
 }
 

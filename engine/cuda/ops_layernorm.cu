@@ -1,11 +1,14 @@
-// CUDA ops: layernorm forward and backward over the last dim, for float32,
-// bfloat16 and float16 tensors (weight and bias in any of the three) with
-// float32 arithmetic inside. Semantics follow the CPU ops
-// (ops/cpu_ops_nn.cpp).
+// CUDA ops: layernorm forward and backward over the last dim, and the
+// forward with the residual add before it (ABI 1.3's add_layernorm_forward),
+// for float32, bfloat16 and float16 tensors (weight and bias in any of the
+// three) with float32 arithmetic inside. Semantics follow the CPU ops
+// (ops/cpu_ops_layernorm.cpp).
 //
 // Deterministic: the row statistics are warp sums in a fixed order, and
 // dweight / dbias are partial column sums over fixed partitions, added up in
 // a fixed order by a second pass (col_sums.cuh).
+#include <tuple>
+
 #include "cuda/col_sums.cuh"
 #include "cuda/cuda_ops_internal.hpp"
 #include "ops/cpu_ops.hpp"
@@ -16,16 +19,28 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// True when the two views share any byte.
+bool overlaps_bytes(const View &a, const View &b) {
+  if (a.numel() == 0 || b.numel() == 0) return false;
+  const auto a0 = reinterpret_cast<uintptr_t>(a.p), b0 = reinterpret_cast<uintptr_t>(b.p);
+  return a0 < b0 + b.bytes() && b0 < a0 + a.bytes();
+}
+
 // ---------------------------------------------------------------------------
 // Layernorm, llm.c style: one warp per row. Forward reads the row three
 // times (mean, variance, output), the later passes from cache.
 
 constexpr int kRowsPerBlock = kThreads / 32;
 
-template <typename T, typename W>
-__global__ void layernorm_forward_kernel(const T *x, const W *weight, const W *bias, float eps,
-                                         T *y, float *mean_out, float *rstd_out, int64_t rows,
-                                         int64_t C, bool vec) {
+// kAdd (add_layernorm_forward): the first pass reads x and the addend,
+// stores their sum rounded to T in `sum_out` and adds up the stored values;
+// the later passes read that row back (this thread's own writes, from
+// cache). The statistics then come from the same values in the same order
+// as a layernorm_forward of the stored sum: the two ops agree bit for bit.
+template <typename T, typename W, bool kAdd>
+__global__ void layernorm_forward_kernel(const T *x, const T *addend, T *sum_out, const W *weight,
+                                         const W *bias, float eps, T *y, float *mean_out,
+                                         float *rstd_out, int64_t rows, int64_t C, bool vec) {
   const int lane = threadIdx.x % 32;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
   if (r >= rows) return;
@@ -33,13 +48,34 @@ __global__ void layernorm_forward_kernel(const T *x, const W *weight, const W *b
   T *yr = y + r * C;
   const int64_t packs = vec ? C / kPack : 0;
   float sum = 0.0f;
-  for (int64_t p = lane; p < packs; p += 32) {
-    float v[kPack];
-    load8(xr + p * kPack, v);
+  if constexpr (kAdd) {
+    const T *ar = addend + r * C;
+    T *sr = sum_out + r * C;
+    for (int64_t p = lane; p < packs; p += 32) {
+      float v[kPack], u[kPack];
+      load8(xr + p * kPack, v);
+      load8(ar + p * kPack, u);
 #pragma unroll
-    for (int j = 0; j < kPack; j++) sum += v[j];
+      for (int j = 0; j < kPack; j++) v[j] = to_f(from_f<T>(v[j] + u[j]));
+      store8(sr + p * kPack, v);
+#pragma unroll
+      for (int j = 0; j < kPack; j++) sum += v[j];
+    }
+    for (int64_t j = packs * kPack + lane; j < C; j += 32) {
+      const T v = from_f<T>(to_f(xr[j]) + to_f(ar[j]));
+      sr[j] = v;
+      sum += to_f(v);
+    }
+    xr = sr;  // the later passes normalize the stored sum
+  } else {
+    for (int64_t p = lane; p < packs; p += 32) {
+      float v[kPack];
+      load8(xr + p * kPack, v);
+#pragma unroll
+      for (int j = 0; j < kPack; j++) sum += v[j];
+    }
+    for (int64_t j = packs * kPack + lane; j < C; j += 32) sum += to_f(xr[j]);
   }
-  for (int64_t j = packs * kPack + lane; j < C; j += 32) sum += to_f(xr[j]);
   const float m = warp_sum(sum) / static_cast<float>(C);
   float var = 0.0f;
   for (int64_t p = lane; p < packs; p += 32) {
@@ -169,9 +205,76 @@ tsr_status layernorm_forward(tsr_host_ctx *ctx, const DLTensor *x, const DLTenso
       using T = decltype(xtag);
       dispatch_float(W.dt, [&](auto wtag) {
         using TW = decltype(wtag);
-        layernorm_forward_kernel<T, TW><<<grid, kThreads, 0, compute_stream()>>>(
-            X.as<T>(), W.as<TW>(), bias ? B.as<TW>() : nullptr, eps, Y.as<T>(), M.as<float>(),
-            R.as<float>(), X.rows, X.cols, vec);
+        layernorm_forward_kernel<T, TW, false><<<grid, kThreads, 0, compute_stream()>>>(
+            X.as<T>(), nullptr, nullptr, W.as<TW>(), bias ? B.as<TW>() : nullptr, eps, Y.as<T>(),
+            M.as<float>(), R.as<float>(), X.rows, X.cols, vec);
+        check_launch();
+      });
+    });
+  });
+}
+
+tsr_status add_layernorm_forward(tsr_host_ctx *ctx, const DLTensor *x, const DLTensor *y,
+                                 const DLTensor *weight, const DLTensor *bias, float eps,
+                                 DLTensor *r, DLTensor *out, DLTensor *mean,
+                                 DLTensor *rstd) noexcept {
+  return guarded(ctx, [&] {
+    constexpr const char *op = "add_layernorm_forward";
+    if (side_of(op, {{"x", x},
+                     {"y", y},
+                     {"weight", weight},
+                     {"bias", bias},
+                     {"r", r},
+                     {"out", out},
+                     {"mean", mean},
+                     {"rstd", rstd}}) == Side::Host) {
+      AsCpu hx(x), hy(y), hw(weight), hb(bias), hr(r), ho(out), hm(mean), hs(rstd);
+      host_result(need_cpu(cpu_ops()->add_layernorm_forward, op)(
+          ctx, hx.p, hy.p, hw.p, hb.p, eps, hr.mut(), ho.mut(), hm.mut(), hs.mut()));
+      return;
+    }
+    const View X = floating(op, "x", x, 1), Y = floating(op, "y", y, 1),
+               Rs = floating(op, "r", r, 1), W = floating(op, "weight", weight),
+               O = floating(op, "out", out, 1), M = f32(op, "mean", mean),
+               S = f32(op, "rstd", rstd);
+    View B{};
+    if (bias) {
+      B = floating(op, "bias", bias);
+      check_same_dtype(op, "weight", weight, W, "bias", bias, B);
+      TSR_CHECK(B.numel() == X.cols, TSR_ERR_INVALID,
+                std::string(op) + ": bias " + describe(bias) + " must have " +
+                    std::to_string(X.cols) + " elements, the last dim of x " + describe(x));
+    }
+    TSR_CHECK(W.numel() == X.cols, TSR_ERR_INVALID,
+              std::string(op) + ": weight " + describe(weight) + " must have " +
+                  std::to_string(X.cols) + " elements, the last dim of x " + describe(x));
+    using Like = std::tuple<const char *, const DLTensor *, View>;
+    for (const auto &[name, t, v] : {Like{"y", y, Y}, Like{"r", r, Rs}, Like{"out", out, O}}) {
+      TSR_CHECK(v.rows == X.rows && v.cols == X.cols, TSR_ERR_INVALID,
+                std::string(op) + ": " + name + " " + describe(t) + " must match x " + describe(x));
+      check_same_dtype(op, "x", x, X, name, t, v);
+    }
+    TSR_CHECK(M.numel() == X.rows && S.numel() == X.rows, TSR_ERR_INVALID,
+              std::string(op) + ": mean " + describe(mean) + " and rstd " + describe(rstd) +
+                  " must have one entry per row of x " + describe(x));
+    TSR_CHECK(X.cols > 0 || X.rows == 0, TSR_ERR_INVALID,
+              std::string(op) + ": x " + describe(x) + " has rows of no elements");
+    // out is written while r is read back: it may share no memory with the
+    // inputs (r itself may be x or y, each element read before written).
+    TSR_CHECK(!overlaps_bytes(O, X) && !overlaps_bytes(O, Y) && !overlaps_bytes(O, Rs),
+              TSR_ERR_INVALID,
+              std::string(op) + ": out " + describe(out) + " overlaps x, y or r in memory");
+    if (X.rows == 0) return;
+    const bool vec = X.cols % kPack == 0 && aligned16(X.p) && aligned16(Y.p) && aligned16(Rs.p) &&
+                     aligned16(O.p) && aligned16(W.p) && (!bias || aligned16(B.p));
+    const unsigned grid = static_cast<unsigned>((X.rows + kRowsPerBlock - 1) / kRowsPerBlock);
+    dispatch_float(X.dt, [&](auto xtag) {
+      using T = decltype(xtag);
+      dispatch_float(W.dt, [&](auto wtag) {
+        using TW = decltype(wtag);
+        layernorm_forward_kernel<T, TW, true><<<grid, kThreads, 0, compute_stream()>>>(
+            X.as<T>(), Y.as<T>(), Rs.as<T>(), W.as<TW>(), bias ? B.as<TW>() : nullptr, eps,
+            O.as<T>(), M.as<float>(), S.as<float>(), X.rows, X.cols, vec);
         check_launch();
       });
     });

@@ -13,13 +13,17 @@
 // algorithm are cached per problem (shapes, dtypes, transposes, epilogue,
 // pointer alignment), so a training step queries the heuristic only once per
 // distinct matmul. One handle and one 32 MiB workspace serve the process.
+// gemm.hpp shares the checked problem and run_gemm with the backward
+// epilogues of ops_matmul_grad.cpp.
 #include <cublasLt.h>
 
+#include <atomic>
 #include <compare>
 #include <map>
 #include <mutex>
 
 #include "cuda/cuda_ops_internal.hpp"
+#include "cuda/gemm.hpp"
 #include "ops/cpu_ops.hpp"
 
 namespace tessera::cuda {
@@ -82,6 +86,11 @@ struct State {
   std::map<Key, Plan> plans;
 };
 
+// Problems whose fused epilogue cuBLASLt had no algorithm for (each call
+// then took a plainer path): the GPU tests read it to see that the fused
+// paths really run for GPT-2's shapes.
+std::atomic<uint64_t> g_epilogue_misses{0};
+
 // Never destroyed: the handle and the plans live as long as the process
 // (destroying them at exit could run after the CUDA context is gone).
 State &state() {
@@ -140,12 +149,7 @@ Plan make_plan(State &st, const Key &key, const void *bias, void *aux) {
   return p;
 }
 
-// The checked operands of one matmul.
-struct Gemm {
-  View a, b, c;
-  int32_t ta, tb;
-  int64_t m, n, k;
-};
+}  // namespace
 
 bool overlaps(const View &x, const View &y) {
   if (x.numel() == 0 || y.numel() == 0) return false;
@@ -190,10 +194,6 @@ Gemm check_gemm(const char *op, const DLTensor *a, int32_t trans_a, const DLTens
   return g;
 }
 
-// d = alpha * op(a) op(b) + beta * d with cuBLASLt's `epilogue` (bias and
-// aux as it needs). d has c's shape and dtype (it is c, or linear's pre).
-// Returns false, having done nothing, when cuBLASLt offers no algorithm for
-// the combination.
 bool run_gemm(const Gemm &g, void *d, float alpha, float beta, cublasLtEpilogue_t epilogue,
               const void *bias, void *aux, int64_t aux_ld) {
   State &st = state();
@@ -217,7 +217,10 @@ bool run_gemm(const Gemm &g, void *d, float alpha, float beta, cublasLtEpilogue_
                 alignment(bias),
                 alignment(aux)};
   auto it = st.plans.find(key);
-  if (it == st.plans.end()) it = st.plans.emplace(key, make_plan(st, key, bias, aux)).first;
+  if (it == st.plans.end()) {
+    it = st.plans.emplace(key, make_plan(st, key, bias, aux)).first;
+    if (!it->second.ok && epilogue != CUBLASLT_EPILOGUE_DEFAULT) g_epilogue_misses.fetch_add(1);
+  }
   const Plan &p = it->second;
   if (!p.ok) return false;
   // The pointers change from call to call; the descriptor keeps the rest.
@@ -229,8 +232,6 @@ bool run_gemm(const Gemm &g, void *d, float alpha, float beta, cublasLtEpilogue_
   return true;
 }
 
-// d = alpha * op(a) op(b) + beta * d, no epilogue; k == 0 handled by hand
-// (a zero-width operand is not a valid cuBLASLt layout).
 void plain_gemm(const char *op, const Gemm &g, const View &d, float alpha, float beta) {
   if (g.m == 0 || g.n == 0) return;
   if (g.k == 0) {
@@ -249,7 +250,9 @@ void plain_gemm(const char *op, const Gemm &g, const View &d, float alpha, float
                 " in " + dtype_name(g.a.dt) + " -> " + dtype_name(g.c.dt));
 }
 
-}  // namespace
+uint64_t epilogue_misses() {
+  return g_epilogue_misses.load();
+}
 
 tsr_status matmul(tsr_host_ctx *ctx, const DLTensor *a, int32_t trans_a, const DLTensor *b,
                   int32_t trans_b, DLTensor *c, float alpha, float beta) noexcept {

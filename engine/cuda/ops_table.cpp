@@ -1,7 +1,9 @@
 // CUDA ops, the frame: tensor checks, the host/device routing every entry
 // starts with, scratch memory, and the table itself. The entries live in
-// ops_matmul.cpp (cuBLASLt), ops_elementwise.cu, ops_activation.cu,
-// ops_cross_entropy.cu, ops_layernorm.cu, ops_embedding.cu and attention*.cu.
+// ops_matmul.cpp and ops_matmul_grad.cpp (cuBLASLt), ops_elementwise.cu,
+// ops_activation.cu, ops_cross_entropy.cu, ops_layernorm.cu,
+// ops_embedding.cu and attention_select.cpp (cuDNN, attention_cudnn.cpp, or
+// the kernels of attention*.cu).
 #include <cstring>
 #include <mutex>
 
@@ -243,6 +245,10 @@ const tsr_ops *cuda_ops() {
       .embedding_backward = cuda::embedding_backward,
       .attention_forward = cuda::attention_forward,
       .attention_backward = cuda::attention_backward,
+      // ABI 1.3
+      .add_layernorm_forward = cuda::add_layernorm_forward,
+      .matmul_bias_grad = cuda::matmul_bias_grad,
+      .matmul_act_backward = cuda::matmul_act_backward,
   };
   return &table;
 }

@@ -347,6 +347,10 @@ const tsr_ops *cpu_ops() {
       .embedding_backward = cpu::embedding_backward,
       .attention_forward = cpu::attention_forward,
       .attention_backward = cpu::attention_backward,
+      // ABI 1.3
+      .add_layernorm_forward = cpu::add_layernorm_forward,
+      .matmul_bias_grad = cpu::matmul_bias_grad,
+      .matmul_act_backward = cpu::matmul_act_backward,
   };
   return &table;
 }

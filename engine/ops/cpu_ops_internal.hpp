@@ -52,6 +52,10 @@ void check_activation(const char *op, tsr_activation act);
 void gemm(const char *op, const DLTensor *a, int32_t trans_a, const DLTensor *b, int32_t trans_b,
           DLTensor *c, float alpha, float beta);
 
+// g[j] += scale * sum over the rows of d[:, j], summed in double
+// (cpu_ops_nn.cpp): bias_grad with scale 1, and matmul_bias_grad's alpha.
+void add_col_sums(const Mat<float> &d, const Mat<float> &g, double scale);
+
 // Entries defined in cpu_ops_nn.cpp.
 tsr_status bias_act(tsr_host_ctx *ctx, DLTensor *y, const DLTensor *bias,
                     tsr_activation act) noexcept;
@@ -65,7 +69,9 @@ tsr_status cross_entropy(tsr_host_ctx *ctx, const DLTensor *logits, const DLTens
                          double *loss_sum, int64_t *count, int64_t *correct) noexcept;
 
 // ABI 1.1 entries, one file each: cpu_ops_cast.cpp, cpu_ops_linear.cpp,
-// cpu_ops_layernorm.cpp, cpu_ops_embedding.cpp.
+// cpu_ops_layernorm.cpp, cpu_ops_embedding.cpp; the ABI 1.3 ones beside
+// the 1.1 op they fuse with (add_layernorm_forward in cpu_ops_layernorm.cpp,
+// the matmul_* pair in cpu_ops_linear.cpp).
 tsr_status cast(tsr_host_ctx *ctx, const DLTensor *x, DLTensor *y) noexcept;
 tsr_status linear(tsr_host_ctx *ctx, const DLTensor *a, int32_t trans_a, const DLTensor *b,
                   int32_t trans_b, const DLTensor *bias, tsr_activation act, DLTensor *c,
@@ -76,6 +82,16 @@ tsr_status layernorm_forward(tsr_host_ctx *ctx, const DLTensor *x, const DLTenso
 tsr_status layernorm_backward(tsr_host_ctx *ctx, const DLTensor *dy, const DLTensor *x,
                               const DLTensor *weight, const DLTensor *mean, const DLTensor *rstd,
                               DLTensor *dx, DLTensor *dweight, DLTensor *dbias) noexcept;
+tsr_status add_layernorm_forward(tsr_host_ctx *ctx, const DLTensor *x, const DLTensor *y,
+                                 const DLTensor *weight, const DLTensor *bias, float eps,
+                                 DLTensor *r, DLTensor *out, DLTensor *mean,
+                                 DLTensor *rstd) noexcept;
+tsr_status matmul_bias_grad(tsr_host_ctx *ctx, const DLTensor *a, int32_t trans_a,
+                            const DLTensor *b, int32_t trans_b, DLTensor *c, float alpha,
+                            float beta, DLTensor *dbias) noexcept;
+tsr_status matmul_act_backward(tsr_host_ctx *ctx, const DLTensor *a, int32_t trans_a,
+                               const DLTensor *b, int32_t trans_b, tsr_activation act,
+                               const DLTensor *pre, DLTensor *c, DLTensor *dbias) noexcept;
 tsr_status embedding_forward(tsr_host_ctx *ctx, const DLTensor *ids, const DLTensor *table,
                              DLTensor *out, int32_t accumulate) noexcept;
 tsr_status embedding_backward(tsr_host_ctx *ctx, const DLTensor *ids, const DLTensor *dout,

@@ -107,6 +107,57 @@ tsr_status layernorm_forward(tsr_host_ctx *ctx, const DLTensor *x, const DLTenso
   });
 }
 
+// r = x + y over rows [r0, r1), then those rows of the forward on r as
+// stored: the same bits as axpy followed by layernorm_forward. A chunk's
+// rows are summed just before they are normalized, so the second read of
+// r comes from cache. r may be x or y: each element is read before r[j] is
+// written, by the same iteration.
+TSR_OPS_CLONES static void add_rows(const float *X, const float *Y, float *Rs, int64_t r0,
+                                    int64_t r1, int64_t C) {
+  for (int64_t i = r0 * C; i < r1 * C; i++) Rs[i] = X[i] + Y[i];
+}
+
+tsr_status add_layernorm_forward(tsr_host_ctx *ctx, const DLTensor *x, const DLTensor *y,
+                                 const DLTensor *weight, const DLTensor *bias, float eps,
+                                 DLTensor *r, DLTensor *out, DLTensor *mean,
+                                 DLTensor *rstd) noexcept {
+  return guarded(ctx, [&] {
+    const char *op = "add_layernorm_forward";
+    const Mat<float> X = f32(op, "x", x, 1), Y = f32(op, "y", y, 1), Rs = f32(op, "r", r, 1),
+                     W = f32(op, "weight", weight), B = f32(op, "bias", bias),
+                     O = f32(op, "out", out, 1), M = f32(op, "mean", mean),
+                     R = f32(op, "rstd", rstd);
+    const int64_t rows = X.rows, C = X.cols;
+    check_like_x(op, "y", y, Y, x, X);
+    check_like_x(op, "r", r, Rs, x, X);
+    check_like_x(op, "out", out, O, x, X);
+    check_numel(op, "weight", weight, W, C, "the last dim of x");
+    check_numel(op, "bias", bias, B, C, "the last dim of x");
+    check_numel(op, "mean", mean, M, rows, "one per row of x");
+    check_numel(op, "rstd", rstd, R, rows, "one per row of x");
+    TSR_CHECK(std::isfinite(eps) && eps >= 0.0f, TSR_ERR_INVALID,
+              std::string(op) + ": eps must be finite and >= 0, got " + std::to_string(eps));
+    // out is written while r is still read: it may not share memory with
+    // any input (r itself may be x or y, which the row loops allow).
+    const auto overlaps = [&](const Mat<float> &a) {
+      return a.numel() > 0 && O.numel() > 0 && a.p < O.p + O.numel() && O.p < a.p + a.numel();
+    };
+    TSR_CHECK(!overlaps(X) && !overlaps(Y) && !overlaps(Rs), TSR_ERR_INVALID,
+              std::string(op) + ": out " + describe(out) + " overlaps x, y or r in memory");
+    if (C == 0) {
+      for (int64_t i = 0; i < rows; i++) {
+        M.p[i] = 0.0f;
+        R.p[i] = 1.0f / std::sqrt(eps);
+      }
+      return;
+    }
+    parallel_for(rows, std::max<int64_t>(1, kGrain / C), [&](int64_t r0, int64_t r1) {
+      add_rows(X.p, Y.p, Rs.p, r0, r1, C);
+      forward_rows(Rs.p, W.p, B.p, O.p, M.p, R.p, r0, r1, C, eps);
+    });
+  });
+}
+
 // Rows [r0, r1) of the backward: dx, and the rows' sums of dweight (dy * n)
 // and dbias (dy) into acc[0, C) and acc[C, 2C).
 TSR_OPS_CLONES static void backward_rows(const float *X, const float *DY, const float *W,

@@ -122,27 +122,32 @@ tsr_status bias_act(tsr_host_ctx *ctx, DLTensor *y, const DLTensor *bias,
   });
 }
 
+void add_col_sums(const Mat<float> &D, const Mat<float> &G, double scale) {
+  // Column sums in double, a block of columns at a time: the accumulators
+  // live on the stack (no allocation), each row contributes a contiguous
+  // run of the block, and the j loop vectorizes since the lanes are
+  // independent. Summing rows in double keeps B*T-long sums accurate.
+  // scale = 1 multiplies exactly, so bias_grad and matmul_bias_grad agree.
+  constexpr int64_t kBlock = 256;
+  double acc[kBlock];
+  for (int64_t c0 = 0; c0 < D.cols; c0 += kBlock) {
+    const int64_t w = D.cols - c0 < kBlock ? D.cols - c0 : kBlock;
+    for (int64_t j = 0; j < w; j++) acc[j] = 0.0;
+    for (int64_t r = 0; r < D.rows; r++) {
+      const float *dr = D.p + r * D.cols + c0;
+      for (int64_t j = 0; j < w; j++) acc[j] += dr[j];
+    }
+    for (int64_t j = 0; j < w; j++) G.p[c0 + j] += static_cast<float>(scale * acc[j]);
+  }
+}
+
 tsr_status bias_grad(tsr_host_ctx *ctx, const DLTensor *dy, DLTensor *dbias) noexcept {
   return guarded(ctx, [&] {
     const Mat<float> D = f32("bias_grad", "dy", dy, 1), G = f32("bias_grad", "dbias", dbias, 1);
     TSR_CHECK(G.numel() == D.cols, TSR_ERR_INVALID,
               "bias_grad: dbias " + describe(dbias) + " must have the last dim of dy " +
                   describe(dy) + " (" + std::to_string(D.cols) + " elements)");
-    // Column sums in double, a block of columns at a time: the accumulators
-    // live on the stack (no allocation), each row contributes a contiguous
-    // run of the block, and the j loop vectorizes since the lanes are
-    // independent. Summing rows in double keeps B*T-long sums accurate.
-    constexpr int64_t kBlock = 256;
-    double acc[kBlock];
-    for (int64_t c0 = 0; c0 < D.cols; c0 += kBlock) {
-      const int64_t w = D.cols - c0 < kBlock ? D.cols - c0 : kBlock;
-      for (int64_t j = 0; j < w; j++) acc[j] = 0.0;
-      for (int64_t r = 0; r < D.rows; r++) {
-        const float *dr = D.p + r * D.cols + c0;
-        for (int64_t j = 0; j < w; j++) acc[j] += dr[j];
-      }
-      for (int64_t j = 0; j < w; j++) G.p[c0 + j] += static_cast<float>(acc[j]);
-    }
+    add_col_sums(D, G, 1.0);
   });
 }
 

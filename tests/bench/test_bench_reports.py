@@ -103,6 +103,12 @@ class Reports(unittest.TestCase):
         self.assertIn("noisy", out)
         self.assertIn("below", out)  # 0.88x: said so
         self.assertIn("8.00 GiB", out)
+        # 409,600 tokens/s x (6 x 124,475,904 + 6 x 12 x 768 x 1024) FLOPs / 989e12
+        self.assertIn("| 33.3% |", out)
+        rc, out = self.report("gpt2_gpu", self.work, "3", "1.5b", "48", "25", "1600", "4")
+        self.assertIn("GPT-2 1.5b (48 layers, 25 heads, width 1600", out)
+        self.assertIn("1558M parameters", out)
+        self.assertIn("| tessera (configs/gpt2-1.5b.toml) |", out)
 
     def test_offload_gpu(self):
         for name, step_s in (("none", 0.124), ("cpu", 0.454), ("cpu_auto", 0.124)):
@@ -212,6 +218,7 @@ class Scripts(unittest.TestCase):
     def test_every_bench_script_parses_and_has_help(self):
         scripts = sorted(glob.glob(os.path.join(ROOT, "bench", "*", "run")))
         self.assertGreaterEqual(len(scripts), 7)
+        scripts += [os.path.join(ROOT, "bench", "gpt2_gpu", s) for s in ("kernel_table", "fused_ab")]
         for s in scripts + [os.path.join(ROOT, "bench", "lib", "common.sh")]:
             r = subprocess.run(["bash", "-n", s], capture_output=True, text=True)
             self.assertEqual(r.returncode, 0, f"bash -n {s}: {r.stderr}")
@@ -235,3 +242,44 @@ class Scripts(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class KernelFamilies(unittest.TestCase):
+    """bench/gpt2_gpu/kernel_families.py on a made-up trace whose figures are
+    known by construction: per step a 5 ms GEMM, 1 ms attention forward,
+    2 ms attention backward, 0.5 ms cross-entropy and two 0.25 ms optimizer
+    kernels, each followed by 0.1 ms of idle GPU."""
+
+    def test_per_step_families_busy_share_and_window(self):
+        per_step = [("nvjet_sm90_tst_256x128_NNT", 5.0), ("cudnn_sdpa_flash_fprop", 1.0),
+                    ("cudnn_sdpa_flash_bprop", 2.0), ("ce_rows<bf16>", 0.5),
+                    ("step_kernel<AdamOp>", 0.25), ("step_kernel<AdamOp>", 0.25)]
+        lines, t = [], 0
+        for _ in range(10):
+            for name, ms in per_step:
+                lines.append(f"{t}\t{t + int(ms * 1e6)}\t7\t{name}")
+                t += int(ms * 1e6) + 100000
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "t.tsv")
+            with open(path, "w") as f:
+                f.write("\n".join(lines) + "\n")
+            out_json = os.path.join(d, "f.json")
+            r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gpt2_gpu", "kernel_families.py"),
+                                f"x={path}", "--warmup", "2", "--json", out_json],
+                               capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            with open(out_json) as f:
+                res = json.load(f)["x"]
+        self.assertEqual(res["steps"], 7)
+        fam = res["families"]
+        self.assertAlmostEqual(fam["matmul"], 5.0)
+        self.assertAlmostEqual(fam["attention forward"], 1.0)
+        self.assertAlmostEqual(fam["attention backward"], 2.0)
+        self.assertAlmostEqual(fam["classifier (softmax, cross-entropy)"], 0.5)
+        self.assertAlmostEqual(fam["optimizer"], 0.5)
+        # The window runs from the end of one optimizer run to the end of a
+        # later one: a whole step is 9 ms of kernels and 0.6 ms idle.
+        self.assertAlmostEqual(res["step_ms"], 9.6)
+        self.assertAlmostEqual(res["busy"], 9.0 / 9.6)
+        self.assertAlmostEqual(res["kernels_per_step"], 6)
+        self.assertIn("| matmul | 5.000 |", r.stdout)

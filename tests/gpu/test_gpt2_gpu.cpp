@@ -2,12 +2,14 @@
 // backward (tests/data/gpt2_L2_C64, the same model and batch as the CPU test
 // tests/unit/test_gpt2.cpp): parameters, gradients and the batch in device
 // memory, the host's CUDA ops doing the work; in fp32 and in bf16 (bf16
-// parameters, gradients and activations; float32 statistics).
+// parameters, gradients and activations; float32 statistics); with the
+// ABI 1.3 fused ops and without them (fused = false).
 #include <cuda_runtime.h>
 #include <tessera/tessera.h>
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <map>
 #include <string>
@@ -94,8 +96,15 @@ double rel_err(const std::vector<double> &got, const std::vector<double> &want) 
   return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
 }
 
-void run_reference(tsr_precision precision, double loss_tol, double grad_tol,
-                   const std::string &extra = "") {
+// One training step of the golden model on the GPU, held to Hugging Face;
+// returns the mean loss and the gradients (wte's padding rows cut).
+struct StepResult {
+  double loss = 0;
+  std::vector<std::vector<double>> grads;
+};
+StepResult run_reference(tsr_precision precision, double loss_tol, double grad_tol,
+                         const std::string &extra = "") {
+  StepResult out;
   tessera::Host::RunFacts facts;
   facts.device = DLDevice{kDLCUDA, 0};
   facts.precision = precision;
@@ -200,10 +209,13 @@ void run_reference(tsr_precision precision, double loss_tol, double grad_tol,
     INFO(info[i].name << ": relative error " << e << " (tolerance " << grad_tol << ")");
     CHECK(e <= grad_tol);
     for (size_t j = g.data.size(); j < got.size(); ++j) REQUIRE(got[j] == 0.0);  // padding
+    out.grads.emplace_back(got.begin(), got.begin() + static_cast<std::ptrdiff_t>(g.data.size()));
   }
+  out.loss = loss;
   vt->destroy(self);
   cudaFree(dx);
   cudaFree(dy);
+  return out;
 }
 
 }  // namespace
@@ -218,4 +230,32 @@ TEST_CASE("gpt2 on the GPU matches Hugging Face in fp32 with recompute", "[gpu][
 
 TEST_CASE("gpt2 on the GPU matches Hugging Face in bf16", "[gpu][gpt2]") {
   run_reference(TSR_PRECISION_BF16, 1e-2, 5e-2);
+}
+
+// ABI 1.3's fused ops (residual + layernorm, bias gradients and GELU's
+// backward in cuBLASLt's epilogues) against the 1.1 op sequences the model
+// runs with fused = false: both held to Hugging Face, and to each other.
+TEST_CASE("gpt2 on the GPU matches Hugging Face without the fused ops", "[gpu][gpt2][fused]") {
+  run_reference(TSR_PRECISION_FP32, 1e-5, 1e-4, "fused = false");
+  run_reference(TSR_PRECISION_BF16, 1e-2, 5e-2, "fused = false");
+  run_reference(TSR_PRECISION_BF16, 1e-2, 5e-2, "recompute = true");
+}
+
+TEST_CASE("gpt2 on the GPU: the fused and the unfused step agree", "[gpu][gpt2][fused]") {
+  for (tsr_precision p : {TSR_PRECISION_FP32, TSR_PRECISION_BF16}) {
+    const bool bf16 = p == TSR_PRECISION_BF16;
+    const StepResult fused = run_reference(p, bf16 ? 1e-2 : 1e-5, bf16 ? 5e-2 : 1e-4);
+    const StepResult plain =
+        run_reference(p, bf16 ? 1e-2 : 1e-5, bf16 ? 5e-2 : 1e-4, "fused = false");
+    // bf16: the two differ by where they round (the fused epilogues round
+    // once); fp32 only by the order of sums.
+    const double tol = bf16 ? 2e-2 : 1e-5;
+    CHECK(std::fabs(fused.loss - plain.loss) <= tol * std::fabs(plain.loss));
+    REQUIRE(fused.grads.size() == plain.grads.size());
+    for (size_t i = 0; i < fused.grads.size(); ++i) {
+      const double e = rel_err(fused.grads[i], plain.grads[i]);
+      INFO("parameter " << i << ": fused vs unfused relative difference " << e);
+      CHECK(e <= (bf16 ? 3e-2 : 1e-5));
+    }
+  }
 }

@@ -83,13 +83,16 @@ struct Model {
   Model(const Model &) = delete;
   Model &operator=(const Model &) = delete;
 
-  tsr_status create(tsr_config *cfg, const tsr_data_info &data, int64_t max_batch) {
+  // `host`: another host table than the fixture's (one with a smaller ops
+  // table, say); the fixture's by default.
+  tsr_status create(tsr_config *cfg, const tsr_data_info &data, int64_t max_batch,
+                    const tsr_host *host = nullptr) {
     tsr_model_init init;
     std::memset(&init, 0, sizeof init);
     init.struct_size = sizeof init;
     init.data = &data;
     init.max_micro_batch = max_batch;
-    return vt->create(f.host.table(), cfg, &init, &self);
+    return vt->create(host ? host : f.host.table(), cfg, &init, &self);
   }
   std::vector<tsr_param_info> infos() const {
     std::vector<tsr_param_info> out(vt->num_params(self));

@@ -1,7 +1,9 @@
 // The gpt2 model plugin, loaded from the build tree the way a run loads it:
 // its descriptor, the parameters it declares (Hugging Face's names and
 // shapes, one group per block, initialisers, FLOPs; GPT-2 small by default),
-// and its config keys: recompute (bitwise the same gradients), freeze
+// and its config keys: recompute (bitwise the same gradients), fused (the
+// ABI 1.3 ops or the sequences they fuse, and a 1.1 host's table without
+// them: bitwise the same gradients), freeze
 // (frozen parameters get no gradient), init_from's config.json setting the
 // dimensions, and refusals of bad configs, datasets and batches. The
 // golden model (tests/data/gpt2_L2_C64/) is described in test_gpt2.cpp,
@@ -17,6 +19,7 @@
 #include <vector>
 
 #include "gpt2_support.hpp"
+#include "ops/cpu_ops.hpp"
 #include "support/fixture.hpp"
 
 using namespace tessera::test::gpt2_support;
@@ -30,7 +33,7 @@ TEST_CASE("gpt2 is a model plugin for CPU and CUDA", "[gpt2]") {
   for (size_t i = 0; i < d.num_params; ++i) keys.push_back(d.params[i].name);
   CHECK(keys == std::vector<std::string>{"layers", "heads", "width", "context", "vocab",
                                          "vocab_pad_to", "init_from", "freeze", "recompute",
-                                         "init_std"});
+                                         "fused", "init_std"});
 }
 
 TEST_CASE("gpt2 declares Hugging Face's parameters, one group per block", "[gpt2]") {
@@ -137,6 +140,97 @@ TEST_CASE("gpt2 recompute gives bitwise the same gradients", "[gpt2]") {
   for (size_t i = 0; i < grads[0].size(); ++i) {
     INFO("parameter " << i);
     CHECK(std::memcmp(grads[0][i].data(), grads[1][i].data(), grads[0][i].size() * 4) == 0);
+  }
+}
+
+namespace {
+
+// The CPU ops behind a table whose ABI 1.3 entries count their calls: a
+// model that uses a fused op it should not (fused = false, or past a
+// smaller table's struct_size) is seen.
+int g_fused_calls = 0;
+tsr_status spy_add_ln(tsr_host_ctx *ctx, const DLTensor *x, const DLTensor *y, const DLTensor *w,
+                      const DLTensor *b, float eps, DLTensor *r, DLTensor *out, DLTensor *mean,
+                      DLTensor *rstd) {
+  ++g_fused_calls;
+  return tessera::cpu_ops()->add_layernorm_forward(ctx, x, y, w, b, eps, r, out, mean, rstd);
+}
+tsr_status spy_bias_grad(tsr_host_ctx *ctx, const DLTensor *a, int32_t ta, const DLTensor *b,
+                         int32_t tb, DLTensor *c, float alpha, float beta, DLTensor *dbias) {
+  ++g_fused_calls;
+  return tessera::cpu_ops()->matmul_bias_grad(ctx, a, ta, b, tb, c, alpha, beta, dbias);
+}
+tsr_status spy_act_grad(tsr_host_ctx *ctx, const DLTensor *a, int32_t ta, const DLTensor *b,
+                        int32_t tb, tsr_activation act, const DLTensor *pre, DLTensor *c,
+                        DLTensor *dbias) {
+  ++g_fused_calls;
+  return tessera::cpu_ops()->matmul_act_backward(ctx, a, ta, b, tb, act, pre, c, dbias);
+}
+
+}  // namespace
+
+TEST_CASE("gpt2 with the fused ops, without them and on a 1.1 host: bitwise the same", "[gpt2]") {
+  Fixture f;
+  tsr_ops spy = *tessera::cpu_ops();
+  spy.add_layernorm_forward = spy_add_ln;
+  spy.matmul_bias_grad = spy_bias_grad;
+  spy.matmul_act_backward = spy_act_grad;
+  tsr_host with_spy = *f.host.table();
+  with_spy.ops = &spy;
+  // A 1.1 or 1.2 tessera's table ends at attention_backward: the entries
+  // after it are not the model's to read, whatever the memory holds.
+  tsr_ops old_ops = spy;
+  old_ops.struct_size = TSR_STRUCT_SIZE(tsr_ops, attention_backward);
+  tsr_host old_host = with_spy;
+  old_host.ops = &old_ops;
+
+  struct Run {
+    const char *what;
+    std::string keys;
+    const tsr_host *host;
+    bool fused;
+  };
+  for (const char *rc : {"recompute = false", "recompute = true"}) {
+    const Run runs[] = {{"fused", std::string(rc), &with_spy, true},
+                        {"fused = false", std::string(rc) + "\nfused = false", &with_spy, false},
+                        {"a 1.1 host", std::string(rc), &old_host, false}};
+    std::vector<std::vector<float>> want;
+    double want_loss = 0;
+    for (const Run &run : runs) {
+      INFO(run.what << ", " << rc);
+      g_fused_calls = 0;
+      Model m(f);
+      REQUIRE(m.create(f.config("model", "gpt2", golden_config(run.keys)), token_data(kT), kBatch,
+                       run.host) == TSR_OK);
+      State s(m);
+      s.load_hf();
+      Batch batch = reference_batch();
+      // A loss scale of a power of two: the fused path scales the loss
+      // gradient in the LM head's matmuls, the unfused one in
+      // cross_entropy, and only a power of two makes both exact.
+      tsr_step *step = f.host.step_handle(&s.hooks);
+      tsr_forward_result r = fresh_result();
+      REQUIRE(m.vt->forward(m.self, step, batch.get(), 1, &r) == TSR_OK);
+      REQUIRE(m.vt->backward(m.self, step, batch.get(), 1.0f / 128) == TSR_OK);
+      const double loss = r.loss_sum;
+      if (run.fused) {
+        // Per block: two add+layernorms in forward (ln_2, and the next ln_1
+        // or ln_f), three weight gradients with their bias and one input
+        // gradient through GELU in backward, and a recompute's ln_2.
+        const int per_block = 2 + 4 + (std::string(rc) == "recompute = true" ? 1 : 0);
+        CHECK(g_fused_calls == per_block * static_cast<int>(kLayers));
+        want = s.grad;
+        want_loss = loss;
+        continue;
+      }
+      CHECK(g_fused_calls == 0);
+      CHECK(loss == want_loss);
+      REQUIRE(s.grad.size() == want.size());
+      for (size_t i = 0; i < want.size(); ++i) {
+        INFO("parameter " << s.info[i].name);
+        CHECK(std::memcmp(s.grad[i].data(), want[i].data(), want[i].size() * 4) == 0);
+      }
+    }
   }
 }
 

@@ -79,6 +79,18 @@ Gpt2 *build(const tsr_host *host, const tsr_config *cfg, const tsr_model_init *i
   m->ops = host->ops;
   m->device = host->run->device;
   m->recompute = c.get_bool("recompute");
+  // ABI 1.3's fused ops where this host has them (a 1.1 or 1.2 host's
+  // table ends before them: TSR_HAS_FIELD says no, and the 1.1 sequences
+  // run). `fused = false` runs those sequences anyway, for comparisons.
+  const bool fused = c.get_bool("fused");
+  const tsr_ops *ops = host->ops;
+  m->fuse_add_ln =
+      fused && TSR_HAS_FIELD(ops, tsr_ops, add_layernorm_forward) && ops->add_layernorm_forward;
+  m->fuse_bias_grad =
+      fused && TSR_HAS_FIELD(ops, tsr_ops, matmul_bias_grad) && ops->matmul_bias_grad;
+  m->fuse_act_grad =
+      fused && TSR_HAS_FIELD(ops, tsr_ops, matmul_act_backward) && ops->matmul_act_backward;
+  m->ce_grad_in_forward = fused;
   Dims &d = m->d;
   d.layers = c.get_int("layers");
   d.heads = c.get_int("heads");

@@ -56,7 +56,16 @@ int64_t Gpt2::check_batch(const tsr_batch *batch, bool with_targets) const {
 
 // Block l from its input x_l (resid[l]) into set `s`; with `out` the block
 // output x_{l+1} goes to resid[l + 1] (a recompute in backward skips it).
-void Gpt2::block_forward(tsr_step *step, uint32_t l, const Set &s, int64_t B, int64_t T, bool out) {
+//
+// With the fused residual (fuse_add_ln) a residual add happens in the
+// layernorm that reads its sum: r = x_l + attn in ln_2's, and the block's
+// output add x_{l+1} = r + mlp in the next block's ln_1 (or ln_f's): resid
+// [l + 1] is left holding the MLP's output alone, and `prev`, the previous
+// block's set, says resid[l] is in that state (its r2 is the other term);
+// the add writes x_l back into resid[l] before anything else reads it. A
+// recompute (out = false) finds resid[l] complete and passes no `prev`.
+void Gpt2::block_forward(tsr_step *step, uint32_t l, const Set &s, int64_t B, int64_t T, bool out,
+                         const Set *prev) {
   const int64_t R = B * T, C = d.width, H = d.heads, D = C / H;
   tsr_host_ctx *ctx = host->ctx;
   const auto P = [&](BlockParam p) { return param(step, block_param(l, p)); };
@@ -68,7 +77,14 @@ void Gpt2::block_forward(tsr_step *step, uint32_t l, const Set &s, int64_t B, in
   View lse = S(s.lse, {B, H, T});
 
   DLTensor w = P(kLn1W), b = P(kLn1B);
-  check(ops->layernorm_forward(ctx, x.get(), &w, &b, kLayerNormEps, ln1.get(), m1.get(), s1.get()));
+  if (prev) {  // x_l = r_{l-1} + mlp_{l-1}, into resid[l], and ln_1 of it
+    View pr = A(prev->r2, {R, C});
+    check(ops->add_layernorm_forward(ctx, pr.get(), x.get(), &w, &b, kLayerNormEps, x.get(),
+                                     ln1.get(), m1.get(), s1.get()));
+  } else {
+    check(
+        ops->layernorm_forward(ctx, x.get(), &w, &b, kLayerNormEps, ln1.get(), m1.get(), s1.get()));
+  }
   w = P(kQkvW);
   b = P(kQkvB);
   check(ops->linear(ctx, ln1.get(), 0, &w, 0, &b, TSR_ACT_NONE, qkv.get(), nullptr));
@@ -79,11 +95,16 @@ void Gpt2::block_forward(tsr_step *step, uint32_t l, const Set &s, int64_t B, in
   w = P(kAttnProjW);
   b = P(kAttnProjB);
   check(ops->linear(ctx, atty.get(), 0, &w, 0, &b, TSR_ACT_NONE, r2.get(), nullptr));
-  check(ops->axpy(ctx, 1.0f, x.get(), r2.get()));  // r = x + attn
   w = P(kLn2W);
   b = P(kLn2B);
-  check(
-      ops->layernorm_forward(ctx, r2.get(), &w, &b, kLayerNormEps, ln2.get(), m2.get(), s2.get()));
+  if (fuse_add_ln) {  // r = x + attn, and ln_2 of it, in one pass
+    check(ops->add_layernorm_forward(ctx, x.get(), r2.get(), &w, &b, kLayerNormEps, r2.get(),
+                                     ln2.get(), m2.get(), s2.get()));
+  } else {
+    check(ops->axpy(ctx, 1.0f, x.get(), r2.get()));  // r = x + attn
+    check(ops->layernorm_forward(ctx, r2.get(), &w, &b, kLayerNormEps, ln2.get(), m2.get(),
+                                 s2.get()));
+  }
   w = P(kFcW);
   b = P(kFcB);
   check(ops->linear(ctx, ln2.get(), 0, &w, 0, &b, TSR_ACT_GELU, fchg.get(), fch.get()));
@@ -92,7 +113,15 @@ void Gpt2::block_forward(tsr_step *step, uint32_t l, const Set &s, int64_t B, in
   w = P(kMlpProjW);
   b = P(kMlpProjB);
   check(ops->linear(ctx, fchg.get(), 0, &w, 0, &b, TSR_ACT_NONE, y.get(), nullptr));
-  check(ops->axpy(ctx, 1.0f, r2.get(), y.get()));  // x_{l+1} = r + mlp
+  // x_{l+1} = r + mlp; fused, the next block's ln_1 (or ln_f) adds it.
+  if (!fuse_add_ln) check(ops->axpy(ctx, 1.0f, r2.get(), y.get()));
+}
+
+// With the fused residual, the set whose r2 resid[L] still lacks after the
+// blocks (see block_forward); NULL when resid[L] is complete.
+const Gpt2::Set *Gpt2::pending_residual() const {
+  if (!fuse_add_ln || L() == 0) return nullptr;
+  return &sets[recompute ? 0 : L() - 1];
 }
 
 // Embeddings and blocks: x_L into resid[L] for B sequences of T tokens.
@@ -113,7 +142,8 @@ DLTensor Gpt2::trunk(tsr_step *step, const DLTensor &inputs, int64_t B, int64_t 
     check(ops->axpy(ctx, 1.0f, pos.get(), xb.get()));
   }
   for (uint32_t l = 0; l < L(); ++l) {
-    block_forward(step, l, sets[recompute ? 0 : l], B, T, true);
+    const Set *prev = fuse_add_ln && l > 0 ? &sets[recompute ? 0 : l - 1] : nullptr;
+    block_forward(step, l, sets[recompute ? 0 : l], B, T, true, prev);
     params_done(step, l + 1);
   }
   return wte;
@@ -136,16 +166,30 @@ void Gpt2::forward(tsr_step *step, const tsr_batch *batch, int32_t training,
     View xL = A(resid[L()], {R, C}), lnf_y = A(lnf, {R, C});
     View m = S(lnf_m, {R}), s = S(lnf_s, {R});
     DLTensor w = param(step, lnf_w()), b = param(step, lnf_b());
-    check(ops->layernorm_forward(ctx, xL.get(), &w, &b, kLayerNormEps, lnf_y.get(), m.get(),
-                                 s.get()));
+    if (const Set *last = pending_residual()) {  // x_L = r + mlp of the last block, and ln_f
+      View pr = A(last->r2, {R, C});
+      check(ops->add_layernorm_forward(ctx, pr.get(), xL.get(), &w, &b, kLayerNormEps, xL.get(),
+                                       lnf_y.get(), m.get(), s.get()));
+    } else {
+      check(ops->layernorm_forward(ctx, xL.get(), &w, &b, kLayerNormEps, lnf_y.get(), m.get(),
+                                   s.get()));
+    }
     params_done(step, L() + 1);
 
     // LM head: logits = ln_f(x_L) @ wte^T over the padded vocabulary.
     View z = A(logits, {R, d.padded_vocab});
     check(ops->linear(ctx, lnf_y.get(), 0, &wte, 1, nullptr, TSR_ACT_NONE, z.get(), nullptr));
     params_done(step, 0);
-    check(ops->cross_entropy(ctx, z.get(), tgt.get(), d.vocab, 1.0f, nullptr, &loss_sum, &count,
-                             &correct));
+    // A training forward writes the gradient too, over the logits in place:
+    // softmax - onehot, unscaled (backward's matmuls take loss_scale as
+    // their alpha). The loss and its gradient then come from one read of
+    // the [B*T, padded_vocab] logits, the largest activation (1.6 GB in
+    // bf16 for GPT-2 at 16 x 1024 tokens), instead of one read here and a
+    // read and write in backward.
+    const bool grad_now = training && ce_grad_in_forward;
+    check(ops->cross_entropy(ctx, z.get(), tgt.get(), d.vocab, 1.0f, grad_now ? z.get() : nullptr,
+                             &loss_sum, &count, &correct));
+    ce_grad_ready = grad_now;
   }
   out->loss_sum = loss_sum;
   out->count = count;
@@ -198,6 +242,10 @@ void Gpt2::predict(tsr_step *step, const tsr_batch *batch, DLTensor *out) {
   const int64_t C = d.width, V = d.vocab;
   tsr_host_ctx *ctx = host->ctx;
   DLTensor wte = trunk(step, batch->inputs, B, T);
+  if (const Set *pending = pending_residual()) {  // x_L = r + mlp, which ln_f adds in forward
+    View xL = A(resid[L()], {B * T, C}), pr = A(pending->r2, {B * T, C});
+    check(ops->axpy(ctx, 1.0f, pr.get(), xL.get()));
+  }
 
   View last = A(dsmall, {B, C});
   for (int64_t b = 0; b < B; ++b) {
@@ -233,6 +281,27 @@ void Gpt2::predict(tsr_step *step, const tsr_batch *batch, DLTensor *out) {
 
 // ---- backward ---------------------------------------------------------------
 
+// The weight and bias gradients of block l's linear layer `wp` (its bias
+// is wp + 1) from its input x and output gradient dy: dW += x^T dy and
+// db += the column sums of dy, in one call where the host fuses them.
+void Gpt2::weight_grads(tsr_step *step, uint32_t l, BlockParam wp, View x, View dy) {
+  tsr_host_ctx *ctx = host->ctx;
+  const uint32_t wi = block_param(l, wp), bi = wi + 1;
+  if (trainable(wi)) {
+    DLTensor gw = grad(step, wi);
+    if (fuse_bias_grad && trainable(bi)) {
+      DLTensor gb = grad(step, bi);
+      check(ops->matmul_bias_grad(ctx, x.get(), 1, dy.get(), 0, &gw, 1.0f, 1.0f, &gb));
+      return;
+    }
+    check(ops->matmul(ctx, x.get(), 1, dy.get(), 0, &gw, 1.0f, 1.0f));
+  }
+  if (trainable(bi)) {
+    DLTensor gb = grad(step, bi);
+    check(ops->bias_grad(ctx, dy.get(), &gb));
+  }
+}
+
 // Block l's backward: dres holds d x_{l+1} on entry and d x_l on exit.
 void Gpt2::block_backward(tsr_step *step, uint32_t l, const Set &s, int64_t B, int64_t T) {
   const int64_t R = B * T, C = d.width, H = d.heads, D = C / H;
@@ -249,24 +318,26 @@ void Gpt2::block_backward(tsr_step *step, uint32_t l, const Set &s, int64_t B, i
   View dfc = A(dbig, {R, 4 * C}), dqkv = A(dbig, {R, 3 * C});
 
   // MLP: y = r + c_proj(gelu(c_fc(ln_2(r)))).
-  if (train(kMlpProjW)) {
-    DLTensor g = G(kMlpProjW);
-    check(ops->matmul(ctx, fchg.get(), 1, dres_v.get(), 0, &g, 1.0f, 1.0f));
-  }
-  if (train(kMlpProjB)) {
-    DLTensor g = G(kMlpProjB);
-    check(ops->bias_grad(ctx, dres_v.get(), &g));
-  }
+  weight_grads(step, l, kMlpProjW, fchg, dres_v);
   DLTensor w = P(kMlpProjW);
-  check(ops->matmul(ctx, dres_v.get(), 0, &w, 1, dfc.get(), 1.0f, 0.0f));
-  check(ops->act_backward(ctx, TSR_ACT_GELU, fch.get(), 0, dfc.get(), dfc.get()));
+  if (fuse_act_grad) {
+    // d c_fc's output = gelu'(pre) * (dy @ W^T), and c_fc's bias gradient
+    // from it, in the matmul's epilogue.
+    DLTensor gb{};
+    if (train(kFcB)) gb = G(kFcB);
+    check(ops->matmul_act_backward(ctx, dres_v.get(), 0, &w, 1, TSR_ACT_GELU, fch.get(), dfc.get(),
+                                   train(kFcB) ? &gb : nullptr));
+  } else {
+    check(ops->matmul(ctx, dres_v.get(), 0, &w, 1, dfc.get(), 1.0f, 0.0f));
+    check(ops->act_backward(ctx, TSR_ACT_GELU, fch.get(), 0, dfc.get(), dfc.get()));
+    if (train(kFcB)) {
+      DLTensor g = G(kFcB);
+      check(ops->bias_grad(ctx, dfc.get(), &g));
+    }
+  }
   if (train(kFcW)) {
     DLTensor g = G(kFcW);
     check(ops->matmul(ctx, ln2.get(), 1, dfc.get(), 0, &g, 1.0f, 1.0f));
-  }
-  if (train(kFcB)) {
-    DLTensor g = G(kFcB);
-    check(ops->bias_grad(ctx, dfc.get(), &g));
   }
   w = P(kFcW);
   check(ops->matmul(ctx, dfc.get(), 0, &w, 1, dsm.get(), 1.0f, 0.0f));
@@ -279,14 +350,7 @@ void Gpt2::block_backward(tsr_step *step, uint32_t l, const Set &s, int64_t B, i
   }
 
   // Attention: r = x + c_proj(attn(c_attn(ln_1(x)))).
-  if (train(kAttnProjW)) {
-    DLTensor g = G(kAttnProjW);
-    check(ops->matmul(ctx, atty.get(), 1, dres_v.get(), 0, &g, 1.0f, 1.0f));
-  }
-  if (train(kAttnProjB)) {
-    DLTensor g = G(kAttnProjB);
-    check(ops->bias_grad(ctx, dres_v.get(), &g));
-  }
+  weight_grads(step, l, kAttnProjW, atty, dres_v);
   w = P(kAttnProjW);
   check(ops->matmul(ctx, dres_v.get(), 0, &w, 1, dsm.get(), 1.0f, 0.0f));
   {
@@ -299,14 +363,7 @@ void Gpt2::block_backward(tsr_step *step, uint32_t l, const Set &s, int64_t B, i
     check(ops->attention_backward(ctx, q.get(), k.get(), v.get(), o.get(), dout.get(), lse.get(),
                                   scale, dq.get(), dk.get(), dv.get()));
   }
-  if (train(kQkvW)) {
-    DLTensor g = G(kQkvW);
-    check(ops->matmul(ctx, ln1.get(), 1, dqkv.get(), 0, &g, 1.0f, 1.0f));
-  }
-  if (train(kQkvB)) {
-    DLTensor g = G(kQkvB);
-    check(ops->bias_grad(ctx, dqkv.get(), &g));
-  }
+  weight_grads(step, l, kQkvW, ln1, dqkv);
   w = P(kQkvW);
   check(ops->matmul(ctx, dqkv.get(), 0, &w, 1, dsm.get(), 1.0f, 0.0f));
   {
@@ -327,27 +384,34 @@ void Gpt2::backward(tsr_step *step, const tsr_batch *batch, float loss_scale) {
     throw Error(TSR_ERR_INVALID, "gpt2: backward got " + std::to_string(B) + " x " +
                                      std::to_string(T) + " tokens, the forward before it had " +
                                      std::to_string(ready_n) + " x " + std::to_string(ready_T));
-  ready = false;  // dlogits overwrite the logits: one backward per forward
+  ready = false;  // forward left dlogits over the logits: one backward per forward
   const uint32_t nL = L();
   const auto run = [&](int64_t stage) { return B > 0 && stage >= lowest_trainable_stage; };
   tsr_host_ctx *ctx = host->ctx;
   const int64_t R = B * T, C = d.width;
 
   if (run(nL + 1)) {
-    View tgt(batch->targets, {R});
+    // dlogits = loss_scale * (softmax - onehot): the forward left the
+    // unscaled difference over the logits (loss_scale then scales the two
+    // matmuls), or cross_entropy writes it scaled now.
     View z = A(logits, {R, d.padded_vocab});
-    double loss_sum = 0;
-    int64_t count = 0;
-    check(ops->cross_entropy(ctx, z.get(), tgt.get(), d.vocab, loss_scale, z.get(), &loss_sum,
-                             &count, nullptr));
+    float alpha = loss_scale;
+    if (!ce_grad_ready) {
+      View tgt(batch->targets, {R});
+      double loss_sum = 0;
+      int64_t count = 0;
+      check(ops->cross_entropy(ctx, z.get(), tgt.get(), d.vocab, loss_scale, z.get(), &loss_sum,
+                               &count, nullptr));
+      alpha = 1.0f;
+    }
     // LM head: dwte += dlogits^T @ ln_f(x_L); d ln_f(x_L) = dlogits @ wte.
     View lnf_y = A(lnf, {R, C}), dsm = A(dsmall, {R, C});
     DLTensor wte = param(step, kWte);
     if (trainable(kWte)) {
       DLTensor g = grad(step, kWte);
-      check(ops->matmul(ctx, z.get(), 1, lnf_y.get(), 0, &g, 1.0f, 1.0f));
+      check(ops->matmul(ctx, z.get(), 1, lnf_y.get(), 0, &g, alpha, 1.0f));
     }
-    check(ops->matmul(ctx, z.get(), 0, &wte, 0, dsm.get(), 1.0f, 0.0f));
+    check(ops->matmul(ctx, z.get(), 0, &wte, 0, dsm.get(), alpha, 0.0f));
     // ln_f; dres becomes d x_L.
     View dres_v = A(dres, {R, C}), xL = A(resid[nL], {R, C});
     check(ops->fill(ctx, dres_v.get(), 0.0f));

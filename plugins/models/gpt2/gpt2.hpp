@@ -60,6 +60,18 @@
 // single shared set, before its backward: the same ops on the same inputs,
 // so the gradients are bitwise those of recompute = false.
 //
+// With `fused` (the default) the step uses ABI 1.3's fused ops where the
+// host has them: each residual add inside the layernorm that reads the sum
+// (add_layernorm_forward; a block's output add happens in the next block's
+// ln_1, the last one in ln_f's), every bias gradient inside its weight
+// gradient's matmul (matmul_bias_grad), and GELU's backward inside the
+// matmul that produces c_fc's output gradient (matmul_act_backward). The
+// training forward's cross_entropy also writes the loss gradient over the
+// logits (unscaled; backward's LM-head matmuls apply loss_scale), so
+// backward reads the logits once fewer. `fused = false`, or a host whose
+// table lacks an op, runs the op sequences as before; on the CPU both give
+// the same bits (for a power-of-two loss scale; else the same to rounding).
+//
 // The plugin's files: gpt2.hpp (this: the declarations they share), create.cpp
 // (gpt2_create: config keys, dimensions, parameters, freeze, init_from's
 // checks), hf_checkpoint.{hpp,cpp} (init_from's config.json and safetensors
@@ -184,6 +196,13 @@ struct Gpt2 {
   // init_from's safetensors file ("" without init_from): the engine asks for
   // it through TSR_EXT_MODEL_INIT_FROM and overlays its tensors by name.
   std::string init_weights;
+  // ABI 1.3's fused ops, each used where the host's table has it and the
+  // config's `fused` allows (create.cpp); else the 1.1 sequence it fuses.
+  bool fuse_add_ln = false, fuse_bias_grad = false, fuse_act_grad = false;
+  // The loss gradient written by the training forward's cross_entropy
+  // (any host; `fused` again), rather than a second pass in backward.
+  bool ce_grad_in_forward = false;
+  bool ce_grad_ready = false;     // the logits hold the unscaled gradient
   std::deque<std::string> names;  // parameter names; infos point into them
   std::vector<tsr_param_info> infos;
   // Backward runs stage s (0 embeddings, 1..L blocks, L+1 ln_f) only when
@@ -255,11 +274,14 @@ struct Gpt2 {
   // ---- batch, forward, predict, backward, FLOPs (gpt2.cpp) ------------------
 
   int64_t check_batch(const tsr_batch *batch, bool with_targets = true) const;
-  void block_forward(tsr_step *step, uint32_t l, const Set &s, int64_t B, int64_t T, bool out);
+  void block_forward(tsr_step *step, uint32_t l, const Set &s, int64_t B, int64_t T, bool out,
+                     const Set *prev = nullptr);
+  const Set *pending_residual() const;
   DLTensor trunk(tsr_step *step, const DLTensor &inputs, int64_t B, int64_t T);
   void forward(tsr_step *step, const tsr_batch *batch, int32_t training, tsr_forward_result *out);
   void check_logits(const DLTensor *out, int64_t B) const;
   void predict(tsr_step *step, const tsr_batch *batch, DLTensor *out);
+  void weight_grads(tsr_step *step, uint32_t l, BlockParam wp, View x, View dy);
   void block_backward(tsr_step *step, uint32_t l, const Set &s, int64_t B, int64_t T);
   void backward(tsr_step *step, const tsr_batch *batch, float loss_scale);
   double flops_per_sample() const;

@@ -42,6 +42,10 @@ const tsr_param_decl kParams[] = {
     sdk::param("recompute", TSR_PARAM_BOOL, "false",
                "Keep only each block's input and recompute its activations in backward "
                "(activation checkpointing): less memory, one more block forward per block"),
+    sdk::param("fused", TSR_PARAM_BOOL, "true",
+               "Use the host's fused ops (ABI 1.3: residual add + LayerNorm, bias gradients "
+               "and GELU's backward in the matmuls) where it has them; false runs the "
+               "unfused op sequences, for comparisons"),
     sdk::param_min("init_std", TSR_PARAM_FLOAT, "0.02",
                    "std of the initial weights; c_proj weights get init_std / sqrt(2 * layers) "
                    "(GPT-2's scaled init); biases zero, LayerNorm weights one",

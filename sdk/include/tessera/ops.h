@@ -103,7 +103,38 @@ typedef struct tsr_ops {
                                    const DLTensor *v, const DLTensor *out, const DLTensor *dout,
                                    const DLTensor *lse, float scale, DLTensor *dq, DLTensor *dk,
                                    DLTensor *dv);
+
+  /* ---- ABI 1.3: fused forms of 1.0/1.1 sequences, each giving what the
+   * sequence gives to the rounding of the stored dtype (on the CPU exactly
+   * it). Check TSR_HAS_FIELD(ops, tsr_ops, <member>) and the pointer; a host
+   * without one leaves the plugin to call the sequence. ---- */
+
+  /* r = x + y, then layernorm_forward of r into out, mean and rstd: the
+   * residual add and the next normalization in one pass over memory. r is
+   * stored in its dtype first and normalized as stored, so the result is
+   * that of axpy(1, x, y -> r) and layernorm_forward(r). x, y, r and out
+   * are [rows, C] of one dtype; r may alias x or y, out none of them. */
+  tsr_status (*add_layernorm_forward)(tsr_host_ctx *ctx, const DLTensor *x, const DLTensor *y,
+                                      const DLTensor *weight, const DLTensor *bias, float eps,
+                                      DLTensor *r, DLTensor *out, DLTensor *mean, DLTensor *rstd);
+  /* matmul (c = alpha * op(a) @ op(b) + beta * c) and, if dbias is not
+   * NULL, dbias[:] += alpha * the sum over the rows of b [k, n]: a linear
+   * layer's weight and bias gradients from one read of the output gradient
+   * (dW = x^T @ dy: a = x, trans_a = 1, b = dy). trans_b must be 0 when
+   * dbias is given. Equals matmul then bias_grad (for alpha = 1). */
+  tsr_status (*matmul_bias_grad)(tsr_host_ctx *ctx, const DLTensor *a, int32_t trans_a,
+                                 const DLTensor *b, int32_t trans_b, DLTensor *c, float alpha,
+                                 float beta, DLTensor *dbias);
+  /* c = act'(pre) * (op(a) @ op(b)) element-wise, overwriting c: the input
+   * gradient of the next layer flowing back through linear's activation,
+   * with pre the pre-activation linear kept (for TSR_ACT_NONE pre may be
+   * NULL). If dbias is not NULL, dbias[:] += the sum over the rows of c:
+   * that linear's bias gradient. Equals matmul, act_backward (from the
+   * input) and bias_grad. c must not overlap a, b or pre. */
+  tsr_status (*matmul_act_backward)(tsr_host_ctx *ctx, const DLTensor *a, int32_t trans_a,
+                                    const DLTensor *b, int32_t trans_b, tsr_activation act,
+                                    const DLTensor *pre, DLTensor *c, DLTensor *dbias);
 } tsr_ops;
-#define tsr_ops_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_ops, attention_backward)
+#define tsr_ops_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_ops, matmul_act_backward)
 
 #endif /* TESSERA_OPS_H */

@@ -1,0 +1,103 @@
+"""Per-step GPU time by kernel family from kernel-trace files (tools/
+kernel-trace: start, end, stream, name per line, ns), for bench/gpt2_gpu/
+kernel_table. Steps are found from the optimizer's kernels: each step ends
+with a run of them, so the window from the end of the WARMUP-th run to the
+end of the last run holds a whole number of steps.
+  python3 kernel_families.py LABEL=TRACE.tsv [LABEL=TRACE.tsv ...] [--warmup N]
+Prints a markdown table (ms per step per family, and the GPU's busy share
+of the step) and, with --json PATH, writes the figures.
+"""
+import argparse, json, re, sys
+
+# First match wins: attention before matmul (cuDNN's SDPA kernels mention
+# gemm-like names), the classifier and layernorm before the elementwise rest.
+FAMILIES = [
+    ("attention backward", r"(flash|fmha|sdpa|attention|attn).*(bwd|bprop|backward|dq|dk|dv)|(bwd|bprop|backward).*(flash|fmha|sdpa|attention|attn)|dq_cast"),
+    ("attention forward", r"flash|fmha|sdpa|attention|attn"),
+    ("classifier (softmax, cross-entropy)", r"cross_entropy|crossentropy|ce_rows|ce_total|ce_check|softmax|nll_loss"),
+    ("layernorm", r"layer_?norm|layernorm"),
+    ("optimizer", r"adam|step_kernel|FusedAdam"),
+    ("grad norm, clipping", r"sum_squares|sum_partials|l2norm|L2Norm|norm_kernel|foreach"),
+    ("matmul", r"gemm|xmma|nvjet|cutlass|cublas|matmul|splitK|splitk|col_partials|col_finalize"),
+    ("embedding", r"embedding|indexSelect|index_select|scatter|gather"),
+    ("other elementwise", r"."),
+]
+OPT = re.compile(r"adam|step_kernel|FusedAdam", re.I)
+
+def family(name):
+    for label, pat in FAMILIES:
+        if re.search(pat, name, re.I):
+            return label
+    return "other elementwise"
+
+def load(path):
+    ks = []
+    for line in open(path):
+        p = line.rstrip("\n").split("\t", 3)
+        if len(p) == 4:
+            ks.append((int(p[0]), int(p[1]), p[3]))
+    ks.sort()
+    return ks
+
+def step_window(ks, warmup):
+    """(start_ns, end_ns, steps): from the end of the warmup-th optimizer run
+    to the end of the last one."""
+    ends, in_run = [], False
+    for s, e, n in ks:
+        if OPT.search(n):
+            if not in_run:
+                ends.append(e)
+            else:
+                ends[-1] = e
+            in_run = True
+        elif not re.search(FAMILIES[5][1], n, re.I):
+            in_run = False
+    if len(ends) < warmup + 2:
+        sys.exit(f"kernel_families: only {len(ends)} optimizer runs in the trace; "
+                 f"need more than warmup + 1 = {warmup + 1} (run more steps)")
+    return ends[warmup], ends[-1], len(ends) - 1 - warmup
+
+def per_step(ks, warmup):
+    lo, hi, steps = step_window(ks, warmup)
+    fam, busy, last_end, count = {}, 0, lo, 0
+    for s, e, n in ks:
+        if s < lo or s >= hi:
+            continue
+        f = family(n)
+        fam[f] = fam.get(f, 0) + (e - s)
+        count += 1
+        # Union of the kernels' intervals: the GPU's busy time, streams overlapping.
+        s2 = max(s, last_end)
+        if e > s2:
+            busy += e - s2
+            last_end = e
+    span = hi - lo
+    return {"steps": steps, "step_ms": span / steps / 1e6, "busy": busy / span,
+            "kernels_per_step": count / steps,
+            "families": {k: v / steps / 1e6 for k, v in fam.items()}}
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("traces", nargs="+", help="LABEL=PATH of a kernel-trace file")
+    ap.add_argument("--warmup", type=int, default=5, help="steps skipped at the start (default 5)")
+    ap.add_argument("--json", help="also write the figures here")
+    a = ap.parse_args()
+    res = {}
+    for t in a.traces:
+        label, _, path = t.partition("=")
+        res[label] = per_step(load(path), a.warmup)
+    labels = list(res)
+    print("| kernel family | " + " | ".join(f"{l} ms/step" for l in labels) + " |")
+    print("|---|" + "---|" * len(labels))
+    for f, _ in FAMILIES:
+        if any(f in r["families"] for r in res.values()):
+            print(f"| {f} | " + " | ".join(f"{res[l]['families'].get(f, 0):.3f}" for l in labels) + " |")
+    print("| **sum of kernels** | " + " | ".join(f"{sum(res[l]['families'].values()):.3f}" for l in labels) + " |")
+    print("| step (wall, from the trace) | " + " | ".join(f"{res[l]['step_ms']:.3f}" for l in labels) + " |")
+    print("| GPU busy | " + " | ".join(f"{100 * res[l]['busy']:.1f}%" for l in labels) + " |")
+    print("| kernels per step | " + " | ".join(f"{res[l]['kernels_per_step']:.0f}" for l in labels) + " |")
+    if a.json:
+        json.dump(res, open(a.json, "w"), indent=1)
+
+if __name__ == "__main__":
+    main()
