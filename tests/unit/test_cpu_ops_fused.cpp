@@ -21,9 +21,11 @@ using namespace tessera::test::cpu_ops_nn11_support;
 namespace {
 
 // Bitwise equality of two float vectors (== would let -0.0 match 0.0 and
-// fail on equal NaNs).
+// fail on equal NaNs). Empty vectors compare equal without memcmp, whose
+// pointers must not be null even for zero bytes (UBSan says so).
 bool same_bits(const std::vector<float> &a, const std::vector<float> &b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 constexpr tsr_activation kActs[] = {TSR_ACT_NONE, TSR_ACT_RELU, TSR_ACT_GELU, TSR_ACT_TANH};
