@@ -475,9 +475,9 @@ __global__ void __launch_bounds__(128) dkdv_f32_kernel(const BwdF32Params p) {
 }  // namespace attn
 
 tsr_status attention_backward_native(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
-                              const DLTensor *v, const DLTensor *out, const DLTensor *dout,
-                              const DLTensor *lse, float scale, DLTensor *dq, DLTensor *dk,
-                              DLTensor *dv) noexcept {
+                                     const DLTensor *v, const DLTensor *out, const DLTensor *dout,
+                                     const DLTensor *lse, float scale, DLTensor *dq, DLTensor *dk,
+                                     DLTensor *dv) noexcept {
   using namespace attn;
   return guarded(ctx, [&] {
     const char *op = "attention_backward";

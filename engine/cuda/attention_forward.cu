@@ -279,8 +279,8 @@ __global__ void __launch_bounds__(128) fwd_f32_kernel(const FwdF32Params p) {
 }  // namespace attn
 
 tsr_status attention_forward_native(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
-                             const DLTensor *v, float scale, DLTensor *out,
-                             DLTensor *lse) noexcept {
+                                    const DLTensor *v, float scale, DLTensor *out,
+                                    DLTensor *lse) noexcept {
   using namespace attn;
   return guarded(ctx, [&] {
     const char *op = "attention_forward";

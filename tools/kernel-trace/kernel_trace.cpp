@@ -16,16 +16,16 @@
 
 namespace {
 
-#define KT_CHECK(call)                                                                   \
-  do {                                                                                   \
-    CUptiResult r_ = (call);                                                             \
-    if (r_ != CUPTI_SUCCESS) {                                                           \
-      const char *s_ = nullptr;                                                          \
-      cuptiGetResultString(r_, &s_);                                                     \
+#define KT_CHECK(call)                                                                    \
+  do {                                                                                    \
+    CUptiResult r_ = (call);                                                              \
+    if (r_ != CUPTI_SUCCESS) {                                                            \
+      const char *s_ = nullptr;                                                           \
+      cuptiGetResultString(r_, &s_);                                                      \
       std::fprintf(stderr, "kernel-trace: %s failed: %s (%s:%d)\n", #call, s_ ? s_ : "?", \
-                   __FILE__, __LINE__);                                                  \
-      return;                                                                            \
-    }                                                                                    \
+                   __FILE__, __LINE__);                                                   \
+      return;                                                                             \
+    }                                                                                     \
   } while (0)
 
 struct Kernel {
@@ -48,7 +48,8 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t *buffer, size_t, siz
   CUpti_Activity *rec = nullptr;
   std::lock_guard<std::mutex> lock(mu);
   while (cuptiActivityGetNextRecord(buffer, valid, &rec) == CUPTI_SUCCESS) {
-    if (rec->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && rec->kind != CUPTI_ACTIVITY_KIND_KERNEL)
+    if (rec->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL &&
+        rec->kind != CUPTI_ACTIVITY_KIND_KERNEL)
       continue;
     const auto *k = reinterpret_cast<const CUpti_ActivityKernel10 *>(rec);
     kernels->push_back({k->start, k->end, k->streamId, k->name ? k->name : "?"});
