@@ -5,7 +5,9 @@ with a run of them, so the window from the end of the WARMUP-th run to the
 end of the last run holds a whole number of steps.
   python3 kernel_families.py LABEL=TRACE.tsv [LABEL=TRACE.tsv ...] [--warmup N]
 Prints a markdown table (ms per step per family, and the GPU's busy share
-of the step) and, with --json PATH, writes the figures.
+of the step) and, with --json PATH, writes the figures. --top FAMILY adds,
+per trace, the kernels of that family by name: calls and ms per step, so a
+gap in a family can be traced to the kernels that make it.
 """
 import argparse, json, re, sys
 
@@ -59,12 +61,14 @@ def step_window(ks, warmup):
 
 def per_step(ks, warmup):
     lo, hi, steps = step_window(ks, warmup)
-    fam, busy, last_end, count = {}, 0, lo, 0
+    fam, names, busy, last_end, count = {}, {}, 0, lo, 0
     for s, e, n in ks:
         if s < lo or s >= hi:
             continue
         f = family(n)
         fam[f] = fam.get(f, 0) + (e - s)
+        calls, ns = names.get((f, n), (0, 0))
+        names[(f, n)] = (calls + 1, ns + e - s)
         count += 1
         # Union of the kernels' intervals: the GPU's busy time, streams overlapping.
         s2 = max(s, last_end)
@@ -74,14 +78,38 @@ def per_step(ks, warmup):
     span = hi - lo
     return {"steps": steps, "step_ms": span / steps / 1e6, "busy": busy / span,
             "kernels_per_step": count / steps,
-            "families": {k: v / steps / 1e6 for k, v in fam.items()}}
+            "families": {k: v / steps / 1e6 for k, v in fam.items()},
+            "kernels": [{"family": f, "name": n, "calls_per_step": c / steps,
+                         "ms_per_step": ns / steps / 1e6}
+                        for (f, n), (c, ns) in sorted(names.items(), key=lambda x: -x[1][1])]}
+
+def top_table(label, r, fam, limit=25):
+    """The kernels of family `fam` in trace `label`, most time first."""
+    rows = [k for k in r["kernels"] if k["family"] == fam]
+    print(f"\n{label}: {fam} kernels (calls and ms per step, most time first)\n")
+    print("| kernel | calls | ms | us per call |")
+    print("|---|---|---|---|")
+    for k in rows[:limit]:
+        name = k["name"] if len(k["name"]) <= 110 else k["name"][:107] + "..."
+        print(f"| `{name}` | {k['calls_per_step']:.1f} | {k['ms_per_step']:.3f} | "
+              f"{1e3 * k['ms_per_step'] / k['calls_per_step']:.1f} |")
+    if len(rows) > limit:
+        rest = rows[limit:]
+        print(f"| {len(rest)} more | {sum(k['calls_per_step'] for k in rest):.1f} | "
+              f"{sum(k['ms_per_step'] for k in rest):.3f} | |")
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("traces", nargs="+", help="LABEL=PATH of a kernel-trace file")
     ap.add_argument("--warmup", type=int, default=5, help="steps skipped at the start (default 5)")
     ap.add_argument("--json", help="also write the figures here")
+    ap.add_argument("--top", action="append", default=[], metavar="FAMILY",
+                    help="also list this family's kernels by name (repeatable)")
     a = ap.parse_args()
+    for fam in a.top:
+        if fam not in dict(FAMILIES):
+            sys.exit(f"kernel_families: --top {fam!r}: not a family; one of: "
+                     + ", ".join(f for f, _ in FAMILIES))
     res = {}
     for t in a.traces:
         label, _, path = t.partition("=")
@@ -96,6 +124,9 @@ def main():
     print("| step (wall, from the trace) | " + " | ".join(f"{res[l]['step_ms']:.3f}" for l in labels) + " |")
     print("| GPU busy | " + " | ".join(f"{100 * res[l]['busy']:.1f}%" for l in labels) + " |")
     print("| kernels per step | " + " | ".join(f"{res[l]['kernels_per_step']:.0f}" for l in labels) + " |")
+    for fam in a.top:
+        for l in labels:
+            top_table(l, res[l], fam)
     if a.json:
         json.dump(res, open(a.json, "w"), indent=1)
 

@@ -218,11 +218,17 @@ def ratio(a, b):
     return Ratio(a.median / b.median, a.lo / b.hi, a.hi / b.lo, a.noisy or b.noisy)
 
 
+PLAN_MARGIN = 1.15
+
+
 def plan(points, seconds, warmup_steps=0, log_s=0.1):
     """From a probe run's points: {"steps", "log_every", "steps_per_s"} for
     a run with a steady window of `seconds` after `warmup_steps`, logging
     about every `log_s` seconds. The probe's rate is taken past its own
-    warm-up (warmup_steps, or half the probe when it is shorter)."""
+    warm-up (warmup_steps, or half the probe when it is shorter). The window
+    is planned PLAN_MARGIN longer than asked: a run a little slower than
+    its probe (or a window cut at log points) still times `seconds`, where
+    planning it exactly had runs refused at 4.97 s of a 5 s minimum."""
     if not points:
         raise BenchError("the probe logged no steps to plan from")
     skip = min(warmup_steps, points[-1][0] // 2)
@@ -232,7 +238,7 @@ def plan(points, seconds, warmup_steps=0, log_s=0.1):
                          "smaller run.log_every)")
     steps_per_s = (pts[-1][0] - pts[0][0]) / (pts[-1][1] - pts[0][1])
     log_every = max(1, int(steps_per_s * log_s))
-    timed = math.ceil(steps_per_s * seconds / log_every) * log_every
+    timed = math.ceil(steps_per_s * seconds * PLAN_MARGIN / log_every) * log_every
     start = math.ceil(warmup_steps / log_every) * log_every
     return {"steps": start + timed, "log_every": log_every, "steps_per_s": steps_per_s}
 

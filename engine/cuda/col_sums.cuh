@@ -79,15 +79,40 @@ __global__ void col_partials(const T *dy, const T *x, const float *mean, const f
   }
 }
 
-// out[c] += scale * the column's sum; scale = 1 multiplies exactly.
+// out[c] += scale * the column's sum; scale = 1 multiplies exactly. Block
+// (32, kFinY): threadIdx.x picks the column (coalesced reads of a partials
+// row), threadIdx.y strides the chunks, and the kFinY sums of a column are
+// added in y order: a fixed order, so the result repeats bit for bit.
+inline constexpr int kFinY = 32;
+
 template <typename TO>
 __global__ void col_finalize(const float *partial, int64_t chunks, int64_t cols, TO *out,
                              double scale) {
-  for (int64_t c = global_thread(); c < cols; c += global_threads()) {
-    double s = 0.0;
-    for (int64_t k = 0; k < chunks; k++) s += partial[k * cols + c];
-    out[c] = from_f<TO>(static_cast<float>(to_f(out[c]) + scale * s));
-  }
+  __shared__ double sh[kFinY][33];
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  double s = 0.0;
+  if (c < cols)
+    for (int64_t k = threadIdx.y; k < chunks; k += kFinY) s += partial[k * cols + c];
+  sh[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= cols) return;
+  double t = 0.0;
+  for (int y = 0; y < kFinY; y++) t += sh[y][threadIdx.x];
+  out[c] = from_f<TO>(static_cast<float>(to_f(out[c]) + scale * t));
+}
+
+// How many chunks of rows pass 1 splits `rows` into for `tiles` column
+// tiles: enough blocks to keep several in flight on every SM (each thread
+// holds one or two loads at a time, so memory needs many threads to stay
+// busy), none empty.
+inline int64_t col_chunks(int64_t rows, int64_t tiles, int64_t *rows_per_chunk) {
+  int64_t chunks = (8 * sm_count() + tiles - 1) / tiles;
+  const int64_t max_chunks = (rows + kColY - 1) / kColY;
+  if (chunks > max_chunks) chunks = max_chunks;
+  if (chunks < 1) chunks = 1;
+  if (chunks > 65535) chunks = 65535;
+  *rows_per_chunk = (rows + chunks - 1) / chunks;
+  return rows == 0 ? 1 : (rows + *rows_per_chunk - 1) / *rows_per_chunk;
 }
 
 // Launches pass 1 over dy [rows, cols] (x, mean, rstd with kLn) and returns
@@ -98,14 +123,8 @@ float *launch_col_partials(const T *dy, const T *x, const float *mean, const flo
   const bool vec = cols % kPack == 0 && aligned16(dy) && (!kLn || aligned16(x));
   const int64_t tile = 32 * (vec ? kPack : 1);
   const int64_t tiles = (cols + tile - 1) / tile;
-  // Enough chunks of rows to give every SM a couple of blocks, none empty.
-  int64_t chunks = (2 * sm_count() + tiles - 1) / tiles;
-  const int64_t max_chunks = (rows + kColY - 1) / kColY;
-  if (chunks > max_chunks) chunks = max_chunks;
-  if (chunks < 1) chunks = 1;
-  if (chunks > 65535) chunks = 65535;
-  const int64_t rows_per_chunk = (rows + chunks - 1) / chunks;
-  chunks = rows == 0 ? 1 : (rows + rows_per_chunk - 1) / rows_per_chunk;
+  int64_t rows_per_chunk = 0;
+  const int64_t chunks = col_chunks(rows, tiles, &rows_per_chunk);
   float *partial =
       static_cast<float *>(scratch(Slot::Partials, sizeof(float) * chunks * cols * (kLn ? 2 : 1)));
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(chunks));
@@ -124,10 +143,11 @@ float *launch_col_partials(const T *dy, const T *x, const float *mean, const flo
 
 inline void launch_col_finalize(const float *partial, int64_t chunks, const View &out,
                                 float scale = 1.0f) {
-  constexpr int kThreads = 256;
+  const auto blocks = static_cast<unsigned>((out.numel() + 31) / 32);
+  if (blocks == 0) return;
   dispatch_float(out.dt, [&](auto tag) {
     using TO = decltype(tag);
-    col_finalize<TO><<<grid_for(out.cols, kThreads), kThreads, 0, compute_stream()>>>(
+    col_finalize<TO><<<blocks, dim3(32, kFinY), 0, compute_stream()>>>(
         partial, chunks, out.numel(), out.as<TO>(), static_cast<double>(scale));
     check_launch();
   });

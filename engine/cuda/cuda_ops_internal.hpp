@@ -347,6 +347,11 @@ void launch_bias_act(const View &y, const View *bias, tsr_activation act);
 void launch_act_backward(tsr_activation act, int32_t from_output, const View &x, const View &dy,
                          const View &dx);
 void launch_bias_grad(const View &dy, const View &dbias, float scale);
+// Both at once over [rows, cols] x and dy: dx = dy * act'(x) (dx may be
+// dy) and dbias[:] += the column sums of dx, in one pass where rows are
+// packs of 8 (else the two launches above).
+void launch_act_backward_bias_grad(tsr_activation act, const View &x, const View &dy,
+                                   const View &dx, const View &dbias);
 // y *= alpha, and y += alpha * x with any two float dtypes
 // (ops_elementwise.cu).
 void launch_scale(const View &y, float alpha);

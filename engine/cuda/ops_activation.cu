@@ -57,15 +57,27 @@ struct TanhGrad {
     return 1.0f - t * t;
   }
 };
-struct GeluGrad {
+// kFast (16-bit tensors): tanh by the hardware's approximate instruction
+// (relative error about 2^-11, below bf16's and fp16's own rounding of the
+// result), as the accurate tanhf made the pass compute-bound.
+__device__ __forceinline__ float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+template <bool kFast>
+struct GeluGradOf {
   __device__ float operator()(float x) const {
     if (fabsf(x) > 10.0f) return x > 0.0f ? 1.0f : 0.0f;  // tanh is +-1; avoids inf * 0
     const float x2 = x * x;
-    const float t = tanhf(kGeluS * (x + kGeluC * x2 * x));
+    const float u = kGeluS * (x + kGeluC * x2 * x);
+    const float t = kFast ? tanh_approx(u) : tanhf(u);
     const float du = kGeluS * (1.0f + 3.0f * kGeluC * x2);
     return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
   }
 };
+using GeluGrad = GeluGradOf<false>;
+using GeluGradFast = GeluGradOf<true>;
 
 // Runs f(Act{}) with Act the functor of `act`.
 template <typename F>
@@ -109,6 +121,72 @@ __global__ void act_backward_kernel(const T *x, const T *dy, T *dx, int64_t n, i
   }
   for (int64_t i = packs * kPack + global_thread(); i < n; i += global_threads())
     dx[i] = from_f<T>(to_f(dy[i]) * g(to_f(x[i])));
+}
+
+// dx = dy * g(x) over [rows, cols] and the column partial sums of dx (the
+// bias gradient of the matmul before the activation) in one pass over x and
+// dy: col_partials' blocks and partials, with the activation's backward on
+// the way. The sums add dx as stored (rounded to T), as bias_grad over dx
+// would. Needs packs (cols % 8 == 0, aligned rows).
+template <typename T, typename G>
+__global__ void act_backward_partials(const T *x, const T *dy, T *dx, int64_t rows, int64_t cols,
+                                      int64_t rows_per_chunk, float *partial) {
+  __shared__ float sh[kColY][32 * kPack];
+  const G g;
+  const int64_t c0 = (static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x) * kPack;
+  const int64_t r_begin = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
+  const int64_t r_end = r_begin + rows_per_chunk < rows ? r_begin + rows_per_chunk : rows;
+  float acc[kPack] = {};
+  if (c0 < cols) {
+    for (int64_t r = r_begin + threadIdx.y; r < r_end; r += kColY) {
+      float xv[kPack], dv[kPack];
+      load8(x + r * cols + c0, xv);
+      load8(dy + r * cols + c0, dv);
+#pragma unroll
+      for (int j = 0; j < kPack; j++) dv[j] = to_f(from_f<T>(dv[j] * g(xv[j])));
+      store8(dx + r * cols + c0, dv);
+#pragma unroll
+      for (int j = 0; j < kPack; j++) acc[j] += dv[j];
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kPack; j++) sh[threadIdx.y][threadIdx.x * kPack + j] = acc[j];
+  __syncthreads();
+  const int tid = threadIdx.y * 32 + threadIdx.x;
+  for (int j = tid; j < 32 * kPack; j += 32 * kColY) {
+    const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 * kPack + j;
+    if (c >= cols) continue;
+    float w = 0.0f;
+    for (int y = 0; y < kColY; y++) w += sh[y][j];
+    partial[blockIdx.y * cols + c] = w;
+  }
+}
+
+// Runs go(G{}) with G the derivative functor of `act` for T.
+template <typename T, typename F>
+void dispatch_act_grad(tsr_activation act, int32_t from_output, F &&go) {
+  switch (act) {
+    case TSR_ACT_NONE:
+      go(IdentityGrad{});
+      break;
+    case TSR_ACT_RELU:
+      go(ReluGrad{});
+      break;
+    case TSR_ACT_GELU:
+      if constexpr (sizeof(T) == 2) {
+        go(GeluGradFast{});
+      } else {
+        go(GeluGrad{});
+      }
+      break;
+    case TSR_ACT_TANH:
+      if (from_output) {
+        go(TanhGradFromOutput{});
+      } else {
+        go(TanhGrad{});
+      }
+      break;
+  }
 }
 
 // y[r, :] = act(y[r, :] + bias[:]). With packs (cols % 8 == 0, y and bias
@@ -177,30 +255,39 @@ void launch_act_backward(tsr_activation act, int32_t from_output, const View &x,
   const unsigned grid = grid_for(packs > 0 ? packs : n, kThreads);
   dispatch_float(x.dt, [&](auto tag) {
     using T = decltype(tag);
-    auto go = [&](auto g) {
+    dispatch_act_grad<T>(act, from_output, [&](auto g) {
       act_backward_kernel<T, decltype(g)>
           <<<grid, kThreads, 0, compute_stream()>>>(x.as<T>(), dy.as<T>(), dx.as<T>(), n, packs);
       check_launch();
-    };
-    switch (act) {
-      case TSR_ACT_NONE:
-        go(IdentityGrad{});
-        break;
-      case TSR_ACT_RELU:
-        go(ReluGrad{});
-        break;
-      case TSR_ACT_GELU:
-        go(GeluGrad{});
-        break;
-      case TSR_ACT_TANH:
-        if (from_output) {
-          go(TanhGradFromOutput{});
-        } else {
-          go(TanhGrad{});
-        }
-        break;
-    }
+    });
   });
+}
+
+void launch_act_backward_bias_grad(tsr_activation act, const View &x, const View &dy,
+                                   const View &dx, const View &dbias) {
+  const int64_t rows = x.rows, cols = x.cols;
+  if (rows == 0 || cols == 0) return;
+  const bool vec = cols % kPack == 0 && aligned16(x.p) && aligned16(dy.p) && aligned16(dx.p);
+  if (!vec) {
+    launch_act_backward(act, 0, x, dy, dx);
+    launch_bias_grad(dx, dbias, 1.0f);
+    return;
+  }
+  const int64_t tiles = (cols + 32 * kPack - 1) / (32 * kPack);
+  int64_t rows_per_chunk = 0;
+  const int64_t chunks = col_chunks(rows, tiles, &rows_per_chunk);
+  auto *partial = static_cast<float *>(scratch(Slot::Partials, sizeof(float) * chunks * cols));
+  dispatch_float(x.dt, [&](auto tag) {
+    using T = decltype(tag);
+    dispatch_act_grad<T>(act, 0, [&](auto g) {
+      act_backward_partials<T, decltype(g)>
+          <<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(chunks)), dim3(32, kColY), 0,
+             compute_stream()>>>(x.as<T>(), dy.as<T>(), dx.as<T>(), rows, cols, rows_per_chunk,
+                                 partial);
+      check_launch();
+    });
+  });
+  launch_col_finalize(partial, chunks, dbias, 1.0f);
 }
 
 void launch_bias_grad(const View &dy, const View &dbias, float scale) {

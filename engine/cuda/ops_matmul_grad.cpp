@@ -9,9 +9,9 @@
 // with A untransposed, which is why the op asks for trans_b = 0).
 //
 // matmul_act_backward: d pre = act'(pre) * (dy @ W^T) and the bias
-// gradient, as the product, the activation's backward in place and the
-// column sums: cuBLASLt's DGELU epilogues were measured slower on sm_90
-// (see the op).
+// gradient, as the product, then the activation's backward in place with
+// the column sums in the same pass: cuBLASLt's DGELU epilogues were
+// measured slower on sm_90 (see the op).
 //
 // cuBLASLt writes a bias gradient (in D's dtype), it does not add to it;
 // the ops add into dbias, so the epilogue writes a scratch vector that one
@@ -115,8 +115,13 @@ tsr_status matmul_act_backward(tsr_host_ctx *ctx, const DLTensor *a, int32_t tra
     // pass and the column sums take ~0.1 ms; GPT-2 124M trained at 531K
     // tokens/s with it and 567K without (bench/results/gpt2_gpu-2026-12-02.md).
     plain_gemm(op, g, g.c, 1.0f, 0.0f);
-    if (act != TSR_ACT_NONE) launch_act_backward(act, 0, vp, g.c, g.c);
-    if (dbias) launch_bias_grad(g.c, vd, 1.0f);
+    if (act != TSR_ACT_NONE && dbias) {
+      launch_act_backward_bias_grad(act, vp, g.c, g.c, vd);
+    } else if (act != TSR_ACT_NONE) {
+      launch_act_backward(act, 0, vp, g.c, g.c);
+    } else if (dbias) {
+      launch_bias_grad(g.c, vd, 1.0f);
+    }
   });
 }
 

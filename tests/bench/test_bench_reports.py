@@ -283,3 +283,30 @@ class KernelFamilies(unittest.TestCase):
         self.assertAlmostEqual(res["busy"], 9.0 / 9.6)
         self.assertAlmostEqual(res["kernels_per_step"], 6)
         self.assertIn("| matmul | 5.000 |", r.stdout)
+        # Per kernel: the optimizer's two launches a step are one name.
+        opt = [k for k in res["kernels"] if k["family"] == "optimizer"]
+        self.assertEqual(len(opt), 1)
+        self.assertAlmostEqual(opt[0]["calls_per_step"], 2)
+        self.assertAlmostEqual(opt[0]["ms_per_step"], 0.5)
+
+    def test_top_lists_a_familys_kernels_and_refuses_an_unknown_family(self):
+        lines, t = [], 0
+        for _ in range(6):
+            for name, ms in [("nvjet_a", 3.0), ("nvjet_b", 1.0), ("nvjet_b", 1.0),
+                             ("step_kernel<AdamOp>", 0.5)]:
+                lines.append(f"{t}\t{t + int(ms * 1e6)}\t7\t{name}")
+                t += int(ms * 1e6)
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "t.tsv")
+            with open(path, "w") as f:
+                f.write("\n".join(lines) + "\n")
+            script = os.path.join(ROOT, "bench", "gpt2_gpu", "kernel_families.py")
+            r = subprocess.run([sys.executable, script, f"x={path}", "--warmup", "1", "--top", "matmul"],
+                               capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("| `nvjet_a` | 1.0 | 3.000 | 3000.0 |", r.stdout)
+            self.assertIn("| `nvjet_b` | 2.0 | 2.000 | 1000.0 |", r.stdout)
+            bad = subprocess.run([sys.executable, script, f"x={path}", "--top", "matmuls"],
+                                 capture_output=True, text=True)
+            self.assertNotEqual(bad.returncode, 0)
+            self.assertIn("'matmuls': not a family", bad.stderr)

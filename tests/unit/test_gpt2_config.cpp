@@ -1,7 +1,8 @@
 // The gpt2 model plugin, loaded from the build tree the way a run loads it:
 // its descriptor, the parameters it declares (Hugging Face's names and
 // shapes, one group per block, initialisers, FLOPs; GPT-2 small by default),
-// and its config keys: recompute (bitwise the same gradients), fused (the
+// and its config keys: recompute and recompute_gelu (bitwise the same
+// gradients; recompute_gelu's memory), fused (the
 // ABI 1.3 ops or the sequences they fuse, and a 1.1 host's table without
 // them: bitwise the same gradients), freeze
 // (frozen parameters get no gradient), init_from's config.json setting the
@@ -33,7 +34,7 @@ TEST_CASE("gpt2 is a model plugin for CPU and CUDA", "[gpt2]") {
   for (size_t i = 0; i < d.num_params; ++i) keys.push_back(d.params[i].name);
   CHECK(keys == std::vector<std::string>{"layers", "heads", "width", "context", "vocab",
                                          "vocab_pad_to", "init_from", "freeze", "recompute",
-                                         "fused", "init_std"});
+                                         "recompute_gelu", "fused", "init_std"});
 }
 
 TEST_CASE("gpt2 declares Hugging Face's parameters, one group per block", "[gpt2]") {
@@ -119,28 +120,49 @@ TEST_CASE("gpt2 declares Hugging Face's parameters, one group per block", "[gpt2
   }
 }
 
-TEST_CASE("gpt2 recompute gives bitwise the same gradients", "[gpt2]") {
+TEST_CASE("gpt2 recompute and recompute_gelu give bitwise the same gradients", "[gpt2]") {
   Fixture f;
-  std::vector<std::vector<float>> grads[2];
-  double losses[2] = {0, 0};
-  for (int rc = 0; rc < 2; ++rc) {
+  // recompute_gelu rebuilds the GELU with act_forward, the same function the
+  // CPU's linear applies: the same bits, alone or beside recompute.
+  const char *variants[] = {"recompute = false", "recompute = true", "recompute_gelu = true",
+                            "recompute = true\nrecompute_gelu = true"};
+  std::vector<std::vector<float>> grads[4];
+  double losses[4] = {0, 0, 0, 0};
+  for (int v = 0; v < 4; ++v) {
     Model m(f);
-    REQUIRE(m.create(f.config("model", "gpt2",
-                              golden_config(rc ? "recompute = true" : "recompute = false")),
-                     token_data(kT), kBatch) == TSR_OK);
+    REQUIRE(m.create(f.config("model", "gpt2", golden_config(variants[v])), token_data(kT),
+                     kBatch) == TSR_OK);
     State s(m);
     s.load_hf();
     Batch batch = reference_batch();
-    losses[rc] = train_step(m, s, batch).loss_sum;
+    losses[v] = train_step(m, s, batch).loss_sum;
     CHECK(s.done == std::vector<uint32_t>{3, 2, 1, 0});
-    grads[rc] = s.grad;
+    grads[v] = s.grad;
   }
-  CHECK(losses[0] == losses[1]);
-  REQUIRE(grads[0].size() == grads[1].size());
-  for (size_t i = 0; i < grads[0].size(); ++i) {
-    INFO("parameter " << i);
-    CHECK(std::memcmp(grads[0][i].data(), grads[1][i].data(), grads[0][i].size() * 4) == 0);
+  for (int v = 1; v < 4; ++v) {
+    INFO(variants[v]);
+    CHECK(losses[0] == losses[v]);
+    REQUIRE(grads[0].size() == grads[v].size());
+    for (size_t i = 0; i < grads[0].size(); ++i) {
+      INFO("parameter " << i);
+      CHECK(std::memcmp(grads[0][i].data(), grads[v][i].data(), grads[0][i].size() * 4) == 0);
+    }
   }
+}
+
+TEST_CASE("gpt2 recompute_gelu takes a quarter of a block's activations less", "[gpt2]") {
+  Fixture f;
+  size_t bytes[2] = {0, 0};
+  for (int v = 0; v < 2; ++v) {
+    Model m(f);
+    REQUIRE(
+        m.create(f.config("model", "gpt2",
+                          golden_config(v ? "recompute_gelu = true" : "recompute_gelu = false")),
+                 token_data(kT), kBatch) == TSR_OK);
+    bytes[v] = f.host.memory().current[TSR_MEM_ACTIVATIONS];
+  }
+  // One [kBatch * kContext, 4C] float32 buffer per layer fewer.
+  CHECK(bytes[0] - bytes[1] == static_cast<size_t>(kLayers * kBatch * kContext * 4 * kWidth * 4));
 }
 
 namespace {

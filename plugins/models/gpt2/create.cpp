@@ -79,6 +79,7 @@ Gpt2 *build(const tsr_host *host, const tsr_config *cfg, const tsr_model_init *i
   m->ops = host->ops;
   m->device = host->run->device;
   m->recompute = c.get_bool("recompute");
+  m->recompute_gelu = c.get_bool("recompute_gelu");
   // ABI 1.3's fused ops where this host has them (a 1.1 or 1.2 host's
   // table ends before them: TSR_HAS_FIELD says no, and the 1.1 sequences
   // run). `fused = false` runs those sequences anyway, for comparisons.
@@ -295,7 +296,9 @@ Gpt2 *build(const tsr_host *host, const tsr_config *cfg, const tsr_model_init *i
                   static_cast<long long>(d.vocab), static_cast<long long>(d.padded_vocab), total,
                   frozen,
                   static_cast<double>(m->act.bytes() + m->stats.bytes()) / (1024.0 * 1024.0),
-                  m->recompute ? "recompute" : "stored");
+                  m->recompute        ? "recompute"
+                  : m->recompute_gelu ? "stored, GELU recomputed"
+                                      : "stored");
     host->log(host->ctx, TSR_LOG_INFO, buf);
   }
   return m.release();

@@ -317,7 +317,10 @@ void Gpt2::block_backward(tsr_step *step, uint32_t l, const Set &s, int64_t B, i
   View lse = S(s.lse, {B, H, T});
   View dfc = A(dbig, {R, 4 * C}), dqkv = A(dbig, {R, 3 * C});
 
-  // MLP: y = r + c_proj(gelu(c_fc(ln_2(r)))).
+  // MLP: y = r + c_proj(gelu(c_fc(ln_2(r)))). With recompute_gelu the
+  // GELU is rebuilt in dbig (whole-block recompute has just written it).
+  if (recompute_gelu && !recompute && train(kMlpProjW))
+    check(ops->act_forward(ctx, TSR_ACT_GELU, fch.get(), fchg.get()));
   weight_grads(step, l, kMlpProjW, fchg, dres_v);
   DLTensor w = P(kMlpProjW);
   if (fuse_act_grad) {

@@ -59,6 +59,11 @@
 // is kept, and backward recomputes one block's activations at a time into a
 // single shared set, before its backward: the same ops on the same inputs,
 // so the gradients are bitwise those of recompute = false.
+// recompute_gelu = true keeps only the MLP's pre-activation c_fc(ln_2(r)):
+// its GELU, [B*T, 4C] per block (a quarter of a block's activations), is
+// written into backward's shared scratch in forward and recomputed there
+// (one element-wise pass) before c_proj's weight gradient, as
+// torch.compile's partitioner does.
 //
 // With `fused` (the default) the step uses ABI 1.3's fused ops where the
 // host has them: each residual add inside the layernorm that reads the sum
@@ -193,6 +198,7 @@ struct Gpt2 {
   Dims d;
   int64_t max_batch = 0, data_T = 0;
   bool recompute = false;
+  bool recompute_gelu = false;
   // init_from's safetensors file ("" without init_from): the engine asks for
   // it through TSR_EXT_MODEL_INIT_FROM and overlays its tensors by name.
   std::string init_weights;

@@ -28,7 +28,7 @@ void Gpt2::plan_memory() {
     x.r2 = take(a, R * C);
     x.ln2 = take(a, R * C);
     x.fch = take(a, 4 * R * C);
-    x.fchg = take(a, 4 * R * C);
+    x.fchg = recompute_gelu ? 0 : take(a, 4 * R * C);  // else dbig, below
     x.m1 = take(s, R);
     x.s1 = take(s, R);
     x.m2 = take(s, R);
@@ -40,6 +40,10 @@ void Gpt2::plan_memory() {
   dres = take(a, R * C);
   dsmall = take(a, R * C);
   dbig = take(a, 4 * R * C);
+  // recompute_gelu: every block's GELU output lives in dbig, which forward
+  // does not otherwise use and backward reads it from before overwriting.
+  if (recompute_gelu)
+    for (Set &x : sets) x.fchg = dbig;
   discard = take(a, 2 * C);
   lnf_m = take(s, R);
   lnf_s = take(s, R);

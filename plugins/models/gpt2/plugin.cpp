@@ -42,6 +42,9 @@ const tsr_param_decl kParams[] = {
     sdk::param("recompute", TSR_PARAM_BOOL, "false",
                "Keep only each block's input and recompute its activations in backward "
                "(activation checkpointing): less memory, one more block forward per block"),
+    sdk::param("recompute_gelu", TSR_PARAM_BOOL, "false",
+               "Keep the MLP's input to GELU but not its output, and recompute the GELU in "
+               "backward: a quarter less activation memory for one element-wise pass per block"),
     sdk::param("fused", TSR_PARAM_BOOL, "true",
                "Use the host's fused ops (ABI 1.3: residual add + LayerNorm, bias gradients "
                "and GELU's backward in the matmuls) where it has them; false runs the "
