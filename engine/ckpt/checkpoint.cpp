@@ -24,8 +24,6 @@ namespace tessera {
 
 namespace {
 
-constexpr size_t kBlock = 1u << 20;  // checksum block, in bytes
-
 std::string step_name(int64_t step) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "step_%08lld", static_cast<long long>(step));
@@ -158,7 +156,7 @@ std::string save_checkpoint(Session &s, const RunPosition &st, const std::string
   }
   const std::string file = rank_file(f.rank);
   ShardWriteOptions wo;
-  wo.block = kBlock;
+  wo.block = kCheckpointBlock;
   if (f.device.device_type == kDLCUDA) {
     // Pinned buffers: the device-to-host copies run at full speed.
     const tsr_host *h = s.host.table();

@@ -43,10 +43,6 @@ bool pread_all(int fd, char *dst, size_t n, uint64_t offset) {
   return true;
 }
 
-bool ends_with(const std::string &s, const std::string &tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-
 [[noreturn]] void unfinished(const fs::path &p) {
   throw Error(TSR_ERR_INVALID, p.string() +
                                    " is an unfinished checkpoint (.tmp: its save never "
@@ -194,8 +190,8 @@ nlohmann::json read_manifest(const std::string &path) {
 std::string resolve_checkpoint(const std::string &spec, const std::string &dir) {
   fs::path p = spec == "auto" ? fs::path(dir) : fs::path(spec);
   std::error_code ec;
-  if (ends_with(p.lexically_normal().string(), ".tmp") ||
-      ends_with(p.lexically_normal().string(), ".tmp/"))
+  if (p.lexically_normal().string().ends_with(".tmp") ||
+      p.lexically_normal().string().ends_with(".tmp/"))
     unfinished(p);
   if (fs::exists(fs::symlink_status(p / "latest", ec))) {
     // One line, a directory name: a few hundred bytes at most.
@@ -203,7 +199,7 @@ std::string resolve_checkpoint(const std::string &spec, const std::string &dir) 
     const std::string name = text.substr(0, text.find('\n'));
     if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos)
       throw Error(TSR_ERR_INVALID, (p / "latest").string() + ": does not name a checkpoint");
-    if (ends_with(name, ".tmp")) unfinished(p / name);
+    if (name.ends_with(".tmp")) unfinished(p / name);
     // A step directory is the checkpoint root's own: a link to somewhere
     // else would load weights that this run never saved.
     const fs::path step = p / name;

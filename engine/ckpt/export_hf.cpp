@@ -27,10 +27,6 @@ uint16_t fp32_to_bf16(float x) {
 
 namespace {
 
-bool ends_with(const std::string &s, const std::string &tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-
 std::string shape_str(const std::vector<int64_t> &shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
@@ -164,7 +160,7 @@ std::string export_gpt2(const ExportInput &in) {
   // -o DIR: DIR/model.safetensors + DIR/config.json (what save_pretrained
   // writes); -o FILE.safetensors: that file, config.json beside it.
   fs::path weights, config;
-  if (ends_with(in.out, ".safetensors")) {
+  if (in.out.ends_with(".safetensors")) {
     weights = in.out;
     config = weights.parent_path().empty() ? fs::path("config.json")
                                            : weights.parent_path() / "config.json";

@@ -41,7 +41,7 @@ struct Piece {
   uint32_t crc;
 };
 
-struct Job {
+struct WriteJob {
   int buf;
   size_t chunk, len;  // chunk index, bytes of file data in it
 };
@@ -62,7 +62,7 @@ class Ring {
     free_.pop_front();
     return b;
   }
-  void submit(const Job &j) {
+  void submit(const WriteJob &j) {
     std::lock_guard<std::mutex> lk(m_);
     pending_[static_cast<size_t>(j.buf)] = 2;
     crc_.push_back(j);
@@ -70,7 +70,7 @@ class Ring {
     cv_.notify_all();
   }
   // The next job of a queue, or false once it is empty and closed.
-  bool next(bool crc_queue, Job *out) {
+  bool next(bool crc_queue, WriteJob *out) {
     std::unique_lock<std::mutex> lk(m_);
     auto &q = crc_queue ? crc_ : write_;
     cv_.wait(lk, [&] { return !q.empty() || closed_; });
@@ -107,7 +107,7 @@ class Ring {
   std::mutex m_;
   std::condition_variable cv_;
   std::deque<int> free_;
-  std::deque<Job> crc_, write_;
+  std::deque<WriteJob> crc_, write_;
   std::vector<int> pending_;
   bool closed_ = false;
   std::string error_;
@@ -230,7 +230,7 @@ ShardWritten write_shard(const std::string &path, const std::vector<StTensor> &t
   // Checksums: each chunk's pieces of blocks in parallel, then folded into
   // the blocks in file order (chunks leave the queue in order).
   std::thread crc_thread([&] {
-    Job j;
+    WriteJob j;
     std::vector<Piece> pieces;
     while (ring.next(true, &j)) {
       pieces.clear();
@@ -258,7 +258,7 @@ ShardWritten write_shard(const std::string &path, const std::vector<StTensor> &t
     }
   });
   std::thread write_thread([&] {
-    Job j;
+    WriteJob j;
     while (ring.next(false, &j)) {
       if (!ring.failed()) {
         // Direct writes go out in whole 4 KiB units; the last chunk's tail
@@ -296,7 +296,7 @@ ShardWritten write_shard(const std::string &path, const std::vector<StTensor> &t
       ring.fail(path + ": filling the checkpoint buffer failed");
       break;
     }
-    ring.submit(Job{b, k, len});
+    ring.submit(WriteJob{b, k, len});
   }
   ring.close();
   crc_thread.join();

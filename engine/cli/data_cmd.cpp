@@ -82,7 +82,7 @@ std::string human_bytes(double b) {
   return buf;
 }
 
-int64_t count_option(const Parsed &p, const std::string &name, int64_t fallback) {
+int64_t positive_option(const Parsed &p, const std::string &name, int64_t fallback) {
   const std::string v = p.get(name);
   if (v.empty()) return fallback;
   char *end = nullptr;
@@ -184,7 +184,7 @@ int tokenize_body(const Parsed &p) {
         "tessera data tokenize: --encoder and --bpe go together (GPT-2's "
         "encoder.json and vocab.bpe)");
   const double fraction = fraction_option(p);
-  const int64_t shard_tokens = count_option(p, "--shard-tokens", 100'000'000);
+  const int64_t shard_tokens = positive_option(p, "--shard-tokens", 100'000'000);
   if (shard_tokens > data::kShardMaxTokens)
     throw UsageError("tessera data tokenize: --shard-tokens is at most " +
                      std::to_string(data::kShardMaxTokens) + " (the header's count is an int32)");

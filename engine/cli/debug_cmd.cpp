@@ -9,6 +9,7 @@
 
 #include "cli/args.hpp"
 #include "debug/vscode_launch.hpp"
+#include "util/text.hpp"
 
 namespace tessera::cli {
 
@@ -35,12 +36,6 @@ yours. docs/debugging.md walks through both.
   --force                   replace an existing .vscode/launch.json
   -h, --help                this help
 )";
-
-std::string self_exe() {
-  char buf[PATH_MAX];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "tessera";
-}
 
 int debug_body(const Parsed &p) {
   if (p.positional.empty() || p.positional[0] != "vscode")

@@ -40,11 +40,6 @@ Every run also writes RUN_DIR/plot.svg when it ends (log.plot = false
 turns that off). 'tessera runs' lists the run directories.
 )";
 
-bool ends_with(const std::string &s, const std::string &suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // The program's path on PATH, or "".
 std::string find_program(const std::string &name) {
   const char *path = std::getenv("PATH");
@@ -128,8 +123,8 @@ int plot_body(const Parsed &p) {
   std::string out = p.get("-o", p.get("--output"));
   if (out.empty())
     out = runs.size() == 1 ? (fs::path(runs[0].dir) / "plot.svg").string() : "plot.svg";
-  const bool png = ends_with(out, ".png");
-  if (!png && !ends_with(out, ".svg"))
+  const bool png = out.ends_with(".png");
+  if (!png && !out.ends_with(".svg"))
     throw UsageError("tessera plot: -o " + out + ": the name must end in .svg or .png");
   if (!png) {
     viz::write_plot(runs, out);

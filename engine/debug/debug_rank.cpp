@@ -11,15 +11,11 @@
 
 #include "debug/terminal.hpp"
 #include "util/error.hpp"
+#include "util/text.hpp"
 
 namespace tessera {
 
 namespace {
-
-std::string trim(const std::string &s) {
-  size_t b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t");
-  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
-}
 
 // Whole-line messages on stderr: the launcher forwards a worker's output a
 // line at a time, prefixed with its rank.

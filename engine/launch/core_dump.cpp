@@ -10,6 +10,8 @@
 #include <climits>
 #include <fstream>
 
+#include "util/text.hpp"
+
 namespace tessera {
 
 namespace {
@@ -41,12 +43,6 @@ std::string first_line(const char *path) {
 }
 
 // The workers run this binary (the launcher starts them from it).
-std::string self_exe() {
-  char buf[PATH_MAX];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "tessera";
-}
-
 // Expands core(5)'s specifiers that the launcher can know afterwards; the
 // others (time, the crashing thread, ...) become '*' for a glob.
 std::string expand(const std::string &pattern, pid_t pid, int sig, bool *wild) {

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "config/config.hpp"
+#include "util/text.hpp"
 
 extern char **environ;
 
@@ -16,13 +17,6 @@ namespace tessera {
 namespace {
 
 using config::ConfigError;
-
-std::string trim(const std::string &s) {
-  size_t b = 0, e = s.size();
-  while (b < e && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
-  while (e > b && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
-  return s.substr(b, e - b);
-}
 
 std::string strip_comment(const std::string &line) {
   auto hash = line.find('#');

@@ -11,17 +11,11 @@
 
 #include "util/crypto.hpp"
 #include "util/error.hpp"
+#include "util/text.hpp"
 
 namespace tessera {
 
 namespace {
-
-std::string trim(const std::string &s) {
-  const char *ws = " \t\r\n";
-  const size_t b = s.find_first_not_of(ws);
-  if (b == std::string::npos) return "";
-  return s.substr(b, s.find_last_not_of(ws) - b + 1);
-}
 
 // One line from standard input, read a byte at a time (what follows is the
 // supervisor's), within `timeout_ms`.

@@ -22,6 +22,7 @@
 #include "launch/core_dump.hpp"
 #include "launch/job_secret.hpp"
 #include "util/error.hpp"
+#include "util/text.hpp"
 
 namespace tessera {
 
@@ -55,10 +56,6 @@ std::string describe_exit(int status) {
            std::to_string(sig) + ")" + (WCOREDUMP(status) ? ", core dumped" : "");
   }
   return "ended with status " + std::to_string(status);
-}
-
-bool failed(int status) {
-  return !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
 // Moves whole lines from a worker's pipe to ours, prefixed with its rank.
@@ -244,7 +241,7 @@ bool supervise(std::vector<Worker> &workers, StoreServer *store, const std::stri
       }
       w.exited = true;
       w.status = st;
-      if (!failed(st) || first_failed >= 0 || phase != 0) continue;
+      if (!exit_failed(st) || first_failed >= 0 || phase != 0) continue;
       // Let the others' exits land for a moment: a rank killed by a signal
       // is the cause even when a peer that lost its connection to it exits
       // first.
@@ -263,7 +260,7 @@ bool supervise(std::vector<Worker> &workers, StoreServer *store, const std::stri
       auto rank_of = [](const Worker *o) { return "rank " + std::to_string(o->rank); };
       const Worker *signaled = nullptr, *own = nullptr;
       for (auto &o : workers) {
-        if (!o.exited || !failed(o.status)) continue;
+        if (!o.exited || !exit_failed(o.status)) continue;
         if (WIFSIGNALED(o.status) && !signaled) signaled = &o;
         if (WIFEXITED(o.status) && WEXITSTATUS(o.status) != kStoppedByPeer && !own) own = &o;
       }
@@ -413,7 +410,7 @@ int launch(const LaunchOptions &opt, const std::vector<std::string> &worker_args
     if (g_signal) {
       // Preemption: workers saved a checkpoint and exited 0 if they could.
       bool clean = true;
-      for (auto &w : workers) clean &= !failed(w.status);
+      for (auto &w : workers) clean &= !exit_failed(w.status);
       if (clean) {
         std::fprintf(stderr, "tessera run: stopped by %s after every worker saved and exited\n",
                      g_signal == SIGINT ? "SIGINT" : "SIGTERM");

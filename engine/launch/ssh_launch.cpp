@@ -18,14 +18,15 @@
 #include <thread>
 
 #include "util/error.hpp"
+#include "util/text.hpp"
 
 namespace tessera {
 
 namespace {
 
-std::atomic<int> g_signal{0};
-void on_signal(int sig) {
-  g_signal = sig;
+std::atomic<int> g_ssh_signal{0};
+void on_ssh_signal(int sig) {
+  g_ssh_signal = sig;
 }
 
 struct Node {
@@ -44,11 +45,12 @@ struct Node {
 
 // This binary, by its path: the nodes run the same one (a shared or
 // identical installation, as the config and data paths must be).
-std::string self_exe() {
-  char buf[PATH_MAX];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) throw Error(TSR_ERR_IO, "cannot find this program's path in /proc/self/exe");
-  return std::string(buf, static_cast<size_t>(n));
+// This program's path, which every node runs: the nodes cannot be started
+// without it.
+std::string own_path() {
+  const std::string p = self_exe("");
+  if (p.empty()) throw Error(TSR_ERR_IO, "cannot find this program's path in /proc/self/exe");
+  return p;
 }
 
 std::string join(const std::vector<std::string> &words) {
@@ -172,10 +174,6 @@ std::string describe_node_failure(const Node &n) {
   return where + how + (n.last_err.empty() ? "" : ": " + n.last_err);
 }
 
-bool failed(int status) {
-  return !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-}
-
 }  // namespace
 
 std::vector<std::string> ssh_command(const SshLaunchOptions &opt, size_t node,
@@ -205,7 +203,7 @@ std::vector<std::string> ssh_command(const SshLaunchOptions &opt, size_t node,
     cmd.push_back(' ');
     cmd.append(shell_quote(k + "=" + v));
   }
-  std::vector<std::string> launcher = {self_exe(),     "run",
+  std::vector<std::string> launcher = {own_path(),     "run",
                                        "--nnodes",     std::to_string(opt.hosts.size()),
                                        "--node-rank",  std::to_string(node),
                                        "--master",     opt.master,
@@ -254,7 +252,7 @@ int launch_over_ssh(const SshLaunchOptions &opt, const std::vector<std::string> 
   }
 
   struct sigaction sa {};
-  sa.sa_handler = on_signal;
+  sa.sa_handler = on_ssh_signal;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
@@ -327,7 +325,7 @@ int launch_over_ssh(const SshLaunchOptions &opt, const std::vector<std::string> 
       // Its last words, for the verdict.
       while (n.err_fd >= 0) pump(n, n.err_fd, n.err_buf, stderr, true, true);
       while (n.out_fd >= 0) pump(n, n.out_fd, n.out_buf, stdout, true, false);
-      if (failed(st) && phase == 0 && !g_signal) newly_failed = true;
+      if (exit_failed(st) && phase == 0 && !g_ssh_signal) newly_failed = true;
     }
     if (newly_failed) {
       // Let the other nodes' verdicts arrive: the node whose own rank failed
@@ -340,7 +338,7 @@ int launch_over_ssh(const SshLaunchOptions &opt, const std::vector<std::string> 
       const Node *first = nullptr, *own = nullptr, *signaled = nullptr, *other = nullptr;
       for (const auto &n : nodes) {
         // A node still stopping its ranks counts once it has named a cause.
-        if (n.exited ? !failed(n.status) : n.cause.empty()) continue;
+        if (n.exited ? !exit_failed(n.status) : n.cause.empty()) continue;
         if (!first) first = &n;
         if (names_own_rank(n)) {
           if (!own) own = &n;
@@ -364,11 +362,11 @@ int launch_over_ssh(const SshLaunchOptions &opt, const std::vector<std::string> 
         deadline = std::chrono::steady_clock::now() + std::chrono::seconds(8);
       }
     }
-    if (g_signal && phase == 0) {
+    if (g_ssh_signal && phase == 0) {
       std::fprintf(stderr,
                    "tessera run: %s received; stopping every node (their workers save a "
                    "checkpoint first)\n",
-                   g_signal == SIGINT ? "SIGINT" : "SIGTERM");
+                   g_ssh_signal == SIGINT ? "SIGINT" : "SIGTERM");
       close_input(false);
       phase = 2;
       deadline = std::chrono::steady_clock::now() +
@@ -392,14 +390,14 @@ int launch_over_ssh(const SshLaunchOptions &opt, const std::vector<std::string> 
     return 1;
   }
   bool clean = true;
-  for (const auto &n : nodes) clean &= !failed(n.status);
-  if (g_signal) {
+  for (const auto &n : nodes) clean &= !exit_failed(n.status);
+  if (g_ssh_signal) {
     if (clean) {
       std::fprintf(stderr, "tessera run: stopped by %s after every node saved and exited\n",
-                   g_signal == SIGINT ? "SIGINT" : "SIGTERM");
+                   g_ssh_signal == SIGINT ? "SIGINT" : "SIGTERM");
       return 0;
     }
-    return 128 + g_signal;
+    return 128 + g_ssh_signal;
   }
   return clean ? 0 : 1;
 }

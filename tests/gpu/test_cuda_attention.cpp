@@ -20,6 +20,10 @@
 #include "cuda/device.hpp"
 #include "ops/cpu_ops_internal.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace gpu_test_cuda_attention {
+
 namespace {
 
 enum class Ty { F32, BF16, F16 };
@@ -390,3 +394,5 @@ TEST_CASE("cuda attention: GPT-2 124M timing (printout only)", "[gpu][attention]
   TSR_CUDA_CHECK(cudaEventDestroy(e0));
   TSR_CUDA_CHECK(cudaEventDestroy(e1));
 }
+
+}  // namespace gpu_test_cuda_attention

@@ -16,6 +16,10 @@
 #include "cuda/cuda_ops_internal.hpp"
 #include "cuda_ops_support.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace gpu_test_cuda_attention_cudnn {
+
 namespace {
 
 using namespace cuda_ops_test;
@@ -296,3 +300,5 @@ TEST_CASE("cuda attention cudnn: a cached plan gives the same result again",
   CHECK(a.out == b.out);  // cuDNN's forward is deterministic
   CHECK(a.lse == b.lse);
 }
+
+}  // namespace gpu_test_cuda_attention_cudnn

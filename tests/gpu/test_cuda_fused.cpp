@@ -21,6 +21,10 @@
 #include "cuda/gemm.hpp"
 #include "cuda_ops_support.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace gpu_test_cuda_fused {
+
 using namespace cuda_ops_test;
 
 namespace {
@@ -183,3 +187,5 @@ TEST_CASE("cuda fused epilogues have cuBLASLt algorithms at GPT-2 124M's shapes,
   // A miss is no error (the op falls back), but it is the speed-up lost.
   CHECK(tessera::cuda::epilogue_misses() == before);
 }
+
+}  // namespace gpu_test_cuda_fused

@@ -13,6 +13,10 @@
 
 #include "cuda_ops_support.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace gpu_test_cuda_matmul {
+
 using namespace cuda_ops_test;
 
 // ===========================================================================
@@ -186,3 +190,5 @@ TEST_CASE("cuda mlp step benchmark", "[.][bench]") {
   std::printf("mlp fwd+bwd (B=%ld H=%ld L=%ld bf16, relu): %.3f ms, %.1f TFLOP/s\n", long(B),
               long(H), long(L), 1e3 * s / iters, flops * iters / s / 1e12);
 }
+
+}  // namespace gpu_test_cuda_matmul

@@ -12,6 +12,10 @@
 
 #include "cuda_ops_support.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace gpu_test_cuda_ops_elementwise {
+
 using namespace cuda_ops_test;
 
 // ===========================================================================
@@ -153,3 +157,5 @@ TEST_CASE("cuda ops forward host-memory calls to the CPU ops", "[cuda][ops]") {
   CHECK(gpu().fill(ctx(), &odd, 0.0f) == TSR_ERR_UNSUPPORTED);
   CHECK_THAT(last_error(), Catch::Contains("fill: x"));
 }
+
+}  // namespace gpu_test_cuda_ops_elementwise

@@ -12,6 +12,10 @@
 
 #include "cuda_ops_support.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace gpu_test_cuda_ops_nn {
+
 using namespace cuda_ops_test;
 
 // ===========================================================================
@@ -282,3 +286,5 @@ TEST_CASE("cuda embedding forward and backward", "[cuda][ops]") {
     }
   }
 }
+
+}  // namespace gpu_test_cuda_ops_nn

@@ -9,6 +9,10 @@
 #include "cuda/device.hpp"
 #include "util/error.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace gpu_test_device {
+
 using namespace tessera;
 
 TEST_CASE("device: a device is selected and named", "[gpu][device]") {
@@ -158,3 +162,5 @@ TEST_CASE("device: another thread allocates on the selected device", "[gpu][devi
   CHECK(seen == cuda::current_device());
   cuda::device_free(p);
 }
+
+}  // namespace gpu_test_device

@@ -20,6 +20,10 @@
 #include "support/fixture.hpp"
 #include "support/safetensors_read.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace gpu_test_gpt2_gpu {
+
 namespace {
 
 using tessera::test::Fixture;
@@ -259,3 +263,5 @@ TEST_CASE("gpt2 on the GPU: the fused and the unfused step agree", "[gpu][gpt2][
     }
   }
 }
+
+}  // namespace gpu_test_gpt2_gpu

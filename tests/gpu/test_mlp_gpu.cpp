@@ -18,6 +18,10 @@
 #include "support/fixture.hpp"
 #include "support/safetensors_read.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace gpu_test_mlp_gpu {
+
 namespace {
 
 using tessera::test::Fixture;
@@ -191,3 +195,5 @@ TEST_CASE("mlp on the GPU matches PyTorch's gradients in fp32", "[gpu][mlp]") {
 TEST_CASE("mlp on the GPU matches PyTorch's gradients in bf16", "[gpu][mlp]") {
   run_reference(TSR_PRECISION_BF16, 2e-2);
 }
+
+}  // namespace gpu_test_mlp_gpu

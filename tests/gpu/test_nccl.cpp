@@ -33,6 +33,10 @@
 #include "dist/store.hpp"
 #include "host/host.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace gpu_test_nccl {
+
 using namespace tessera;
 
 namespace {
@@ -475,3 +479,5 @@ TEST_CASE("nccl: collectives across ranks through DistContext", "[.multirank]") 
     FAIL("the process was not stopped after a rank skipped an all_reduce");
   }
 }
+
+}  // namespace gpu_test_nccl

@@ -26,6 +26,10 @@
 #include "support/fixture.hpp"
 #include "support/safetensors_read.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace gpu_test_optimizers_gpu {
+
 namespace {
 
 using tessera::test::Fixture;
@@ -569,3 +573,5 @@ TEST_CASE("adam on CUDA: throughput over 100M elements", "[gpu][optimizer][bench
   cudaEventDestroy(t1);
   cudaStreamDestroy(stream);
 }
+
+}  // namespace gpu_test_optimizers_gpu

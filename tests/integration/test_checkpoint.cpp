@@ -8,6 +8,10 @@
 
 #include "harness.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace itest_test_checkpoint {
+
 using namespace tessera::itest;
 
 namespace {
@@ -224,3 +228,5 @@ TEST_CASE("ckpt inspect and export describe and consolidate a checkpoint", "[che
        j2 = nlohmann::json::parse(lines(e2.out).back());
   CHECK(j1["eval_loss"] == j2["eval_loss"]);
 }
+
+}  // namespace itest_test_checkpoint

@@ -9,6 +9,10 @@
 
 #include "harness.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace itest_test_cli {
+
 using namespace tessera::itest;
 
 namespace {
@@ -377,3 +381,5 @@ TEST_CASE("errors exit non-zero and say what is wrong, where", "[errors]") {
     CHECK(contains(r.err, ds.string()));
   }
 }
+
+}  // namespace itest_test_cli

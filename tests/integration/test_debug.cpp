@@ -24,6 +24,10 @@
 
 #include "harness.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace itest_test_debug {
+
 using namespace tessera::itest;
 
 namespace {
@@ -406,3 +410,5 @@ TEST_CASE("debug options are checked before anything starts", "[debug]") {
   r = run_cli({"run", s.config.string(), "-n", "2", "--debug-rank", "1", "--debug-with", "lldb"});
   CHECK(r.status == 2);
 }
+
+}  // namespace itest_test_debug

@@ -33,6 +33,10 @@
 #include "faults.hpp"
 #include "harness.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace itest_test_distributed {
+
 using namespace tessera::itest;
 using nlohmann::json;
 
@@ -396,3 +400,5 @@ TEST_CASE("workers started by another launcher train as tessera run -n 2 does",
     CHECK(worst <= 1.0);
   }
 }
+
+}  // namespace itest_test_distributed

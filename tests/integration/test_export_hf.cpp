@@ -16,6 +16,10 @@
 
 #include "harness.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace itest_test_export_hf {
+
 using namespace tessera::itest;
 
 namespace {
@@ -344,3 +348,5 @@ TEST_CASE("ckpt export: formats and outputs it refuses", "[export][errors]") {
   CHECK(r.status != 0);
   CHECK(contains(r.err, "-o names a directory for a Hugging Face export"));
 }
+
+}  // namespace itest_test_export_hf

@@ -7,6 +7,10 @@
 
 #include "harness.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace itest_test_failed_runs {
+
 using namespace tessera::itest;
 using nlohmann::json;
 
@@ -78,3 +82,5 @@ TEST_CASE("eval on a run's own config.toml works at any world size", "[eval][con
   CHECK(r.status == 1);
   CHECK(contains(r.err, "batch sizes do not fit"));
 }
+
+}  // namespace itest_test_failed_runs

@@ -17,6 +17,10 @@
 
 #include "harness.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace itest_test_gpt2_tiny {
+
 using namespace tessera::itest;
 
 namespace {
@@ -133,3 +137,5 @@ TEST_CASE("gpt2-tiny-cpu learns the fortunes and generates text", "[gpt2-tiny][s
     if ((c >= 0x20 && c < 0x7F) || c == '\n' || c == '\t') ++printable;
   CHECK(printable >= text.size() * 9 / 10);
 }
+
+}  // namespace itest_test_gpt2_tiny

@@ -17,6 +17,10 @@
 #include "harness.hpp"
 #include "util/crypto.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace itest_test_hardening {
+
 using namespace tessera::itest;
 
 namespace {
@@ -217,3 +221,5 @@ TEST_CASE("a plugin library that crashes as it loads is refused, the run goes on
   CHECK(contains(p.all(), dir + "/libtsr_test_ctor_crash.so"));
   CHECK(contains(p.all(), "while loading"));
 }
+
+}  // namespace itest_test_hardening

@@ -7,6 +7,10 @@
 
 #include "harness.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace itest_test_messages {
+
 using namespace tessera::itest;
 
 namespace {
@@ -184,3 +188,5 @@ TEST_CASE("loading a checkpoint into another shape names both shapes", "[message
     CHECK(contains(r.err, "0.weight: checkpoint [16, 64], model [8, 64]"));
   }
 }
+
+}  // namespace itest_test_messages

@@ -38,6 +38,10 @@
 #include "harness.hpp"
 #include "test_hosts.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace itest_test_multinode {
+
 using namespace tessera::itest;
 using nlohmann::json;
 
@@ -385,3 +389,5 @@ TEST_CASE("the head launcher killed: the nodes' launchers and workers stop with 
   CHECK(all_gone);
   CHECK(took <= 10.0);
 }
+
+}  // namespace itest_test_multinode

@@ -16,6 +16,10 @@
 
 #include "harness.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace itest_test_offload {
+
 using namespace tessera::itest;
 
 namespace {
@@ -213,3 +217,5 @@ TEST_CASE("offload cpu-bf16 trains with half the bytes of optimizer moments", "[
   const double master = c / 3;
   CHECK(h - master == Approx((c - master) / 2));
 }
+
+}  // namespace itest_test_offload

@@ -9,6 +9,10 @@
 
 #include "harness.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace itest_test_run {
+
 using namespace tessera::itest;
 using nlohmann::json;
 
@@ -433,3 +437,5 @@ TEST_CASE("the shipped configs are valid, and the quickstart trains on other dat
   CHECK(sum["eval_accuracy"].get<double>() > 0.9);
   CHECK(parse_toml(dir / "config.toml")["model"]["hidden"].is_array());
 }
+
+}  // namespace itest_test_run

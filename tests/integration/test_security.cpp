@@ -25,6 +25,10 @@
 #include "harness.hpp"
 #include "util/crypto.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace itest_test_security {
+
 using namespace tessera::itest;
 
 namespace {
@@ -256,3 +260,5 @@ TEST_CASE("strangers are refused by a running job's rendezvous store", "[securit
   REQUIRE(secret.size() == 64);
   CHECK(!contains(r.all(), secret));
 }
+
+}  // namespace itest_test_security

@@ -11,6 +11,10 @@
 
 #include "harness.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace itest_test_tokenize {
+
 using namespace tessera::itest;
 
 namespace {
@@ -148,3 +152,5 @@ TEST_CASE("data tokenize errors name the file or the option", "[cli][tokenize]")
   CHECK(top.status == 0);
   CHECK(contains(top.out, "tokenize"));
 }
+
+}  // namespace itest_test_tokenize

@@ -10,6 +10,10 @@
 
 #include "harness.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace itest_test_viz {
+
 using namespace tessera::itest;
 using nlohmann::json;
 
@@ -368,3 +372,5 @@ TEST_CASE("runs lists past runs with their status", "[viz][runs]") {
   CHECK(none.status == 1);
   CHECK(contains(none.err, "no such directory"));
 }
+
+}  // namespace itest_test_viz

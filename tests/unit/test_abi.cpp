@@ -21,6 +21,10 @@
 #include "plugin/registry.hpp"
 #include "support/fixture.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace unit_test_abi {
+
 using namespace tessera::test::abi_support;
 
 namespace {
@@ -297,3 +301,5 @@ TEST_CASE("TSR_HAS_FIELD reads struct_size, not the reader's sizeof", "[abi]") {
   const Args *none = nullptr;
   CHECK_FALSE(TSR_HAS_FIELD(none, Args, struct_size));
 }
+
+}  // namespace unit_test_abi

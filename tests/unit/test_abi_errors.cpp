@@ -27,6 +27,10 @@
 #include "train/session.hpp"
 #include "util/error.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace unit_test_abi_errors {
+
 using namespace tessera::test::abi_support;
 
 namespace {
@@ -391,3 +395,5 @@ TEST_CASE("exceptions thrown inside sdk::guard come back as a status and a messa
     }
   }
 }
+
+}  // namespace unit_test_abi_errors

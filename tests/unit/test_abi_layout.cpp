@@ -29,6 +29,10 @@
 
 #include "abi_1_0/layout_row.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace unit_test_abi_layout {
+
 namespace {
 
 using tessera::test::AbiLayoutRow;
@@ -221,3 +225,5 @@ TEST_CASE("every struct in the current SDK headers is in the ABI tables", "[abi]
   }
   CHECK(seen == std::size(kCurrentSizes));
 }
+
+}  // namespace unit_test_abi_layout

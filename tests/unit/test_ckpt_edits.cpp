@@ -28,6 +28,10 @@
 #include "util/error.hpp"
 #include "util/safetensors.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace unit_test_ckpt_edits {
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -259,3 +263,5 @@ TEST_CASE("overlapping safetensors data_offsets are refused", "[security]") {
   CHECK_THAT(error_of([&] { tessera::SafetensorsFile f(p); }),
              Catch::Contains("'a' and 'b' overlap"));
 }
+
+}  // namespace unit_test_ckpt_edits

@@ -15,6 +15,10 @@
 #include "dist/gloo_comm.hpp"
 #include "dist/store.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace unit_test_comm_shm {
+
 using tessera::GlooComm;
 using tessera::StoreClient;
 using tessera::StoreServer;
@@ -201,3 +205,5 @@ TEST_CASE("shared-memory collectives equal Gloo's and the expected values, at th
   CHECK(shm.gathered == tcp.gathered);
   CHECK(shm.bcast == tcp.bcast);
 }
+
+}  // namespace unit_test_comm_shm

@@ -12,6 +12,10 @@
 #include "config_support.hpp"
 #include "train/job.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace unit_test_config {
+
 using namespace tessera::test::config_support;
 
 namespace {
@@ -371,3 +375,5 @@ TEST_CASE("did_you_mean picks the closest name, or none", "[config]") {
   CHECK(did_you_mean("banana", {"lr", "momentum"}).empty());
   CHECK(did_you_mean("x", {}).empty());
 }
+
+}  // namespace unit_test_config

@@ -9,6 +9,10 @@
 #include "config_support.hpp"
 #include "train/job.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace unit_test_config_errors {
+
 using namespace tessera::test::config_support;
 
 // ---------------------------------------------------------------------------
@@ -261,3 +265,5 @@ TEST_CASE("errors from --set name the override", "[config]") {
   CHECK(msg.rfind("--set run.seed=1.5: ", 0) == 0);
   CHECK_THAT(msg, Catch::Contains("expected an integer"));
 }
+
+}  // namespace unit_test_config_errors

@@ -8,6 +8,10 @@
 #include "config_support.hpp"
 #include "train/job.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace unit_test_config_messages {
+
 using namespace tessera::test::config_support;
 
 namespace {
@@ -97,3 +101,5 @@ TEST_CASE("evaluation needs batch.micro only; training the batch rule", "[config
   // The resolved config keeps no DeepSpeed JSON to apply again.
   CHECK_THAT(eval.resolved_toml(), Catch::Contains("deepspeed = \"\""));
 }
+
+}  // namespace unit_test_config_messages

@@ -13,6 +13,10 @@
 
 #include "launch/core_dump.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace unit_test_core_dump {
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -74,3 +78,5 @@ TEST_CASE("core dump note: a crash without a core says why there is none") {
   CHECK(has(core_dump_note(kPid, SIGSEGV, "/tmp", "core", false), "no core dump"));
   CHECK(has(core_dump_note(kPid, SIGABRT, "/tmp", "core", false), "no core dump"));
 }
+
+}  // namespace unit_test_core_dump

@@ -11,6 +11,10 @@
 
 #include "ops/cpu_ops_internal.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace unit_test_cpu_attention {
+
 namespace {
 
 struct Shape {
@@ -293,3 +297,5 @@ TEST_CASE("cpu attention: argument errors", "[attention]") {
   CHECK(tessera::cpu::attention_forward(nullptr, q.dl(), k.dl(), v.dl(), 1.0f, od.dl(), l.dl()) ==
         TSR_ERR_UNSUPPORTED);
 }
+
+}  // namespace unit_test_cpu_attention

@@ -13,6 +13,10 @@
 #include "ops/cpu_ops.hpp"
 #include "ops/cpu_pool.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace unit_test_cpu_ops {
+
 namespace {
 
 const tsr_ops &ops() {
@@ -568,3 +572,5 @@ TEST_CASE("sum_squares accumulates in double", "[cpu_ops]") {
   CHECK(got == 0.0);
   CHECK(ops().sum_squares(nullptr, x.dl(), nullptr) == TSR_ERR_INVALID);
 }
+
+}  // namespace unit_test_cpu_ops

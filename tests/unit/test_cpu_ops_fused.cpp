@@ -16,6 +16,10 @@
 
 #include "cpu_ops_nn11_support.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace unit_test_cpu_ops_fused {
+
 using namespace tessera::test::cpu_ops_nn11_support;
 
 namespace {
@@ -264,3 +268,5 @@ TEST_CASE("matmul_act_backward rejects bad arguments, naming the op", "[ops]") {
     CHECK_THAT(msgs.last(), Catch::Contains("matmul_act_backward: dbias"));
   }
 }
+
+}  // namespace unit_test_cpu_ops_fused

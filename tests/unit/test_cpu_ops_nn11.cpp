@@ -14,6 +14,10 @@
 
 #include "cpu_ops_nn11_support.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace unit_test_cpu_ops_nn11 {
+
 using Catch::Matchers::Contains;
 using namespace tessera::test::cpu_ops_nn11_support;
 
@@ -439,3 +443,5 @@ TEST_CASE("embedding rejects bad shapes and dtypes", "[ops]") {
     CHECK_THAT(m.last(), Contains("accumulate must be 0 or 1"));
   }
 }
+
+}  // namespace unit_test_cpu_ops_nn11

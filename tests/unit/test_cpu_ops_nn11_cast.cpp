@@ -15,6 +15,10 @@
 
 #include "cpu_ops_nn11_support.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace unit_test_cpu_ops_nn11_cast {
+
 using Catch::Matchers::Contains;
 using namespace tessera::test::cpu_ops_nn11_support;
 
@@ -380,3 +384,5 @@ TEST_CASE("copy moves any dtype when src and dst agree", "[ops]") {
   Buf<uint8_t> bits({6}, DLDataType{kDLUInt, 1, 8});  // 1-bit lanes: not whole bytes
   CHECK(ops().copy(m.ctx(), bits.dl(), bits.dl()) == TSR_ERR_UNSUPPORTED);
 }
+
+}  // namespace unit_test_cpu_ops_nn11_cast

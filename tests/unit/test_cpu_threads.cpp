@@ -14,6 +14,10 @@
 #include "ops/cpu_ops.hpp"
 #include "ops/cpu_pool.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace unit_test_cpu_threads {
+
 namespace {
 
 const tsr_ops &ops() {
@@ -215,3 +219,5 @@ TEST_CASE("cpu attention on the pool: same bits on 1 and 3 threads", "[ops][atte
   const auto one = with_threads(1, run), three = with_threads(3, run);
   for (size_t i = 0; i < one.size(); i++) CHECK(same_bits(one[i], three[i]));
 }
+
+}  // namespace unit_test_cpu_threads

@@ -6,6 +6,10 @@
 
 #include "util/crypto.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace unit_test_crypto {
+
 using tessera::hmac_sha256;
 using tessera::sha256;
 using tessera::to_hex;
@@ -63,3 +67,5 @@ TEST_CASE("constant-time comparison and random bytes", "[security][hmac]") {
   CHECK(a.size() == 32);
   CHECK(a != b);
 }
+
+}  // namespace unit_test_crypto

@@ -13,6 +13,10 @@
 #include "deepspeed_support.hpp"
 #include "train/job.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace unit_test_deepspeed {
+
 using namespace tessera::test::deepspeed_support;
 
 namespace {
@@ -198,3 +202,5 @@ TEST_CASE("broken DeepSpeed files name the file", "[config][deepspeed]") {
   msg = error_of([&] { tessera::load_document(q.options(missing)); });
   CHECK(msg.rfind(missing + ": cannot open", 0) == 0);
 }
+
+}  // namespace unit_test_deepspeed

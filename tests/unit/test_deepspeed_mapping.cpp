@@ -14,6 +14,10 @@
 #include "train/job.hpp"
 #include "train/schedule.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace unit_test_deepspeed_mapping {
+
 using namespace tessera::test::deepspeed_support;
 
 // ---------------------------------------------------------------------------
@@ -400,3 +404,5 @@ TEST_CASE("wall_clock_breakdown maps onto log.breakdown", "[config][deepspeed]")
             .rfind(q.dir.file("ds.json") + ": wall_clock_breakdown: expected true or false", 0) ==
         0);
 }
+
+}  // namespace unit_test_deepspeed_mapping

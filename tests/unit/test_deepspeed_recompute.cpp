@@ -9,6 +9,10 @@
 #include "deepspeed_support.hpp"
 #include "train/job.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace unit_test_deepspeed_recompute {
+
 using namespace tessera::test::deepspeed_support;
 
 namespace {
@@ -101,3 +105,5 @@ TEST_CASE("the command line over activation_checkpointing's recompute: --set and
   CHECK_THAT(msg,
              Catch::Contains("--set model.recompute=true: unknown key 'recompute' in [model]"));
 }
+
+}  // namespace unit_test_deepspeed_recompute

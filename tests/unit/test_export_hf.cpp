@@ -19,6 +19,10 @@
 #include "util/error.hpp"
 #include "util/safetensors.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace unit_test_export_hf {
+
 namespace fs = std::filesystem;
 using tessera::gpt2_dims_from_config;
 using tessera::Gpt2Dims;
@@ -163,3 +167,5 @@ TEST_CASE("bf16 export rounds to nearest even", "[export_hf]") {
   CHECK(tessera::find_model_exporter("gpt2") != nullptr);
   CHECK(tessera::find_model_exporter("mlp") == nullptr);
 }
+
+}  // namespace unit_test_export_hf

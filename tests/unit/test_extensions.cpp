@@ -16,6 +16,10 @@
 #include "plugin/legacy.hpp"
 #include "support/fixture.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace unit_test_extensions {
+
 namespace {
 
 using tessera::test::Fixture;
@@ -149,3 +153,5 @@ TEST_CASE("struct sizes end at the last field, and copy_out stays inside the cal
     REQUIRE(buf[i] == 0xAB);
   }
 }
+
+}  // namespace unit_test_extensions

@@ -35,6 +35,10 @@
 #include "util/safetensors.hpp"
 #include "viz/plot.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace unit_test_fifo {
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -193,3 +197,5 @@ TEST_CASE("datasets: a FIFO as an IDX file or a token shard is refused", "[fifo]
   check_names_fifo(tmsg, shard);
   CHECK_THAT(tmsg, Catch::Contains("tokens: shard"));
 }
+
+}  // namespace unit_test_fifo

@@ -11,6 +11,10 @@
 
 #include "entries.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace unit_test_fuzz_replay {
+
 namespace fs = std::filesystem;
 
 TEST_CASE("the fuzz corpus and regressions replay without a crash", "[security][fuzz]") {
@@ -45,3 +49,5 @@ TEST_CASE("fuzz targets are found by name", "[security][fuzz]") {
   CHECK(tessera::fuzz::find("safetensors") != nullptr);
   CHECK(tessera::fuzz::find("no such target") == nullptr);
 }
+
+}  // namespace unit_test_fuzz_replay

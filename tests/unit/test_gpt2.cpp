@@ -31,6 +31,10 @@
 #include "train/init_from.hpp"
 #include "train/layout.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace unit_test_gpt2 {
+
 using namespace tessera::test::gpt2_support;
 
 namespace {
@@ -256,3 +260,5 @@ TEST_CASE("gpt2 predict gives Hugging Face's logits of the last position", "[gpt
   CHECK(m.vt->predict(m.self, step, full.get(), &f64) == TSR_ERR_INVALID);
   CHECK_THAT(f.host.last_error(), Catch::Contains("float32"));
 }
+
+}  // namespace unit_test_gpt2

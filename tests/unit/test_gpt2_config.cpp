@@ -23,6 +23,10 @@
 #include "ops/cpu_ops.hpp"
 #include "support/fixture.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace unit_test_gpt2_config {
+
 using namespace tessera::test::gpt2_support;
 
 TEST_CASE("gpt2 is a model plugin for CPU and CUDA", "[gpt2]") {
@@ -399,3 +403,5 @@ TEST_CASE("gpt2 refuses bad configs, datasets and batches with clear messages", 
       for (float e : g) REQUIRE(e == 0.0f);
   }
 }
+
+}  // namespace unit_test_gpt2_config

@@ -18,6 +18,10 @@
 #include "support/fixture.hpp"
 #include "support/temp_dir.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace unit_test_idx {
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -421,3 +425,5 @@ TEST_CASE("idx loads Fashion-MNIST", "[idx]") {
     CHECK(t.info().num_classes == 10);
   }
 }
+
+}  // namespace unit_test_idx

@@ -25,6 +25,10 @@
 #include "support/fixture.hpp"
 #include "support/safetensors_read.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace unit_test_mlp {
+
 namespace {
 
 using tessera::test::Fixture;
@@ -622,3 +626,5 @@ TEST_CASE("mlp refuses bad configs and datasets with clear messages", "[mlp]") {
       for (float e : g) CHECK(e == 0.0f);
   }
 }
+
+}  // namespace unit_test_mlp

@@ -14,6 +14,10 @@
 #include "train/monitor.hpp"
 #include "util/tfevents.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace unit_test_monitor {
+
 namespace cs = tessera::test::config_support;
 namespace ds = tessera::test::deepspeed_support;
 
@@ -155,3 +159,5 @@ TEST_CASE("the CSV monitor writes DeepSpeed's file per tag with a step,value hea
   CHECK(slurp(dir.file("csv/Eval_Samples_eval_loss.csv")) == "step,eval_loss\n3,2.25\n");
   CHECK(!std::filesystem::exists(dir.file("csv/Eval_Samples_eval_accuracy.csv")));
 }
+
+}  // namespace unit_test_monitor

@@ -16,6 +16,10 @@
 #include "viz/plot.hpp"
 #include "viz/svg.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace unit_test_observe {
+
 namespace {
 
 using tessera::config::ConfigError;
@@ -191,3 +195,5 @@ TEST_CASE("the plot draws each series of each run, escaped", "[observe][plot]") 
   CHECK(tessera::viz::coord(12.5) == "12.5");
   CHECK(tessera::viz::coord(-0.001) == "0");
 }
+
+}  // namespace unit_test_observe

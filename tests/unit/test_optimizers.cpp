@@ -19,6 +19,10 @@
 #include "support/fixture.hpp"
 #include "support/safetensors_read.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace unit_test_optimizers {
+
 using namespace tessera::test::optimizers_support;
 
 namespace {
@@ -313,3 +317,5 @@ TEST_CASE("optimizer steps refuse what they cannot do", "[optimizer]") {
     }
   }
 }
+
+}  // namespace unit_test_optimizers

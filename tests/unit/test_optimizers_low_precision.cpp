@@ -22,6 +22,10 @@
 #include "support/fixture.hpp"
 #include "support/safetensors_read.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace unit_test_optimizers_low_precision {
+
 using namespace tessera::test::optimizers_support;
 
 namespace {
@@ -277,3 +281,5 @@ TEST_CASE("gradient dtypes: refusals and older callers", "[optimizer]") {
     }
   }
 }
+
+}  // namespace unit_test_optimizers_low_precision

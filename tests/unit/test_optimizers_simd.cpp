@@ -21,6 +21,10 @@
 #include "optimizers_support.hpp"
 #include "support/fixture.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace unit_test_optimizers_simd {
+
 using namespace tessera::test::optimizers_support;
 using tessera::sdk::optim::Elem;
 
@@ -286,3 +290,5 @@ TEST_CASE("cpu_kernel is checked", "[optimizer]") {
     CHECK_THAT(f.host.last_error(), Catch::Contains(k) && Catch::Contains("cannot run"));
   }
 }
+
+}  // namespace unit_test_optimizers_simd

@@ -12,6 +12,10 @@
 #include "plugin/registry.hpp"
 #include "plugin/verify.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace unit_test_plugin_security {
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -169,3 +173,5 @@ TEST_CASE("plugin paths: symbolic links are resolved, writable parents refused",
                           Catch::Contains(open.string()));
   }
 }
+
+}  // namespace unit_test_plugin_security

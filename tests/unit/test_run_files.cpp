@@ -24,6 +24,10 @@
 #include "train/run_lock.hpp"
 #include "util/error.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace unit_test_run_files {
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -170,3 +174,5 @@ TEST_CASE("one job per directory: the second is refused naming the first", "[run
   CHECK(WEXITSTATUS(st) == 0);
   CHECK_NOTHROW(RunLock({run}, {"run.dir"}));
 }
+
+}  // namespace unit_test_run_files

@@ -16,6 +16,10 @@
 
 #include "support/fixture.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace unit_test_samplers {
+
 namespace {
 
 using tessera::test::Fixture;
@@ -296,3 +300,5 @@ TEST_CASE("sequential sampler rejects bad arguments", "[sampler]") {
   CHECK(s.epoch_size(make_args(10, 2, 2), &n) == TSR_ERR_INVALID);
   CHECK_THAT(f.host.last_error(), Catch::Contains("rank 2"));
 }
+
+}  // namespace unit_test_samplers

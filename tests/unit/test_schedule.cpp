@@ -14,6 +14,10 @@
 #include "config/settings.hpp"
 #include "train/schedule.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace unit_test_schedule {
+
 namespace {
 
 using tessera::schedule_lr;
@@ -242,3 +246,5 @@ TEST_CASE("one_cycle is DeepSpeed's OneCycle", "[schedule]") {
   s.cycle_max_lr = 0.0;
   CHECK(schedule_lr(s, 0.5, 9, 0) == Approx(0.5));
 }
+
+}  // namespace unit_test_schedule

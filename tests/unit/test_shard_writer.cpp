@@ -20,6 +20,10 @@
 #include "util/error.hpp"
 #include "util/safetensors.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace unit_test_shard_writer {
+
 namespace fs = std::filesystem;
 using namespace tessera;
 
@@ -177,3 +181,5 @@ TEST_CASE("shard writer: an unwritable path is named", "[ckpt][shard_writer]") {
           std::string::npos);
   }
 }
+
+}  // namespace unit_test_shard_writer

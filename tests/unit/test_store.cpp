@@ -24,6 +24,10 @@
 #include "launch/job_secret.hpp"
 #include "util/error.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace unit_test_store {
+
 using namespace std::chrono_literals;
 using tessera::StoreClient;
 using tessera::StoreServer;
@@ -250,3 +254,5 @@ TEST_CASE("a rank turned away tries again, then says the store is flooded", "[se
   busy.join();
   ::close(lfd);
 }
+
+}  // namespace unit_test_store

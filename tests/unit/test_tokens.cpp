@@ -22,6 +22,10 @@
 #include "support/temp_dir.hpp"
 #include "util/error.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace unit_test_tokens {
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -437,3 +441,5 @@ TEST_CASE("tokens reads what tessera data tokenize writes", "[tokens]") {
                     0) == 0);
   }
 }
+
+}  // namespace unit_test_tokens

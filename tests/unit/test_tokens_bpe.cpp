@@ -16,6 +16,10 @@
 #include "data/tokenizer_bpe.hpp"
 #include "support/fixture.hpp"
 
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace unit_test_tokens_bpe {
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -160,3 +164,5 @@ TEST_CASE("GPT-2 BPE matches OpenAI's encoder on the goldens", "[tokens][bpe]") 
     CHECK(bpe.decode(g["ids"].get<std::vector<uint32_t>>()) == text);
   }
 }
+
+}  // namespace unit_test_tokens_bpe
