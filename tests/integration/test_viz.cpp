@@ -233,8 +233,9 @@ TEST_CASE("the time breakdown's parts sum to within 5% of the step time", "[viz]
   for (const char *k :
        {"data", "forward", "backward", "comm_wait", "optimizer", "checkpoint", "eval"})
     parts += tb.at(k).get<double>();
+  // The run's total holds every interval's bookkeeping: 2 ms for each.
   CHECK(std::abs(parts - tb.at("total").get<double>()) <=
-        0.05 * tb.at("total").get<double>() + 0.002);
+        0.05 * tb.at("total").get<double>() + 0.002 * with_breakdown);
   CHECK(tb.at("checkpoint").get<double>() > 0);
   CHECK(tb.at("eval").get<double>() > 0);
   CHECK(sum.at("flops_per_sample").get<double>() > 0);
