@@ -21,6 +21,27 @@ namespace tessera::cuda {
 
 inline constexpr int kColY = 8;
 
+// The end of a pass-1 block: each thread's V column sums over its rows
+// (acc) are added in y order through `sh` into the block's row of partials
+// (`out` = partial + chunk * cols), 32 * V columns over the 32 * kColY
+// threads. Shared by col_partials and the activation backward's fused pass.
+template <int V, int W>
+__device__ __forceinline__ void block_partials(float (&sh)[kColY][W], const float (&acc)[V],
+                                               int64_t cols, float *out) {
+  static_assert(W == 32 * V, "block_partials: sh holds 32 * V columns per row");
+#pragma unroll
+  for (int j = 0; j < V; j++) sh[threadIdx.y][threadIdx.x * V + j] = acc[j];
+  __syncthreads();
+  const int tid = threadIdx.y * 32 + threadIdx.x;
+  for (int j = tid; j < 32 * V; j += 32 * kColY) {
+    const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 * V + j;
+    if (c >= cols) continue;
+    float w = 0.0f;
+    for (int y = 0; y < kColY; y++) w += sh[y][j];
+    out[c] = w;
+  }
+}
+
 template <typename T, int V, bool kLn>
 __global__ void col_partials(const T *dy, const T *x, const float *mean, const float *rstd,
                              int64_t rows, int64_t cols, int64_t rows_per_chunk, float *partial) {
@@ -57,26 +78,9 @@ __global__ void col_partials(const T *dy, const T *x, const float *mean, const f
       }
     }
   }
-#pragma unroll
-  for (int j = 0; j < V; j++) {
-    sh_w[threadIdx.y][threadIdx.x * V + j] = acc_w[j];
-    if constexpr (kLn) sh_b[threadIdx.y][threadIdx.x * V + j] = acc_b[j];
-  }
-  __syncthreads();
-  // Row y of the block's threads finishes the columns, 32 * V of them over
-  // the 32 * kColY threads.
-  const int tid = threadIdx.y * 32 + threadIdx.x;
-  for (int j = tid; j < 32 * V; j += 32 * kColY) {
-    const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 * V + j;
-    if (c >= cols) continue;
-    float w = 0.0f, b = 0.0f;
-    for (int y = 0; y < kColY; y++) {
-      w += sh_w[y][j];
-      if constexpr (kLn) b += sh_b[y][j];
-    }
-    partial[blockIdx.y * cols + c] = w;
-    if constexpr (kLn) partial[(gridDim.y + blockIdx.y) * cols + c] = b;
-  }
+  block_partials<V>(sh_w, acc_w, cols, partial + blockIdx.y * cols);
+  if constexpr (kLn)
+    block_partials<V>(sh_b, acc_b, cols, partial + (gridDim.y + blockIdx.y) * cols);
 }
 
 // out[c] += scale * the column's sum; scale = 1 multiplies exactly. Block

@@ -149,17 +149,7 @@ __global__ void act_backward_partials(const T *x, const T *dy, T *dx, int64_t ro
       for (int j = 0; j < kPack; j++) acc[j] += dv[j];
     }
   }
-#pragma unroll
-  for (int j = 0; j < kPack; j++) sh[threadIdx.y][threadIdx.x * kPack + j] = acc[j];
-  __syncthreads();
-  const int tid = threadIdx.y * 32 + threadIdx.x;
-  for (int j = tid; j < 32 * kPack; j += 32 * kColY) {
-    const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 * kPack + j;
-    if (c >= cols) continue;
-    float w = 0.0f;
-    for (int y = 0; y < kColY; y++) w += sh[y][j];
-    partial[blockIdx.y * cols + c] = w;
-  }
+  block_partials<kPack>(sh, acc, cols, partial + blockIdx.y * cols);
 }
 
 // Runs go(G{}) with G the derivative functor of `act` for T.
