@@ -330,6 +330,10 @@ tsr_status layernorm_forward(tsr_host_ctx *ctx, const DLTensor *x, const DLTenso
 tsr_status layernorm_backward(tsr_host_ctx *ctx, const DLTensor *dy, const DLTensor *x,
                               const DLTensor *weight, const DLTensor *mean, const DLTensor *rstd,
                               DLTensor *dx, DLTensor *dweight, DLTensor *dbias) noexcept;
+tsr_status layernorm_backward_sum(tsr_host_ctx *ctx, const DLTensor *dy, const DLTensor *x,
+                                  const DLTensor *weight, const DLTensor *mean,
+                                  const DLTensor *rstd, DLTensor *dx, DLTensor *dweight,
+                                  DLTensor *dbias, DLTensor *dsum) noexcept;
 
 // ops_embedding.cu:
 tsr_status embedding_forward(tsr_host_ctx *ctx, const DLTensor *ids, const DLTensor *table,

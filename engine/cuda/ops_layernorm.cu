@@ -281,67 +281,111 @@ tsr_status add_layernorm_forward(tsr_host_ctx *ctx, const DLTensor *x, const DLT
   });
 }
 
+namespace {
+
+// layernorm_backward, and with dsum layernorm_backward_sum (op names which).
+void layernorm_backward_impl(const char *op, tsr_host_ctx *ctx, const DLTensor *dy,
+                             const DLTensor *x, const DLTensor *weight, const DLTensor *mean,
+                             const DLTensor *rstd, DLTensor *dx, DLTensor *dweight, DLTensor *dbias,
+                             DLTensor *dsum) {
+  if (side_of(op, {{"dy", dy},
+                   {"x", x},
+                   {"weight", weight},
+                   {"mean", mean},
+                   {"rstd", rstd},
+                   {"dx", dx},
+                   {"dweight", dweight},
+                   {"dbias", dbias},
+                   {"dsum", dsum}}) == Side::Host) {
+    AsCpu hdy(dy), hx(x), hw(weight), hm(mean), hr(rstd), hdx(dx), hdw(dweight), hdb(dbias),
+        hds(dsum);
+    if (dsum)
+      host_result(need_cpu(cpu_ops()->layernorm_backward_sum, op)(
+          ctx, hdy.p, hx.p, hw.p, hm.p, hr.p, hdx.mut(), hdw.mut(), hdb.mut(), hds.mut()));
+    else
+      host_result(need_cpu(cpu_ops()->layernorm_backward, op)(ctx, hdy.p, hx.p, hw.p, hm.p, hr.p,
+                                                              hdx.mut(), hdw.mut(), hdb.mut()));
+    return;
+  }
+  const View DY = floating(op, "dy", dy, 1), X = floating(op, "x", x, 1),
+             W = floating(op, "weight", weight), M = f32(op, "mean", mean),
+             R = f32(op, "rstd", rstd), DX = floating(op, "dx", dx, 1),
+             DW = floating(op, "dweight", dweight);
+  View DB{}, DS{};
+  if (dbias) {
+    DB = floating(op, "dbias", dbias);
+    TSR_CHECK(DB.numel() == X.cols, TSR_ERR_INVALID,
+              std::string(op) + ": dbias " + describe(dbias) + " must have " +
+                  std::to_string(X.cols) + " elements");
+  }
+  if (dsum) {
+    DS = floating(op, "dsum", dsum);
+    TSR_CHECK(DS.numel() == X.cols, TSR_ERR_INVALID,
+              std::string(op) + ": dsum " + describe(dsum) + " must have " +
+                  std::to_string(X.cols) + " elements, the last dim of x " + describe(x));
+    TSR_CHECK(!overlaps_bytes(DS, DX) && !overlaps_bytes(DS, DY) && !overlaps_bytes(DS, X) &&
+                  !overlaps_bytes(DS, DW) && (!dbias || !overlaps_bytes(DS, DB)),
+              TSR_ERR_INVALID, std::string(op) + ": dsum overlaps another argument in memory");
+  }
+  TSR_CHECK(DY.rows == X.rows && DY.cols == X.cols && DX.rows == X.rows && DX.cols == X.cols,
+            TSR_ERR_INVALID,
+            std::string(op) + ": dy " + describe(dy) + " and dx " + describe(dx) +
+                " must match x " + describe(x));
+  check_same_dtype(op, "x", x, X, "dy", dy, DY);
+  check_same_dtype(op, "x", x, X, "dx", dx, DX);
+  TSR_CHECK(W.numel() == X.cols && DW.numel() == X.cols, TSR_ERR_INVALID,
+            std::string(op) + ": weight " + describe(weight) + " and dweight " + describe(dweight) +
+                " must have " + std::to_string(X.cols) + " elements");
+  TSR_CHECK(M.numel() == X.rows && R.numel() == X.rows, TSR_ERR_INVALID,
+            std::string(op) + ": mean " + describe(mean) + " and rstd " + describe(rstd) +
+                " must have one entry per row of x " + describe(x));
+  if (X.rows == 0 || X.cols == 0) return;
+  const bool vec =
+      X.cols % kPack == 0 && aligned16(X.p) && aligned16(DY.p) && aligned16(DX.p) && aligned16(W.p);
+  const unsigned grid = static_cast<unsigned>((X.rows + kRowsPerBlock - 1) / kRowsPerBlock);
+  dispatch_float(X.dt, [&](auto xtag) {
+    using T = decltype(xtag);
+    // Parameter gradients first: they read dy, which dx may alias.
+    int64_t chunks = 0;
+    const float *partial = launch_col_partials<T, true>(DY.as<T>(), X.as<T>(), M.as<float>(),
+                                                        R.as<float>(), X.rows, X.cols, &chunks);
+    launch_col_finalize(partial, chunks, DW);
+    if (dbias) launch_col_finalize(partial + chunks * X.cols, chunks, DB);
+    dispatch_float(W.dt, [&](auto wtag) {
+      using TW = decltype(wtag);
+      layernorm_dx_kernel<T, TW><<<grid, kThreads, 0, compute_stream()>>>(
+          DY.as<T>(), X.as<T>(), W.as<TW>(), M.as<float>(), R.as<float>(), DX.as<T>(), X.rows,
+          X.cols, vec);
+      check_launch();
+    });
+    // dsum: the column sums of dx as stored. A separate pass over dx, in our
+    // column-sum kernels (~12 us for GPT-2 small's [16384, 768] on the
+    // H200), replacing cuBLASLt's BGRADA bias-gradient kernel and its
+    // add (~22 us). A one-pass form that kept the three column partials
+    // in registers took 77 us a call (one block an SM: latency-bound), more
+    // than the passes it would save; bench/results/gpt2_gpu-2026-12-02-third.md.
+    if (dsum) launch_bias_grad(DX, DS, 1.0f);
+  });
+}
+
+}  // namespace
+
 tsr_status layernorm_backward(tsr_host_ctx *ctx, const DLTensor *dy, const DLTensor *x,
                               const DLTensor *weight, const DLTensor *mean, const DLTensor *rstd,
                               DLTensor *dx, DLTensor *dweight, DLTensor *dbias) noexcept {
   return guarded(ctx, [&] {
-    constexpr const char *op = "layernorm_backward";
-    if (side_of(op, {{"dy", dy},
-                     {"x", x},
-                     {"weight", weight},
-                     {"mean", mean},
-                     {"rstd", rstd},
-                     {"dx", dx},
-                     {"dweight", dweight},
-                     {"dbias", dbias}}) == Side::Host) {
-      AsCpu hdy(dy), hx(x), hw(weight), hm(mean), hr(rstd), hdx(dx), hdw(dweight), hdb(dbias);
-      host_result(need_cpu(cpu_ops()->layernorm_backward, op)(ctx, hdy.p, hx.p, hw.p, hm.p, hr.p,
-                                                              hdx.mut(), hdw.mut(), hdb.mut()));
-      return;
-    }
-    const View DY = floating(op, "dy", dy, 1), X = floating(op, "x", x, 1),
-               W = floating(op, "weight", weight), M = f32(op, "mean", mean),
-               R = f32(op, "rstd", rstd), DX = floating(op, "dx", dx, 1),
-               DW = floating(op, "dweight", dweight);
-    View DB{};
-    if (dbias) {
-      DB = floating(op, "dbias", dbias);
-      TSR_CHECK(DB.numel() == X.cols, TSR_ERR_INVALID,
-                std::string(op) + ": dbias " + describe(dbias) + " must have " +
-                    std::to_string(X.cols) + " elements");
-    }
-    TSR_CHECK(DY.rows == X.rows && DY.cols == X.cols && DX.rows == X.rows && DX.cols == X.cols,
-              TSR_ERR_INVALID,
-              std::string(op) + ": dy " + describe(dy) + " and dx " + describe(dx) +
-                  " must match x " + describe(x));
-    check_same_dtype(op, "x", x, X, "dy", dy, DY);
-    check_same_dtype(op, "x", x, X, "dx", dx, DX);
-    TSR_CHECK(W.numel() == X.cols && DW.numel() == X.cols, TSR_ERR_INVALID,
-              std::string(op) + ": weight " + describe(weight) + " and dweight " +
-                  describe(dweight) + " must have " + std::to_string(X.cols) + " elements");
-    TSR_CHECK(M.numel() == X.rows && R.numel() == X.rows, TSR_ERR_INVALID,
-              std::string(op) + ": mean " + describe(mean) + " and rstd " + describe(rstd) +
-                  " must have one entry per row of x " + describe(x));
-    if (X.rows == 0 || X.cols == 0) return;
-    const bool vec = X.cols % kPack == 0 && aligned16(X.p) && aligned16(DY.p) && aligned16(DX.p) &&
-                     aligned16(W.p);
-    const unsigned grid = static_cast<unsigned>((X.rows + kRowsPerBlock - 1) / kRowsPerBlock);
-    dispatch_float(X.dt, [&](auto xtag) {
-      using T = decltype(xtag);
-      // Parameter gradients first: they read dy, which dx may alias.
-      int64_t chunks = 0;
-      const float *partial = launch_col_partials<T, true>(DY.as<T>(), X.as<T>(), M.as<float>(),
-                                                          R.as<float>(), X.rows, X.cols, &chunks);
-      launch_col_finalize(partial, chunks, DW);
-      if (dbias) launch_col_finalize(partial + chunks * X.cols, chunks, DB);
-      dispatch_float(W.dt, [&](auto wtag) {
-        using TW = decltype(wtag);
-        layernorm_dx_kernel<T, TW><<<grid, kThreads, 0, compute_stream()>>>(
-            DY.as<T>(), X.as<T>(), W.as<TW>(), M.as<float>(), R.as<float>(), DX.as<T>(), X.rows,
-            X.cols, vec);
-        check_launch();
-      });
-    });
+    layernorm_backward_impl("layernorm_backward", ctx, dy, x, weight, mean, rstd, dx, dweight,
+                            dbias, nullptr);
+  });
+}
+
+tsr_status layernorm_backward_sum(tsr_host_ctx *ctx, const DLTensor *dy, const DLTensor *x,
+                                  const DLTensor *weight, const DLTensor *mean,
+                                  const DLTensor *rstd, DLTensor *dx, DLTensor *dweight,
+                                  DLTensor *dbias, DLTensor *dsum) noexcept {
+  return guarded(ctx, [&] {
+    layernorm_backward_impl("layernorm_backward_sum", ctx, dy, x, weight, mean, rstd, dx, dweight,
+                            dbias, dsum);
   });
 }
 

@@ -249,6 +249,8 @@ const tsr_ops *cuda_ops() {
       .add_layernorm_forward = cuda::add_layernorm_forward,
       .matmul_bias_grad = cuda::matmul_bias_grad,
       .matmul_act_backward = cuda::matmul_act_backward,
+      // ABI 1.4
+      .layernorm_backward_sum = cuda::layernorm_backward_sum,
   };
   return &table;
 }

@@ -351,6 +351,8 @@ const tsr_ops *cpu_ops() {
       .add_layernorm_forward = cpu::add_layernorm_forward,
       .matmul_bias_grad = cpu::matmul_bias_grad,
       .matmul_act_backward = cpu::matmul_act_backward,
+      // ABI 1.4
+      .layernorm_backward_sum = cpu::layernorm_backward_sum,
   };
   return &table;
 }

@@ -92,6 +92,10 @@ tsr_status matmul_bias_grad(tsr_host_ctx *ctx, const DLTensor *a, int32_t trans_
 tsr_status matmul_act_backward(tsr_host_ctx *ctx, const DLTensor *a, int32_t trans_a,
                                const DLTensor *b, int32_t trans_b, tsr_activation act,
                                const DLTensor *pre, DLTensor *c, DLTensor *dbias) noexcept;
+tsr_status layernorm_backward_sum(tsr_host_ctx *ctx, const DLTensor *dy, const DLTensor *x,
+                                  const DLTensor *weight, const DLTensor *mean,
+                                  const DLTensor *rstd, DLTensor *dx, DLTensor *dweight,
+                                  DLTensor *dbias, DLTensor *dsum) noexcept;
 tsr_status embedding_forward(tsr_host_ctx *ctx, const DLTensor *ids, const DLTensor *table,
                              DLTensor *out, int32_t accumulate) noexcept;
 tsr_status embedding_backward(tsr_host_ctx *ctx, const DLTensor *ids, const DLTensor *dout,

@@ -235,4 +235,29 @@ tsr_status layernorm_backward(tsr_host_ctx *ctx, const DLTensor *dy, const DLTen
   });
 }
 
+// ABI 1.4: the sequence itself, so the CPU result is the sequence's bit for
+// bit (the fusion pays on devices where dx's second read costs).
+tsr_status layernorm_backward_sum(tsr_host_ctx *ctx, const DLTensor *dy, const DLTensor *x,
+                                  const DLTensor *weight, const DLTensor *mean,
+                                  const DLTensor *rstd, DLTensor *dx, DLTensor *dweight,
+                                  DLTensor *dbias, DLTensor *dsum) noexcept {
+  return guarded(ctx, [&] {
+    const char *op = "layernorm_backward_sum";
+    if (dsum) {
+      const Mat<float> X = f32(op, "x", x, 1), S = f32(op, "dsum", dsum), DX = f32(op, "dx", dx, 1),
+                       DY = f32(op, "dy", dy, 1);
+      check_numel(op, "dsum", dsum, S, X.cols, "the last dim of x");
+      const auto apart = [&](const Mat<float> &o) {
+        return o.p + o.numel() <= S.p || S.p + S.numel() <= o.p;
+      };
+      TSR_CHECK(apart(DX) && apart(DY), TSR_ERR_INVALID,
+                std::string(op) + ": dsum " + describe(dsum) + " overlaps dx or dy in memory");
+    }
+    // Each entry has recorded its own message: pass the status on as it is.
+    tsr_status st = layernorm_backward(ctx, dy, x, weight, mean, rstd, dx, dweight, dbias);
+    if (st == TSR_OK && dsum) st = bias_grad(ctx, dx, dsum);
+    if (st != TSR_OK) throw ReportedError(st);
+  });
+}
+
 }  // namespace tessera::cpu

@@ -237,6 +237,58 @@ TEST_CASE("cuda layernorm forward and backward", "[cuda][ops]") {
   }
 }
 
+// ABI 1.4's layernorm_backward_sum against the CPU op, at GPT-2's widths
+// (768, 1600, 2560: vectorized rows), a width not in 8-element packs and a
+// wide one, with dx its own buffer or dy's; and again from the same
+// inputs, bit for bit.
+TEST_CASE("cuda layernorm_backward_sum matches the CPU and repeats bit for bit", "[cuda][ops]") {
+  const float eps = 1e-5f;
+  for (Dt d : kFloatDts) {
+    for (std::vector<int64_t> shape : {std::vector<int64_t>{64, 768},
+                                       {33, 1600},
+                                       {17, 2560},
+                                       {4, 2, 36},
+                                       {3, 8200},
+                                       {300, 64}}) {
+      const int64_t C = shape.back(), rows = numel_of(shape) / C, n = rows * C;
+      for (int alias = 0; alias < 2; alias++) {
+        const std::string what =
+            case_name("layernorm_backward_sum", d, shape, alias ? "dx == dy" : "");
+        INFO(what);
+        Gpu x(shape, d, randn(n, 121, -3, 3)), w({C}, d, randn(C, 122)), b({C}, d, randn(C, 123));
+        Tensor y(shape, d), mean({rows}, Dt::F32), rstd({rows}, Dt::F32);
+        REQUIRE_OK(gpu().layernorm_forward(ctx(), x.dl(), w.dl(), b.dl(), eps, y.dl(), mean.dl(),
+                                           rstd.dl()));
+        Cpu cx(shape, x.vals), cw({C}, w.vals), cm({rows}, mean.get()), cr({rows}, rstd.get());
+        std::vector<float> first[4];
+        for (int rep = 0; rep < 2; rep++) {
+          Gpu dy(shape, d, randn(n, 124)), dx(shape, d, randn(n, 125)), dw({C}, d, randn(C, 126)),
+              db({C}, d, randn(C, 127)), ds({C}, d, randn(C, 128));
+          Cpu cdy(shape, dy.vals), cdx(shape, dx.vals), cdw({C}, dw.vals), cdb({C}, db.vals),
+              cds({C}, ds.vals);
+          REQUIRE_OK(gpu().layernorm_backward_sum(ctx(), dy.dl(), x.dl(), w.dl(), mean.dl(),
+                                                  rstd.dl(), alias ? dy.dl() : dx.dl(), dw.dl(),
+                                                  db.dl(), ds.dl()));
+          REQUIRE_OK(cpu().layernorm_backward_sum(ctx(), cdy.dl(), cx.dl(), cw.dl(), cm.dl(),
+                                                  cr.dl(), alias ? cdy.dl() : cdx.dl(), cdw.dl(),
+                                                  cdb.dl(), cds.dl()));
+          const std::vector<float> got[4] = {alias ? dy.get() : dx.get(), dw.get(), db.get(),
+                                             ds.get()};
+          if (rep == 1) {
+            for (int i = 0; i < 4; i++) CHECK(got[i] == first[i]);
+            continue;
+          }
+          expect_close(what + " dx", got[0], alias ? cdy.get() : cdx.get(), tol(d));
+          expect_close(what + " dweight", got[1], cdw.get(), tol(d));
+          expect_close(what + " dbias", got[2], cdb.get(), tol(d));
+          expect_close(what + " dsum", got[3], cds.get(), tol(d));
+          for (int i = 0; i < 4; i++) first[i] = got[i];
+        }
+      }
+    }
+  }
+}
+
 // ===========================================================================
 // embedding: against a double reference
 

@@ -5,6 +5,7 @@
 //   add_layernorm_forward = axpy(1, x, y -> r), layernorm_forward(r)
 //   matmul_bias_grad      = matmul, bias_grad (scaled by alpha)
 //   matmul_act_backward   = matmul, act_backward (from the input), bias_grad
+//   layernorm_backward_sum (1.4) = layernorm_backward, bias_grad(dx)
 #include <tessera/ops.h>
 
 #include <catch2/catch.hpp>
@@ -42,6 +43,8 @@ TEST_CASE("cpu ops table has every ABI 1.3 entry", "[ops]") {
   CHECK(o.add_layernorm_forward);
   CHECK(o.matmul_bias_grad);
   CHECK(o.matmul_act_backward);
+  CHECK(TSR_HAS_FIELD(&o, tsr_ops, layernorm_backward_sum));
+  CHECK(o.layernorm_backward_sum);
 }
 
 // ---------------------------------------------------------------------------
@@ -267,6 +270,81 @@ TEST_CASE("matmul_act_backward rejects bad arguments, naming the op", "[ops]") {
                                     c.dl(), db2.dl()) == TSR_ERR_INVALID);
     CHECK_THAT(msgs.last(), Catch::Contains("matmul_act_backward: dbias"));
   }
+}
+
+// ---------------------------------------------------------------------------
+// layernorm_backward_sum (ABI 1.4)
+
+TEST_CASE("layernorm_backward_sum equals layernorm_backward then bias_grad of dx, bit for bit",
+          "[ops]") {
+  uint32_t seed = 700;
+  for (const std::vector<int64_t> &shape :
+       {std::vector<int64_t>{5, 64}, {2, 3, 37}, {1, 1}, {300, 24}}) {
+    const int64_t C = shape.back();
+    int64_t rows = 1;
+    for (size_t i = 0; i + 1 < shape.size(); i++) rows *= shape[i];
+    for (int alias = 0; alias < 2; alias++) {
+      INFO("shape [" << shape[0] << ", ..., " << C << "]" << (alias ? ", dx = dy" : ""));
+      F32 x(shape), dy(shape), dx(shape), w({C}), mean({rows}), rstd({rows});
+      F32 dw({C}), db({C}), ds({C});
+      randomize(x.v, seed++, -3.0f, 5.0f);
+      randomize(dy.v, seed++);
+      randomize(dx.v, seed++);
+      randomize(w.v, seed++);
+      randomize(dw.v, seed++);
+      randomize(db.v, seed++);
+      randomize(ds.v, seed++);  // dsum accumulates into what it holds
+      F32 y(shape), b({C});
+      REQUIRE(ops().layernorm_forward(nullptr, x.dl(), w.dl(), b.dl(), 1e-5f, y.dl(), mean.dl(),
+                                      rstd.dl()) == TSR_OK);
+      F32 dy_seq = dy, dx_seq = dx, dw_seq = dw, db_seq = db, ds_seq = ds;
+      DLTensor *out_seq = alias ? dy_seq.dl() : dx_seq.dl();
+      REQUIRE(ops().layernorm_backward(nullptr, dy_seq.dl(), x.dl(), w.dl(), mean.dl(), rstd.dl(),
+                                       out_seq, dw_seq.dl(), db_seq.dl()) == TSR_OK);
+      REQUIRE(ops().bias_grad(nullptr, out_seq, ds_seq.dl()) == TSR_OK);
+      REQUIRE(ops().layernorm_backward_sum(nullptr, dy.dl(), x.dl(), w.dl(), mean.dl(), rstd.dl(),
+                                           alias ? dy.dl() : dx.dl(), dw.dl(), db.dl(),
+                                           ds.dl()) == TSR_OK);
+      CHECK(same_bits(alias ? dy.v : dx.v, alias ? dy_seq.v : dx_seq.v));
+      CHECK(same_bits(dw.v, dw_seq.v));
+      CHECK(same_bits(db.v, db_seq.v));
+      CHECK(same_bits(ds.v, ds_seq.v));
+      // Without dsum it is layernorm_backward itself.
+      F32 dx2 = dx, dw2 = dw, db2 = db, dx3 = dx, dw3 = dw, db3 = db;
+      if (!alias) {
+        REQUIRE(ops().layernorm_backward_sum(nullptr, dy.dl(), x.dl(), w.dl(), mean.dl(), rstd.dl(),
+                                             dx2.dl(), dw2.dl(), db2.dl(), nullptr) == TSR_OK);
+        REQUIRE(ops().layernorm_backward(nullptr, dy.dl(), x.dl(), w.dl(), mean.dl(), rstd.dl(),
+                                         dx3.dl(), dw3.dl(), db3.dl()) == TSR_OK);
+        CHECK(same_bits(dx2.v, dx3.v));
+        CHECK(same_bits(dw2.v, dw3.v));
+        CHECK(same_bits(db2.v, db3.v));
+      }
+    }
+  }
+}
+
+TEST_CASE("layernorm_backward_sum rejects a bad dsum, naming the op and leaving dx", "[ops]") {
+  Msgs msgs;
+  F32 x({4, 6}), dy({4, 6}), dx({4, 6}), w({6}), mean({4}), rstd({4}), dw({6}), db({6});
+  randomize(dx.v, 9);
+  const std::vector<float> dx0 = dx.v;
+  SECTION("dsum of another length") {
+    F32 ds({5});
+    CHECK(ops().layernorm_backward_sum(msgs.ctx(), dy.dl(), x.dl(), w.dl(), mean.dl(), rstd.dl(),
+                                       dx.dl(), dw.dl(), db.dl(), ds.dl()) == TSR_ERR_INVALID);
+    CHECK_THAT(msgs.last(), Catch::Contains("layernorm_backward_sum: dsum"));
+  }
+  SECTION("dsum inside dx") {
+    DLTensor ds = *dx.dl();
+    int64_t six = 6;
+    ds.ndim = 1;
+    ds.shape = &six;
+    CHECK(ops().layernorm_backward_sum(msgs.ctx(), dy.dl(), x.dl(), w.dl(), mean.dl(), rstd.dl(),
+                                       dx.dl(), dw.dl(), db.dl(), &ds) == TSR_ERR_INVALID);
+    CHECK_THAT(msgs.last(), Catch::Contains("overlaps dx"));
+  }
+  CHECK(same_bits(dx.v, dx0));
 }
 
 }  // namespace unit_test_cpu_ops_fused

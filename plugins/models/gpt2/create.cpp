@@ -91,6 +91,8 @@ Gpt2 *build(const tsr_host *host, const tsr_config *cfg, const tsr_model_init *i
       fused && TSR_HAS_FIELD(ops, tsr_ops, matmul_bias_grad) && ops->matmul_bias_grad;
   m->fuse_act_grad =
       fused && TSR_HAS_FIELD(ops, tsr_ops, matmul_act_backward) && ops->matmul_act_backward;
+  m->fuse_ln_sum =
+      fused && TSR_HAS_FIELD(ops, tsr_ops, layernorm_backward_sum) && ops->layernorm_backward_sum;
   m->ce_grad_in_forward = fused;
   Dims &d = m->d;
   d.layers = c.get_int("layers");

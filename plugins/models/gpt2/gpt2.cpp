@@ -284,22 +284,46 @@ void Gpt2::predict(tsr_step *step, const tsr_batch *batch, DLTensor *out) {
 // The weight and bias gradients of block l's linear layer `wp` (its bias
 // is wp + 1) from its input x and output gradient dy: dW += x^T dy and
 // db += the column sums of dy, in one call where the host fuses them.
-void Gpt2::weight_grads(tsr_step *step, uint32_t l, BlockParam wp, View x, View dy) {
+// bias_done: the layernorm backward above has added db already.
+void Gpt2::weight_grads(tsr_step *step, uint32_t l, BlockParam wp, View x, View dy,
+                        bool bias_done) {
   tsr_host_ctx *ctx = host->ctx;
   const uint32_t wi = block_param(l, wp), bi = wi + 1;
   if (trainable(wi)) {
     DLTensor gw = grad(step, wi);
-    if (fuse_bias_grad && trainable(bi)) {
+    if (fuse_bias_grad && trainable(bi) && !bias_done) {
       DLTensor gb = grad(step, bi);
       check(ops->matmul_bias_grad(ctx, x.get(), 1, dy.get(), 0, &gw, 1.0f, 1.0f, &gb));
       return;
     }
     check(ops->matmul(ctx, x.get(), 1, dy.get(), 0, &gw, 1.0f, 1.0f));
   }
-  if (trainable(bi)) {
+  if (trainable(bi) && !bias_done) {
     DLTensor gb = grad(step, bi);
     check(ops->bias_grad(ctx, dy.get(), &gb));
   }
+}
+
+// A layernorm's backward into dres (dy its output gradient, x its input,
+// w_index its weight, the bias after it). With fuse_ln_sum the same pass
+// adds the column sums of the dres it leaves into parameter below_bias (if
+// >= 0 and trainable): the bias gradient of the projection whose output
+// joined the residual stream under this norm.
+void Gpt2::norm_backward(tsr_step *step, View &dy, View &x, uint32_t w_index, View &m, View &s,
+                         View &dres_v, int64_t below_bias) {
+  tsr_host_ctx *ctx = host->ctx;
+  DLTensor lw = param(step, w_index);
+  View gw = grad_or_discard(step, w_index, 0);
+  View gb = grad_or_discard(step, w_index + 1, 1);
+  const auto below = static_cast<uint32_t>(below_bias);
+  if (fuse_ln_sum && below_bias >= 0 && trainable(below)) {
+    View gs(grad(step, below), {d.width});
+    check(ops->layernorm_backward_sum(ctx, dy.get(), x.get(), &lw, m.get(), s.get(), dres_v.get(),
+                                      gw.get(), gb.get(), gs.get()));
+    return;
+  }
+  check(ops->layernorm_backward(ctx, dy.get(), x.get(), &lw, m.get(), s.get(), dres_v.get(),
+                                gw.get(), gb.get()));
 }
 
 // Block l's backward: dres holds d x_{l+1} on entry and d x_l on exit.
@@ -321,7 +345,10 @@ void Gpt2::block_backward(tsr_step *step, uint32_t l, const Set &s, int64_t B, i
   // GELU is rebuilt in dbig (whole-block recompute has just written it).
   if (recompute_gelu && !recompute && train(kMlpProjW))
     check(ops->act_forward(ctx, TSR_ACT_GELU, fch.get(), fchg.get()));
-  weight_grads(step, l, kMlpProjW, fchg, dres_v);
+  // The projections' bias gradients come from the norm backward above each
+  // where fuse_ln_sum (ln_f's or block l + 1's ln_1 for c_proj, ln_2 for
+  // attn's c_proj).
+  weight_grads(step, l, kMlpProjW, fchg, dres_v, fuse_ln_sum);
   DLTensor w = P(kMlpProjW);
   if (fuse_act_grad) {
     // d c_fc's output = gelu'(pre) * (dy @ W^T), and c_fc's bias gradient
@@ -344,16 +371,10 @@ void Gpt2::block_backward(tsr_step *step, uint32_t l, const Set &s, int64_t B, i
   }
   w = P(kFcW);
   check(ops->matmul(ctx, dfc.get(), 0, &w, 1, dsm.get(), 1.0f, 0.0f));
-  {
-    DLTensor lw = P(kLn2W);
-    View gw = grad_or_discard(step, block_param(l, kLn2W), 0);
-    View gb = grad_or_discard(step, block_param(l, kLn2B), 1);
-    check(ops->layernorm_backward(ctx, dsm.get(), r2.get(), &lw, m2.get(), s2.get(), dres_v.get(),
-                                  gw.get(), gb.get()));
-  }
+  norm_backward(step, dsm, r2, block_param(l, kLn2W), m2, s2, dres_v, block_param(l, kAttnProjB));
 
   // Attention: r = x + c_proj(attn(c_attn(ln_1(x)))).
-  weight_grads(step, l, kAttnProjW, atty, dres_v);
+  weight_grads(step, l, kAttnProjW, atty, dres_v, fuse_ln_sum);
   w = P(kAttnProjW);
   check(ops->matmul(ctx, dres_v.get(), 0, &w, 1, dsm.get(), 1.0f, 0.0f));
   {
@@ -369,13 +390,8 @@ void Gpt2::block_backward(tsr_step *step, uint32_t l, const Set &s, int64_t B, i
   weight_grads(step, l, kQkvW, ln1, dqkv);
   w = P(kQkvW);
   check(ops->matmul(ctx, dqkv.get(), 0, &w, 1, dsm.get(), 1.0f, 0.0f));
-  {
-    DLTensor lw = P(kLn1W);
-    View gw = grad_or_discard(step, block_param(l, kLn1W), 0);
-    View gb = grad_or_discard(step, block_param(l, kLn1B), 1);
-    check(ops->layernorm_backward(ctx, dsm.get(), x.get(), &lw, m1.get(), s1.get(), dres_v.get(),
-                                  gw.get(), gb.get()));
-  }
+  norm_backward(step, dsm, x, block_param(l, kLn1W), m1, s1, dres_v,
+                l > 0 ? int64_t{block_param(l - 1, kMlpProjB)} : int64_t{-1});
 }
 
 void Gpt2::backward(tsr_step *step, const tsr_batch *batch, float loss_scale) {
@@ -419,11 +435,8 @@ void Gpt2::backward(tsr_step *step, const tsr_batch *batch, float loss_scale) {
     View dres_v = A(dres, {R, C}), xL = A(resid[nL], {R, C});
     check(ops->fill(ctx, dres_v.get(), 0.0f));
     View m = S(lnf_m, {R}), s = S(lnf_s, {R});
-    DLTensor w = param(step, lnf_w());
-    View gw = grad_or_discard(step, lnf_w(), 0);
-    View gb = grad_or_discard(step, lnf_b(), 1);
-    check(ops->layernorm_backward(ctx, dsm.get(), xL.get(), &w, m.get(), s.get(), dres_v.get(),
-                                  gw.get(), gb.get()));
+    norm_backward(step, dsm, xL, lnf_w(), m, s, dres_v,
+                  nL > 0 ? int64_t{block_param(nL - 1, kMlpProjB)} : int64_t{-1});
   }
   check(host->grads_done(step, nL + 1));
 

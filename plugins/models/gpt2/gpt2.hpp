@@ -205,6 +205,9 @@ struct Gpt2 {
   // ABI 1.3's fused ops, each used where the host's table has it and the
   // config's `fused` allows (create.cpp); else the 1.1 sequence it fuses.
   bool fuse_add_ln = false, fuse_bias_grad = false, fuse_act_grad = false;
+  // ABI 1.4's layernorm_backward_sum: the attention and MLP output
+  // projections' bias gradients from the layernorm backward above them.
+  bool fuse_ln_sum = false;
   // The loss gradient written by the training forward's cross_entropy
   // (any host; `fused` again), rather than a second pass in backward.
   bool ce_grad_in_forward = false;
@@ -287,7 +290,10 @@ struct Gpt2 {
   void forward(tsr_step *step, const tsr_batch *batch, int32_t training, tsr_forward_result *out);
   void check_logits(const DLTensor *out, int64_t B) const;
   void predict(tsr_step *step, const tsr_batch *batch, DLTensor *out);
-  void weight_grads(tsr_step *step, uint32_t l, BlockParam wp, View x, View dy);
+  void weight_grads(tsr_step *step, uint32_t l, BlockParam wp, View x, View dy,
+                    bool bias_done = false);
+  void norm_backward(tsr_step *step, View &dy, View &x, uint32_t w_index, View &m, View &s,
+                     View &dres, int64_t below_bias);
   void block_backward(tsr_step *step, uint32_t l, const Set &s, int64_t B, int64_t T);
   void backward(tsr_step *step, const tsr_batch *batch, float loss_scale);
   double flops_per_sample() const;

@@ -134,7 +134,21 @@ typedef struct tsr_ops {
   tsr_status (*matmul_act_backward)(tsr_host_ctx *ctx, const DLTensor *a, int32_t trans_a,
                                     const DLTensor *b, int32_t trans_b, tsr_activation act,
                                     const DLTensor *pre, DLTensor *c, DLTensor *dbias);
+
+  /* ---- ABI 1.4 (check TSR_HAS_FIELD(ops, tsr_ops, layernorm_backward_sum)
+   * and the pointer, as for 1.3) ---- */
+
+  /* layernorm_backward, then, if dsum is not NULL, dsum[:] += the column
+   * sums of dx as stored after the addition: in a pre-norm transformer
+   * that is the bias gradient of the linear layer whose output joined the
+   * residual stream below this norm. Equals layernorm_backward then
+   * bias_grad(dx, dsum). dsum has the last dim of x and overlaps none of
+   * the others. */
+  tsr_status (*layernorm_backward_sum)(tsr_host_ctx *ctx, const DLTensor *dy, const DLTensor *x,
+                                       const DLTensor *weight, const DLTensor *mean,
+                                       const DLTensor *rstd, DLTensor *dx, DLTensor *dweight,
+                                       DLTensor *dbias, DLTensor *dsum);
 } tsr_ops;
-#define tsr_ops_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_ops, matmul_act_backward)
+#define tsr_ops_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_ops, layernorm_backward_sum)
 
 #endif /* TESSERA_OPS_H */
