@@ -361,9 +361,10 @@ void layernorm_backward_impl(const char *op, tsr_host_ctx *ctx, const DLTensor *
     // dsum: the column sums of dx as stored. A separate pass over dx, in our
     // column-sum kernels (~12 us for GPT-2 small's [16384, 768] on the
     // H200), replacing cuBLASLt's BGRADA bias-gradient kernel and its
-    // add (~22 us). A one-pass form that kept the three column partials
-    // in registers took 77 us a call (one block an SM: latency-bound), more
-    // than the passes it would save; bench/results/gpt2_gpu-2026-12-02-third.md.
+    // add (~22 us). Two one-pass forms were measured and dropped
+    // (bench/results/gpt2_gpu-2026-12-02-third.md): the three column
+    // partials in registers, 77 us a call (one block an SM: latency-bound);
+    // in shared memory, 52 us, the same as the passes it replaces.
     if (dsum) launch_bias_grad(DX, DS, 1.0f);
   });
 }
