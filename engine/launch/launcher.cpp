@@ -21,6 +21,7 @@
 #include "dist/store.hpp"
 #include "launch/core_dump.hpp"
 #include "launch/job_secret.hpp"
+#include "launch/pipe_poll.hpp"
 #include "util/error.hpp"
 #include "util/text.hpp"
 
@@ -172,64 +173,41 @@ bool supervise(std::vector<Worker> &workers, StoreServer *store, const std::stri
   auto grace = std::chrono::milliseconds(static_cast<int>(grace_s * 1000));
   int stdin_fd = link.watch_stdin ? 0 : -1;
   for (;;) {
-    std::vector<pollfd> fds;
-    std::vector<std::pair<Worker *, bool>> owners;
-    if (stdin_fd >= 0) {
-      fds.push_back({stdin_fd, POLLIN, 0});
-      owners.push_back({nullptr, false});
-    }
-    for (auto &w : workers) {
-      if (w.out_fd >= 0) {
-        fds.push_back({w.out_fd, POLLIN, 0});
-        owners.push_back({&w, true});
+    // The head launcher's word on stdin (ssh carries it): "stop", or the
+    // end of the session.
+    const auto on_stdin = [&] {
+      char buf[256];
+      ssize_t n = ::read(stdin_fd, buf, sizeof buf);
+      if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+      const bool stop =
+          n > 0 && std::string(buf, static_cast<size_t>(n)).find("stop") != std::string::npos;
+      if (n > 0 && !stop) return;
+      stdin_fd = -1;
+      if (phase != 0) return;
+      if (stop) {
+        link.stopped_by_head = true;
+        std::fprintf(stderr,
+                     "tessera run: the head launcher stopped the job (another node failed); "
+                     "stopping every worker\n");
+        stop_all(SIGTERM);
+        phase = 2;
+        deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      } else {
+        std::fprintf(stderr,
+                     "tessera run: the ssh session to the head launcher ended; stopping every "
+                     "worker (they save a checkpoint first)\n");
+        g_signal = SIGTERM;
+        stop_all(SIGTERM);
+        phase = 2;
+        deadline = std::chrono::steady_clock::now() + grace;
       }
-      if (w.err_fd >= 0) {
-        fds.push_back({w.err_fd, POLLIN, 0});
-        owners.push_back({&w, false});
-      }
-    }
-    if (!fds.empty())
-      ::poll(fds.data(), fds.size(), 100);
-    else
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    for (size_t i = 0; i < fds.size(); ++i) {
-      if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      if (!owners[i].first) {
-        // The head launcher's word (ssh carries it): "stop", or the end of
-        // the session.
-        char buf[256];
-        ssize_t n = ::read(stdin_fd, buf, sizeof buf);
-        if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-        const bool stop =
-            n > 0 && std::string(buf, static_cast<size_t>(n)).find("stop") != std::string::npos;
-        if (n > 0 && !stop) continue;
-        stdin_fd = -1;
-        if (phase != 0) continue;
-        if (stop) {
-          link.stopped_by_head = true;
-          std::fprintf(stderr,
-                       "tessera run: the head launcher stopped the job (another node failed); "
-                       "stopping every worker\n");
-          stop_all(SIGTERM);
-          phase = 2;
-          deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-        } else {
-          std::fprintf(stderr,
-                       "tessera run: the ssh session to the head launcher ended; stopping every "
-                       "worker (they save a checkpoint first)\n");
-          g_signal = SIGTERM;
-          stop_all(SIGTERM);
-          phase = 2;
-          deadline = std::chrono::steady_clock::now() + grace;
-        }
-        continue;
-      }
-      Worker &w = *owners[i].first;
-      if (owners[i].second)
-        pump(w, w.out_fd, w.out_buf, stdout, false);
-      else
+    };
+    poll_child_pipes(workers, stdin_fd, on_stdin, [&](Worker &w, bool is_err) {
+      if (is_err)
         pump(w, w.err_fd, w.err_buf, stderr, false);
-    }
+      else
+        pump(w, w.out_fd, w.out_buf, stdout, false);
+    });
     bool all_done = true;
     for (auto &w : workers) {
       if (w.exited) continue;

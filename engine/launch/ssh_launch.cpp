@@ -17,6 +17,7 @@
 #include <regex>
 #include <thread>
 
+#include "launch/pipe_poll.hpp"
 #include "util/error.hpp"
 #include "util/text.hpp"
 
@@ -287,30 +288,14 @@ int launch_over_ssh(const SshLaunchOptions &opt, const std::vector<std::string> 
     }
   };
   for (;;) {
-    std::vector<pollfd> fds;
-    std::vector<std::pair<Node *, bool>> owners;
-    for (auto &n : nodes) {
-      if (n.out_fd >= 0) {
-        fds.push_back({n.out_fd, POLLIN, 0});
-        owners.push_back({&n, false});
-      }
-      if (n.err_fd >= 0) {
-        fds.push_back({n.err_fd, POLLIN, 0});
-        owners.push_back({&n, true});
-      }
-    }
-    if (!fds.empty())
-      ::poll(fds.data(), fds.size(), 100);
-    else
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    for (size_t i = 0; i < fds.size(); ++i) {
-      if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      Node &n = *owners[i].first;
-      if (owners[i].second)
-        pump(n, n.err_fd, n.err_buf, stderr, false, true);
-      else
-        pump(n, n.out_fd, n.out_buf, stdout, false, false);
-    }
+    poll_child_pipes(
+        nodes, -1, [] {},
+        [&](Node &n, bool is_err) {
+          if (is_err)
+            pump(n, n.err_fd, n.err_buf, stderr, false, true);
+          else
+            pump(n, n.out_fd, n.out_buf, stdout, false, false);
+        });
     bool all_done = true;
     bool newly_failed = false;
     for (auto &n : nodes) {

@@ -1,0 +1,50 @@
+// One wait of a supervising launcher on its children's output, shared by
+// the local launcher (workers) and the ssh launcher (nodes).
+#pragma once
+
+#include <poll.h>
+
+#include <chrono>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace tessera {
+
+// Polls the open stdout and stderr pipes of `kids` (members out_fd and
+// err_fd, -1 once closed) and `extra` when >= 0, for up to 100 ms (a 50 ms
+// sleep when nothing is open), then calls on_extra() if `extra` is readable
+// or closed, and on_pipe(kid, is_err) for each pipe that is, in kid order.
+// The callbacks may close what they read (the fds were taken before).
+template <typename Kid, typename OnExtra, typename OnPipe>
+void poll_child_pipes(std::vector<Kid> &kids, int extra, OnExtra on_extra, OnPipe on_pipe) {
+  std::vector<pollfd> fds;
+  std::vector<std::pair<Kid *, bool>> owners;  // nullptr: extra; bool: stderr
+  if (extra >= 0) {
+    fds.push_back({extra, POLLIN, 0});
+    owners.push_back({nullptr, false});
+  }
+  for (Kid &k : kids) {
+    if (k.out_fd >= 0) {
+      fds.push_back({k.out_fd, POLLIN, 0});
+      owners.push_back({&k, false});
+    }
+    if (k.err_fd >= 0) {
+      fds.push_back({k.err_fd, POLLIN, 0});
+      owners.push_back({&k, true});
+    }
+  }
+  if (!fds.empty())
+    ::poll(fds.data(), fds.size(), 100);
+  else
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  for (size_t i = 0; i < fds.size(); ++i) {
+    if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+    if (!owners[i].first)
+      on_extra();
+    else
+      on_pipe(*owners[i].first, owners[i].second);
+  }
+}
+
+}  // namespace tessera
