@@ -64,7 +64,7 @@ void ShardWriter::open_next() {
   file_ = std::fopen(tmp_path_.c_str(), "wb");
   if (!file_) io_fail("cannot create token shard", tmp_path_, errno);
   // The header's count is filled in when the shard is complete.
-  const std::vector<unsigned char> zeros(kShardHeaderBytes, 0);
+  const std::vector<unsigned char> zeros(formats::token_shard::kHeaderBytes, 0);
   if (std::fwrite(zeros.data(), 1, zeros.size(), file_) != zeros.size())
     io_fail("cannot write token shard", tmp_path_, errno);
   in_shard_ = 0;
@@ -79,12 +79,9 @@ void ShardWriter::flush_buffer() {
 
 void ShardWriter::close_current() {
   flush_buffer();
-  int32_t header[kShardHeaderInts] = {};
-  header[0] = width_ == 2 ? kShardMagicU16 : kShardMagicU32;
-  header[1] = width_ == 2 ? kShardVersionU16 : kShardVersionU32;
-  header[2] = static_cast<int32_t>(in_shard_);
+  const auto header = formats::token_shard::header(width_, in_shard_);
   if (std::fseek(file_, 0, SEEK_SET) != 0 ||
-      std::fwrite(header, 1, sizeof header, file_) != sizeof header)
+      std::fwrite(header.data(), 1, sizeof header, file_) != sizeof header)
     io_fail("cannot write token shard header", tmp_path_, errno);
   if (std::fflush(file_) != 0) io_fail("cannot write token shard", tmp_path_, errno);
   const int closed = std::fclose(file_);

@@ -1,26 +1,18 @@
-// Writing token shards in llm.c's format (docs/data.md): a 1024-byte header
-// of 256 little-endian int32 (magic, version, token count, zeros), then the
-// tokens. uint16 tokens: magic 20240520, version 1 (llm.c's GPT-2 shards);
-// uint32 tokens, for vocabularies over 65536 ids: magic 20240801, version 7
-// (llm.c's Llama-3 shards). The reader is the `tokens` dataset plugin.
+// Writing token shards in llm.c's format (tessera/cpp/formats/token_shard.hpp,
+// docs/data.md): uint16 tokens for vocabularies up to 65536 ids, uint32
+// beyond. The reader is the `tokens` dataset plugin.
 #pragma once
 
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <tessera/cpp/formats/token_shard.hpp>
 #include <vector>
 
 namespace tessera::data {
 
-inline constexpr int32_t kShardMagicU16 = 20240520;
-inline constexpr int32_t kShardVersionU16 = 1;
-inline constexpr int32_t kShardMagicU32 = 20240801;
-inline constexpr int32_t kShardVersionU32 = 7;
-inline constexpr size_t kShardHeaderInts = 256;
-inline constexpr size_t kShardHeaderBytes = kShardHeaderInts * sizeof(int32_t);
-// The count is an int32 in the header.
-inline constexpr int64_t kShardMaxTokens = INT32_MAX;
+inline constexpr int64_t kShardMaxTokens = formats::token_shard::kMaxTokens;
 
 // Bytes per token a vocabulary of `vocab` ids needs in a shard: 2 up to
 // 65536 ids, 4 beyond.

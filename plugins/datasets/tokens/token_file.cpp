@@ -36,46 +36,10 @@ Shard::Shard(std::string path) : path_(std::move(path)) {
   map_ = m;
   map_bytes_ = size;
   try {
-    int32_t header[3];
-    std::memcpy(header, map_, sizeof header);
-    const int32_t magic = header[0], version = header[1], count = header[2];
-    if (magic == kMagicU16) {
-      if (version != kVersionU16)
-        throw sdk::Error(TSR_ERR_INVALID, where + " has magic " + std::to_string(magic) +
-                                              " (uint16 tokens) but version " +
-                                              std::to_string(version) + ", expected " +
-                                              std::to_string(kVersionU16));
-      width_ = 2;
-    } else if (magic == kMagicU32) {
-      if (version != kVersionU32)
-        throw sdk::Error(TSR_ERR_INVALID, where + " has magic " + std::to_string(magic) +
-                                              " (uint32 tokens) but version " +
-                                              std::to_string(version) + ", expected " +
-                                              std::to_string(kVersionU32));
-      width_ = 4;
-    } else {
-      throw sdk::Error(TSR_ERR_INVALID, where + " has magic " + std::to_string(magic) +
-                                            ", expected " + std::to_string(kMagicU16) +
-                                            " (uint16 tokens) or " + std::to_string(kMagicU32) +
-                                            " (uint32 tokens): not a token shard");
-    }
-    if (count < 0)
-      throw sdk::Error(TSR_ERR_INVALID,
-                       where + " has a negative token count " + std::to_string(count));
-    const uint64_t expect = kHeaderBytes + static_cast<uint64_t>(count) * uint64_t(width_);
-    if (size < expect)
-      throw sdk::Error(TSR_ERR_INVALID,
-                       where + " is truncated: its header says " + std::to_string(count) +
-                           " tokens of " + std::to_string(width_) + " bytes (" +
-                           std::to_string(expect) + " bytes with the header), the file has " +
-                           std::to_string(size) + " bytes");
-    if (size > expect)
-      throw sdk::Error(TSR_ERR_INVALID, where + " has " + std::to_string(size - expect) +
-                                            " bytes after the " + std::to_string(count) +
-                                            " tokens its header declares (" +
-                                            std::to_string(expect) +
-                                            " bytes expected): wrong count or a damaged file");
-    count_ = count;
+    const auto parsed = formats::token_shard::parse(map_, size);
+    if (!parsed.error.empty()) throw sdk::Error(TSR_ERR_INVALID, where + " " + parsed.error);
+    width_ = parsed.width;
+    count_ = parsed.count;
     tokens_ = static_cast<const unsigned char *>(map_) + kHeaderBytes;
   } catch (...) {
     ::munmap(map_, map_bytes_);

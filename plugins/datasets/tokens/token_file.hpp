@@ -1,22 +1,16 @@
-// Reading token shards (llm.c's format, docs/data.md), memory-mapped
-// read-only. A shard is a 1024-byte header of 256 little-endian int32 --
-// magic, version, token count, then zeros -- followed by the tokens:
-//   magic 20240520, version 1: uint16 tokens (llm.c's GPT-2 shards)
-//   magic 20240801, version 7: uint32 tokens (llm.c's Llama-3 shards)
-// The file must hold exactly 1024 + count * width bytes.
+// Reading token shards (llm.c's format: tessera/cpp/formats/token_shard.hpp,
+// docs/data.md), memory-mapped read-only. The file must hold exactly its
+// header and the tokens it declares.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <tessera/cpp/formats/token_shard.hpp>
 
 namespace tessera::tokens {
 
-inline constexpr int32_t kMagicU16 = 20240520;
-inline constexpr int32_t kVersionU16 = 1;
-inline constexpr int32_t kMagicU32 = 20240801;
-inline constexpr int32_t kVersionU32 = 7;
-inline constexpr size_t kHeaderBytes = 256 * sizeof(int32_t);
+inline constexpr size_t kHeaderBytes = formats::token_shard::kHeaderBytes;
 
 class Shard {
  public:

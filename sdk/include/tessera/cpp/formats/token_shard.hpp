@@ -1,0 +1,85 @@
+// llm.c's token shard format (docs/data.md), header-only, for both sides:
+// the writer (`tessera data`, engine/data/token_shard.cpp) and the reader
+// (the `tokens` dataset plugin). A shard is a 1024-byte header of 256
+// little-endian int32 (magic, version, token count, then zeros) followed by
+// exactly `count` tokens:
+//   magic 20240520, version 1: uint16 tokens (llm.c's GPT-2 shards)
+//   magic 20240801, version 7: uint32 tokens (llm.c's Llama-3 shards)
+#pragma once
+
+#include <array>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+namespace tessera::formats::token_shard {
+
+inline constexpr int32_t kMagicU16 = 20240520;
+inline constexpr int32_t kVersionU16 = 1;
+inline constexpr int32_t kMagicU32 = 20240801;
+inline constexpr int32_t kVersionU32 = 7;
+inline constexpr size_t kHeaderInts = 256;
+inline constexpr size_t kHeaderBytes = kHeaderInts * sizeof(int32_t);
+// The count is an int32 in the header.
+inline constexpr int64_t kMaxTokens = INT32_MAX;
+
+// The header of a shard of `count` tokens (<= kMaxTokens) of `width` bytes
+// (2 or 4).
+inline std::array<int32_t, kHeaderInts> header(int width, int64_t count) {
+  std::array<int32_t, kHeaderInts> h{};
+  h[0] = width == 2 ? kMagicU16 : kMagicU32;
+  h[1] = width == 2 ? kVersionU16 : kVersionU32;
+  h[2] = static_cast<int32_t>(count);
+  return h;
+}
+
+// What a shard's header says, checked against the file's size.
+struct Parsed {
+  int width = 0;      // bytes per token, 2 or 4
+  int64_t count = 0;  // tokens
+  std::string error;  // "" when valid; else what is wrong, to follow the file's name
+};
+
+// `head` holds the file's first bytes (at least 12; the caller has checked
+// file_bytes >= kHeaderBytes).
+inline Parsed parse(const void *head, uint64_t file_bytes) {
+  Parsed p;
+  int32_t h[3];
+  std::memcpy(h, head, sizeof h);
+  const int32_t magic = h[0], version = h[1], count = h[2];
+  const auto fail = [&](std::string why) {
+    p.error = std::move(why);
+    return p;
+  };
+  if (magic == kMagicU16) {
+    if (version != kVersionU16)
+      return fail("has magic " + std::to_string(magic) + " (uint16 tokens) but version " +
+                  std::to_string(version) + ", expected " + std::to_string(kVersionU16));
+    p.width = 2;
+  } else if (magic == kMagicU32) {
+    if (version != kVersionU32)
+      return fail("has magic " + std::to_string(magic) + " (uint32 tokens) but version " +
+                  std::to_string(version) + ", expected " + std::to_string(kVersionU32));
+    p.width = 4;
+  } else {
+    return fail("has magic " + std::to_string(magic) + ", expected " + std::to_string(kMagicU16) +
+                " (uint16 tokens) or " + std::to_string(kMagicU32) +
+                " (uint32 tokens): not a token shard");
+  }
+  if (count < 0) return fail("has a negative token count " + std::to_string(count));
+  const uint64_t expect = kHeaderBytes + static_cast<uint64_t>(count) * uint64_t(p.width);
+  if (file_bytes < expect)
+    return fail("is truncated: its header says " + std::to_string(count) + " tokens of " +
+                std::to_string(p.width) + " bytes (" + std::to_string(expect) +
+                " bytes with the header), the file has " + std::to_string(file_bytes) + " bytes");
+  if (file_bytes > expect)
+    return fail("has " + std::to_string(file_bytes - expect) + " bytes after the " +
+                std::to_string(count) + " tokens its header declares (" + std::to_string(expect) +
+                " bytes expected): wrong count or a damaged file");
+  p.count = count;
+  return p;
+}
+
+}  // namespace tessera::formats::token_shard
