@@ -17,6 +17,7 @@
 #include "util/error.hpp"
 #include "util/regular_file.hpp"
 #include "util/safetensors.hpp"
+#include "util/synced_file.hpp"
 
 namespace fs = std::filesystem;
 
@@ -34,27 +35,6 @@ std::string rank_file(uint32_t rank) {
   char buf[40];
   std::snprintf(buf, sizeof buf, "rank_%05u.safetensors", rank);
   return buf;
-}
-
-void fsync_path(const fs::path &p, bool dir) {
-  int fd = ::open(p.c_str(), dir ? O_RDONLY | O_DIRECTORY : O_RDONLY);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
-}
-
-void write_file_synced(const fs::path &path, const std::string &text) {
-  fs::path tmp = path;
-  tmp += ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc | std::ios::binary);
-    out << text;
-    out.flush();
-    if (!out) throw Error(TSR_ERR_IO, tmp.string() + ": write failed (disk full?)");
-  }
-  fsync_path(tmp, false);
-  fs::rename(tmp, path);
 }
 
 // The slots a checkpoint holds: the fp32 master copy, then each optimizer

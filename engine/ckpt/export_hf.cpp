@@ -12,6 +12,7 @@
 #include "util/error.hpp"
 #include "util/regular_file.hpp"
 #include "util/safetensors.hpp"
+#include "util/synced_file.hpp"
 
 namespace fs = std::filesystem;
 
@@ -90,25 +91,6 @@ void merge_dim(int64_t &dim, int64_t from_file, const char *key, const char *hf_
   dim = from_file;
 }
 
-void write_text_synced(const fs::path &path, const std::string &text) {
-  fs::path tmp = path;
-  tmp += ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc | std::ios::binary);
-    out << text;
-    out.flush();
-    if (!out) throw Error(TSR_ERR_IO, tmp.string() + ": write failed (disk full?)");
-  }
-  int fd = ::open(tmp.c_str(), O_RDONLY);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) throw Error(TSR_ERR_IO, path.string() + ": cannot rename into place: " + ec.message());
-}
-
 std::string export_gpt2(const ExportInput &in) {
   const nlohmann::json &m = *in.manifest;
   const Gpt2Dims d = gpt2_dims_from_config(m.at("config").get<std::string>(), in.ckpt_dir);
@@ -179,7 +161,7 @@ std::string export_gpt2(const ExportInput &in) {
                     {{"format", "pt"},
                      {"tessera_model", "gpt2"},
                      {"tessera_step", std::to_string(m.value("step", int64_t{0}))}});
-  write_text_synced(config, gpt2_hf_config(d, in.dtype).dump(2) + "\n");
+  write_file_synced(config, gpt2_hf_config(d, in.dtype).dump(2) + "\n");
   return "exported " + std::to_string(tensors.size()) + " tensors (" + in.dtype + ") from " +
          in.ckpt_dir + " as a Hugging Face GPT-2 (" + std::to_string(d.layers) + " layers, " +
          std::to_string(d.heads) + " heads, width " + std::to_string(d.width) + ", context " +
