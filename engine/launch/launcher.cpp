@@ -61,25 +61,9 @@ std::string describe_exit(int status) {
 
 // Moves whole lines from a worker's pipe to ours, prefixed with its rank.
 void pump(Worker &w, int &fd, std::string &buf, FILE *to, bool flush_all) {
-  if (fd >= 0) {
-    char tmp[65536];
-    ssize_t n = ::read(fd, tmp, sizeof tmp);
-    if (n > 0)
-      buf.append(tmp, static_cast<size_t>(n));
-    else if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) {
-      ::close(fd);
-      fd = -1;
-      flush_all = true;
-    }
-  }
-  size_t start = 0;
-  for (size_t nl; (nl = buf.find('\n', start)) != std::string::npos; start = nl + 1)
-    std::fprintf(to, "[rank %d] %.*s\n", w.rank, static_cast<int>(nl - start), buf.data() + start);
-  buf.erase(0, start);
-  if (flush_all && !buf.empty()) {
-    std::fprintf(to, "[rank %d] %s\n", w.rank, buf.c_str());
-    buf.clear();
-  }
+  pump_lines(fd, buf, flush_all, [&](std::string_view line) {
+    std::fprintf(to, "[rank %d] %.*s\n", w.rank, static_cast<int>(line.size()), line.data());
+  });
   std::fflush(to);
 }
 

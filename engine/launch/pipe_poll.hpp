@@ -1,10 +1,15 @@
-// One wait of a supervising launcher on its children's output, shared by
-// the local launcher (workers) and the ssh launcher (nodes).
+// A supervising launcher's handling of its children's output, shared by the
+// local launcher (workers) and the ssh launcher (nodes): the wait on their
+// pipes, and moving whole lines from a pipe to where they go.
 #pragma once
 
 #include <poll.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -44,6 +49,33 @@ void poll_child_pipes(std::vector<Kid> &kids, int extra, OnExtra on_extra, OnPip
       on_extra();
     else
       on_pipe(*owners[i].first, owners[i].second);
+  }
+}
+
+// Reads what a child's pipe `fd` has into `buf` and hands each whole line
+// (without its newline) to emit(std::string_view); at the end of the pipe
+// (fd is then closed and set to -1), or with flush_all, the unfinished rest
+// too.
+template <typename Emit>
+void pump_lines(int &fd, std::string &buf, bool flush_all, Emit emit) {
+  if (fd >= 0) {
+    char tmp[65536];
+    ssize_t n = ::read(fd, tmp, sizeof tmp);
+    if (n > 0) {
+      buf.append(tmp, static_cast<size_t>(n));
+    } else if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) {
+      ::close(fd);
+      fd = -1;
+      flush_all = true;
+    }
+  }
+  size_t start = 0;
+  for (size_t nl; (nl = buf.find('\n', start)) != std::string::npos; start = nl + 1)
+    emit(std::string_view(buf).substr(start, nl - start));
+  buf.erase(0, start);
+  if (flush_all && !buf.empty()) {
+    emit(std::string_view(buf));
+    buf.clear();
   }
 }
 

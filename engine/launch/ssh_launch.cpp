@@ -70,17 +70,6 @@ std::string ranks_of(const Node &n) {
 }
 
 void pump(Node &n, int &fd, std::string &buf, FILE *to, bool flush_all, bool is_err) {
-  if (fd >= 0) {
-    char tmp[65536];
-    ssize_t r = ::read(fd, tmp, sizeof tmp);
-    if (r > 0)
-      buf.append(tmp, static_cast<size_t>(r));
-    else if (r == 0 || (r < 0 && errno != EINTR && errno != EAGAIN)) {
-      ::close(fd);
-      fd = -1;
-      flush_all = true;
-    }
-  }
   auto emit = [&](const std::string &line) {
     std::fprintf(to, "%s: %s\n", n.host.c_str(), line.c_str());
     if (!is_err) return;
@@ -94,14 +83,7 @@ void pump(Node &n, int &fd, std::string &buf, FILE *to, bool flush_all, bool is_
       n.cause = line.substr(head.size(), line.size() - head.size() - tail.size());
     if (!line.empty()) n.last_err = line;
   };
-  size_t start = 0;
-  for (size_t nl; (nl = buf.find('\n', start)) != std::string::npos; start = nl + 1)
-    emit(buf.substr(start, nl - start));
-  buf.erase(0, start);
-  if (flush_all && !buf.empty()) {
-    emit(buf);
-    buf.clear();
-  }
+  pump_lines(fd, buf, flush_all, [&](std::string_view v) { emit(std::string(v)); });
   std::fflush(to);
 }
 
