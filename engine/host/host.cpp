@@ -50,10 +50,12 @@ Host *host_from_ctx(tsr_host_ctx *ctx) {
   return ctx ? reinterpret_cast<Host::Impl *>(ctx)->self : nullptr;
 }
 
-tsr_status report_error(tsr_host_ctx *ctx, tsr_status code, const std::string &message) {
+// report_error's sink (util/error.hpp), installed when this file's code is
+// linked in (every Host comes from here, so every ctx it can be given).
+static void record_error(tsr_host_ctx *ctx, const std::string &message) {
   if (Host *h = host_from_ctx(ctx)) h->set_error(message);
-  return code;
 }
+[[maybe_unused]] static const bool g_error_sink_installed = (g_error_sink = record_error, true);
 
 namespace {
 

@@ -53,9 +53,19 @@ constexpr const char *status_name(tsr_status s) {
   }
 }
 
+// Where report_error sends a message: the host (host/host.cpp) installs
+// its sink when its code is linked, since only it knows what a ctx is;
+// util stays below it. Without a sink, or with ctx == nullptr, the message
+// is dropped.
+using ErrorSink = void (*)(tsr_host_ctx *ctx, const std::string &message);
+inline ErrorSink g_error_sink = nullptr;
+
 // Records `message` as the last error of the host behind `ctx` (if any) and
-// returns `code`. Safe with ctx == nullptr (the message is then dropped).
-tsr_status report_error(tsr_host_ctx *ctx, tsr_status code, const std::string &message);
+// returns `code`.
+inline tsr_status report_error(tsr_host_ctx *ctx, tsr_status code, const std::string &message) {
+  if (ctx && g_error_sink) g_error_sink(ctx, message);
+  return code;
+}
 
 // Runs fn, converting exceptions to a reported status.
 template <typename Fn>
