@@ -1,13 +1,10 @@
 #include "ckpt/checkpoint.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 
 #include "ckpt/manifest.hpp"

@@ -1,12 +1,9 @@
 #include "ckpt/export_hf.hpp"
 
-#include <fcntl.h>
 #include <toml++/toml.h>
-#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iterator>
 
 #include "util/error.hpp"

@@ -191,72 +191,81 @@ TSR_OPS_CLONES static void backward_rows(const float *X, const float *DY, const 
   }
 }
 
+namespace {
+
+// layernorm_backward under `op`'s name and, with dsum (ABI 1.4's
+// layernorm_backward_sum), then bias_grad's column sums of dx: the
+// sequence itself, so the CPU gives the sequence's bits. Every check runs
+// before anything is written.
+void layernorm_backward_impl(const char *op, const DLTensor *dy, const DLTensor *x,
+                             const DLTensor *weight, const DLTensor *mean, const DLTensor *rstd,
+                             DLTensor *dx, DLTensor *dweight, DLTensor *dbias, DLTensor *dsum) {
+  const Mat<float> X = f32(op, "x", x, 1), DY = f32(op, "dy", dy, 1), W = f32(op, "weight", weight),
+                   M = f32(op, "mean", mean), R = f32(op, "rstd", rstd), DX = f32(op, "dx", dx, 1),
+                   DW = f32(op, "dweight", dweight), DB = f32(op, "dbias", dbias);
+  const int64_t rows = X.rows, C = X.cols;
+  check_like_x(op, "dy", dy, DY, x, X);
+  check_like_x(op, "dx", dx, DX, x, X);
+  check_numel(op, "weight", weight, W, C, "the last dim of x");
+  check_numel(op, "dweight", dweight, DW, C, "the last dim of x");
+  check_numel(op, "dbias", dbias, DB, C, "the last dim of x");
+  check_numel(op, "mean", mean, M, rows, "one per row of x");
+  check_numel(op, "rstd", rstd, R, rows, "one per row of x");
+  Mat<float> S{};
+  if (dsum) {
+    S = f32(op, "dsum", dsum);
+    check_numel(op, "dsum", dsum, S, C, "the last dim of x");
+    const auto apart = [&](const Mat<float> &o) {
+      return o.p + o.numel() <= S.p || S.p + S.numel() <= o.p;
+    };
+    TSR_CHECK(apart(DX) && apart(DY), TSR_ERR_INVALID,
+              std::string(op) + ": dsum " + describe(dsum) + " overlaps dx or dy in memory");
+  }
+  if (C == 0 || rows == 0) return;
+
+  // The parameter gradients' column sums in double, per fixed block of
+  // rows (each block's on one thread), then the blocks added in order.
+  const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
+  thread_local std::vector<double> sums;  // grow-only: no allocation per step
+  if (sums.size() < static_cast<size_t>(blocks * 2 * C))
+    sums.resize(static_cast<size_t>(blocks * 2 * C));
+  double *part = sums.data();  // this thread's: a worker naming `sums` would get its own
+  parallel_for(blocks, std::max<int64_t>(1, kGrain / (C * kRowBlock)), [&](int64_t b0, int64_t b1) {
+    for (int64_t blk = b0; blk < b1; blk++)
+      backward_rows(X.p, DY.p, W.p, M.p, R.p, DX.p, part + blk * 2 * C, blk * kRowBlock,
+                    std::min(rows, (blk + 1) * kRowBlock), C);
+  });
+  for (int64_t j = 0; j < C; j++) {
+    double dw = 0.0, db = 0.0;
+    for (int64_t blk = 0; blk < blocks; blk++) {
+      dw += part[blk * 2 * C + j];
+      db += part[blk * 2 * C + C + j];
+    }
+    DW.p[j] += static_cast<float>(dw);
+    DB.p[j] += static_cast<float>(db);
+  }
+  // ABI 1.4's dsum: bias_grad's column sums of dx as stored.
+  if (dsum) add_col_sums(DX, S, 1.0);
+}
+
+}  // namespace
+
 tsr_status layernorm_backward(tsr_host_ctx *ctx, const DLTensor *dy, const DLTensor *x,
                               const DLTensor *weight, const DLTensor *mean, const DLTensor *rstd,
                               DLTensor *dx, DLTensor *dweight, DLTensor *dbias) noexcept {
   return guarded(ctx, [&] {
-    const char *op = "layernorm_backward";
-    const Mat<float> X = f32(op, "x", x, 1), DY = f32(op, "dy", dy, 1),
-                     W = f32(op, "weight", weight), M = f32(op, "mean", mean),
-                     R = f32(op, "rstd", rstd), DX = f32(op, "dx", dx, 1),
-                     DW = f32(op, "dweight", dweight), DB = f32(op, "dbias", dbias);
-    const int64_t rows = X.rows, C = X.cols;
-    check_like_x(op, "dy", dy, DY, x, X);
-    check_like_x(op, "dx", dx, DX, x, X);
-    check_numel(op, "weight", weight, W, C, "the last dim of x");
-    check_numel(op, "dweight", dweight, DW, C, "the last dim of x");
-    check_numel(op, "dbias", dbias, DB, C, "the last dim of x");
-    check_numel(op, "mean", mean, M, rows, "one per row of x");
-    check_numel(op, "rstd", rstd, R, rows, "one per row of x");
-    if (C == 0 || rows == 0) return;
-
-    // The parameter gradients' column sums in double, per fixed block of
-    // rows (each block's on one thread), then the blocks added in order.
-    const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
-    thread_local std::vector<double> sums;  // grow-only: no allocation per step
-    if (sums.size() < static_cast<size_t>(blocks * 2 * C))
-      sums.resize(static_cast<size_t>(blocks * 2 * C));
-    double *part = sums.data();  // this thread's: a worker naming `sums` would get its own
-    parallel_for(blocks, std::max<int64_t>(1, kGrain / (C * kRowBlock)),
-                 [&](int64_t b0, int64_t b1) {
-                   for (int64_t blk = b0; blk < b1; blk++)
-                     backward_rows(X.p, DY.p, W.p, M.p, R.p, DX.p, part + blk * 2 * C,
-                                   blk * kRowBlock, std::min(rows, (blk + 1) * kRowBlock), C);
-                 });
-    for (int64_t j = 0; j < C; j++) {
-      double dw = 0.0, db = 0.0;
-      for (int64_t blk = 0; blk < blocks; blk++) {
-        dw += part[blk * 2 * C + j];
-        db += part[blk * 2 * C + C + j];
-      }
-      DW.p[j] += static_cast<float>(dw);
-      DB.p[j] += static_cast<float>(db);
-    }
+    layernorm_backward_impl("layernorm_backward", dy, x, weight, mean, rstd, dx, dweight, dbias,
+                            nullptr);
   });
 }
 
-// ABI 1.4: the sequence itself, so the CPU result is the sequence's bit for
-// bit (the fusion pays on devices where dx's second read costs).
 tsr_status layernorm_backward_sum(tsr_host_ctx *ctx, const DLTensor *dy, const DLTensor *x,
                                   const DLTensor *weight, const DLTensor *mean,
                                   const DLTensor *rstd, DLTensor *dx, DLTensor *dweight,
                                   DLTensor *dbias, DLTensor *dsum) noexcept {
   return guarded(ctx, [&] {
-    const char *op = "layernorm_backward_sum";
-    if (dsum) {
-      const Mat<float> X = f32(op, "x", x, 1), S = f32(op, "dsum", dsum), DX = f32(op, "dx", dx, 1),
-                       DY = f32(op, "dy", dy, 1);
-      check_numel(op, "dsum", dsum, S, X.cols, "the last dim of x");
-      const auto apart = [&](const Mat<float> &o) {
-        return o.p + o.numel() <= S.p || S.p + S.numel() <= o.p;
-      };
-      TSR_CHECK(apart(DX) && apart(DY), TSR_ERR_INVALID,
-                std::string(op) + ": dsum " + describe(dsum) + " overlaps dx or dy in memory");
-    }
-    // Each entry has recorded its own message: pass the status on as it is.
-    tsr_status st = layernorm_backward(ctx, dy, x, weight, mean, rstd, dx, dweight, dbias);
-    if (st == TSR_OK && dsum) st = bias_grad(ctx, dx, dsum);
-    if (st != TSR_OK) throw ReportedError(st);
+    layernorm_backward_impl("layernorm_backward_sum", dy, x, weight, mean, rstd, dx, dweight, dbias,
+                            dsum);
   });
 }
 
