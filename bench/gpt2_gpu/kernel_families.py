@@ -7,7 +7,10 @@ end of the last run holds a whole number of steps.
 Prints a markdown table (ms per step per family, and the GPU's busy share
 of the step) and, with --json PATH, writes the figures. --top FAMILY adds,
 per trace, the kernels of that family by name: calls and ms per step, so a
-gap in a family can be traced to the kernels that make it.
+gap in a family can be traced to the kernels that make it. --gaps adds,
+per trace, where the GPU sat idle inside the steps: idle time by gap size,
+and the largest gaps with the kernels either side (a host synchronisation
+shows as a large gap after the kernel whose result the host waited for).
 """
 import argparse, json, re, sys
 
@@ -83,6 +86,44 @@ def per_step(ks, warmup):
                          "ms_per_step": ns / steps / 1e6}
                         for (f, n), (c, ns) in sorted(names.items(), key=lambda x: -x[1][1])]}
 
+GAP_BUCKETS = [(0, 2e3, "< 2 us"), (2e3, 5e3, "2-5 us"), (5e3, 20e3, "5-20 us"),
+               (20e3, 100e3, "20-100 us"), (100e3, float("inf"), ">= 100 us")]
+
+def idle_gaps(ks, warmup):
+    """The idle intervals of the GPU inside the step window: (ns, kernel
+    before, kernel after), streams merged."""
+    lo, hi, steps = step_window(ks, warmup)
+    gaps, last_end, last_name = [], lo, None
+    for s, e, n in ks:
+        if s < lo or s >= hi:
+            continue
+        if s > last_end and last_name is not None:
+            gaps.append((s - last_end, last_name, n))
+        if e > last_end:
+            last_end, last_name = e, n
+    return gaps, steps
+
+def gap_table(label, ks, warmup, limit=12):
+    gaps, steps = idle_gaps(ks, warmup)
+    print(f"\n{label}: idle gaps inside the steps (per step)\n")
+    print("| gap size | gaps | idle ms |")
+    print("|---|---|---|")
+    for lo, hi, name in GAP_BUCKETS:
+        sel = [g for g, _, _ in gaps if lo <= g < hi]
+        print(f"| {name} | {len(sel) / steps:.1f} | {sum(sel) / steps / 1e6:.3f} |")
+    short = lambda n: n if len(n) <= 60 else n[:57] + "..."
+    pairs = {}
+    for g, a, b in gaps:
+        if g >= 5e3:
+            n, tot = pairs.get((a, b), (0, 0))
+            pairs[(a, b)] = (n + 1, tot + g)
+    print(f"\n{label}: gaps of 5 us or more by the kernels either side, most idle first\n")
+    print("| after | before | gaps per step | us each | idle ms per step |")
+    print("|---|---|---|---|---|")
+    for (a, b), (n, tot) in sorted(pairs.items(), key=lambda x: -x[1][1])[:limit]:
+        print(f"| `{short(a)}` | `{short(b)}` | {n / steps:.1f} | {tot / n / 1e3:.1f} | "
+              f"{tot / steps / 1e6:.3f} |")
+
 def top_table(label, r, fam, limit=25):
     """The kernels of family `fam` in trace `label`, most time first."""
     rows = [k for k in r["kernels"] if k["family"] == fam]
@@ -105,15 +146,18 @@ def main():
     ap.add_argument("--json", help="also write the figures here")
     ap.add_argument("--top", action="append", default=[], metavar="FAMILY",
                     help="also list this family's kernels by name (repeatable)")
+    ap.add_argument("--gaps", action="store_true",
+                    help="also show where the GPU idled inside the steps")
     a = ap.parse_args()
     for fam in a.top:
         if fam not in dict(FAMILIES):
             sys.exit(f"kernel_families: --top {fam!r}: not a family; one of: "
                      + ", ".join(f for f, _ in FAMILIES))
-    res = {}
+    res, traces = {}, {}
     for t in a.traces:
         label, _, path = t.partition("=")
-        res[label] = per_step(load(path), a.warmup)
+        traces[label] = load(path)
+        res[label] = per_step(traces[label], a.warmup)
     labels = list(res)
     print("| kernel family | " + " | ".join(f"{l} ms/step" for l in labels) + " |")
     print("|---|" + "---|" * len(labels))
@@ -127,6 +171,9 @@ def main():
     for fam in a.top:
         for l in labels:
             top_table(l, res[l], fam)
+    if a.gaps:
+        for l in labels:
+            gap_table(l, traces[l], a.warmup)
     if a.json:
         json.dump(res, open(a.json, "w"), indent=1)
 
