@@ -114,7 +114,7 @@ int sm_count();
 // Process-wide device scratch: one buffer per slot, grown on demand and kept,
 // so the hot path allocates nothing after the first calls. Only ops on the
 // compute stream use them, which orders every reuse after the last use.
-enum class Slot : int { Partials, Rows, Flags, SortA, SortB, Temp, BiasGrad, kCount };
+enum class Slot : int { Partials, Rows, Flags, SortA, SortB, Temp, kCount };
 void *scratch(Slot slot, size_t bytes);
 
 // A "lowest bad row" flag (cross_entropy's targets, the embedding ops' ids):

@@ -1,24 +1,18 @@
 // CUDA ops, ABI 1.3: the backward matmuls of a linear layer with their
-// element-wise work in cuBLASLt's epilogue.
+// bias gradient and activation backward.
 //
-// matmul_bias_grad: dW = x^T dy and the bias gradient (the column sums of
-// dy) from one read of dy. In our row-major mapping (gemm.hpp) dy, our b,
-// is cuBLASLt's A, untransposed, and its columns run along D's rows: that is
-// CUBLASLT_EPILOGUE_BGRADA (llm.c and Transformer Engine, whose dy is
-// cuBLASLt's B, use BGRADB for the same sum; cuBLASLt offers BGRADA only
-// with A untransposed, which is why the op asks for trans_b = 0).
+// matmul_bias_grad: dW = x^T dy, then the bias gradient (the column sums
+// of dy) by bias_grad's deterministic two passes, which add into dbias.
+// cuBLASLt's CUBLASLT_EPILOGUE_BGRADA does not fuse the sum into the GEMM
+// on sm_90 (CUDA 13.0): it runs a separate kernel (BgradAB) that writes a
+// vector one more axpy must add, and it was the slower of the two at
+// GPT-2's shapes on the H200 (bench/results/gpt2_gpu-2026-12-02-third.md:
+// 33.7 us for [16384, 2304], 14.5 us for [16384, 768] against our 10.6).
 //
 // matmul_act_backward: d pre = act'(pre) * (dy @ W^T) and the bias
 // gradient, as the product, then the activation's backward in place with
 // the column sums in the same pass: cuBLASLt's DGELU epilogues were
 // measured slower on sm_90 (see the op).
-//
-// cuBLASLt writes a bias gradient (in D's dtype), it does not add to it;
-// the ops add into dbias, so the epilogue writes a scratch vector that one
-// small axpy adds into dbias (n elements, against the m x n matrix the
-// fusion does not read again). Where cuBLASLt has no algorithm for a fused
-// epilogue (counted in epilogue_misses), the op runs the unfused sequence
-// on the device: the results agree either way to the dtype's rounding.
 #include "cuda/cuda_ops_internal.hpp"
 #include "cuda/gemm.hpp"
 #include "ops/cpu_ops.hpp"
@@ -26,12 +20,6 @@
 namespace tessera::cuda {
 
 namespace {
-
-// The bias gradient vector cuBLASLt writes: n elements of dt.
-View bias_scratch(int64_t n, DType dt) {
-  void *p = scratch(Slot::BiasGrad, static_cast<size_t>(n) * dtype_size(dt));
-  return View{p, 1, n, dt};
-}
 
 // Checks dbias: floating, one element per column of the product.
 View check_dbias(const char *op, const DLTensor *dbias, const DLTensor *c, int64_t n) {
@@ -66,15 +54,6 @@ tsr_status matmul_bias_grad(tsr_host_ctx *ctx, const DLTensor *a, int32_t trans_
                 std::string(op) + ": dbias overlaps b or c in memory");
     }
     if (g.m == 0 || g.n == 0) return;
-    // The fused epilogue: alpha = 1 only, since whether cuBLASLt scales
-    // the bias gradient by alpha is not documented.
-    if (dbias && g.k > 0 && alpha == 1.0f) {
-      const View tmp = bias_scratch(g.n, g.c.dt);
-      if (run_gemm(g, g.c.p, alpha, beta, CUBLASLT_EPILOGUE_BGRADA, tmp.p, nullptr, 0)) {
-        launch_axpy(1.0f, tmp, vd);
-        return;
-      }
-    }
     plain_gemm(op, g, g.c, alpha, beta);
     if (dbias && g.k > 0) launch_bias_grad(g.b, vd, alpha);
   });

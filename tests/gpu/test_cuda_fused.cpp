@@ -4,11 +4,11 @@
 // compared):
 //   add_layernorm_forward = axpy then layernorm_forward (bit for bit: one
 //                           kernel template computes both)
-//   matmul_bias_grad      = matmul then bias_grad (cuBLASLt's BGRADA)
+//   matmul_bias_grad      = matmul then bias_grad
 //   matmul_act_backward   = matmul, act_backward, bias_grad
 // and, at GPT-2 124M's shapes in bf16, that cuBLASLt really has algorithms
-// for the fused epilogues (else the ops fall back and the step gains
-// nothing).
+// for the epilogues linear fuses (else the op falls back and the step
+// gains nothing).
 #include <tessera/ops.h>
 
 #include <catch2/catch.hpp>
@@ -164,25 +164,24 @@ TEST_CASE("cuda matmul_act_backward matches the CPU and the unfused sequence",
   }
 }
 
-TEST_CASE("cuda fused epilogues have cuBLASLt algorithms at GPT-2 124M's shapes, in bf16",
+TEST_CASE("cuda linear's epilogues have cuBLASLt algorithms at GPT-2 124M's shapes, in bf16",
           "[cuda][ops][fused]") {
-  // One micro-batch row block of GPT-2 small (R tokens, C = 768): the
-  // three weight gradients with their bias (BGRADA), as plugins/models/gpt2
-  // calls them; and the MLP's input gradient through GELU, which asks for
-  // no epilogue (ops_matmul_grad.cpp says why) and so never misses one.
+  // One micro-batch row block of GPT-2 small (R tokens, C = 768), the four
+  // linears of a block as plugins/models/gpt2 calls them: c_attn, attn
+  // c_proj and mlp c_proj with BIAS, c_fc with GELU_AUX_BIAS (pre kept).
   constexpr int64_t R = 2048, C = 768;
   const uint64_t before = tessera::cuda::epilogue_misses();
   const Dt d = Dt::BF16;
   for (const auto &[in, out] : {std::pair{C, 3 * C}, std::pair{C, C}, std::pair{4 * C, C}}) {
-    Gpu x({R, in}, d, randn(R * in, 91)), dy({R, out}, d, randn(R * out, 92));
-    Gpu gw({in, out}, d, randn(in * out, 93)), gb({out}, d, randn(out, 94));
-    REQUIRE_OK(gpu().matmul_bias_grad(ctx(), x.dl(), 1, dy.dl(), 0, gw.dl(), 1.0f, 1.0f, gb.dl()));
+    Gpu x({R, in}, d, randn(R * in, 91)), w({in, out}, d, randn(in * out, 92));
+    Gpu b({out}, d, randn(out, 93));
+    Tensor y({R, out}, d);
+    REQUIRE_OK(gpu().linear(ctx(), x.dl(), 0, w.dl(), 0, b.dl(), TSR_ACT_NONE, y.dl(), nullptr));
   }
-  Gpu dy({R, C}, d, randn(R * C, 95)), w({4 * C, C}, d, randn(4 * C * C, 96));
-  Gpu pre({R, 4 * C}, d, randn(R * 4 * C, 97)), gb({4 * C}, d, randn(4 * C, 98));
-  Tensor dfc({R, 4 * C}, d);
-  REQUIRE_OK(gpu().matmul_act_backward(ctx(), dy.dl(), 0, w.dl(), 1, TSR_ACT_GELU, pre.dl(),
-                                       dfc.dl(), gb.dl()));
+  Gpu x({R, C}, d, randn(R * C, 95)), w({C, 4 * C}, d, randn(4 * C * C, 96));
+  Gpu b({4 * C}, d, randn(4 * C, 98));
+  Tensor y({R, 4 * C}, d), pre({R, 4 * C}, d);
+  REQUIRE_OK(gpu().linear(ctx(), x.dl(), 0, w.dl(), 0, b.dl(), TSR_ACT_GELU, y.dl(), pre.dl()));
   tessera::cuda::synchronize();
   // A miss is no error (the op falls back), but it is the speed-up lost.
   CHECK(tessera::cuda::epilogue_misses() == before);
