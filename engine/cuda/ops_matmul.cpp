@@ -21,9 +21,11 @@
 #include <compare>
 #include <map>
 #include <mutex>
+#include <vector>
 
 #include "cuda/cuda_ops_internal.hpp"
 #include "cuda/gemm.hpp"
+#include "cuda/gemm_tune.hpp"
 #include "ops/cpu_ops.hpp"
 
 namespace tessera::cuda {
@@ -77,6 +79,9 @@ struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  // The heuristic's other candidates, best-ranked first, until the first
+  // call times them (gemm_tune.cpp) and keeps the fastest in algo.
+  std::vector<cublasLtMatmulAlgo_t> candidates;
 };
 
 struct State {
@@ -96,6 +101,13 @@ std::atomic<uint64_t> g_epilogue_misses{0};
 State &state() {
   static State *s = new State;
   return *s;
+}
+
+// "m x k @ k x n bf16 -> f32, epilogue E" for the tuning log.
+std::string describe_problem(const Key &k) {
+  return std::to_string(k.m) + "x" + std::to_string(k.k) + (k.ta ? "^T" : "") + " @ " +
+         std::to_string(k.k) + "x" + std::to_string(k.n) + (k.tb ? "^T" : "") + " " +
+         dtype_name(k.ab) + " -> " + dtype_name(k.c) + ", epilogue " + std::to_string(k.epilogue);
 }
 
 template <typename T>
@@ -136,16 +148,21 @@ Plan make_plan(State &st, const Key &key, const void *bias, void *aux) {
   set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_a);
   set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c);
   set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c);
-  cublasLtMatmulHeuristicResult_t result{};
+  const int want = gemm_tuning() ? kTuneCandidates : 1;
+  cublasLtMatmulHeuristicResult_t results[kTuneCandidates] = {};
   int found = 0;
   const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(st.handle, p.desc, p.la, p.lb, p.lc, p.lc,
-                                                          pref, 1, &result, &found);
+                                                          pref, want, results, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   // NOT_SUPPORTED (or no result) means "no algorithm for this combination":
   // the caller falls back to a plainer epilogue. Other failures are errors.
   if (s != CUBLAS_STATUS_NOT_SUPPORTED) TSR_CUBLAS_CHECK(s);
-  p.ok = s == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
-  p.algo = result.algo;
+  if (s != CUBLAS_STATUS_SUCCESS) return p;
+  for (int i = 0; i < found; i++)
+    if (results[i].state == CUBLAS_STATUS_SUCCESS) p.candidates.push_back(results[i].algo);
+  p.ok = !p.candidates.empty();
+  if (p.ok) p.algo = p.candidates.front();
+  if (p.candidates.size() < 2) p.candidates.clear();  // nothing to choose between
   return p;
 }
 
@@ -221,11 +238,29 @@ bool run_gemm(const Gemm &g, void *d, float alpha, float beta, cublasLtEpilogue_
     it = st.plans.emplace(key, make_plan(st, key, bias, aux)).first;
     if (!it->second.ok && epilogue != CUBLASLT_EPILOGUE_DEFAULT) g_epilogue_misses.fetch_add(1);
   }
-  const Plan &p = it->second;
+  Plan &p = it->second;
   if (!p.ok) return false;
   // The pointers change from call to call; the descriptor keeps the rest.
   if (bias) set_desc(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
   if (aux) set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
+  if (!p.candidates.empty()) {
+    const TuneCall call{st.handle,
+                        p.desc,
+                        p.la,
+                        p.lb,
+                        p.lc,
+                        g.b.p,
+                        g.a.p,
+                        d,
+                        alpha,
+                        beta,
+                        st.workspace,
+                        kWorkspaceBytes,
+                        key.c == DType::F32 ? 4u : 2u,
+                        key.m * key.n};
+    p.algo = tune_gemm(call, p.candidates, describe_problem(key));
+    p.candidates.clear();
+  }
   TSR_CUBLAS_CHECK(cublasLtMatmul(st.handle, p.desc, &alpha, g.b.p, p.la, g.a.p, p.lb, &beta, d,
                                   p.lc, d, p.lc, &p.algo, st.workspace, kWorkspaceBytes,
                                   compute_stream()));

@@ -124,6 +124,9 @@ TEST_CASE(
   Setup ref = setup(ckpt, "elastic_ref");
   RunOptions o;
   o.timeout_s = 180;
+  // Bitwise across processes needs the same matmul algorithms in both: the
+  // heuristic's pick, not the timed one (engine/cuda/gemm_tune.hpp).
+  o.env = {{"TESSERA_GEMM_TUNING", "heuristic"}};
   RunResult r0 = run_cli(gpu_run(ref, "bf16", 60), o);
   INFO(describe(r0));
   REQUIRE(r0.status == 0);
@@ -131,7 +134,7 @@ TEST_CASE(
   Setup s = setup(ckpt, "elastic");
   std::vector<std::string> args = gpu_run(s, "bf16", 60);
   args.insert(args.end(), {"--max-restarts", "2", "--set", "checkpoint.resume=\"auto\""});
-  o.env = {{"TESSERA_TEST_CRASH", "rank=1,step=25"}};
+  o.env = {{"TESSERA_GEMM_TUNING", "heuristic"}, {"TESSERA_TEST_CRASH", "rank=1,step=25"}};
   RunResult r = run_cli(args, o);
   INFO(describe(r));
   REQUIRE(r.status == 0);
