@@ -87,12 +87,23 @@ __global__ void col_partials(const T *dy, const T *x, const float *mean, const f
 // (32, kFinY): threadIdx.x picks the column (coalesced reads of a partials
 // row), threadIdx.y strides the chunks, and the kFinY sums of a column are
 // added in y order: a fixed order, so the result repeats bit for bit.
+// blockIdx.y picks one of up to kMaxFinOuts outputs, each with its own
+// [chunks, cols] partials after the previous one's: one launch finishes
+// layernorm_backward's dweight, dbias and dsum together.
 inline constexpr int kFinY = 32;
+inline constexpr int kMaxFinOuts = 3;
 
 template <typename TO>
-__global__ void col_finalize(const float *partial, int64_t chunks, int64_t cols, TO *out,
+struct FinOuts {
+  TO *p[kMaxFinOuts];
+};
+
+template <typename TO>
+__global__ void col_finalize(const float *partial, int64_t chunks, int64_t cols, FinOuts<TO> outs,
                              double scale) {
   __shared__ double sh[kFinY][33];
+  partial += static_cast<int64_t>(blockIdx.y) * chunks * cols;
+  TO *out = outs.p[blockIdx.y];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   double s = 0.0;
   if (c < cols)
@@ -119,18 +130,32 @@ inline int64_t col_chunks(int64_t rows, int64_t tiles, int64_t *rows_per_chunk) 
   return rows == 0 ? 1 : (rows + *rows_per_chunk - 1) / *rows_per_chunk;
 }
 
-// Launches pass 1 over dy [rows, cols] (x, mean, rstd with kLn) and returns
-// the partials buffer and its chunk count.
+// The chunk count pass 1 uses for dy [rows, cols] (x too with kLn): the
+// same for every caller that passes the same shape and vec.
+inline bool col_vec(int64_t cols, const void *dy, const void *x) {
+  return cols % kPack == 0 && aligned16(dy) && (!x || aligned16(x));
+}
+inline int64_t col_plan(int64_t rows, int64_t cols, bool vec, int64_t *rows_per_chunk) {
+  const int64_t tile = 32 * (vec ? kPack : 1);
+  return col_chunks(rows, (cols + tile - 1) / tile, rows_per_chunk);
+}
+
+// Launches pass 1 over dy [rows, cols] (x, mean, rstd with kLn) into
+// `into` (kLn: 2 * chunks * cols floats, else chunks * cols), or a scratch
+// buffer when null, and returns the partials and their chunk count.
 template <typename T, bool kLn>
 float *launch_col_partials(const T *dy, const T *x, const float *mean, const float *rstd,
-                           int64_t rows, int64_t cols, int64_t *chunks_out) {
-  const bool vec = cols % kPack == 0 && aligned16(dy) && (!kLn || aligned16(x));
+                           int64_t rows, int64_t cols, int64_t *chunks_out,
+                           float *into = nullptr) {
+  const bool vec = col_vec(cols, dy, kLn ? x : nullptr);
   const int64_t tile = 32 * (vec ? kPack : 1);
   const int64_t tiles = (cols + tile - 1) / tile;
   int64_t rows_per_chunk = 0;
-  const int64_t chunks = col_chunks(rows, tiles, &rows_per_chunk);
+  const int64_t chunks = col_plan(rows, cols, vec, &rows_per_chunk);
   float *partial =
-      static_cast<float *>(scratch(Slot::Partials, sizeof(float) * chunks * cols * (kLn ? 2 : 1)));
+      into ? into
+           : static_cast<float *>(
+                 scratch(Slot::Partials, sizeof(float) * chunks * cols * (kLn ? 2 : 1)));
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(chunks));
   const dim3 block(32, kColY);
   if (vec) {
@@ -145,16 +170,28 @@ float *launch_col_partials(const T *dy, const T *x, const float *mean, const flo
   return partial;
 }
 
-inline void launch_col_finalize(const float *partial, int64_t chunks, const View &out,
+// outs[i][c] += scale * the sum of column c of the i-th [chunks, cols]
+// block of partials, for the n outputs in one launch. The outputs share
+// one dtype and one length (cols).
+inline void launch_col_finalize(const float *partial, int64_t chunks, const View *outs, int n,
                                 float scale = 1.0f) {
-  const auto blocks = static_cast<unsigned>((out.numel() + 31) / 32);
+  if (n == 0) return;
+  const int64_t cols = outs[0].numel();
+  const auto blocks = static_cast<unsigned>((cols + 31) / 32);
   if (blocks == 0) return;
-  dispatch_float(out.dt, [&](auto tag) {
+  dispatch_float(outs[0].dt, [&](auto tag) {
     using TO = decltype(tag);
-    col_finalize<TO><<<blocks, dim3(32, kFinY), 0, compute_stream()>>>(
-        partial, chunks, out.numel(), out.as<TO>(), static_cast<double>(scale));
+    FinOuts<TO> o{};
+    for (int i = 0; i < n; i++) o.p[i] = outs[i].as<TO>();
+    col_finalize<TO><<<dim3(blocks, static_cast<unsigned>(n)), dim3(32, kFinY), 0,
+                       compute_stream()>>>(partial, chunks, cols, o, static_cast<double>(scale));
     check_launch();
   });
+}
+
+inline void launch_col_finalize(const float *partial, int64_t chunks, const View &out,
+                                float scale = 1.0f) {
+  launch_col_finalize(partial, chunks, &out, 1, scale);
 }
 
 }  // namespace tessera::cuda

@@ -345,12 +345,25 @@ void layernorm_backward_impl(const char *op, tsr_host_ctx *ctx, const DLTensor *
   const unsigned grid = static_cast<unsigned>((X.rows + kRowsPerBlock - 1) / kRowsPerBlock);
   dispatch_float(X.dt, [&](auto xtag) {
     using T = decltype(xtag);
-    // Parameter gradients first: they read dy, which dx may alias.
-    int64_t chunks = 0;
-    const float *partial = launch_col_partials<T, true>(DY.as<T>(), X.as<T>(), M.as<float>(),
-                                                        R.as<float>(), X.rows, X.cols, &chunks);
-    launch_col_finalize(partial, chunks, DW);
-    if (dbias) launch_col_finalize(partial + chunks * X.cols, chunks, DB);
+    // Parameter gradients first: they read dy, which dx may alias. Their
+    // partials, and dsum's (below) where it shares their dtype and chunks,
+    // go into one buffer that one finalize launch finishes.
+    int64_t rpc = 0;
+    const int64_t chunks = col_plan(X.rows, X.cols, col_vec(X.cols, DY.p, X.p), &rpc);
+    const bool one_finish = (!dbias || DB.dt == DW.dt) &&
+                            (!dsum || (dbias && DS.dt == DW.dt &&
+                                       col_plan(X.rows, X.cols, col_vec(X.cols, DX.p, nullptr),
+                                                &rpc) == chunks));
+    const size_t block = static_cast<size_t>(chunks * X.cols);
+    float *partial = static_cast<float *>(
+        scratch(Slot::Partials, sizeof(float) * block * (one_finish && dsum ? 3 : 2)));
+    int64_t got = 0;
+    launch_col_partials<T, true>(DY.as<T>(), X.as<T>(), M.as<float>(), R.as<float>(), X.rows,
+                                 X.cols, &got, partial);
+    if (!one_finish) {
+      launch_col_finalize(partial, chunks, DW);
+      if (dbias) launch_col_finalize(partial + block, chunks, DB);
+    }
     dispatch_float(W.dt, [&](auto wtag) {
       using TW = decltype(wtag);
       layernorm_dx_kernel<T, TW><<<grid, kThreads, 0, compute_stream()>>>(
@@ -365,7 +378,15 @@ void layernorm_backward_impl(const char *op, tsr_host_ctx *ctx, const DLTensor *
     // (bench/results/gpt2_gpu-2026-12-02-third.md): the three column
     // partials in registers, 77 us a call (one block an SM: latency-bound);
     // in shared memory, 52 us, the same as the passes it replaces.
-    if (dsum) launch_bias_grad(DX, DS, 1.0f);
+    if (one_finish) {
+      if (dsum)
+        launch_col_partials<T, false>(DX.as<T>(), nullptr, nullptr, nullptr, X.rows, X.cols, &got,
+                                      partial + 2 * block);
+      const View outs[3] = {DW, DB, DS};
+      launch_col_finalize(partial, chunks, outs, dbias ? (dsum ? 3 : 2) : 1);
+    } else if (dsum) {
+      launch_bias_grad(DX, DS, 1.0f);
+    }
   });
 }
 
