@@ -10,7 +10,7 @@
 #include "ckpt/manifest.hpp"
 #include "ckpt/shard_reader.hpp"
 #include "ckpt/shard_writer.hpp"
-#include "train/fault.hpp"
+#include "debug/fault.hpp"
 #include "util/error.hpp"
 #include "util/regular_file.hpp"
 #include "util/safetensors.hpp"
@@ -36,7 +36,7 @@ std::string rank_file(uint32_t rank) {
 
 // The slots a checkpoint holds: the fp32 master copy, then each optimizer
 // state array by the optimizer's own name for it.
-std::vector<std::string> slot_names(Session &s) {
+std::vector<std::string> slot_names(const CheckpointParts &s) {
   std::vector<std::string> names = {"master"};
   for (uint32_t i = 0; i < s.state_count; ++i) {
     const char *n = s.optimizer.vt->state_name(s.optimizer.self, i);
@@ -49,7 +49,7 @@ struct OwnedRange {
   size_t owned_offset, flat_offset, count;
 };
 
-std::vector<OwnedRange> owned_ranges(Session &s) {
+std::vector<OwnedRange> owned_ranges(const CheckpointParts &s) {
   std::vector<OwnedRange> out;
   auto collect = [](void *ctx, const tsr_owned_range *r) -> tsr_status {
     static_cast<std::vector<OwnedRange> *>(ctx)->push_back(
@@ -63,10 +63,10 @@ std::vector<OwnedRange> owned_ranges(Session &s) {
 // What this rank writes: its owned ranges; when every rank owns everything
 // (stage 0) the copies are identical, so rank r writes slice r of each group
 // and the writes share the work instead of repeating it.
-std::vector<OwnedRange> write_share(Session &s) {
+std::vector<OwnedRange> write_share(const CheckpointParts &s) {
   std::vector<OwnedRange> owned = owned_ranges(s);
   const auto &f = s.host.facts();
-  if (s.plan.partition_optimizer || f.world_size == 1) return owned;
+  if (s.partition_optimizer || f.world_size == 1) return owned;
   std::vector<OwnedRange> out;
   for (const auto &r : owned) {
     size_t per = r.count / f.world_size;  // groups are padded to a multiple of the world
@@ -75,7 +75,7 @@ std::vector<OwnedRange> write_share(Session &s) {
   return out;
 }
 
-void barrier(Session &s, const char *what) {
+void barrier(const CheckpointParts &s, const char *what) {
   plugin_ok(s.host, s.host.table()->comm->barrier(s.host.ctx()), what);
 }
 
@@ -92,8 +92,8 @@ nlohmann::json param_table(const Layout &L) {
 
 }  // namespace
 
-std::string save_checkpoint(Session &s, const RunPosition &st, const std::string &dir, int64_t keep,
-                            const std::string &config_toml) {
+std::string save_checkpoint(const CheckpointParts &s, const RunPosition &st, const std::string &dir,
+                            int64_t keep, const std::string &config_toml) {
   s.settle_update();  // the state read below is the last update's
   const auto &f = s.host.facts();
   fs::path root(dir), final_dir = root / step_name(st.step),
@@ -192,7 +192,7 @@ std::string save_checkpoint(Session &s, const RunPosition &st, const std::string
         {"zero", s.zero.name},
         {"optimizer", s.optimizer.name},
         {"slots", slots},
-        {"model", s.model.name},
+        {"model", s.model_name},
         {"params", param_table(s.layout)},
         {"partition_rule",
          "canonical: parameters in declaration order, unpadded; each rank stores its owned ranges"},
@@ -258,7 +258,7 @@ std::string params_mismatch(const nlohmann::json &table, const Layout &layout) {
   return "";
 }
 
-RunPosition load_checkpoint(Session &s, const std::string &path) {
+RunPosition load_checkpoint(const CheckpointParts &s, const std::string &path) {
   s.settle_update();  // no update may land over what is loaded
   nlohmann::json m = read_manifest(path);
   // The model must be the one saved: same parameters, same shapes.
@@ -275,12 +275,11 @@ RunPosition load_checkpoint(Session &s, const std::string &path) {
   // further in than the data goes (padding to whole steps aside).
   const auto in_epoch = m.at("batch_in_epoch").get<uint64_t>(),
              global = m.at("global_batch").get<uint64_t>();
-  if (s.train_info.length > 0 &&
-      in_epoch * global > static_cast<uint64_t>(s.train_info.length) + global)
+  if (s.data_length > 0 && in_epoch * global > static_cast<uint64_t>(s.data_length) + global)
     throw Error(TSR_ERR_INVALID,
                 path + ": the manifest says " + std::to_string(in_epoch) + " steps of " +
                     std::to_string(global) + " samples into the epoch, past the " +
-                    std::to_string(s.train_info.length) +
+                    std::to_string(s.data_length) +
                     " samples of the training data: another dataset, or an edited manifest");
   ShardReader reader(path, m);
   std::vector<float> buf;
@@ -300,7 +299,7 @@ RunPosition load_checkpoint(Session &s, const std::string &path) {
   // Compute parameters from the loaded masters: the zero plugin drives an
   // update that copies instead of stepping, then re-shares as its stage needs.
   auto copy_master = [](void *ctx, const tsr_owned_range *r) -> tsr_status {
-    auto *ss = static_cast<Session *>(ctx);
+    const auto *ss = static_cast<const CheckpointParts *>(ctx);
     std::vector<float> master(r->count);
     tsr_status st =
         ss->offload.vt->read_state(ss->offload.self, 0, r->owned_offset, r->count, master.data());
@@ -308,7 +307,8 @@ RunPosition load_checkpoint(Session &s, const std::string &path) {
     return guarded(ss->host.ctx(), [&] { ss->put_compute(master.data(), r->count, r->params); });
   };
   auto no_flush = [](void *) -> tsr_status { return TSR_OK; };
-  tsr_zero_step zs{tsr_zero_step_STRUCT_SIZE, copy_master, no_flush, &s};
+  tsr_zero_step zs{tsr_zero_step_STRUCT_SIZE, copy_master, no_flush,
+                   const_cast<CheckpointParts *>(&s)};
   plugin_ok(s.host, s.zero.vt->step(s.zero.self, &zs), "zero", s.zero.name,
             "load parameters from the checkpoint");
   RunPosition st;

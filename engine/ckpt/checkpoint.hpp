@@ -6,13 +6,48 @@
 // only after every rank has written and synced.
 #pragma once
 
+#include <tessera/tessera.h>
+
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-#include "train/session.hpp"
+#include "host/host.hpp"
+#include "host/plugin_call.hpp"
+#include "plugin/layout.hpp"
 
 namespace tessera {
+
+// One plugin instance as a checkpoint calls it: its table, its state, and
+// the name its errors give.
+template <typename VTable>
+struct PluginRef {
+  const VTable *vt = nullptr;
+  void *self = nullptr;
+  std::string name;
+};
+
+// What saving and loading a checkpoint touch, handed in by the trainer
+// (Session::checkpoint_parts) rather than the whole session: the host (its
+// collectives and facts), the flat layout, the zero plugin (owned ranges,
+// the reload step), the optimizer (state names) and the offload backend
+// (the state itself).
+struct CheckpointParts {
+  Host &host;
+  const Layout &layout;
+  PluginRef<tsr_zero_vtable> zero;
+  PluginRef<tsr_optimizer_vtable> optimizer;
+  PluginRef<tsr_offload_vtable> offload;
+  std::string model_name;
+  bool partition_optimizer = false;  // the plan's: ranks own disjoint optimizer state
+  uint32_t state_count = 0;          // optimizer state arrays per parameter
+  int64_t data_length = 0;           // training samples (0: unknown), to check the position
+  // Completes every update in flight before the state is read or replaced.
+  std::function<void()> settle_update;
+  // Writes n fp32 values into compute-dtype memory at dst on the device.
+  std::function<void(const float *, size_t, void *)> put_compute;
+};
 
 // Where training stands: enough to continue exactly.
 struct RunPosition {
@@ -31,17 +66,17 @@ struct RunPosition {
 // Writes <dir>/step_<step>/ from every rank (collective: every rank calls
 // it), then points <dir>/latest at it and removes checkpoints beyond keep.
 // Returns the checkpoint directory.
-std::string save_checkpoint(Session &s, const RunPosition &st, const std::string &dir, int64_t keep,
-                            const std::string &config_toml);
+std::string save_checkpoint(const CheckpointParts &s, const RunPosition &st, const std::string &dir,
+                            int64_t keep, const std::string &config_toml);
 
 // The checkpoint `spec` names: "auto" (the latest under dir, or "" when
 // there is none), or a path to a step_ directory or a checkpoint root.
 std::string resolve_checkpoint(const std::string &spec, const std::string &dir);
 
-// Loads the owned master weights and optimizer state into the session's
-// offload backend and the compute parameters from them; returns where
-// training stands. Every rank calls it.
-RunPosition load_checkpoint(Session &s, const std::string &path);
+// Loads the owned master weights and optimizer state into the offload
+// backend and the compute parameters from them; returns where training
+// stands. Every rank calls it.
+RunPosition load_checkpoint(const CheckpointParts &s, const std::string &path);
 
 // Reads the full fp32 parameters (canonical order, every parameter) of a
 // checkpoint into `canonical`, verifying every block read.

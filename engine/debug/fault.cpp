@@ -1,4 +1,4 @@
-#include "train/fault.hpp"
+#include "debug/fault.hpp"
 
 #include <signal.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-#include "train/layout.hpp"
+#include "plugin/layout.hpp"
 
 #include <algorithm>
 #include <atomic>

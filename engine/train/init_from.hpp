@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "train/layout.hpp"
+#include "plugin/layout.hpp"
 
 namespace tessera {
 

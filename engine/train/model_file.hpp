@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "train/layout.hpp"
+#include "plugin/layout.hpp"
 
 namespace tessera {
 

@@ -8,6 +8,7 @@
 #include <optional>
 #include <tessera/cpp/optimizer.hpp>
 
+#include "ckpt/checkpoint.hpp"
 #include "ops/cpu_ops.hpp"
 #include "plugin/legacy.hpp"
 #include "train/init_from.hpp"
@@ -363,6 +364,21 @@ std::vector<float> Session::gather_params() {
   }
   plugin_ok(host, zero.vt->end_pass(zero.self), "[zero] end_pass");
   return flat;
+}
+
+CheckpointParts Session::checkpoint_parts() {
+  return CheckpointParts{
+      host,
+      layout,
+      {zero.vt, zero.self, zero.name},
+      {optimizer.vt, optimizer.self, optimizer.name},
+      {offload.vt, offload.self, offload.name},
+      model.name,
+      plan.partition_optimizer != 0,
+      state_count,
+      train_info.length,
+      [this] { settle_update(); },
+      [this](const float *src, size_t n, void *dst) { put_compute(src, n, dst); }};
 }
 
 }  // namespace tessera

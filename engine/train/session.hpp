@@ -12,10 +12,12 @@
 
 #include "host/host.hpp"
 #include "host/plugin_call.hpp"
+#include "plugin/layout.hpp"
 #include "train/job.hpp"
-#include "train/layout.hpp"
 
 namespace tessera {
+
+struct CheckpointParts;  // ckpt/checkpoint.hpp
 
 // One live plugin instance of any kind.
 template <typename VTable>
@@ -82,6 +84,10 @@ struct Session {
   void put_compute(const float *src, size_t n, void *dst);
 
   bool has_eval() const { return eval_data.self != nullptr; }
+
+  // What a checkpoint saves and loads (ckpt/checkpoint.hpp), as views of
+  // this session: valid while it lives.
+  CheckpointParts checkpoint_parts();
 
   // ---- the update, driven by the trainer (train/step.cpp) ----
   // The zero plugin splits its step (ABI 1.2 reshare, clear_grads), so the

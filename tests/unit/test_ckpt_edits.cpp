@@ -24,7 +24,7 @@
 #include "support/hand_checkpoint.hpp"
 #include "support/temp_dir.hpp"
 #include "train/init_from.hpp"
-#include "train/layout.hpp"
+#include "plugin/layout.hpp"
 #include "util/error.hpp"
 #include "util/safetensors.hpp"
 
