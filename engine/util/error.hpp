@@ -1,30 +1,22 @@
-// Engine errors: an exception carrying a tsr_status, and the bridge that
-// records a message for the host's error callback.
+// Engine errors: the shared Error (an exception carrying a tsr_status), and
+// the bridge that records a message for the host's error callback.
 #pragma once
 
 #include <tessera/abi.h>
 
+#include <new>
 #include <stdexcept>
 #include <string>
+#include <tessera/cpp/error.hpp>
 
 namespace tessera {
 
-class Error : public std::runtime_error {
- public:
-  Error(tsr_status code, const std::string &message) : std::runtime_error(message), code_(code) {}
-  explicit Error(const std::string &message) : Error(TSR_ERR_INVALID, message) {}
-  tsr_status code() const noexcept { return code_; }
-
- private:
-  tsr_status code_;
-};
-
-// A failure whose message was already recorded with the host (by a host
-// call that failed): rethrown through guarded() without replacing it.
-class ReportedError : public Error {
- public:
-  explicit ReportedError(tsr_status code) : Error(code, "(reported)") {}
-};
+// The one Error of tessera's C++ code (sdk/include/tessera/cpp/error.hpp),
+// the type plugins throw too, so an sdk helper's failure inside the engine
+// is caught as any other. ReportedError: a failure whose message the host
+// already holds, rethrown through guarded() without replacing it.
+using Error = sdk::Error;
+using ReportedError = sdk::HostError;
 
 // The status code's name ("TSR_ERR_CONFIG"), for messages: a user reads
 // the name, not the number.

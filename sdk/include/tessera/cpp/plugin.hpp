@@ -11,33 +11,12 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <tessera/cpp/error.hpp>
 #include <tessera/cpp/struct_size.hpp>
 #include <utility>
 #include <vector>
 
 namespace tessera::sdk {
-
-// An error with a status code, thrown inside a plugin and converted to a
-// status by guard().
-class Error : public std::runtime_error {
- public:
-  Error(tsr_status code, const std::string &message) : std::runtime_error(message), code_(code) {}
-  tsr_status code() const noexcept { return code_; }
-
- private:
-  tsr_status code_;
-};
-
-// The host's last error message is held by the host; a failing host call is
-// rethrown as Error carrying its status (the message is already recorded).
-class HostError : public Error {
- public:
-  explicit HostError(tsr_status code) : Error(code, "") {}
-};
-
-inline void check(tsr_status s) {
-  if (s != TSR_OK) throw HostError(s);
-}
 
 // Runs `fn` and converts any exception into a status reported through the
 // host's error callback. Use it around the body of every entry point.
