@@ -325,6 +325,7 @@ static tsr_status sum_squares(tsr_host_ctx *ctx, const DLTensor *x, double *out)
 namespace tessera {
 
 const tsr_ops *cpu_ops() {
+  cpu_blas_select_core();
   static const tsr_ops table = {
       .struct_size = tsr_ops_STRUCT_SIZE,
       .matmul = cpu::matmul,

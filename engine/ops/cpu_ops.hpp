@@ -12,6 +12,11 @@ namespace tessera {
 // The table, static storage for the life of the process.
 const tsr_ops *cpu_ops();
 
+// Switches OpenBLAS from its generic kernels to the CPU's own where it
+// did not recognise the CPU (cpu_blas_core.cpp); once a process, before the
+// first matmul (cpu_ops() calls it).
+void cpu_blas_select_core();
+
 // Threads the ops may use, OpenBLAS's and the pool's; n <= 0 means every
 // core.
 void cpu_ops_set_threads(int n);
