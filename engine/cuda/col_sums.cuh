@@ -145,17 +145,15 @@ inline int64_t col_plan(int64_t rows, int64_t cols, bool vec, int64_t *rows_per_
 // buffer when null, and returns the partials and their chunk count.
 template <typename T, bool kLn>
 float *launch_col_partials(const T *dy, const T *x, const float *mean, const float *rstd,
-                           int64_t rows, int64_t cols, int64_t *chunks_out,
-                           float *into = nullptr) {
+                           int64_t rows, int64_t cols, int64_t *chunks_out, float *into = nullptr) {
   const bool vec = col_vec(cols, dy, kLn ? x : nullptr);
   const int64_t tile = 32 * (vec ? kPack : 1);
   const int64_t tiles = (cols + tile - 1) / tile;
   int64_t rows_per_chunk = 0;
   const int64_t chunks = col_plan(rows, cols, vec, &rows_per_chunk);
-  float *partial =
-      into ? into
-           : static_cast<float *>(
-                 scratch(Slot::Partials, sizeof(float) * chunks * cols * (kLn ? 2 : 1)));
+  float *partial = into ? into
+                        : static_cast<float *>(scratch(
+                              Slot::Partials, sizeof(float) * chunks * cols * (kLn ? 2 : 1)));
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(chunks));
   const dim3 block(32, kColY);
   if (vec) {
@@ -183,8 +181,9 @@ inline void launch_col_finalize(const float *partial, int64_t chunks, const View
     using TO = decltype(tag);
     FinOuts<TO> o{};
     for (int i = 0; i < n; i++) o.p[i] = outs[i].as<TO>();
-    col_finalize<TO><<<dim3(blocks, static_cast<unsigned>(n)), dim3(32, kFinY), 0,
-                       compute_stream()>>>(partial, chunks, cols, o, static_cast<double>(scale));
+    col_finalize<TO>
+        <<<dim3(blocks, static_cast<unsigned>(n)), dim3(32, kFinY), 0, compute_stream()>>>(
+            partial, chunks, cols, o, static_cast<double>(scale));
     check_launch();
   });
 }

@@ -73,7 +73,7 @@ cublasLtMatmulAlgo_t tune_gemm(const TuneCall &c, const std::vector<cublasLtMatm
   // An accumulation (beta != 0) runs into scratch: the real call must see
   // D as it was.
   void *scratch_d = nullptr;
-  if (c.beta != 0.0f) scratch_d = device_alloc(static_cast<size_t>(c.d_elems) * c.d_elem_bytes);
+  if (c.beta != 0.0f) scratch_d = device_alloc(c.d_bytes);
   void *d = scratch_d ? scratch_d : c.D;
   Events ev;
   // Enough repetitions for ~2 ms of work a candidate (at least 3), from

@@ -27,7 +27,7 @@ inline constexpr int kTuneCandidates = 8;
 bool gemm_tuning();
 
 // One matmul as cublasLtMatmul takes it (cuBLASLt's A, B, C = D), with the
-// element size and count of D for a scratch copy when beta is not zero.
+// bytes of D for a scratch copy when beta is not zero.
 struct TuneCall {
   cublasLtHandle_t handle;
   cublasLtMatmulDesc_t desc;
@@ -37,8 +37,7 @@ struct TuneCall {
   float alpha, beta;
   void *workspace;
   size_t workspace_bytes;
-  unsigned d_elem_bytes;
-  int64_t d_elems;
+  size_t d_bytes;
 };
 
 // Times every candidate on the call's operands (D itself when beta is 0,

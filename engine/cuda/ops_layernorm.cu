@@ -350,10 +350,10 @@ void layernorm_backward_impl(const char *op, tsr_host_ctx *ctx, const DLTensor *
     // go into one buffer that one finalize launch finishes.
     int64_t rpc = 0;
     const int64_t chunks = col_plan(X.rows, X.cols, col_vec(X.cols, DY.p, X.p), &rpc);
-    const bool one_finish = (!dbias || DB.dt == DW.dt) &&
-                            (!dsum || (dbias && DS.dt == DW.dt &&
-                                       col_plan(X.rows, X.cols, col_vec(X.cols, DX.p, nullptr),
-                                                &rpc) == chunks));
+    const bool one_finish =
+        (!dbias || DB.dt == DW.dt) &&
+        (!dsum || (dbias && DS.dt == DW.dt &&
+                   col_plan(X.rows, X.cols, col_vec(X.cols, DX.p, nullptr), &rpc) == chunks));
     const size_t block = static_cast<size_t>(chunks * X.cols);
     float *partial = static_cast<float *>(
         scratch(Slot::Partials, sizeof(float) * block * (one_finish && dsum ? 3 : 2)));

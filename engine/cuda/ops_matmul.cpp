@@ -244,20 +244,9 @@ bool run_gemm(const Gemm &g, void *d, float alpha, float beta, cublasLtEpilogue_
   if (bias) set_desc(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
   if (aux) set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
   if (!p.candidates.empty()) {
-    const TuneCall call{st.handle,
-                        p.desc,
-                        p.la,
-                        p.lb,
-                        p.lc,
-                        g.b.p,
-                        g.a.p,
-                        d,
-                        alpha,
-                        beta,
-                        st.workspace,
-                        kWorkspaceBytes,
-                        key.c == DType::F32 ? 4u : 2u,
-                        key.m * key.n};
+    const TuneCall call{st.handle,    p.desc,          p.la,       p.lb,  p.lc,
+                        g.b.p,        g.a.p,           d,          alpha, beta,
+                        st.workspace, kWorkspaceBytes, g.c.bytes()};  // d has c's shape and dtype
     p.algo = tune_gemm(call, p.candidates, describe_problem(key));
     p.candidates.clear();
   }

@@ -13,7 +13,6 @@
 #include <spdlog/spdlog.h>
 
 #include <cstdlib>
-#include <cstring>
 #include <mutex>
 #include <string>
 

@@ -16,9 +16,9 @@
 #include <thread>
 
 #include "ckpt/checkpoint.hpp"
+#include "debug/fault.hpp"
 #include "ops/cpu_ops.hpp"
 #include "train/device_select.hpp"
-#include "debug/fault.hpp"
 #include "train/startup.hpp"
 #include "train/step.hpp"
 #include "util/error.hpp"
@@ -86,7 +86,8 @@ void save(Loop &l, TrainState &ts) {
     at.scale_hysteresis = ts.scaler.hysteresis_left;
     at.scale_skipped = ts.scaler.skipped;
   }
-  ts.ckpt_path = save_checkpoint(l.s.checkpoint_parts(), at, l.st.ckpt_dir, l.st.ckpt_keep, l.s.job.resolved_toml());
+  ts.ckpt_path = save_checkpoint(l.s.checkpoint_parts(), at, l.st.ckpt_dir, l.st.ckpt_keep,
+                                 l.s.job.resolved_toml());
 }
 
 // The progress line and metrics of the interval since the last one.

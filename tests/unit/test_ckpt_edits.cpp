@@ -21,10 +21,10 @@
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/manifest.hpp"
 #include "ckpt/shard_reader.hpp"
+#include "plugin/layout.hpp"
 #include "support/hand_checkpoint.hpp"
 #include "support/temp_dir.hpp"
 #include "train/init_from.hpp"
-#include "plugin/layout.hpp"
 #include "util/error.hpp"
 #include "util/safetensors.hpp"
 

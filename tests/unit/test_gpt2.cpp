@@ -26,10 +26,10 @@
 #include <vector>
 
 #include "gpt2_support.hpp"
+#include "plugin/layout.hpp"
 #include "support/fixture.hpp"
 #include "support/safetensors_read.hpp"
 #include "train/init_from.hpp"
-#include "plugin/layout.hpp"
 
 // Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
 // helpers and using-directives stay out of the other files' way.
