@@ -249,6 +249,12 @@ tsr_status cb_params_done(tsr_step *s, uint32_t group) {
   return hooks_of(s)->params_done ? hooks_of(s)->params_done(group) : TSR_OK;
 }
 
+tsr_status cb_grads_zeroed(tsr_step *s, int32_t *out) {
+  if (!s || !out) return TSR_ERR_INVALID;
+  *out = hooks_of(s)->grads_zeroed && hooks_of(s)->grads_zeroed() ? 1 : 0;
+  return TSR_OK;
+}
+
 tsr_status cb_synchronize(tsr_host_ctx *ctx) {
   return guarded(ctx, [&] {
 #ifdef TESSERA_HAVE_CUDA
@@ -325,6 +331,7 @@ Host::Host(RunFacts facts) : facts_(std::move(facts)), impl_(std::make_unique<Im
   table_.grads_done = cb_grads_done;
   table_.params_done = cb_params_done;
   table_.device_memory = cb_device_memory;
+  table_.grads_zeroed = cb_grads_zeroed;
 }
 
 Host::~Host() {

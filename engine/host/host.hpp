@@ -42,6 +42,8 @@ struct StepHooks {
   std::function<tsr_status(uint32_t, DLTensor *)> grad;
   std::function<tsr_status(uint32_t)> grads_done;
   std::function<tsr_status(uint32_t)> params_done;
+  // ABI 1.5 grads_zeroed: whether this pass's gradient buffers began at zero.
+  std::function<bool()> grads_zeroed;
 };
 
 class Host {

@@ -190,6 +190,7 @@ Session::Session(const Job &j, Host::RunFacts facts, bool train, ParamInitialize
     if (st == TSR_OK && last_micro && grads_final) st = grads_final(g);
     return st;
   };
+  hooks.grads_zeroed = [this] { return backward && grads_zero; };
   hooks.params_done = [this, group_at](uint32_t mg) {
     uint32_t g = 0;
     tsr_status st = group_at(mg, &g);

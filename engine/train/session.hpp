@@ -69,6 +69,10 @@ struct Session {
   tsr_step *step_handle() { return host.step_handle(&hooks); }
   // Set by the trainer: 1 on the last micro-batch of a step.
   int32_t last_micro = 1;
+  // Set by the trainer: the gradient buffers hold zeros (cleared since the
+  // last backward, or never written), which the grads_zeroed hook reports
+  // to the model so its first contribution may overwrite (ABI 1.5).
+  bool grads_zero = false;
 
   // The full fp32 parameters in flat layout (gathers under stage 3; every
   // rank must call it). In bf16/fp16 runs these are the compute copies,

@@ -105,6 +105,7 @@ void clear_grads(StepPlan &p, TrainState &ts) {
   plugin_ok(p.s.host, p.s.zero.vt->clear_grads(p.s.zero.self), "zero", p.s.zero.name,
             "clear_grads");
   ts.grads_dirty = false;
+  p.s.grads_zero = true;  // the model may write its first contribution (ABI 1.5)
 }
 
 // Whether a step's update may start during its last backward, group by
@@ -189,6 +190,7 @@ double micro_step(StepPlan &p, TrainState &ts, Loader &loader, bool last) {
                                  static_cast<float>(scale * ts.scaler.scale)),
             "model", s.model.name, "backward");
   plugin_ok(s.host, s.zero.vt->end_pass(s.zero.self), "zero", s.zero.name, "end_pass");
+  s.grads_zero = false;  // a later micro-batch adds into what this one left
   bwd_t.stop();
   const int64_t seen = batch->size * static_cast<int64_t>(s.host.facts().world_size);
   ts.samples += seen;

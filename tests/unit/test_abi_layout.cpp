@@ -78,11 +78,11 @@ const AbiLayoutRow kCurrent[] = {
 #undef TSR_ABI_STRING
 
 // The size of every public struct in the current headers, on x86-64, as of
-// ABI 1.4 (1.1: tsr_host and tsr_ops grew; tsr_optimizer_step_args grew by a
+// ABI 1.5 (1.1: tsr_host and tsr_ops grew; tsr_optimizer_step_args grew by a
 // reserved word over 1.0's tail padding and grads_dtype; 1.2: tsr_host,
 // the zero and offload tables grew, tsr_device_memory and tsr_offload_stats
 // are new; 1.3: tsr_ops grew by the three fused ops; 1.4: tsr_ops grew by
-// layernorm_backward_sum). A new minor
+// layernorm_backward_sum; 1.5: tsr_host grew by grads_zeroed). A new minor
 // version that appends fields updates the struct's line here (and
 // docs/abi.md), and lists new structs in kAdded.
 struct CurrentSize {
@@ -98,7 +98,7 @@ const CurrentSize kCurrentSizes[] = {
     TSR_CURRENT(tsr_plugin_library, 32),
     TSR_CURRENT(tsr_run_info, 56),
     TSR_CURRENT(tsr_comm, 56),
-    TSR_CURRENT(tsr_host, 208),
+    TSR_CURRENT(tsr_host, 216),
     TSR_CURRENT(tsr_device_memory, 32),
     TSR_CURRENT(tsr_ops, 192),
     TSR_CURRENT(tsr_data_info, 168),

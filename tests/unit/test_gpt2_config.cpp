@@ -277,6 +277,56 @@ TEST_CASE("gpt2 with the fused ops, without them and on a 1.1 host: bitwise the 
   }
 }
 
+TEST_CASE("gpt2 writes its first weight gradients where the host says they began at zero",
+          "[gpt2]") {
+  // ABI 1.5's grads_zeroed: the weight matrices' first contribution is
+  // written (matmul beta = 0) instead of added. Over zeroed buffers that is
+  // bitwise what adding gives; over a buffer that holds something else it
+  // shows which gradients the model overwrote. wpe (added per sequence),
+  // the biases and the layernorms still add.
+  Fixture f;
+  struct Run {
+    float prefill;
+    bool zeroed;
+  };
+  const Run runs[] = {{0.0f, false}, {0.0f, true}, {0.5f, false}, {0.5f, true}};
+  std::vector<std::vector<float>> want;
+  for (const Run &run : runs) {
+    INFO("prefill " << run.prefill << ", grads_zeroed " << run.zeroed);
+    Model m(f);
+    REQUIRE(m.create(f.config("model", "gpt2", golden_config()), token_data(kT), kBatch) == TSR_OK);
+    State s(m);
+    s.load_hf();
+    for (auto &g : s.grad) std::fill(g.begin(), g.end(), run.prefill);
+    int asked = 0;
+    s.hooks.grads_zeroed = [&asked, &run] {
+      ++asked;
+      return run.zeroed;
+    };
+    Batch batch = reference_batch();
+    train_step(m, s, batch);
+    CHECK(asked == 1);  // asked once, as backward begins
+    if (&run == &runs[0]) {
+      want = s.grad;
+      continue;
+    }
+    for (size_t i = 0; i < want.size(); ++i) {
+      const std::string name = s.info[i].name;
+      INFO("parameter " << name);
+      const bool written = run.zeroed && s.info[i].ndim == 2 && name != "transformer.wpe.weight";
+      if (run.prefill == 0.0f || written) {
+        CHECK(std::memcmp(s.grad[i].data(), want[i].data(), want[i].size() * 4) == 0);
+        continue;
+      }
+      // Added into 0.5 (BLAS accumulates in blocks: equal to rounding).
+      double worst = 0;
+      for (size_t k = 0; k < want[i].size(); ++k)
+        worst = std::max(worst, std::fabs(double(s.grad[i][k]) - (0.5 + double(want[i][k]))));
+      CHECK(worst < 1e-5);
+    }
+  }
+}
+
 TEST_CASE("gpt2 freeze: frozen parameters get no gradient", "[gpt2]") {
   Fixture f;
   // The unfrozen run's gradients.

@@ -282,8 +282,9 @@ void Gpt2::predict(tsr_step *step, const tsr_batch *batch, DLTensor *out) {
 // ---- backward ---------------------------------------------------------------
 
 // The weight and bias gradients of block l's linear layer `wp` (its bias
-// is wp + 1) from its input x and output gradient dy: dW += x^T dy and
-// db += the column sums of dy, in one call where the host fuses them.
+// is wp + 1) from its input x and output gradient dy: dW += x^T dy (or =,
+// on a pass whose gradients began at zero: dW has no other contribution)
+// and db += the column sums of dy, in one call where the host fuses them.
 // bias_done: the layernorm backward above has added db already.
 void Gpt2::weight_grads(tsr_step *step, uint32_t l, BlockParam wp, View x, View dy,
                         bool bias_done) {
@@ -293,10 +294,10 @@ void Gpt2::weight_grads(tsr_step *step, uint32_t l, BlockParam wp, View x, View 
     DLTensor gw = grad(step, wi);
     if (fuse_bias_grad && trainable(bi) && !bias_done) {
       DLTensor gb = grad(step, bi);
-      check(ops->matmul_bias_grad(ctx, x.get(), 1, dy.get(), 0, &gw, 1.0f, 1.0f, &gb));
+      check(ops->matmul_bias_grad(ctx, x.get(), 1, dy.get(), 0, &gw, 1.0f, wgrad_beta, &gb));
       return;
     }
-    check(ops->matmul(ctx, x.get(), 1, dy.get(), 0, &gw, 1.0f, 1.0f));
+    check(ops->matmul(ctx, x.get(), 1, dy.get(), 0, &gw, 1.0f, wgrad_beta));
   }
   if (trainable(bi) && !bias_done) {
     DLTensor gb = grad(step, bi);
@@ -367,7 +368,7 @@ void Gpt2::block_backward(tsr_step *step, uint32_t l, const Set &s, int64_t B, i
   }
   if (train(kFcW)) {
     DLTensor g = G(kFcW);
-    check(ops->matmul(ctx, ln2.get(), 1, dfc.get(), 0, &g, 1.0f, 1.0f));
+    check(ops->matmul(ctx, ln2.get(), 1, dfc.get(), 0, &g, 1.0f, wgrad_beta));
   }
   w = P(kFcW);
   check(ops->matmul(ctx, dfc.get(), 0, &w, 1, dsm.get(), 1.0f, 0.0f));
@@ -404,6 +405,7 @@ void Gpt2::backward(tsr_step *step, const tsr_batch *batch, float loss_scale) {
                                      std::to_string(T) + " tokens, the forward before it had " +
                                      std::to_string(ready_n) + " x " + std::to_string(ready_T));
   ready = false;  // forward left dlogits over the logits: one backward per forward
+  wgrad_beta = first_grad_beta(step);
   const uint32_t nL = L();
   const auto run = [&](int64_t stage) { return B > 0 && stage >= lowest_trainable_stage; };
   tsr_host_ctx *ctx = host->ctx;
@@ -423,12 +425,13 @@ void Gpt2::backward(tsr_step *step, const tsr_batch *batch, float loss_scale) {
                                &count, nullptr));
       alpha = 1.0f;
     }
-    // LM head: dwte += dlogits^T @ ln_f(x_L); d ln_f(x_L) = dlogits @ wte.
+    // LM head: dwte += dlogits^T @ ln_f(x_L) (its first contribution: the
+    // embedding's backward adds the second); d ln_f(x_L) = dlogits @ wte.
     View lnf_y = A(lnf, {R, C}), dsm = A(dsmall, {R, C});
     DLTensor wte = param(step, kWte);
     if (trainable(kWte)) {
       DLTensor g = grad(step, kWte);
-      check(ops->matmul(ctx, z.get(), 1, lnf_y.get(), 0, &g, alpha, 1.0f));
+      check(ops->matmul(ctx, z.get(), 1, lnf_y.get(), 0, &g, alpha, wgrad_beta));
     }
     check(ops->matmul(ctx, z.get(), 0, &wte, 0, dsm.get(), alpha, 0.0f));
     // ln_f; dres becomes d x_L.

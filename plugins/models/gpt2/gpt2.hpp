@@ -212,6 +212,7 @@ struct Gpt2 {
   // (any host; `fused` again), rather than a second pass in backward.
   bool ce_grad_in_forward = false;
   bool ce_grad_ready = false;     // the logits hold the unscaled gradient
+  float wgrad_beta = 1.0f;        // this backward's first_grad_beta
   std::deque<std::string> names;  // parameter names; infos point into them
   std::vector<tsr_param_info> infos;
   // Backward runs stage s (0 embeddings, 1..L blocks, L+1 ln_f) only when
@@ -274,6 +275,16 @@ struct Gpt2 {
   DLTensor param(tsr_step *step, uint32_t index) const { return view_of(step, index, false); }
   DLTensor grad(tsr_step *step, uint32_t index) const { return view_of(step, index, true); }
   View grad_or_discard(tsr_step *step, uint32_t index, int which);
+
+  // The beta of a gradient's first contribution in this backward: 0 where
+  // the host says the buffers began at zero (ABI 1.5; a matmul then writes
+  // instead of reading the old gradient, same values), else 1.
+  float first_grad_beta(tsr_step *step) const {
+    int32_t zeroed = 0;
+    if (TSR_HAS_FIELD(host, tsr_host, grads_zeroed) && host->grads_zeroed)
+      check(host->grads_zeroed(step, &zeroed));
+    return zeroed ? 0.0f : 1.0f;
+  }
 
   void params_done(tsr_step *step, uint32_t group) const {
     if (TSR_HAS_FIELD(host, tsr_host, params_done) && host->params_done)

@@ -334,6 +334,13 @@ struct Mlp {
                                        " samples, the forward before it had " +
                                        std::to_string(ready_n));
     ready = false;  // dlogits overwrite the logits: one backward per forward
+    // ABI 1.5: where every gradient began this pass at zero, the weight
+    // gradient (its one contribution) is written, not added: same values,
+    // and the matmul reads no old gradient.
+    int32_t zeroed = 0;
+    if (TSR_HAS_FIELD(host, tsr_host, grads_zeroed) && host->grads_zeroed)
+      check(host->grads_zeroed(step, &zeroed));
+    const float wgrad_beta = zeroed ? 0.0f : 1.0f;
     const int64_t n = batch->size;
     const size_t L = layers();
     if (n == 0) {  // nothing to add; the groups are still final
@@ -352,7 +359,7 @@ struct Mlp {
       const uint32_t wi = static_cast<uint32_t>(2 * i);
       View in = layer_input(i, *batch, n);
       DLTensor gw = grad(step, wi), gb = grad(step, wi + 1);
-      check(ops->matmul(host->ctx, dz.get(), 1, in.get(), 0, &gw, 1.0f, 1.0f));
+      check(ops->matmul(host->ctx, dz.get(), 1, in.get(), 0, &gw, 1.0f, wgrad_beta));
       check(ops->bias_grad(host->ctx, dz.get(), &gb));
       if (i == 0) {
         check(host->grads_done(step, 0));

@@ -15,7 +15,7 @@
 #include <stdint.h>
 
 #define TSR_ABI_MAJOR 1
-#define TSR_ABI_MINOR 4
+#define TSR_ABI_MINOR 5
 
 #if defined(_WIN32)
 #define TSR_EXPORT __declspec(dllexport)

@@ -157,7 +157,18 @@ typedef struct tsr_host {
    * unknown, e.g. on the CPU). An offload backend sizes a GPU share of the
    * optimizer state from it. */
   tsr_status (*device_memory)(tsr_host_ctx *ctx, tsr_device_memory *out);
+
+  /* ---- ABI 1.5 (check TSR_HAS_FIELD(host, tsr_host, grads_zeroed)) ----
+   * Inside backward: *out = 1 when every gradient buffer `grad` hands out
+   * in this pass held zeros as the pass began (the first micro-batch of a
+   * step, the gradients cleared since the last update), else 0 (a later
+   * micro-batch adds into what the earlier ones left, or the host does not
+   * know). With 1 a model may write a gradient's first contribution
+   * instead of adding it (a weight-gradient matmul with beta = 0 reads no
+   * old gradient) and gets the same values; it still adds every later
+   * contribution to the same gradient in the pass. */
+  tsr_status (*grads_zeroed)(tsr_step *step, int32_t *out);
 } tsr_host;
-#define tsr_host_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_host, device_memory)
+#define tsr_host_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_host, grads_zeroed)
 
 #endif /* TESSERA_HOST_H */
