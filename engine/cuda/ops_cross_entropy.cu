@@ -5,8 +5,6 @@
 //
 // Deterministic: the rows' losses are added up in a fixed order by a
 // second pass, so the loss repeats bit for bit.
-#include <algorithm>
-
 #include "cuda/cuda_ops_internal.hpp"
 #include "ops/cpu_ops.hpp"
 
@@ -97,34 +95,6 @@ __device__ __forceinline__ Online online_warp(Online o) {
   return o;
 }
 
-// An ignored row (target < 0): no loss, a zero gradient.
-template <typename T>
-__device__ void ignore_row(T *d, int64_t cols, int64_t r, double *row_loss, int8_t *row_state) {
-  if (d)
-    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) d[j] = from_f<T>(0.0f);
-  if (threadIdx.x == 0) {
-    row_loss[r] = 0.0;
-    row_state[r] = 0;
-  }
-}
-
-// Merges every thread's statistics of row r (the barrier also publishes
-// sh_xt, the target's logit); thread 0 writes the row's loss and state.
-__device__ Online finish_row(Online o, Online *sh, const float &sh_xt, int32_t t, int64_t r,
-                             double *row_loss, int8_t *row_state) {
-  o = online_warp(o);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) sh[warp] = o;
-  __syncthreads();
-  o = lane < static_cast<int>(blockDim.x / 32) ? sh[lane] : Online{-INFINITY, 0.0f, 0};
-  o = online_warp(o);
-  if (threadIdx.x == 0) {
-    row_loss[r] = static_cast<double>(o.m) + log(static_cast<double>(o.s)) - sh_xt;
-    row_state[r] = o.arg == t ? 2 : 1;
-  }
-  return o;
-}
-
 template <typename T>
 __global__ void __launch_bounds__(256)
     ce_rows(const T *logits, const int32_t *targets, int64_t cols, int64_t valid, float grad_scale,
@@ -136,8 +106,13 @@ __global__ void __launch_bounds__(256)
   const T *x = logits + r * cols;
   T *d = dlogits ? dlogits + r * cols : nullptr;
   const int32_t t = targets[r];
-  if (t < 0) {
-    ignore_row(d, cols, r, row_loss, row_state);
+  if (t < 0) {  // ignored row: no loss, zero gradient
+    if (d)
+      for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) d[j] = from_f<T>(0.0f);
+    if (threadIdx.x == 0) {
+      row_loss[r] = 0.0;
+      row_state[r] = 0;
+    }
     return;
   }
   // vec: packs, as rows are 16-byte aligned (cols % 8 == 0, aligned bases).
@@ -162,8 +137,18 @@ __global__ void __launch_bounds__(256)
   }
   for (int64_t j = packs * kPack + threadIdx.x; j < valid; j += blockDim.x)
     online_add(o, to_f(x[j]), j);
+  o = online_warp(o);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) sh[warp] = o;
   if (threadIdx.x == 0) sh_xt = to_f(x[t]);  // read before any gradient write (aliasing)
-  o = finish_row(o, sh, sh_xt, t, r, row_loss, row_state);
+  __syncthreads();
+  o = lane < static_cast<int>(blockDim.x / 32) ? sh[lane] : Online{-INFINITY, 0.0f, 0};
+  o = online_warp(o);
+  const float xt = sh_xt;
+  if (threadIdx.x == 0) {
+    row_loss[r] = static_cast<double>(o.m) + log(static_cast<double>(o.s)) - xt;
+    row_state[r] = o.arg == t ? 2 : 1;
+  }
   if (!d) return;
   // softmax_j = exp(x_j - max) / sum; each x_j is read before d_j is
   // written, by the same thread, so d may alias x.
@@ -183,112 +168,6 @@ __global__ void __launch_bounds__(256)
     const float v = j < valid ? g * __expf(to_f(x[j]) - o.m) - (j == t ? grad_scale : 0.0f) : 0.0f;
     d[j] = from_f<T>(v);
   }
-}
-
-// The same row, read from memory once: the block stages it in shared
-// memory (cp.async, no registers held while the loads are in flight) for
-// the statistics and then the gradient, instead of reading it twice. For
-// 2-byte logits whose row fits two blocks an SM (GPT-2's 50304 bf16 are
-// 98 KiB): one read and one write against the kernel above's two reads.
-__device__ __forceinline__ void copy16_async(void *smem, const void *gmem) {
-#if __CUDA_ARCH__ >= 800
-  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
-#else
-  *static_cast<uint4 *>(smem) = *static_cast<const uint4 *>(gmem);
-#endif
-}
-
-__device__ __forceinline__ void copies_wait() {
-#if __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
-#endif
-}
-
-template <typename T>
-__device__ __forceinline__ void unpack8(const uint4 &raw, float (&v)[kPack]) {
-  const T *e = reinterpret_cast<const T *>(&raw);
-#pragma unroll
-  for (int i = 0; i < kPack; i++) v[i] = to_f(e[i]);
-}
-
-template <typename T>
-__global__ void __launch_bounds__(512)
-    ce_rows_staged(const T *logits, const int32_t *targets, int64_t cols, int64_t valid,
-                   float grad_scale, T *dlogits, const long long *bad_row, double *row_loss,
-                   int8_t *row_state) {
-  static_assert(sizeof(T) == 2, "staged rows hold 2-byte logits");
-  if (*bad_row != kNoBadRow) return;
-  extern __shared__ uint4 row[];  // cols / kPack packs
-  __shared__ Online sh[32];
-  __shared__ float sh_xt;
-  const int64_t r = blockIdx.x;
-  const T *x = logits + r * cols;
-  T *d = dlogits ? dlogits + r * cols : nullptr;
-  const int32_t t = targets[r];
-  if (t < 0) {
-    ignore_row(d, cols, r, row_loss, row_state);
-    return;
-  }
-  const int64_t packs = cols / kPack, vpacks = (valid + kPack - 1) / kPack;
-  // Each thread stages and later reads back the same packs, so waiting for
-  // its own copies is enough: no barrier before the statistics.
-  for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) copy16_async(&row[p], x + p * kPack);
-  if (threadIdx.x == 0) sh_xt = to_f(x[t]);  // read before any gradient write (aliasing)
-  copies_wait();
-  Online o{-INFINITY, 0.0f, 0};
-  for (int64_t p = threadIdx.x; p < vpacks; p += blockDim.x) {
-    float v[kPack];
-    unpack8<T>(row[p], v);
-#pragma unroll
-    for (int j = 0; j < kPack; j++)
-      if (p * kPack + j >= valid) v[j] = -INFINITY;  // the pack straddling `valid`
-    online_pack(o, v, p * kPack);
-  }
-  o = finish_row(o, sh, sh_xt, t, r, row_loss, row_state);
-  if (!d) return;
-  const float g = grad_scale / o.s;
-  for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
-    float v[kPack];
-    unpack8<T>(row[p], v);
-#pragma unroll
-    for (int j = 0; j < kPack; j++) {
-      const int64_t col = p * kPack + j;
-      v[j] = col < valid ? g * __expf(v[j] - o.m) - (col == t ? grad_scale : 0.0f) : 0.0f;
-    }
-    store8(d + p * kPack, v);
-  }
-}
-
-// The shared memory a staged row may take: two blocks an SM, or 0 where
-// the device cannot give that to a block.
-size_t staged_row_limit() {
-  static const size_t limit = [] {
-    int dev = 0, optin = 0, per_sm = 0;
-    TSR_CUDA_CHECK(cudaGetDevice(&dev));
-    TSR_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    TSR_CUDA_CHECK(
-        cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
-    // Each block also holds its statics (~0.5 KiB) and the runtime's 1 KiB.
-    const size_t two = static_cast<size_t>(per_sm) / 2 - 2048;
-    return std::min(two, static_cast<size_t>(optin));
-  }();
-  return limit;
-}
-
-template <typename T>
-void launch_staged(const View &L, const View &T32, int64_t V, float grad_scale, T *dlogits,
-                   const long long *flag, double *row_loss, int8_t *row_state) {
-  const size_t bytes = static_cast<size_t>(L.cols) * sizeof(T);
-  static size_t granted = 0;  // per T: what cudaFuncSetAttribute allowed so far
-  if (bytes > granted) {
-    TSR_CUDA_CHECK(cudaFuncSetAttribute(
-        ce_rows_staged<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-    granted = bytes;
-  }
-  ce_rows_staged<T><<<static_cast<unsigned>(L.rows), 512, bytes, compute_stream()>>>(
-      L.as<T>(), T32.as<int32_t>(), L.cols, V, grad_scale, dlogits, flag, row_loss, row_state);
-  check_launch();
 }
 
 __global__ void ce_total(const double *row_loss, const int8_t *row_state, const int32_t *targets,
@@ -370,18 +249,8 @@ tsr_status cross_entropy(tsr_host_ctx *ctx, const DLTensor *logits, const DLTens
       // H200 at [16384, 50304] bf16: 256 threads 1.29 ms, 512 1.40, 1024 1.69).
       const int threads = V >= 1024 ? 256 : 128;
       const bool vec = L.cols % kPack == 0 && aligned16(L.p) && (!dlogits || aligned16(DL.p));
-      // 2-byte rows that fit shared memory twice an SM are read once.
-      const bool staged = vec && L.dt != DType::F32 && L.cols >= 1024 &&
-                          static_cast<size_t>(L.cols) * 2 <= staged_row_limit();
       dispatch_float(L.dt, [&](auto tag) {
         using TT = decltype(tag);
-        if constexpr (sizeof(TT) == 2) {
-          if (staged) {
-            launch_staged<TT>(L, T, V, grad_scale, dlogits ? DL.as<TT>() : nullptr, flag, row_loss,
-                              row_state);
-            return;
-          }
-        }
         ce_rows<TT><<<static_cast<unsigned>(rows), threads, 0, stream>>>(
             L.as<TT>(), T.as<int32_t>(), L.cols, V, grad_scale, dlogits ? DL.as<TT>() : nullptr,
             vec, flag, row_loss, row_state);
