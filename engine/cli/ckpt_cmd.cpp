@@ -1,12 +1,17 @@
 // tessera ckpt inspect | verify | export: checkpoints without a run.
+#include <spdlog/spdlog.h>
+
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 
 #include "ckpt/checkpoint.hpp"
-#include "ckpt/export_hf.hpp"
 #include "cli/args.hpp"
+#include "host/plugin_call.hpp"
+#include "train/frozen_model.hpp"
 #include "util/error.hpp"
 #include "util/safetensors.hpp"
 
@@ -19,6 +24,7 @@ namespace {
 const char *kCkptUsage = R"(usage: tessera ckpt inspect PATH
        tessera ckpt verify PATH
        tessera ckpt export PATH -o OUT [--dtype fp32|bf16] [--format auto|hf|tessera]
+                           [--plugin-path DIR]...
 
 PATH is a checkpoint directory (step_NNNNNNNN) or a checkpoint root holding
 'latest'.
@@ -28,16 +34,19 @@ inspect  step, world size, ZeRO stage, optimizer, files, parameters and sizes,
 verify   reads every file and tensor block against the manifest's checksums;
          exits 1 naming each damaged file and tensor
 export   the master weights (fp32, or rounded to bf16), loadable without
-         tessera. --format auto (default): a model with a Hugging Face export
+         tessera. --format auto (default): a model whose plugin offers a
+         Hugging Face export (built from the checkpoint's config to write it)
          gets it, others the tessera format.
-           hf       gpt2: OUT is a directory for transformers'
-                    GPT2LMHeadModel.from_pretrained(OUT): model.safetensors
-                    (wte trimmed to the real vocabulary) and config.json; an
-                    OUT ending in .safetensors is written as that file, with
-                    config.json beside it
+           hf       the model plugin's own export. gpt2: OUT is a directory
+                    for transformers' GPT2LMHeadModel.from_pretrained(OUT):
+                    model.safetensors (wte trimmed to the real vocabulary)
+                    and config.json; an OUT ending in .safetensors is written
+                    as that file, with config.json beside it
            tessera  one consolidated safetensors file OUT with the model's
                     own tensor names and shapes (what tessera eval --ckpt
                     FILE reads)
+         --plugin-path DIR searches DIR for the model's plugin first
+         (repeatable), as tessera run does.
 )";
 
 std::string resolve(const std::string &path) {
@@ -97,8 +106,73 @@ int verify(const std::string &path) {
   return problems.empty() ? 0 : 1;
 }
 
+// The Hugging Face export of a model that offers one (TSR_EXT_MODEL_EXPORT_HF):
+// the model built from the checkpoint's config, handed each parameter's
+// master weights. Returns false, having written nothing, when the model has
+// none (or, with `quiet_missing`, when its plugin cannot be loaded here).
+bool export_by_model(const std::string &dir, const nlohmann::json &m,
+                     const std::vector<float> &canonical, const std::string &out, bool bf16,
+                     const std::vector<std::string> &plugin_paths, bool quiet_missing) {
+  const std::string manifest_path = (fs::path(dir) / "manifest.json").string();
+  std::optional<Job> job;
+  try {
+    job.emplace(checkpoint_job(manifest_path, m.value("config", std::string()), plugin_paths));
+  } catch (const Error &e) {
+    if (!quiet_missing) throw;
+    spdlog::warn("the checkpoint's model cannot be built here ({}): writing the tessera format",
+                 e.what());
+    return false;
+  }
+  const auto *ext =
+      job->plugin("model").entry->extension<tsr_ext_model_export_hf>(TSR_EXT_MODEL_EXPORT_HF);
+  if (!ext || !TSR_HAS_FIELD(ext, tsr_ext_model_export_hf, write) || !ext->write) return false;
+  FrozenModel model(std::move(*job), dir);
+  // The model's parameters are the checkpoint's, in its order.
+  const auto &params = m.at("params");
+  const size_t n = model.vt->num_params(model.self);
+  TSR_CHECK(n == params.size(), TSR_ERR_INVALID,
+            manifest_path + " has " + std::to_string(params.size()) + " parameters; model '" +
+                model.name + "' built from its config declares " + std::to_string(n) +
+                " (config and checkpoint disagree)");
+  std::vector<const float *> values(n);
+  for (size_t i = 0; i < n; ++i) {
+    tsr_param_info info{};
+    info.struct_size = tsr_param_info_STRUCT_SIZE;
+    plugin_ok(model.host(), model.vt->param_info(model.self, i, &info), "model", model.name,
+              "param_info");
+    const auto shape = params[i].at("shape").get<std::vector<int64_t>>();
+    TSR_CHECK(params[i].at("name").get<std::string>() == info.name &&
+                  shape == std::vector<int64_t>(info.shape, info.shape + info.ndim),
+              TSR_ERR_INVALID,
+              manifest_path + ": parameter " + std::to_string(i) + " is '" +
+                  params[i].at("name").get<std::string>() + "' " + params[i].at("shape").dump() +
+                  ", but model '" + model.name + "' built from its config declares '" + info.name +
+                  "' with another shape or name");
+    size_t numel = 1;
+    for (int64_t d : shape) numel *= static_cast<size_t>(d);
+    const size_t off = params[i].at("canonical_offset").get<size_t>();
+    TSR_CHECK(off + numel <= canonical.size(), TSR_ERR_INVALID,
+              manifest_path + ": '" + std::string(info.name) + "' lies past the checkpoint's end");
+    values[i] = canonical.data() + off;
+  }
+  std::string summary(4096, '\0');
+  tsr_export_args a{};
+  a.struct_size = tsr_export_args_STRUCT_SIZE;
+  a.out = out.c_str();
+  a.bf16 = bf16 ? 1 : 0;
+  a.step = m.value("step", int64_t{0});
+  a.num_params = n;
+  a.params = values.data();
+  a.summary = summary.data();
+  a.summary_cap = summary.size();
+  plugin_ok(model.host(), ext->write(model.self, &a), "model", model.name, "Hugging Face export");
+  summary.resize(std::strlen(summary.c_str()));
+  std::printf("exported from %s: %s\n", dir.c_str(), summary.c_str());
+  return true;
+}
+
 int export_ckpt(const std::string &path, const std::string &out, const std::string &dtype,
-                const std::string &format) {
+                const std::string &format, const std::vector<std::string> &plugin_paths) {
   if (out.empty()) throw UsageError("tessera ckpt export: -o OUT is required");
   if (dtype != "fp32" && dtype != "bf16")
     throw UsageError("tessera ckpt export: --dtype must be fp32 or bf16");
@@ -106,17 +180,17 @@ int export_ckpt(const std::string &path, const std::string &out, const std::stri
     throw UsageError("tessera ckpt export: --format must be auto, hf or tessera");
   std::string dir = resolve(path);
   nlohmann::json m = read_manifest(dir);
-  const std::string model = m.value("model", "");
-  const ModelExporter *exporter = format == "tessera" ? nullptr : find_model_exporter(model);
-  if (format == "hf" && !exporter)
-    throw UsageError("tessera ckpt export: --format hf: model '" + model +
-                     "' has no Hugging Face export (gpt2 has); --format tessera writes its own "
-                     "names and shapes");
   std::vector<float> canonical;
   read_canonical_params(dir, &canonical, &m);
-  if (exporter) {
-    std::printf("%s\n", exporter->write(ExportInput{dir, &m, &canonical, out, dtype}).c_str());
-    return 0;
+  if (format != "tessera") {
+    if (export_by_model(dir, m, canonical, out, dtype == "bf16", plugin_paths, format == "auto"))
+      return 0;
+    if (format == "hf")
+      throw UsageError("tessera ckpt export: --format hf: model '" + m.value("model", "") +
+                       "' has no Hugging Face export (its plugin offers no " +
+                       TSR_EXT_MODEL_EXPORT_HF +
+                       "); --format tessera writes its own names and "
+                       "shapes");
   }
   std::vector<StTensor> tensors;
   std::vector<std::vector<uint16_t>> halves;
@@ -129,7 +203,8 @@ int export_ckpt(const std::string &path, const std::string &out, const std::stri
       tensors.push_back(StTensor{p["name"], "F32", shape, canonical.data() + off, n * 4});
     } else {
       halves.emplace_back(n);
-      for (size_t i = 0; i < n; ++i) halves.back()[i] = fp32_to_bf16(canonical[off + i]);
+      for (size_t i = 0; i < n; ++i)
+        halves.back()[i] = formats::safetensors::bf16_from_fp32(canonical[off + i]);
       tensors.push_back(StTensor{p["name"], "BF16", shape, halves.back().data(), n * 2});
     }
     off += n;
@@ -148,7 +223,7 @@ int ckpt_body(const Parsed &p) {
   if (sub == "verify") return verify(path);
   if (sub == "export")
     return export_ckpt(path, p.get("-o", p.get("--output")), p.get("--dtype", "fp32"),
-                       p.get("--format", "auto"));
+                       p.get("--format", "auto"), p.all("--plugin-path"));
   throw UsageError("tessera ckpt: unknown subcommand '" + sub + "' (inspect, verify, export)");
 }
 
@@ -160,6 +235,7 @@ int cmd_ckpt(const Args &args) {
                       {"--output", true, false},
                       {"--dtype", true, false},
                       {"--format", true, false},
+                      {"--plugin-path", true, true},
                       {"--help", false, false},
                       {"-h", false, false}});
 }

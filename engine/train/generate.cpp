@@ -13,6 +13,7 @@
 #include "data/tokenizer_bpe.hpp"
 #include "plugin/legacy.hpp"
 #include "train/device_select.hpp"
+#include "train/frozen_model.hpp"
 #include "train/model_file.hpp"
 #include "train/trainer.hpp"
 #include "util/error.hpp"
@@ -22,49 +23,6 @@ namespace fs = std::filesystem;
 namespace tessera {
 
 namespace {
-
-// The sample shape the model is built for: the training windows' (int32
-// [T] inputs and targets), from [data.train]'s config without opening the
-// data: what the dataset answers through TSR_EXT_DATASET_SHAPE (before ABI
-// 1.2: its `context` and `vocab` values). T is also the longest prompt
-// window generation feeds the model.
-tsr_data_info model_data_info(const Job &job, const std::string &where) {
-  const PluginChoice &c = job.plugin("data.train");
-  const std::string who = "[data.train] plugin '" + std::string(c.entry->desc->name) + "'";
-  const std::string needs =
-      ": tessera generate needs a language model trained on token windows (the tokens "
-      "dataset)";
-  if (predates_extensions(*c.entry)) {
-    const auto shape = legacy_window_shape(c.values);
-    if (!shape) throw Error(TSR_ERR_UNSUPPORTED, where + ": " + who + " has no 'context'" + needs);
-    tsr_data_info info{};
-    info.struct_size = tsr_data_info_STRUCT_SIZE;
-    info.input_dtype = DLDataType{kDLInt, 32, 1};
-    info.input_ndim = 1;
-    info.input_shape[0] = shape->first;
-    info.target_dtype = info.input_dtype;
-    info.target_ndim = 1;
-    info.target_shape[0] = shape->first;
-    info.num_classes = shape->second;
-    info.length = 1;
-    return info;
-  }
-  const auto *ext = c.entry->extension<tsr_ext_dataset_shape>(TSR_EXT_DATASET_SHAPE);
-  if (!ext || !TSR_HAS_FIELD(ext, tsr_ext_dataset_shape, shape) || !ext->shape)
-    throw Error(TSR_ERR_UNSUPPORTED, where + ": " + who + " offers no sample shape (extension " +
-                                         TSR_EXT_DATASET_SHAPE + ")" + needs);
-  // The plugin reads its config through a host: a CPU one for the query.
-  Host probe{Host::RunFacts{}};
-  tsr_config *cfg = probe.make_config("data.train", c.entry->desc->name, c.values);
-  tsr_data_info info{};
-  info.struct_size = tsr_data_info_STRUCT_SIZE;
-  plugin_ok(probe, ext->shape(probe.table(), cfg, &info), who + " shape");
-  if (info.input_ndim != 1 || info.input_dtype.code != kDLInt || info.input_shape[0] < 1)
-    throw Error(TSR_ERR_UNSUPPORTED,
-                where + ": " + who + " gives samples that are no token window" + needs);
-  info.length = 1;
-  return info;
-}
 
 // A uniform double in [0, 1) from 53 random bits: the same on every
 // platform, unlike std::uniform_real_distribution.
@@ -154,7 +112,7 @@ GenerateResult generate(const GenerateOptions &o, std::FILE *out) {
   for (const auto &w : job.doc.warnings()) spdlog::warn("{}", w);
   for (const auto &w : job.registry->refusals()) spdlog::warn("plugin refused: {}", w);
 
-  const tsr_data_info info = model_data_info(job, manifest_path);
+  const tsr_data_info info = model_data_info(job, manifest_path, "tessera generate");
   const int64_t window = info.input_shape[0];
   ProcessInfo proc;
   proc.device = choose_device(job.settings, 0, 1);

@@ -1,8 +1,5 @@
 #include "util/safetensors.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -15,60 +12,6 @@
 #include "util/regular_file.hpp"
 
 namespace tessera {
-
-size_t st_dtype_size(const std::string &d) {
-  if (d == "F64" || d == "I64" || d == "U64") return 8;
-  if (d == "F32" || d == "I32" || d == "U32") return 4;
-  if (d == "F16" || d == "BF16" || d == "I16" || d == "U16") return 2;
-  if (d == "U8" || d == "I8" || d == "BOOL") return 1;
-  return 0;
-}
-
-std::string safetensors_prefix(const std::vector<StTensor> &tensors,
-                               const std::map<std::string, std::string> &metadata, size_t align) {
-  nlohmann::ordered_json header;
-  if (!metadata.empty()) header["__metadata__"] = metadata;
-  size_t offset = 0;
-  for (const auto &t : tensors) {
-    header[t.name] = {
-        {"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes}}};
-    offset += t.bytes;
-  }
-  std::string h = header.dump();
-  // Trailing spaces are part of the format's header: they pad the data
-  // section to the alignment asked for (8 for the data's dtypes, 4 KiB for
-  // O_DIRECT writes).
-  if (align < 8) align = 8;
-  while ((h.size() + 8) % align != 0) h.push_back(' ');
-  std::string prefix(8, '\0');
-  const uint64_t n = h.size();
-  std::memcpy(prefix.data(), &n, 8);
-  return prefix + h;
-}
-
-size_t safetensors_write(const std::string &path, const std::vector<StTensor> &tensors,
-                         const std::map<std::string, std::string> &metadata) {
-  const std::string prefix = safetensors_prefix(tensors, metadata, 8);
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw Error(TSR_ERR_IO, tmp + ": cannot open for writing");
-    out.write(prefix.data(), static_cast<std::streamsize>(prefix.size()));
-    for (const auto &t : tensors)
-      out.write(static_cast<const char *>(t.data), static_cast<std::streamsize>(t.bytes));
-    out.flush();
-    if (!out) throw Error(TSR_ERR_IO, tmp + ": write failed (disk full?)");
-  }
-  int fd = ::open(tmp.c_str(), O_RDONLY);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) throw Error(TSR_ERR_IO, path + ": cannot rename into place: " + ec.message());
-  return prefix.size();
-}
 
 SafetensorsFile::SafetensorsFile(const std::string &path) : path_(path) {
   // Held in memory whole (the tensors point into it): as large as the

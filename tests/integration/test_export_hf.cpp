@@ -1,5 +1,5 @@
 // tessera ckpt export of a gpt2 checkpoint as a Hugging Face directory
-// (engine/ckpt/export_hf.cpp), end to end on the CPU: a gpt2 starting from
+// (the gpt2 plugin's TSR_EXT_MODEL_EXPORT_HF), end to end on the CPU: a gpt2 starting from
 // tests/data/gpt2_L2_C64 (a real save_pretrained directory: 2 layers, 4
 // heads, width 64, context 32, vocab 96, wte padded to 128 rows by
 // vocab_pad_to = 64) trains a few steps on a token shard written here, and
@@ -347,6 +347,60 @@ TEST_CASE("ckpt export: formats and outputs it refuses", "[export][errors]") {
       {"ckpt", "export", (run_dir / "ckpt").string(), "-o", (scratch() / "plain").string()});
   CHECK(r.status != 0);
   CHECK(contains(r.err, "-o names a directory for a Hugging Face export"));
+}
+
+TEST_CASE("a renamed copy of gpt2 trains, exports and generates exactly as gpt2 does",
+          "[export][gpt2][extensions]") {
+  // The engine knows a plugin only through the ABI and its extensions: the
+  // gpt2 sources built as plugin "gpt2_renamed" (tests/plugins) must give
+  // the same Hugging Face export and the same generated text.
+  const std::string dir = std::string(TESSERA_TEST_PLUGIN_ROOT) + "/gpt2_renamed";
+  const fs::path tokens = write_tokens(scratch() / "data");
+  struct Side {
+    std::string plugin;
+    fs::path run, hf;
+    std::string text;
+  };
+  std::vector<Side> sides = {{"gpt2", scratch() / "run-a", scratch() / "hf-a", ""},
+                             {"gpt2_renamed", scratch() / "run-b", scratch() / "hf-b", ""}};
+  for (Side &s : sides) {
+    INFO(s.plugin);
+    const fs::path cfg =
+        write_config(s.plugin, s.run, tokens, "init_from = \"" + kGolden.string() + "\"\n", kAdam);
+    RunResult r = run_cli(
+        {"run", cfg.string(), "--plugin-path", dir, "--set", "model.plugin=\"" + s.plugin + "\""},
+        RunOptions{{}, {}, {}, 120});
+    INFO(describe(r));
+    REQUIRE(r.status == 0);
+    const std::string ckpt = (s.run / "ckpt").string();
+    r = run_cli({"ckpt", "export", ckpt, "-o", s.hf.string(), "--plugin-path", dir});
+    INFO(describe(r));
+    REQUIRE(r.status == 0);
+    CHECK(contains(r.out, "as a Hugging Face GPT-2"));
+    r = run_cli({"generate", "--ckpt", ckpt, "--prompt", "AB", "--max-tokens", "24", "--seed", "3",
+                 "--plugin-path", dir});
+    INFO(describe(r));
+    REQUIRE(r.status == 0);
+    s.text = r.out;
+  }
+  CHECK(read_text(sides[0].hf / "model.safetensors") ==
+        read_text(sides[1].hf / "model.safetensors"));
+  CHECK(read_json(sides[0].hf / "config.json") == read_json(sides[1].hf / "config.json"));
+  CHECK(sides[0].text == sides[1].text);
+  CHECK(sides[0].text.size() > 2);
+
+  // Where the model's plugin cannot be found, the default export says so
+  // and writes the tessera format (its own names and shapes) instead.
+  const fs::path native = scratch() / "renamed.safetensors";
+  RunResult r =
+      run_cli({"ckpt", "export", (sides[1].run / "ckpt").string(), "-o", native.string()});
+  CHECK(r.status == 0);
+  CHECK(contains(r.err, "cannot be built here"));
+  CHECK(read_tensors(native).count("transformer.wte.weight") == 1);
+  r = run_cli({"ckpt", "export", (sides[1].run / "ckpt").string(), "-o", (scratch() / "x").string(),
+               "--format", "hf"});
+  CHECK(r.status != 0);
+  CHECK(contains(r.err, "gpt2_renamed"));
 }
 
 }  // namespace itest_test_export_hf

@@ -103,6 +103,8 @@ TEST_CASE("an id a plugin does not offer, and a plugin with none, answer NULL",
   CHECK(entry(f, "optimizer", "adam").extension("tessera.optimizer.lr/2") == nullptr);
   CHECK(entry(f, "optimizer", "adam").extension(TSR_EXT_MODEL_INIT_FROM) == nullptr);
   CHECK(entry(f, "model", "mlp").extension(TSR_EXT_MODEL_INIT_FROM) == nullptr);
+  CHECK(entry(f, "model", "mlp").extension(TSR_EXT_MODEL_EXPORT_HF) == nullptr);
+  CHECK(entry(f, "model", "gpt2").extension(TSR_EXT_MODEL_EXPORT_HF) != nullptr);
   CHECK(entry(f, "zero", "stage2").extension(TSR_EXT_OPTIMIZER_LR) == nullptr);
   CHECK_FALSE(tessera::predates_extensions(entry(f, "optimizer", "adam")));
 }

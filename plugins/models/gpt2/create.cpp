@@ -141,6 +141,7 @@ Gpt2 *build(const tsr_host *host, const tsr_config *cfg, const tsr_model_init *i
     throw Error(TSR_ERR_CONFIG, "gpt2: width " + std::to_string(d.width) +
                                     " is not a multiple of heads " + std::to_string(d.heads));
   d.padded_vocab = (d.vocab + pad_to - 1) / pad_to * pad_to;
+  m->init_std = init_std;  // the export's initializer_range
 
   // What the dataset gives: int32 token windows, inputs and targets [T].
   if (data.input_ndim != 1 || !is_i32(data.input_dtype))

@@ -202,6 +202,7 @@ struct Gpt2 {
   // init_from's safetensors file ("" without init_from): the engine asks for
   // it through TSR_EXT_MODEL_INIT_FROM and overlays its tensors by name.
   std::string init_weights;
+  double init_std = 0.02;  // [model] init_std, for the export's config.json
   // ABI 1.3's fused ops, each used where the host's table has it and the
   // config's `fused` allows (create.cpp); else the 1.1 sequence it fuses.
   bool fuse_add_ln = false, fuse_bias_grad = false, fuse_act_grad = false;
@@ -313,5 +314,8 @@ struct Gpt2 {
 // Creates the model from its config, the run and the dataset (create.cpp);
 // throws sdk::Error.
 Gpt2 *build(const tsr_host *host, const tsr_config *cfg, const tsr_model_init *init);
+
+// TSR_EXT_MODEL_EXPORT_HF's write (export_hf.cpp).
+tsr_status export_hf(void *self, const tsr_export_args *args);
 
 }  // namespace tessera::gpt2

@@ -63,16 +63,25 @@ const char *gpt2_init_weights(void *self) {
 }
 
 const tsr_ext_model_init_from kInitFrom = {tsr_ext_model_init_from_STRUCT_SIZE, gpt2_init_weights};
-const sdk::Extension kExtensions[] = {{TSR_EXT_MODEL_INIT_FROM, &kInitFrom}};
+const tsr_ext_model_export_hf kExportHf = {tsr_ext_model_export_hf_STRUCT_SIZE,
+                                           "transformers' GPT2LMHeadModel", export_hf};
+const sdk::Extension kExtensions[] = {{TSR_EXT_MODEL_INIT_FROM, &kInitFrom},
+                                      {TSR_EXT_MODEL_EXPORT_HF, &kExportHf}};
 
 const void *gpt2_extension(const char *id) {
   return sdk::find_extension(kExtensions, id);
 }
 
+// The name configs give as [model] plugin; tests build a copy under
+// another (tests/plugins), which must behave exactly as gpt2 does.
+#ifndef TSR_GPT2_PLUGIN_NAME
+#define TSR_GPT2_PLUGIN_NAME "gpt2"
+#endif
+
 const tsr_plugin_descriptor kDescriptor = {
     tsr_plugin_descriptor_STRUCT_SIZE,
     TSR_KIND_MODEL,
-    "gpt2",
+    TSR_GPT2_PLUGIN_NAME,
     "1.0.0",
     "GPT-2 language model (Hugging Face names and layouts, tied LM head, pre-LayerNorm)",
     kParams,

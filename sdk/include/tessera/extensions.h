@@ -46,6 +46,33 @@ typedef struct tsr_ext_model_init_from {
 } tsr_ext_model_init_from;
 #define tsr_ext_model_init_from_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_ext_model_init_from, weights_file)
 
+/* A Hugging Face export of the weights (`tessera ckpt export`, the default
+ * for a model that offers it, or --format hf): the plugin writes the files
+ * another framework loads (for GPT-2, transformers' from_pretrained
+ * directory). `self` is an instance the host made from the checkpoint's
+ * config (on the CPU, for a micro-batch of 1), so its declared parameters
+ * are the checkpoint's; the host hands each one's master weights. write
+ * fills `summary` with one line for the user (what it wrote, where). */
+#define TSR_EXT_MODEL_EXPORT_HF "tessera.model.export-hf/1"
+typedef struct tsr_export_args {
+  size_t struct_size;
+  const char *out;            /* -o as the user gave it: a directory, or a FILE.safetensors */
+  int64_t bf16;               /* 1: round the weights to bfloat16 (nearest even); 0: float32 */
+  int64_t step;               /* the checkpoint's step, for the files' metadata */
+  size_t num_params;          /* the model's num_params */
+  const float *const *params; /* params[i]: parameter i's values, fp32, its declared shape */
+  char *summary;              /* out: NUL-terminated, at most summary_cap bytes with the NUL */
+  size_t summary_cap;
+} tsr_export_args;
+#define tsr_export_args_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_export_args, summary_cap)
+
+typedef struct tsr_ext_model_export_hf {
+  size_t struct_size;
+  const char *target; /* what the files are for, in messages (e.g. "GPT2LMHeadModel") */
+  tsr_status (*write)(void *self, const tsr_export_args *args);
+} tsr_ext_model_export_hf;
+#define tsr_ext_model_export_hf_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_ext_model_export_hf, write)
+
 /* ---- datasets ----------------------------------------------------------- */
 
 /* The shape of a sample from the dataset's config alone, without opening
