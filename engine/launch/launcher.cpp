@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -84,13 +83,8 @@ pid_t spawn(Worker &w, const std::vector<std::string> &args, const std::vector<s
   int out[2], err[2];
   if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)
     throw Error(TSR_ERR_IO, std::string("cannot create pipes: ") + std::strerror(errno));
-  pid_t parent = ::getpid();
-  pid_t pid = ::fork();
-  if (pid < 0) throw Error(TSR_ERR_IO, std::string("fork failed: ") + std::strerror(errno));
+  const pid_t pid = fork_tied_child();  // a worker must not outlive its launcher
   if (pid == 0) {
-    // A worker must not outlive its launcher.
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(1);
     ::dup2(out[1], 1);
     ::dup2(err[1], 2);
     if (null_stdin) {

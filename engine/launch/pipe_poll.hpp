@@ -1,20 +1,41 @@
-// A supervising launcher's handling of its children's output, shared by the
-// local launcher (workers) and the ssh launcher (nodes): the wait on their
-// pipes, and moving whole lines from a pipe to where they go.
+// A supervising launcher's handling of its children, shared by the local
+// launcher (workers) and the ssh launcher (nodes): starting one tied to its
+// parent's life, the wait on their pipes, and moving whole lines from a pipe
+// to where they go.
 #pragma once
 
 #include <poll.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
+#include <csignal>
+#include <cstring>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "util/error.hpp"
+
 namespace tessera {
+
+// fork(), with the child killed (SIGKILL) when its parent dies, so that no
+// child outlives its launcher; a child whose parent died before that took
+// hold exits at once. Returns fork's value; throws Error naming the cause
+// when there is no child.
+inline pid_t fork_tied_child() {
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) throw Error(TSR_ERR_IO, std::string("fork failed: ") + std::strerror(errno));
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(1);
+  }
+  return pid;
+}
 
 // Polls the open stdout and stderr pipes of `kids` (members out_fd and
 // err_fd, -1 once closed) and `extra` when >= 0, for up to 100 ms (a 50 ms

@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -90,14 +89,10 @@ pid_t spawn_ssh(Node &n, const std::vector<std::string> &argv_s) {
   int in[2], out[2], err[2];
   if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)
     throw Error(TSR_ERR_IO, std::string("cannot create pipes: ") + std::strerror(errno));
-  pid_t parent = ::getpid();
-  pid_t pid = ::fork();
-  if (pid < 0) throw Error(TSR_ERR_IO, std::string("fork failed: ") + std::strerror(errno));
+  // ssh must not outlive us: its end closes the session, and the node
+  // launcher then stops its workers.
+  const pid_t pid = fork_tied_child();
   if (pid == 0) {
-    // ssh must not outlive us: its end closes the session, and the node
-    // launcher then stops its workers.
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(1);
     // Its own process group: a Ctrl-C at the terminal reaches us, and we
     // stop the nodes (they save a checkpoint first) rather than cut ssh.
     ::setpgid(0, 0);
