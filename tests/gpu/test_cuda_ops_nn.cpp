@@ -110,7 +110,10 @@ TEST_CASE("cuda cross_entropy matches the CPU: padding, ignored rows, aliasing",
     int64_t rows, cols, valid;
   };
   for (Dt d : kFloatDts) {
-    for (Case cs : {Case{33, 50, 45}, Case{16, 64, 0}, Case{8, 50304, 50257}, Case{3, 7, 0}}) {
+    // Wide rows of uneven lengths too (20008, 130000 columns): the layouts a
+    // split of a row over several blocks would get wrong.
+    for (Case cs : {Case{33, 50, 45}, Case{16, 64, 0}, Case{8, 50304, 50257}, Case{3, 7, 0},
+                    Case{6, 20008, 20001}, Case{3, 130000, 129999}}) {
       for (int alias = 0; alias < 2; alias++) {
         const std::vector<int64_t> shape{cs.rows, cs.cols};
         const int64_t V = cs.valid > 0 ? cs.valid : cs.cols;
@@ -160,6 +163,20 @@ TEST_CASE("cuda cross_entropy without dlogits, and a bad target writes nothing",
                                  nullptr));
   CHECK(count == 4);
   CHECK(loss > 0);
+
+  // Wide rows without dlogits: the loss of the pass with.
+  Gpu wide({3, 50304}, Dt::BF16, randn(3 * 50304, 62, -4, 4));
+  Tensor wt({3}, Dt::I32), wd({3, 50304}, Dt::BF16);
+  wt.set_i32({7, -1, 50000});
+  double l0 = 0, l1 = 0;
+  int64_t n0 = 0, n1 = 0;
+  REQUIRE_OK(
+      gpu().cross_entropy(ctx(), wide.dl(), wt.dl(), 50257, 1.0f, nullptr, &l0, &n0, nullptr));
+  REQUIRE_OK(
+      gpu().cross_entropy(ctx(), wide.dl(), wt.dl(), 50257, 1.0f, wd.dl(), &l1, &n1, nullptr));
+  CHECK(n0 == 2);
+  CHECK(n1 == 2);
+  CHECK(l0 == l1);
 
   targets.set_i32({1, 2, 9, 4});
   const std::vector<float> before = logits.get();
