@@ -109,7 +109,8 @@ int verify(const std::string &path) {
 // The Hugging Face export of a model that offers one (TSR_EXT_MODEL_EXPORT_HF):
 // the model built from the checkpoint's config, handed each parameter's
 // master weights. Returns false, having written nothing, when the model has
-// none (or, with `quiet_missing`, when its plugin cannot be loaded here).
+// none (or, with `quiet_missing`, when its plugin cannot be loaded or the
+// model built here: the caller writes the tessera format instead).
 bool export_by_model(const std::string &dir, const nlohmann::json &m,
                      const std::vector<float> &canonical, const std::string &out, bool bf16,
                      const std::vector<std::string> &plugin_paths, bool quiet_missing) {
@@ -126,7 +127,18 @@ bool export_by_model(const std::string &dir, const nlohmann::json &m,
   const auto *ext =
       job->plugin("model").entry->extension<tsr_ext_model_export_hf>(TSR_EXT_MODEL_EXPORT_HF);
   if (!ext || !TSR_HAS_FIELD(ext, tsr_ext_model_export_hf, write) || !ext->write) return false;
-  FrozenModel model(std::move(*job), dir);
+  std::optional<FrozenModel> built;
+  try {
+    built.emplace(std::move(*job), dir);
+  } catch (const Error &e) {
+    if (!quiet_missing) throw;
+    spdlog::warn(
+        "the checkpoint's model cannot be built here ({}): writing the tessera format "
+        "(--format hf says what to fix)",
+        e.what());
+    return false;
+  }
+  FrozenModel &model = *built;
   // The model's parameters are the checkpoint's, in its order.
   const auto &params = m.at("params");
   const size_t n = model.vt->num_params(model.self);

@@ -347,6 +347,29 @@ TEST_CASE("ckpt export: formats and outputs it refuses", "[export][errors]") {
       {"ckpt", "export", (run_dir / "ckpt").string(), "-o", (scratch() / "plain").string()});
   CHECK(r.status != 0);
   CHECK(contains(r.err, "-o names a directory for a Hugging Face export"));
+
+  // A model that cannot be built again (its init_from is gone): the default
+  // export says why and writes the tessera format; --format hf fails with
+  // the plugin's reason.
+  fs::create_directories(scratch() / "gone");
+  for (const char *f : {"config.json", "model.safetensors"})
+    fs::copy_file(kGolden / f, scratch() / "gone" / f);
+  const fs::path run_gone = scratch() / "run-gone";
+  const fs::path cfg_gone =
+      write_config("gone", run_gone, tokens,
+                   "init_from = \"" + (scratch() / "gone").string() + "\"\n", kAdam, 1);
+  r = run_cli({"run", cfg_gone.string()}, RunOptions{{}, {}, {}, 120});
+  REQUIRE(r.status == 0);
+  fs::remove_all(scratch() / "gone");
+  const fs::path fallback = scratch() / "gone.safetensors";
+  r = run_cli({"ckpt", "export", (run_gone / "ckpt").string(), "-o", fallback.string()});
+  CHECK(r.status == 0);
+  CHECK(contains(r.err, "cannot be built here"));
+  CHECK(read_tensors(fallback).at("transformer.wte.weight").shape == std::vector<int64_t>{128, 64});
+  r = run_cli({"ckpt", "export", (run_gone / "ckpt").string(), "-o", (scratch() / "g2").string(),
+               "--format", "hf"});
+  CHECK(r.status != 0);
+  CHECK(contains(r.err, "init_from"));
 }
 
 TEST_CASE("a renamed copy of gpt2 trains, exports and generates exactly as gpt2 does",
