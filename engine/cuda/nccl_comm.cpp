@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "dist/dist_context.hpp"
+#include "dist/store.hpp"
 #include "util/error.hpp"
 
 namespace tessera {
@@ -505,9 +505,7 @@ void NcclComm::fail(const std::string &reason, int status) {
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   const std::string text = "rank " + std::to_string(rank_) + ": " + reason;
   try {
-    // The first failure is the cause (as DistContext::post_abort).
-    if (watch_store_->add(abort_key(prefix_) + "/count", 1) == 1)
-      watch_store_->set(abort_key(prefix_), text);
+    post_abort_cause(*watch_store_, prefix_, text);  // the first failure is the cause
   } catch (const std::exception &) {
     // Best effort: the launcher still sees the exit status.
   }

@@ -319,10 +319,7 @@ DistContext::~DistContext() {
 
 void DistContext::post_abort(const std::string &reason) {
   try {
-    // The first failure is the cause; later ones (peers losing their
-    // connection to it) must not overwrite it.
-    if (client_->add(abort_key(opt_.prefix) + "/count", 1) == 1)
-      client_->set(abort_key(opt_.prefix), "rank " + std::to_string(opt_.rank) + ": " + reason);
+    post_abort_cause(*client_, opt_.prefix, "rank " + std::to_string(opt_.rank) + ": " + reason);
   } catch (const std::exception &) {
     // Best effort: the launcher still sees this rank exit non-zero.
   }
@@ -356,8 +353,7 @@ bool DistContext::heartbeat(std::chrono::steady_clock::time_point now) {
                           " s (comm.heartbeat_timeout_s); the process is stopped (SIGSTOP, a "
                           "debugger), swapping hard, or its host hangs (noticed by rank " +
                           std::to_string(opt_.rank) + ")";
-  if (watch_client_->add(abort_key(opt_.prefix) + "/count", 1) == 1)
-    watch_client_->set(abort_key(opt_.prefix), why);
+  post_abort_cause(*watch_client_, opt_.prefix, why);
   return true;
 }
 

@@ -17,10 +17,8 @@ namespace tessera {
 class NcclComm;
 class CudaComm;
 
-// Exit status of a rank that stops because another rank failed (the abort
-// key) or because it lost a peer or the store: the launcher never names it
-// as the cause.
-constexpr int kStoppedByPeerStatus = 75;
+// kStoppedByPeerStatus (dist/store.hpp, with the abort protocol): the exit
+// status of a rank that stops because another failed.
 
 struct DistOptions {
   uint32_t rank = 0, world_size = 1;

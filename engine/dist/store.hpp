@@ -21,6 +21,11 @@ namespace tessera {
 // store proves it back (docs/security.md, "Rendezvous").
 std::string job_secret_from_env();
 
+// Exit status of a rank that stops because another rank failed (the abort
+// key) or because it lost a peer or the store: the launcher never names it
+// as the cause.
+constexpr int kStoppedByPeerStatus = 75;
+
 // The key a failing rank writes its reason to ("rank R: reason"), under the
 // job attempt's key prefix.
 inline std::string abort_key(const std::string &prefix) {
@@ -134,5 +139,12 @@ class StoreClient {
   std::mutex mu_;
   std::string endpoint_;
 };
+
+// Posts `why` as the job's abort cause unless another rank posted first: the
+// first to count up the cause's counter writes it, so later failures (peers
+// losing their connection to the first) never overwrite the cause.
+inline void post_abort_cause(StoreClient &c, const std::string &prefix, const std::string &why) {
+  if (c.add(abort_key(prefix) + "/count", 1) == 1) c.set(abort_key(prefix), why);
+}
 
 }  // namespace tessera

@@ -122,7 +122,7 @@ struct NodeLink {
 void post_abort_remote(const NodeLink &link, const std::string &prefix, const std::string &reason) {
   try {
     StoreClient c(link.master_host, link.master_port, std::chrono::seconds(2));
-    if (c.add(abort_key(prefix) + "/count", 1) == 1) c.set(abort_key(prefix), reason);
+    post_abort_cause(c, prefix, reason);
   } catch (const std::exception &) {
     // The store is gone (node 0 stopped already): its workers stop on their own.
   }
