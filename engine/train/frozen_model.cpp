@@ -1,3 +1,4 @@
+// A checkpoint's model on its own (frozen_model.hpp).
 #include "train/frozen_model.hpp"
 
 #include <filesystem>

@@ -11,7 +11,6 @@
 
 #include "ckpt/checkpoint.hpp"
 #include "data/tokenizer_bpe.hpp"
-#include "plugin/legacy.hpp"
 #include "train/device_select.hpp"
 #include "train/frozen_model.hpp"
 #include "train/model_file.hpp"
