@@ -115,21 +115,15 @@ bool export_by_model(const std::string &dir, const nlohmann::json &m,
                      const std::vector<float> &canonical, const std::string &out, bool bf16,
                      const std::vector<std::string> &plugin_paths, bool quiet_missing) {
   const std::string manifest_path = (fs::path(dir) / "manifest.json").string();
-  std::optional<Job> job;
-  try {
-    job.emplace(checkpoint_job(manifest_path, m.value("config", std::string()), plugin_paths));
-  } catch (const Error &e) {
-    if (!quiet_missing) throw;
-    spdlog::warn("the checkpoint's model cannot be built here ({}): writing the tessera format",
-                 e.what());
-    return false;
-  }
-  const auto *ext =
-      job->plugin("model").entry->extension<tsr_ext_model_export_hf>(TSR_EXT_MODEL_EXPORT_HF);
-  if (!ext || !TSR_HAS_FIELD(ext, tsr_ext_model_export_hf, write) || !ext->write) return false;
+  // The model's plugin, and the model itself, built here; with
+  // quiet_missing a failure of either is a warning and the tessera format.
   std::optional<FrozenModel> built;
+  const tsr_ext_model_export_hf *ext = nullptr;
   try {
-    built.emplace(std::move(*job), dir);
+    Job job = checkpoint_job(manifest_path, m.value("config", std::string()), plugin_paths);
+    ext = job.plugin("model").entry->extension<tsr_ext_model_export_hf>(TSR_EXT_MODEL_EXPORT_HF);
+    if (!ext || !TSR_HAS_FIELD(ext, tsr_ext_model_export_hf, write) || !ext->write) return false;
+    built.emplace(std::move(job), dir);
   } catch (const Error &e) {
     if (!quiet_missing) throw;
     spdlog::warn(
@@ -153,13 +147,13 @@ bool export_by_model(const std::string &dir, const nlohmann::json &m,
     plugin_ok(model.host(), model.vt->param_info(model.self, i, &info), "model", model.name,
               "param_info");
     const auto shape = params[i].at("shape").get<std::vector<int64_t>>();
-    TSR_CHECK(params[i].at("name").get<std::string>() == info.name &&
-                  shape == std::vector<int64_t>(info.shape, info.shape + info.ndim),
-              TSR_ERR_INVALID,
-              manifest_path + ": parameter " + std::to_string(i) + " is '" +
-                  params[i].at("name").get<std::string>() + "' " + params[i].at("shape").dump() +
-                  ", but model '" + model.name + "' built from its config declares '" + info.name +
-                  "' with another shape or name");
+    const std::string saved = params[i].at("name").get<std::string>();
+    TSR_CHECK(
+        saved == info.name && shape == std::vector<int64_t>(info.shape, info.shape + info.ndim),
+        TSR_ERR_INVALID,
+        manifest_path + ": parameter " + std::to_string(i) + " is '" + saved + "' " +
+            params[i].at("shape").dump() + ", but model '" + model.name +
+            "' built from its config declares '" + info.name + "' with another shape or name");
     size_t numel = 1;
     for (int64_t d : shape) numel *= static_cast<size_t>(d);
     const size_t off = params[i].at("canonical_offset").get<size_t>();

@@ -43,7 +43,6 @@ class FrozenModel {
   const tsr_model_vtable *vt = nullptr;
   void *self = nullptr;
   std::string name;  // the plugin's
-  const PluginEntry &entry() const { return *job_.plugin("model").entry; }
   Host &host() { return *host_; }
 
  private:
