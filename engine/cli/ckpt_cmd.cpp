@@ -7,6 +7,7 @@
 #include <fstream>
 #include <iostream>
 #include <optional>
+#include <tessera/cpp/optimizer.hpp>
 
 #include "ckpt/checkpoint.hpp"
 #include "cli/args.hpp"
@@ -210,7 +211,7 @@ int export_ckpt(const std::string &path, const std::string &out, const std::stri
     } else {
       halves.emplace_back(n);
       for (size_t i = 0; i < n; ++i)
-        halves.back()[i] = formats::safetensors::bf16_from_fp32(canonical[off + i]);
+        halves.back()[i] = sdk::optim::float_to_bf16(canonical[off + i]);
       tensors.push_back(StTensor{p["name"], "BF16", shape, halves.back().data(), n * 2});
     }
     off += n;

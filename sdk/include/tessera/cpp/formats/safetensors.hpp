@@ -86,14 +86,4 @@ inline size_t write(const std::string &path, const std::vector<Tensor> &tensors,
   return head.size();
 }
 
-// fp32 -> bfloat16 bits, rounded to nearest even; a NaN stays a (quiet)
-// NaN. What an export in bf16 stores.
-inline uint16_t bf16_from_fp32(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
-  return static_cast<uint16_t>(u >> 16);
-}
-
 }  // namespace tessera::formats::safetensors
