@@ -8,6 +8,7 @@
 #include <cub/device/device_radix_sort.cuh>
 
 #include "cuda/cuda_ops_internal.hpp"
+#include "cuda/known_ids.hpp"
 #include "ops/cpu_ops.hpp"
 
 namespace tessera::cuda {
@@ -19,7 +20,8 @@ constexpr int kThreads = 256;
 // ---------------------------------------------------------------------------
 // Embedding. Ids are checked on the device first (the lowest row holding an
 // id outside [0, vocab)), and the result read back before anything is
-// written, so a bad id fails the call cleanly.
+// written, so a bad id fails the call cleanly; a batch the loader uploaded
+// was seen by the host, and is checked there (cuda/known_ids.hpp).
 
 // The backward's layout: one warp per sorted entry.
 constexpr int kRowsPerBlock = kThreads / 32;
@@ -99,8 +101,10 @@ __global__ void embedding_scatter(const int32_t *sorted_ids, const int32_t *posi
 }
 
 // The lowest row of `ids` outside [0, vocab), or -1: one small kernel and a
-// read-back (a synchronization: the price of failing before writing).
+// read-back (a synchronization: the price of failing before writing), unless
+// the ids are a batch the host uploaded and saw within range already.
 int64_t first_bad_id(const View &ids, int64_t vocab) {
+  if (ints_known_in(ids.p, ids.bytes(), vocab)) return -1;
   long long *flag = static_cast<long long *>(scratch(Slot::Flags, sizeof(long long)));
   cudaStream_t stream = compute_stream();
   TSR_CUDA_CHECK(cudaMemsetAsync(flag, 0x7f, sizeof(long long), stream));

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/known_ids.hpp"
 #include "cuda_ops_support.hpp"
 
 // Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
@@ -354,6 +355,44 @@ TEST_CASE("cuda embedding forward and backward", "[cuda][ops]") {
       CHECK(dtable.get() == first);
     }
   }
+}
+
+// Ids the loader uploaded carry the range the host saw (cuda/known_ids.hpp):
+// within [0, vocab) the device check is skipped; a noted range that reaches
+// past vocab, or a buffer noted and then forgotten, is checked as before.
+TEST_CASE("cuda embedding trusts only the id ranges the host noted", "[cuda][ops]") {
+  using tessera::cuda::forget_int_range;
+  using tessera::cuda::ints_known_in;
+  using tessera::cuda::note_int_range;
+  const int64_t vocab = 50, rows = 64, C = 16;
+  Tensor tids({rows}, Dt::I32);
+  std::vector<int32_t> ids(rows, 3);
+  tids.set_i32(ids);
+  note_int_range(tids.data, tids.bytes, 0, vocab - 1);
+  CHECK(ints_known_in(tids.data, tids.bytes, vocab));
+  CHECK(ints_known_in(static_cast<char *>(tids.data) + 8, 16, vocab));  // a part of it
+  CHECK_FALSE(ints_known_in(tids.data, tids.bytes, vocab - 1));         // a smaller vocab
+  CHECK_FALSE(ints_known_in(tids.data, tids.bytes + 4, vocab));         // past its end
+  Gpu table({vocab, C}, Dt::F32, randn(vocab * C, 117));
+  Gpu out({rows, C}, Dt::F32, randn(rows * C, 118));
+  REQUIRE_OK(gpu().embedding_forward(ctx(), tids.dl(), table.dl(), out.dl(), 0));
+
+  // The host saw an id of 50: the device check runs and names the row.
+  ids[9] = static_cast<int32_t>(vocab);
+  tids.set_i32(ids);
+  note_int_range(tids.data, tids.bytes, 0, vocab);
+  CHECK_FALSE(ints_known_in(tids.data, tids.bytes, vocab));
+  host().clear_error();
+  CHECK(gpu().embedding_forward(ctx(), tids.dl(), table.dl(), out.dl(), 0) == TSR_ERR_INVALID);
+  CHECK_THAT(last_error(), Catch::Contains("row 9 holds id 50, outside [0, 50)"));
+
+  // Forgotten (the loader refills the buffer): checked on the device again.
+  note_int_range(tids.data, tids.bytes, 0, vocab - 1);
+  forget_int_range(tids.data);
+  CHECK_FALSE(ints_known_in(tids.data, tids.bytes, vocab));
+  host().clear_error();
+  CHECK(gpu().embedding_forward(ctx(), tids.dl(), table.dl(), out.dl(), 0) == TSR_ERR_INVALID);
+  CHECK_THAT(last_error(), Catch::Contains("row 9 holds id 50"));
 }
 
 }  // namespace gpu_test_cuda_ops_nn

@@ -136,11 +136,11 @@ DLTensor Gpt2::trunk(tsr_step *step, const DLTensor &inputs, int64_t B, int64_t 
   DLTensor wpe = param(step, kWpe);
   View x0 = A(resid[0], {R, C});
   check(ops->embedding_forward(ctx, ids.get(), &wte, x0.get(), 0));
-  View pos(wpe, {T * C});  // wpe[0..T) as one run
-  for (int64_t b = 0; b < B; ++b) {
-    View xb = A(resid[0] + static_cast<size_t>(b * T * C), {T * C});
-    check(ops->axpy(ctx, 1.0f, pos.get(), xb.get()));
-  }
+  // x0[b] += wpe[0..T) for every sequence b: wpe's first T rows as one
+  // bias over x0 viewed as [B, T * C] (one launch, not B).
+  View pos(wpe, {T * C});
+  View x0_seq = A(resid[0], {B, T * C});
+  check(ops->bias_act(ctx, x0_seq.get(), pos.get(), TSR_ACT_NONE));
   for (uint32_t l = 0; l < L(); ++l) {
     const Set *prev = fuse_add_ln && l > 0 ? &sets[recompute ? 0 : l - 1] : nullptr;
     block_forward(step, l, sets[recompute ? 0 : l], B, T, true, prev);
@@ -461,11 +461,10 @@ void Gpt2::backward(tsr_step *step, const tsr_batch *batch, float loss_scale) {
     }
     if (trainable(kWpe)) {
       DLTensor g = grad(step, kWpe);
+      // The sum over sequences, as the bias gradient of x0 viewed as [B, T * C].
       View pos(g, {T * C});
-      for (int64_t b = 0; b < B; ++b) {
-        View db = A(dres + static_cast<size_t>(b * T * C), {T * C});
-        check(ops->axpy(ctx, 1.0f, db.get(), pos.get()));
-      }
+      View dres_seq = A(dres, {B, T * C});
+      check(ops->bias_grad(ctx, dres_seq.get(), pos.get()));
     }
   }
   check(host->grads_done(step, 0));
