@@ -7,7 +7,7 @@
 // forgets it before the buffer is refilled; work enqueued in between on the
 // compute stream reads exactly those values (it waits for the copy). The
 // batch a model is handed is the host's: models read it, never write it
-// (docs/abi.md), which is what makes the noted range stay true.
+// (docs/writing-a-model.md), which is what makes the noted range stay true.
 #pragma once
 
 #include <cstddef>
