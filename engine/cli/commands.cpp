@@ -9,7 +9,7 @@
 #include "cli/args.hpp"
 #include "cli/debug_flags.hpp"
 #include "config/config.hpp"
-#include "dist/dist_context.hpp"
+#include "comm/dist_context.hpp"
 #include "launch/hostfile.hpp"
 #include "launch/job_secret.hpp"
 #include "launch/launcher.hpp"
@@ -239,7 +239,6 @@ std::unique_ptr<DistContext> join_job(const Job &job, ProcessInfo &proc) {
   opt.heartbeat_timeout_s = static_cast<int>(job.settings.comm_heartbeat_timeout_s);
   auto dist = std::make_unique<DistContext>(opt);
   proc.comm = dist->comm();
-  proc.comm_state = dist->comm_state();
   proc.transport = dist->transport();
   return dist;
 }

@@ -9,7 +9,6 @@
 #include <cstring>
 #include <deque>
 
-#include "host/comm_local.hpp"
 #include "ops/cpu_ops.hpp"
 #include "util/error.hpp"
 #include "util/meminfo.hpp"
@@ -324,7 +323,7 @@ Host::Host(RunFacts facts) : facts_(std::move(facts)), impl_(std::make_unique<Im
   }
 #endif
   table_.synchronize = cb_synchronize;
-  table_.comm = facts_.comm ? facts_.comm : local_comm();
+  table_.comm = host_comm_table();
   table_.seed_for = cb_seed_for;
   table_.param = cb_param;
   table_.grad = cb_grad;

@@ -16,8 +16,9 @@
 
 // A plugin's validated config section, opaque to plugins.
 namespace tessera {
+class Comm;
 class Host;
-}
+}  // namespace tessera
 struct tsr_config {
   tessera::Host *host = nullptr;  // receives error messages of config reads
   std::string section;            // "optimizer", "data.train", ...
@@ -54,10 +55,9 @@ class Host {
     tsr_precision precision = TSR_PRECISION_FP32;
     uint64_t seed = 42;
     std::string run_dir;
-    // Collectives (default: a world of one) and their implementation's
-    // state, which the table's functions find through the host ctx.
-    const tsr_comm *comm = nullptr;
-    void *comm_state = nullptr;
+    // The run's collectives (comm/comm.hpp; null: a world of one). The
+    // table's comm entries call it (host/comm_table.cpp).
+    Comm *comm = nullptr;
     // run.max_gpu_memory: device allocations beyond this many bytes fail
     // with a message naming what did not fit (0: no cap).
     uint64_t max_gpu_memory = 0;
@@ -90,6 +90,8 @@ class Host {
   MemoryStats memory() const;
   MemoryStats host_memory() const;
   const RunFacts &facts() const { return facts_; }
+  // The collectives behind the table's comm entries.
+  Comm &comm() const;
 
   // Step hooks used while a model runs forward/backward.
   tsr_step *step_handle(StepHooks *hooks) { return reinterpret_cast<tsr_step *>(hooks); }
@@ -110,5 +112,8 @@ class Host {
 
 // The host behind a ctx pointer (the ctx is the Host's Impl).
 Host *host_from_ctx(tsr_host_ctx *ctx);
+
+// The ABI's tsr_comm table: each entry calls the Comm of the ctx's host.
+const tsr_comm *host_comm_table();
 
 }  // namespace tessera

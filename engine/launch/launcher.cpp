@@ -15,8 +15,8 @@
 #include <string>
 #include <thread>
 
-#include "dist/dist_context.hpp"
-#include "dist/store.hpp"
+#include "comm/dist_context.hpp"
+#include "comm/store.hpp"
 #include "launch/core_dump.hpp"
 #include "launch/job_secret.hpp"
 #include "launch/pipe_poll.hpp"

@@ -226,7 +226,6 @@ Host::RunFacts run_facts(const Job &job, const ProcessInfo &proc) {
   f.seed = static_cast<uint64_t>(st.seed);
   f.run_dir = st.dir;
   f.comm = proc.comm;
-  f.comm_state = proc.comm_state;
   f.max_gpu_memory = st.max_gpu_memory;
   return f;
 }

@@ -12,8 +12,7 @@ namespace tessera {
 struct ProcessInfo {
   uint32_t rank = 0, world_size = 1, local_rank = 0, local_world_size = 1;
   // The collectives of a multi-process job (null: a world of one).
-  const tsr_comm *comm = nullptr;
-  void *comm_state = nullptr;
+  Comm *comm = nullptr;
   std::string transport;  // how the ranks exchange data, for the start-up report
   // The compute device, once chosen (choose_device; before the rendezvous,
   // since NCCL needs the GPU selected).

@@ -25,12 +25,12 @@
 #include <thread>
 #include <vector>
 
-#include "cuda/cuda_comm.hpp"
+#include "comm/cuda_comm.hpp"
+#include "comm/dist_context.hpp"
+#include "comm/gloo_comm.hpp"
+#include "comm/nccl_comm.hpp"
 #include "cuda/device.hpp"
-#include "cuda/nccl_comm.hpp"
-#include "dist/dist_context.hpp"
-#include "dist/gloo_comm.hpp"
-#include "dist/store.hpp"
+#include "comm/store.hpp"
 #include "host/host.hpp"
 
 // Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
@@ -310,14 +310,14 @@ TEST_CASE("nccl: CudaComm sends GPU tensors to NCCL and host tensors to Gloo", "
   GlooComm gloo(r.client, 0, 1, std::chrono::seconds(30), "", "127.0.0.1", "test/gloo");
   CudaComm cc(&gloo, &r.nccl);
 
-  // Through the ABI table and a host whose comm_state is the CudaComm.
+  // Through the ABI table and a host whose Comm is the CudaComm.
   Host::RunFacts facts;
   facts.device = {kDLCPU, 0};  // routing follows the tensors, not the run
-  facts.comm = CudaComm::table();
-  facts.comm_state = &cc;
+  facts.comm = &cc;
   Host host(facts);
   const tsr_comm *t = host.table()->comm;
-  REQUIRE(t == CudaComm::table());
+  REQUIRE(t == host_comm_table());
+  REQUIRE(&host.comm() == &cc);
   tsr_host_ctx *ctx = host.ctx();
 
   const DLDataType f32{kDLFloat, 32, 1}, i64{kDLInt, 64, 1};
@@ -376,7 +376,6 @@ TEST_CASE("nccl: collectives across ranks through DistContext", "[.multirank]") 
   facts.world_size = world;
   facts.device = {kDLCPU, 0};  // routing follows the tensors, not the run
   facts.comm = dist.comm();
-  facts.comm_state = dist.comm_state();
   Host host(facts);
   const tsr_comm *c = host.table()->comm;
   tsr_host_ctx *ctx = host.ctx();

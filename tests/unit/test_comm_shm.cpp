@@ -12,8 +12,8 @@
 #include <thread>
 #include <vector>
 
-#include "dist/gloo_comm.hpp"
-#include "dist/store.hpp"
+#include "comm/gloo_comm.hpp"
+#include "comm/store.hpp"
 
 // Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
 // helpers and using-directives stay out of the other files' way.

@@ -20,7 +20,7 @@
 #include <thread>
 #include <vector>
 
-#include "dist/store.hpp"
+#include "comm/store.hpp"
 #include "launch/job_secret.hpp"
 #include "util/error.hpp"
 

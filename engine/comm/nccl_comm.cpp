@@ -1,4 +1,4 @@
-#include "cuda/nccl_comm.hpp"
+#include "comm/nccl_comm.hpp"
 
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -6,8 +6,8 @@
 #include <cstdio>
 #include <cstring>
 
-#include "cuda/nccl_comm_internal.hpp"
-#include "dist/store.hpp"
+#include "comm/nccl_comm_internal.hpp"
+#include "comm/store.hpp"
 #include "util/error.hpp"
 
 namespace tessera {

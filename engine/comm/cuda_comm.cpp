@@ -1,11 +1,10 @@
-#include "cuda/cuda_comm.hpp"
+#include "comm/cuda_comm.hpp"
 
 #include <cstdint>
 #include <string>
 
-#include "cuda/nccl_comm.hpp"
-#include "dist/gloo_comm.hpp"
-#include "host/host.hpp"
+#include "comm/gloo_comm.hpp"
+#include "comm/nccl_comm.hpp"
 #include "util/error.hpp"
 
 namespace tessera {
@@ -22,60 +21,12 @@ bool on_gpu(const DLTensor *t) {
   return t && t->device.device_type == kDLCUDA;
 }
 
-CudaComm *comm_of(tsr_host_ctx *ctx) {
-  Host *h = host_from_ctx(ctx);
-  return h ? static_cast<CudaComm *>(h->facts().comm_state) : nullptr;
-}
-
 tsr_status missing(tsr_host_ctx *ctx, const char *op, const char *what) {
   return report_error(ctx, TSR_ERR_UNSUPPORTED,
                       std::string(op) + ": this run has no " + what + " communicator");
 }
 
-tsr_status no_comm(tsr_host_ctx *ctx) {
-  return report_error(ctx, TSR_ERR_INVALID, "CUDA collectives: the host has no CudaComm");
-}
-
-tsr_status c_all_reduce(tsr_host_ctx *ctx, DLTensor *t, tsr_reduce_op op, tsr_comm_work **work) {
-  CudaComm *c = comm_of(ctx);
-  return c ? c->all_reduce(ctx, t, op, work) : no_comm(ctx);
-}
-tsr_status c_reduce_scatter(tsr_host_ctx *ctx, const DLTensor *in, DLTensor *out, tsr_reduce_op op,
-                            tsr_comm_work **work) {
-  CudaComm *c = comm_of(ctx);
-  return c ? c->reduce_scatter(ctx, in, out, op, work) : no_comm(ctx);
-}
-tsr_status c_all_gather(tsr_host_ctx *ctx, const DLTensor *in, DLTensor *out,
-                        tsr_comm_work **work) {
-  CudaComm *c = comm_of(ctx);
-  return c ? c->all_gather(ctx, in, out, work) : no_comm(ctx);
-}
-tsr_status c_broadcast(tsr_host_ctx *ctx, DLTensor *t, uint32_t root, tsr_comm_work **work) {
-  CudaComm *c = comm_of(ctx);
-  return c ? c->broadcast(ctx, t, root, work) : no_comm(ctx);
-}
-tsr_status c_barrier(tsr_host_ctx *ctx) {
-  CudaComm *c = comm_of(ctx);
-  return c ? c->barrier(ctx) : no_comm(ctx);
-}
-tsr_status c_wait(tsr_host_ctx *ctx, tsr_comm_work *w) {
-  CudaComm *c = comm_of(ctx);
-  return c ? c->wait(ctx, w) : no_comm(ctx);
-}
-
-const tsr_comm kTable = {tsr_comm_STRUCT_SIZE,
-                         c_all_reduce,
-                         c_reduce_scatter,
-                         c_all_gather,
-                         c_broadcast,
-                         c_barrier,
-                         c_wait};
-
 }  // namespace
-
-const tsr_comm *CudaComm::table() {
-  return &kTable;
-}
 
 tsr_status CudaComm::all_reduce(tsr_host_ctx *ctx, DLTensor *t, tsr_reduce_op op,
                                 tsr_comm_work **work) {

@@ -9,15 +9,15 @@
 #include <string>
 #include <thread>
 
-#include "dist/gloo_comm.hpp"
-#include "dist/store.hpp"
+#include "comm/gloo_comm.hpp"
+#include "comm/store.hpp"
 
 namespace tessera {
 
 class NcclComm;
 class CudaComm;
 
-// kStoppedByPeerStatus (dist/store.hpp, with the abort protocol): the exit
+// kStoppedByPeerStatus (comm/store.hpp, with the abort protocol): the exit
 // status of a rank that stops because another failed.
 
 struct DistOptions {
@@ -70,13 +70,12 @@ class DistContext {
   DistContext(const DistContext &) = delete;
   DistContext &operator=(const DistContext &) = delete;
 
-  // The collectives, and what the host's RunFacts::comm_state must be for
-  // them: the GlooComm on CPU runs, the CudaComm (GPU tensors to NCCL, host
-  // tensors to Gloo) when DistOptions::cuda is set.
   // How the CPU collectives move data ("shared memory ...", "Gloo TCP ...").
   std::string transport() const;
-  const tsr_comm *comm() const;
-  void *comm_state();
+  // The collectives (the host's RunFacts::comm): the GlooComm on CPU runs,
+  // the CudaComm (GPU tensors to NCCL, host tensors to Gloo) when
+  // DistOptions::cuda is set.
+  Comm *comm();
   GlooComm *gloo() { return gloo_.get(); }
   // Tells every rank this one failed; they stop with "rank r failed: reason".
   void post_abort(const std::string &reason);

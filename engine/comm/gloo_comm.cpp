@@ -1,4 +1,4 @@
-#include "dist/gloo_comm.hpp"
+#include "comm/gloo_comm.hpp"
 
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
@@ -13,7 +13,6 @@
 #include <cstring>
 #include <future>
 
-#include "host/host.hpp"
 #include "util/error.hpp"
 #include "util/trace.hpp"
 
@@ -46,11 +45,6 @@ class GlooStore : public gloo::rendezvous::Store {
   StoreClient &c_;
   std::chrono::milliseconds timeout_;
 };
-
-GlooComm *comm_of(tsr_host_ctx *ctx) {
-  Host *h = host_from_ctx(ctx);
-  return h ? static_cast<GlooComm *>(h->facts().comm_state) : nullptr;
-}
 
 size_t numel(const DLTensor *t) {
   size_t n = 1;
@@ -227,51 +221,6 @@ tsr_status do_barrier(GlooComm &c, tsr_host_ctx *ctx) {
   });
 }
 
-// The table's entry points: the communicator is the host's comm_state.
-tsr_status no_comm(tsr_host_ctx *ctx) {
-  return report_error(ctx, TSR_ERR_INVALID, "Gloo collectives: the host has no Gloo communicator");
-}
-
-tsr_status c_all_reduce(tsr_host_ctx *ctx, DLTensor *t, tsr_reduce_op op, tsr_comm_work **work) {
-  GlooComm *c = comm_of(ctx);
-  return c ? do_all_reduce(*c, ctx, t, op, work) : no_comm(ctx);
-}
-
-tsr_status c_reduce_scatter(tsr_host_ctx *ctx, const DLTensor *in, DLTensor *out, tsr_reduce_op op,
-                            tsr_comm_work **work) {
-  GlooComm *c = comm_of(ctx);
-  return c ? do_reduce_scatter(*c, ctx, in, out, op, work) : no_comm(ctx);
-}
-
-tsr_status c_all_gather(tsr_host_ctx *ctx, const DLTensor *in, DLTensor *out,
-                        tsr_comm_work **work) {
-  GlooComm *c = comm_of(ctx);
-  return c ? do_all_gather(*c, ctx, in, out, work) : no_comm(ctx);
-}
-
-tsr_status c_broadcast(tsr_host_ctx *ctx, DLTensor *t, uint32_t root, tsr_comm_work **work) {
-  GlooComm *c = comm_of(ctx);
-  return c ? do_broadcast(*c, ctx, t, root, work) : no_comm(ctx);
-}
-
-tsr_status c_barrier(tsr_host_ctx *ctx) {
-  GlooComm *c = comm_of(ctx);
-  return c ? do_barrier(*c, ctx) : no_comm(ctx);
-}
-
-tsr_status c_wait(tsr_host_ctx *ctx, tsr_comm_work *w) {
-  GlooComm *c = comm_of(ctx);
-  return c ? c->wait(ctx, w) : no_comm(ctx);
-}
-
-const tsr_comm kTable = {tsr_comm_STRUCT_SIZE,
-                         c_all_reduce,
-                         c_reduce_scatter,
-                         c_all_gather,
-                         c_broadcast,
-                         c_barrier,
-                         c_wait};
-
 }  // namespace
 
 struct GlooComm::Work {
@@ -281,10 +230,6 @@ struct GlooComm::Work {
   bool done = false;
   std::string error;
 };
-
-const tsr_comm *GlooComm::table() {
-  return &kTable;
-}
 
 tsr_status GlooComm::all_reduce(tsr_host_ctx *ctx, DLTensor *t, tsr_reduce_op op,
                                 tsr_comm_work **work) {

@@ -17,8 +17,9 @@
 #include <string>
 #include <thread>
 
-#include "dist/shm_group.hpp"
-#include "dist/store.hpp"
+#include "comm/comm.hpp"
+#include "comm/shm_group.hpp"
+#include "comm/store.hpp"
 
 namespace gloo {
 class Context;
@@ -26,7 +27,7 @@ class Context;
 
 namespace tessera {
 
-class GlooComm {
+class GlooComm final : public Comm {
  public:
   // Connects every rank through the store (keys under `prefix`). `iface`
   // names the network interface to bind ("" for the store's route).
@@ -37,25 +38,23 @@ class GlooComm {
            bool shm = true);
   ~GlooComm();
 
-  // The ABI table; its functions find this object through the host ctx.
-  static const tsr_comm *table();
-
-  // The table's operations on this object, for a caller that holds it
-  // (CudaComm, which sends host tensors here); `ctx` is where errors are
-  // reported. Work items come back through wait().
-  tsr_status all_reduce(tsr_host_ctx *ctx, DLTensor *t, tsr_reduce_op op, tsr_comm_work **work);
+  // The collectives (comm/comm.hpp); CudaComm sends host tensors here.
+  tsr_status all_reduce(tsr_host_ctx *ctx, DLTensor *t, tsr_reduce_op op,
+                        tsr_comm_work **work) override;
   tsr_status reduce_scatter(tsr_host_ctx *ctx, const DLTensor *in, DLTensor *out, tsr_reduce_op op,
-                            tsr_comm_work **work);
-  tsr_status all_gather(tsr_host_ctx *ctx, const DLTensor *in, DLTensor *out, tsr_comm_work **work);
-  tsr_status broadcast(tsr_host_ctx *ctx, DLTensor *t, uint32_t root, tsr_comm_work **work);
-  tsr_status barrier(tsr_host_ctx *ctx);
+                            tsr_comm_work **work) override;
+  tsr_status all_gather(tsr_host_ctx *ctx, const DLTensor *in, DLTensor *out,
+                        tsr_comm_work **work) override;
+  tsr_status broadcast(tsr_host_ctx *ctx, DLTensor *t, uint32_t root,
+                       tsr_comm_work **work) override;
+  tsr_status barrier(tsr_host_ctx *ctx) override;
 
   // Queues a collective; returns its work item (nullptr when `blocking`
   // ran it to completion already). `name` names it in errors and in the
   // trace, beside its payload `bytes`.
   tsr_status submit(tsr_host_ctx *ctx, const char *name, std::function<void()> fn,
                     tsr_comm_work **work, int64_t bytes = -1);
-  tsr_status wait(tsr_host_ctx *ctx, tsr_comm_work *work);
+  tsr_status wait(tsr_host_ctx *ctx, tsr_comm_work *work) override;
 
   std::shared_ptr<gloo::Context> context() const { return context_; }
   std::chrono::milliseconds timeout() const { return timeout_; }

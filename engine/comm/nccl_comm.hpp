@@ -57,7 +57,7 @@
 #include <thread>
 
 #include "cuda/device.hpp"
-#include "dist/store.hpp"
+#include "comm/store.hpp"
 
 namespace tessera {
 

@@ -17,8 +17,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "dist/store.hpp"
-#include "dist/store_wire.hpp"
+#include "comm/store.hpp"
+#include "comm/store_wire.hpp"
 #include "util/crypto.hpp"
 #include "util/error.hpp"
 

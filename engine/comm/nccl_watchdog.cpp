@@ -10,9 +10,9 @@
 #include <mutex>
 #include <thread>
 
+#include "comm/nccl_comm_internal.hpp"
 #include "cuda/device.hpp"
-#include "cuda/nccl_comm_internal.hpp"
-#include "dist/store.hpp"
+#include "comm/store.hpp"
 #include "util/error.hpp"
 
 namespace tessera {

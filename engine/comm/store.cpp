@@ -1,6 +1,6 @@
 // The rendezvous store's client; the server is store_server.cpp, what both
 // speak is store_wire.hpp.
-#include "dist/store.hpp"
+#include "comm/store.hpp"
 
 #include <fcntl.h>
 #include <netinet/tcp.h>
@@ -13,7 +13,7 @@
 #include <cstring>
 #include <random>
 
-#include "dist/store_wire.hpp"
+#include "comm/store_wire.hpp"
 #include "util/crypto.hpp"
 #include "util/error.hpp"
 

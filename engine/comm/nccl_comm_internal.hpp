@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <string>
 
-#include "cuda/nccl_comm.hpp"
+#include "comm/nccl_comm.hpp"
 
 namespace tessera {
 

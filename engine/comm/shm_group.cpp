@@ -1,5 +1,5 @@
 // Shared-memory collectives for ranks on one host (shm_group.hpp).
-#include "dist/shm_group.hpp"
+#include "comm/shm_group.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -16,7 +16,7 @@
 #include <thread>
 #include <type_traits>
 
-#include "dist/store.hpp"
+#include "comm/store.hpp"
 #include "util/error.hpp"
 
 namespace tessera {

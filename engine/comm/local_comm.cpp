@@ -1,4 +1,4 @@
-#include "host/comm_local.hpp"
+#include "comm/local_comm.hpp"
 
 #include <cstring>
 
@@ -15,11 +15,6 @@ size_t bytes_of(const DLTensor *t) {
   size_t n = 1;
   for (int32_t i = 0; i < t->ndim; ++i) n *= static_cast<size_t>(t->shape[i]);
   return n * ((t->dtype.bits * t->dtype.lanes + 7) / 8);
-}
-
-tsr_status all_reduce(tsr_host_ctx *, DLTensor *, tsr_reduce_op, tsr_comm_work **work) {
-  if (work) *work = nullptr;
-  return TSR_OK;  // the sum or mean over one rank is the tensor itself
 }
 
 tsr_status copy_through(tsr_host_ctx *ctx, const DLTensor *in, DLTensor *out, tsr_comm_work **work,
@@ -43,34 +38,39 @@ tsr_status copy_through(tsr_host_ctx *ctx, const DLTensor *in, DLTensor *out, ts
   });
 }
 
-tsr_status reduce_scatter(tsr_host_ctx *ctx, const DLTensor *in, DLTensor *out, tsr_reduce_op,
-                          tsr_comm_work **work) {
+}  // namespace
+
+tsr_status LocalComm::all_reduce(tsr_host_ctx *, DLTensor *, tsr_reduce_op, tsr_comm_work **work) {
+  if (work) *work = nullptr;
+  return TSR_OK;  // the sum or mean over one rank is the tensor itself
+}
+
+tsr_status LocalComm::reduce_scatter(tsr_host_ctx *ctx, const DLTensor *in, DLTensor *out,
+                                     tsr_reduce_op, tsr_comm_work **work) {
   return copy_through(ctx, in, out, work, "reduce_scatter");
 }
 
-tsr_status all_gather(tsr_host_ctx *ctx, const DLTensor *in, DLTensor *out, tsr_comm_work **work) {
+tsr_status LocalComm::all_gather(tsr_host_ctx *ctx, const DLTensor *in, DLTensor *out,
+                                 tsr_comm_work **work) {
   return copy_through(ctx, in, out, work, "all_gather");
 }
 
-tsr_status broadcast(tsr_host_ctx *, DLTensor *, uint32_t, tsr_comm_work **work) {
+tsr_status LocalComm::broadcast(tsr_host_ctx *, DLTensor *, uint32_t, tsr_comm_work **work) {
   if (work) *work = nullptr;
   return TSR_OK;
 }
 
-tsr_status barrier(tsr_host_ctx *) {
-  return TSR_OK;
-}
-tsr_status wait(tsr_host_ctx *, tsr_comm_work *) {
+tsr_status LocalComm::barrier(tsr_host_ctx *) {
   return TSR_OK;
 }
 
-const tsr_comm kLocal = {
-    tsr_comm_STRUCT_SIZE, all_reduce, reduce_scatter, all_gather, broadcast, barrier, wait};
+tsr_status LocalComm::wait(tsr_host_ctx *, tsr_comm_work *) {
+  return TSR_OK;
+}
 
-}  // namespace
-
-const tsr_comm *local_comm() {
-  return &kLocal;
+Comm &local_comm() {
+  static LocalComm comm;
+  return comm;
 }
 
 }  // namespace tessera

@@ -1,4 +1,4 @@
-#include "dist/dist_context.hpp"
+#include "comm/dist_context.hpp"
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
@@ -15,9 +15,9 @@
 #include "util/error.hpp"
 
 #ifdef TESSERA_HAVE_CUDA
-#include "cuda/cuda_comm.hpp"
+#include "comm/cuda_comm.hpp"
+#include "comm/nccl_comm.hpp"
 #include "cuda/device.hpp"
-#include "cuda/nccl_comm.hpp"
 #endif
 
 namespace tessera {
@@ -269,14 +269,7 @@ std::string DistContext::transport() const {
   return t;
 }
 
-const tsr_comm *DistContext::comm() const {
-#ifdef TESSERA_HAVE_CUDA
-  if (cuda_comm_) return CudaComm::table();
-#endif
-  return GlooComm::table();
-}
-
-void *DistContext::comm_state() {
+Comm *DistContext::comm() {
 #ifdef TESSERA_HAVE_CUDA
   if (cuda_comm_) return cuda_comm_.get();
 #endif

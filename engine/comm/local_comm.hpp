@@ -1,0 +1,26 @@
+// The collectives of a world of one process: every collective is a copy or
+// a no-op. The run's Comm when no other is set (host/comm_table.cpp).
+#pragma once
+
+#include "comm/comm.hpp"
+
+namespace tessera {
+
+class LocalComm final : public Comm {
+ public:
+  tsr_status all_reduce(tsr_host_ctx *ctx, DLTensor *t, tsr_reduce_op op,
+                        tsr_comm_work **work) override;
+  tsr_status reduce_scatter(tsr_host_ctx *ctx, const DLTensor *in, DLTensor *out, tsr_reduce_op op,
+                            tsr_comm_work **work) override;
+  tsr_status all_gather(tsr_host_ctx *ctx, const DLTensor *in, DLTensor *out,
+                        tsr_comm_work **work) override;
+  tsr_status broadcast(tsr_host_ctx *ctx, DLTensor *t, uint32_t root,
+                       tsr_comm_work **work) override;
+  tsr_status barrier(tsr_host_ctx *ctx) override;
+  tsr_status wait(tsr_host_ctx *ctx, tsr_comm_work *work) override;
+};
+
+// The one LocalComm (it holds no state).
+Comm &local_comm();
+
+}  // namespace tessera
