@@ -178,6 +178,7 @@ NcclComm::NcclComm(StoreClient &store, uint32_t rank, uint32_t world, std::chron
   TSR_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
   scratch_ = cuda::device_alloc(sizeof(int32_t));
   TSR_CUDA_CHECK(cudaMemsetAsync(scratch_, 0, sizeof(int32_t), cuda::comm_stream()));
+  nccl_detail::watch_exit();
   watchdog_ = std::thread([this] { watchdog(); });
   monitor_ = std::thread([this] { monitor(); });
 }

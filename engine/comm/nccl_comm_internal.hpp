@@ -29,6 +29,14 @@ inline std::string seconds(std::chrono::milliseconds ms) {
   return std::to_string(ms.count() / 1000) + " s";
 }
 
+// Whether the process has begun to exit (set by an atexit handler that
+// watch_exit() registers before the first communicator starts its threads,
+// so it runs before the CUDA runtime's own teardown). A communicator that
+// outlives main (one never destroyed) then sees its events fail and the
+// store go away: that is the exit, not a failure to report.
+void watch_exit();
+bool process_exiting();
+
 }  // namespace nccl_detail
 
 // One collective in flight. The caller's handle and the watchdog each hold

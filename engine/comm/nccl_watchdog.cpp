@@ -7,17 +7,31 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstdlib>
 #include <mutex>
 #include <thread>
 
 #include "comm/nccl_comm_internal.hpp"
-#include "cuda/device.hpp"
 #include "comm/store.hpp"
+#include "cuda/device.hpp"
 #include "util/error.hpp"
 
 namespace tessera {
 
 using namespace nccl_detail;
+
+namespace {
+std::atomic<bool> g_exiting{false};
+}  // namespace
+
+void nccl_detail::watch_exit() {
+  static std::once_flag once;
+  std::call_once(once, [] { std::atexit([] { g_exiting = true; }); });
+}
+
+bool nccl_detail::process_exiting() {
+  return g_exiting.load();
+}
 
 void NcclComm::abort_comm() {
   // ncclCommAbort should return promptly; if it does not (a wedged proxy
@@ -65,7 +79,7 @@ void NcclComm::fail(const std::string &reason, int status) {
   // Only the first failure speaks; a second thread failing meanwhile
   // waits for the exit.
   static std::atomic<bool> failing{false};
-  if (failing.exchange(true))
+  if (process_exiting() || failing.exchange(true))
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   const std::string text = "rank " + std::to_string(rank_) + ": " + reason;
   try {
@@ -99,6 +113,7 @@ void NcclComm::watchdog() {
       if (!oldest) break;
       const cudaError_t q = cudaEventQuery(oldest->done);
       if (q == cudaErrorNotReady) break;
+      if (q == cudaErrorCudartUnloading || process_exiting()) return;  // the exit, not a fault
       if (q != cudaSuccess)
         fail("CUDA error while " + oldest->describe() + " was in flight: " + cudaGetErrorName(q) +
                  " (" + cudaGetErrorString(q) + ")",
@@ -110,6 +125,7 @@ void NcclComm::watchdog() {
       note_completed(oldest->seq);
     }
 
+    if (process_exiting()) return;
     ncclResult_t async = ncclSuccess;
     if (ncclCommGetAsyncError(comm_, &async) == ncclSuccess && async != ncclSuccess &&
         async != ncclInProgress) {
@@ -164,7 +180,7 @@ void NcclComm::monitor() {
           posted = now;
         }
       } catch (const std::exception &e) {
-        if (stop_) break;
+        if (stop_ || process_exiting()) break;
         std::fprintf(stderr, "tessera: rank %u lost the rendezvous store (%s); stopping\n", rank_,
                      e.what());
         std::fflush(stderr);
