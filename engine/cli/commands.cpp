@@ -8,8 +8,8 @@
 
 #include "cli/args.hpp"
 #include "cli/debug_flags.hpp"
-#include "config/config.hpp"
 #include "comm/dist_context.hpp"
+#include "config/config.hpp"
 #include "launch/hostfile.hpp"
 #include "launch/job_secret.hpp"
 #include "launch/launcher.hpp"

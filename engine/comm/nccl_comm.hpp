@@ -56,8 +56,8 @@
 #include <string>
 #include <thread>
 
-#include "cuda/device.hpp"
 #include "comm/store.hpp"
+#include "cuda/device.hpp"
 
 namespace tessera {
 

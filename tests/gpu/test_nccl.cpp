@@ -29,8 +29,8 @@
 #include "comm/dist_context.hpp"
 #include "comm/gloo_comm.hpp"
 #include "comm/nccl_comm.hpp"
-#include "cuda/device.hpp"
 #include "comm/store.hpp"
+#include "cuda/device.hpp"
 #include "host/host.hpp"
 
 // Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
