@@ -101,8 +101,9 @@ const tsr_batch *Loader::to_device(const tsr_batch &b) {
   // The compute stream may still read this buffer's previous batch.
   TSR_CUDA_CHECK(cudaStreamWaitEvent(copy, static_cast<cudaEvent_t>(d.consumed), 0));
   const size_t n = static_cast<size_t>(b.size);
+  // The inputs only: cross-entropy reads its check of the targets back with
+  // the loss, in the one synchronisation it needs anyway.
   note_ids(d.inputs, b.inputs, n * in_bytes_);
-  note_ids(d.targets, b.targets, n * tgt_bytes_);
   TSR_CUDA_CHECK(
       cudaMemcpyAsync(d.inputs, b.inputs.data, n * in_bytes_, cudaMemcpyHostToDevice, copy));
   TSR_CUDA_CHECK(
@@ -151,7 +152,6 @@ Loader::~Loader() {
     cudaStreamSynchronize(cuda::compute_stream());
     for (auto &d : dev_) {
       cuda::forget_int_range(d.inputs);
-      cuda::forget_int_range(d.targets);
       host_.free(d.inputs);
       host_.free(d.targets);
       cudaEventDestroy(static_cast<cudaEvent_t>(d.consumed));
