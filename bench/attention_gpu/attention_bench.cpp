@@ -19,9 +19,9 @@
 #include <string>
 #include <vector>
 
-#include "cuda/attention_cudnn.hpp"
-#include "cuda/cuda_ops_internal.hpp"
-#include "cuda/device.hpp"
+#include "backend/cuda/attention_cudnn.hpp"
+#include "backend/cuda/cuda_ops_internal.hpp"
+#include "backend/cuda/device.hpp"
 
 namespace {
 

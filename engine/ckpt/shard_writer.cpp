@@ -14,7 +14,7 @@
 #include <mutex>
 #include <thread>
 
-#include "ops/cpu_pool.hpp"
+#include "backend/cpu/cpu_pool.hpp"
 #include "util/error.hpp"
 
 namespace tessera {

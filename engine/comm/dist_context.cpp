@@ -15,9 +15,9 @@
 #include "util/error.hpp"
 
 #ifdef TESSERA_HAVE_CUDA
+#include "backend/cuda/device.hpp"
 #include "comm/cuda_comm.hpp"
 #include "comm/nccl_comm.hpp"
-#include "cuda/device.hpp"
 #endif
 
 namespace tessera {

@@ -4,7 +4,7 @@
 
 #include "util/error.hpp"
 #ifdef TESSERA_HAVE_CUDA
-#include "cuda/device.hpp"
+#include "backend/cuda/device.hpp"
 #endif
 
 namespace tessera {

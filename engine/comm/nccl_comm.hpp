@@ -2,7 +2,7 @@
 // (through CudaComm, which sends host tensors to Gloo). Built only with the
 // CUDA parts (TESSERA_HAVE_CUDA).
 //
-// Stream and event ordering. Three streams of engine/cuda/device.hpp take
+// Stream and event ordering. Three streams of engine/backend/cuda/device.hpp take
 // part: compute (every op), comm (every collective) and the host thread.
 // A collective issued by the host thread:
 //
@@ -56,8 +56,8 @@
 #include <string>
 #include <thread>
 
+#include "backend/cuda/device.hpp"
 #include "comm/store.hpp"
-#include "cuda/device.hpp"
 
 namespace tessera {
 

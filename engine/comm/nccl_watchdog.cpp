@@ -11,9 +11,9 @@
 #include <mutex>
 #include <thread>
 
+#include "backend/cuda/device.hpp"
 #include "comm/nccl_comm_internal.hpp"
 #include "comm/store.hpp"
-#include "cuda/device.hpp"
 #include "util/error.hpp"
 
 namespace tessera {

@@ -6,8 +6,8 @@
 #include "util/error.hpp"
 #include "util/trace.hpp"
 #ifdef TESSERA_HAVE_CUDA
-#include "cuda/device.hpp"
-#include "cuda/known_ids.hpp"
+#include "backend/cuda/device.hpp"
+#include "backend/cuda/known_ids.hpp"
 #endif
 
 namespace tessera {
@@ -73,7 +73,7 @@ Loader::Loader(Host &host, const tsr_dataset_vtable *vt, void *dataset, const ts
 namespace {
 
 // Notes the value range of an int32 host tensor's first `bytes` as the
-// range of its device copy `dev` (cuda/known_ids.hpp): the embedding then
+// range of its device copy `dev` (backend/cuda/known_ids.hpp): the embedding then
 // needs no device check of ids the host has already seen. A scan of a
 // batch's ids on the host costs microseconds; the device check it replaces
 // costs a synchronisation of the step.

@@ -9,12 +9,12 @@
 #include <cstring>
 #include <deque>
 
-#include "ops/cpu_ops.hpp"
+#include "backend/cpu/cpu_ops.hpp"
 #include "util/error.hpp"
 #include "util/meminfo.hpp"
 #ifdef TESSERA_HAVE_CUDA
-#include "cuda/cuda_ops.hpp"
-#include "cuda/device.hpp"
+#include "backend/cuda/cuda_ops.hpp"
+#include "backend/cuda/device.hpp"
 #endif
 
 namespace tessera {

@@ -8,8 +8,8 @@
 #include <optional>
 #include <tessera/cpp/optimizer.hpp>
 
+#include "backend/cpu/cpu_ops.hpp"
 #include "ckpt/checkpoint.hpp"
-#include "ops/cpu_ops.hpp"
 #include "plugin/legacy.hpp"
 #include "train/init_from.hpp"
 #include "util/error.hpp"

@@ -15,9 +15,9 @@
 #include <memory>
 #include <thread>
 
+#include "backend/cpu/cpu_ops.hpp"
 #include "ckpt/checkpoint.hpp"
 #include "debug/fault.hpp"
-#include "ops/cpu_ops.hpp"
 #include "train/device_select.hpp"
 #include "train/startup.hpp"
 #include "train/step.hpp"

@@ -27,10 +27,10 @@
 #include <string>
 #include <vector>
 
-#include "cuda/cuda_ops.hpp"
-#include "cuda/device.hpp"
+#include "backend/cpu/cpu_ops.hpp"
+#include "backend/cuda/cuda_ops.hpp"
+#include "backend/cuda/device.hpp"
 #include "host/host.hpp"
-#include "ops/cpu_ops.hpp"
 
 namespace cuda_ops_test {
 

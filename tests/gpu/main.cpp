@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "cuda/device.hpp"
+#include "backend/cuda/device.hpp"
 
 int main(int argc, char **argv) {
   bool listing = false;

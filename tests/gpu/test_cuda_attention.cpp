@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
-#include "cuda/cuda_ops_internal.hpp"
-#include "cuda/device.hpp"
-#include "ops/cpu_ops_internal.hpp"
+#include "backend/cpu/cpu_ops_internal.hpp"
+#include "backend/cuda/cuda_ops_internal.hpp"
+#include "backend/cuda/device.hpp"
 
 // Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
 // helpers and using-directives stay out of the other files' way.

@@ -1,4 +1,4 @@
-// cuDNN's fused flash attention (engine/cuda/attention_cudnn.cpp) against the
+// cuDNN's fused flash attention (engine/backend/cuda/attention_cudnn.cpp) against the
 // engine's own flash kernels on the same inputs, and against the CPU's float
 // attention on the values the GPU saw (bf16/fp16 rounded once on the host):
 // q, k, v and dq, dk, dv are views into fused [B, T, 3, H, D] buffers, as
@@ -13,7 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "cuda/cuda_ops_internal.hpp"
+#include "backend/cuda/cuda_ops_internal.hpp"
 #include "cuda_ops_support.hpp"
 
 // Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's

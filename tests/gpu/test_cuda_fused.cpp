@@ -18,7 +18,7 @@
 #include <utility>
 #include <vector>
 
-#include "cuda/gemm.hpp"
+#include "backend/cuda/gemm.hpp"
 #include "cuda_ops_support.hpp"
 
 // Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's

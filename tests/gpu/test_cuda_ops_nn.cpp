@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/known_ids.hpp"
+#include "backend/cuda/known_ids.hpp"
 #include "cuda_ops_support.hpp"
 
 // Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
@@ -357,7 +357,7 @@ TEST_CASE("cuda embedding forward and backward", "[cuda][ops]") {
   }
 }
 
-// Ids the loader uploaded carry the range the host saw (cuda/known_ids.hpp):
+// Ids the loader uploaded carry the range the host saw (backend/cuda/known_ids.hpp):
 // within [0, vocab) the device check is skipped; a noted range that reaches
 // past vocab, or a buffer noted and then forgotten, is checked as before.
 TEST_CASE("cuda embedding trusts only the id ranges the host noted", "[cuda][ops]") {

@@ -6,7 +6,7 @@
 #include <thread>
 #include <vector>
 
-#include "cuda/device.hpp"
+#include "backend/cuda/device.hpp"
 #include "util/error.hpp"
 
 // Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's

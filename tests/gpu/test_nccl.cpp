@@ -25,12 +25,12 @@
 #include <thread>
 #include <vector>
 
+#include "backend/cuda/device.hpp"
 #include "comm/cuda_comm.hpp"
 #include "comm/dist_context.hpp"
 #include "comm/gloo_comm.hpp"
 #include "comm/nccl_comm.hpp"
 #include "comm/store.hpp"
-#include "cuda/device.hpp"
 #include "host/host.hpp"
 
 // Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's

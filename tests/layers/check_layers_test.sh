@@ -3,7 +3,10 @@
 # across its layer), and on scratch copies that break the rule: an include
 # from util/ (the lowest layer) of cli/ (the highest), which must fail
 # naming the file, line and layers; and a folder engine/LAYERS does not
-# place, which must fail naming it. Then the build's own check
+# place, which must fail naming it. The same for a nested folder: an
+# include from backend/cpu/ of backend/cuda/ (a higher layer) fails, and
+# engine/backend/metal, which LAYERS does not place, is refused, as are
+# sources of engine/backend/ itself. Then the build's own check
 # (cmake/TesseraLayers.cmake, which engine/CMakeLists.txt applies to
 # tessera_engine): a scratch project using it builds with the engine as it
 # is and fails to build with the upward include, naming it.
@@ -18,23 +21,41 @@ echo "$out"
 
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
-cp -r "$root/engine" "$scratch/engine"
-cli_layer=$(grep -v '^#' "$root/engine/LAYERS" | grep -v '^ *$' | grep -n -w cli | cut -d: -f1)
-cli_layer=$((cli_layer - 1))
+fresh() { rm -rf "$scratch/engine" && cp -r "$root/engine" "$scratch/engine"; }
+# refused WHAT RC MESSAGE: check-layers on the scratch engine exits RC, naming MESSAGE.
+refused() {
+  out=$("$check" "$scratch/engine" 2>&1)
+  rc=$?
+  [ $rc = "$2" ] || fail "$1 gave exit $rc, expected $2: $out"
+  echo "$out" | grep -qF -- "$3" || fail "$1 is not named: $out"
+}
+layer_of() { grep -v '^#' "$root/engine/LAYERS" | grep -v '^ *$' | grep -n -w "$1" | cut -d: -f1; }
+fresh
+cli_layer=$(($(layer_of cli) - 1))
 line=$(($(wc -l <"$scratch/engine/util/text.hpp") + 1))
 echo '#include "cli/cli.hpp"' >>"$scratch/engine/util/text.hpp"
-out=$("$check" "$scratch/engine" 2>&1)
-rc=$?
-[ $rc = 1 ] || fail "an upward include gave exit $rc, expected 1: $out"
-echo "$out" | grep -q "util/text.hpp:$line: includes \"cli/...\" (layer $cli_layer), above its folder util/ (layer 0)" ||
-  fail "the upward include is not named: $out"
+refused "an upward include" 1 \
+  "util/text.hpp:$line: includes \"cli/...\" (layer $cli_layer), above its folder util/ (layer 0)"
 
-rm -rf "$scratch/engine" && cp -r "$root/engine" "$scratch/engine" && mkdir "$scratch/engine/newfolder"
-out=$("$check" "$scratch/engine" 2>&1)
-rc=$?
-[ $rc = 2 ] || fail "an unplaced folder gave exit $rc, expected 2: $out"
-echo "$out" | grep -q "does not place folder(s) newfolder" || fail "the unplaced folder is not named: $out"
-echo "check-layers refuses an upward include and an unplaced folder"
+fresh && mkdir "$scratch/engine/newfolder"
+refused "an unplaced folder" 2 "does not place folder(s) newfolder"
+
+# Nested folders: backend/cpu and backend/cuda are placed, backend/ only holds them.
+cpu_layer=$(($(layer_of backend/cpu) - 1))
+cuda_layer=$(($(layer_of backend/cuda) - 1))
+[ $cpu_layer -lt $cuda_layer ] || fail "engine/LAYERS no longer puts backend/cpu below backend/cuda"
+fresh
+cpu_line=$(($(wc -l <"$scratch/engine/backend/cpu/cpu_pool.hpp") + 1))
+echo '#include "backend/cuda/device.hpp"' >>"$scratch/engine/backend/cpu/cpu_pool.hpp"
+refused "an upward include from a nested folder" 1 \
+  "backend/cpu/cpu_pool.hpp:$cpu_line: includes \"backend/cuda/...\" (layer $cuda_layer), above its folder backend/cpu/ (layer $cpu_layer)"
+
+fresh && mkdir "$scratch/engine/backend/metal"
+refused "an unplaced nested folder" 2 "does not place folder(s) backend/metal"
+
+fresh && echo 'int stray();' >"$scratch/engine/backend/stray.hpp"
+refused "a source of engine/backend/ itself" 2 "does not place folder(s) backend:"
+echo "check-layers refuses an upward include and an unplaced folder, nested or not"
 
 # The build refuses it too.
 probe=$scratch/probe
@@ -47,7 +68,7 @@ include($root/cmake/TesseraLayers.cmake)
 add_library(probe STATIC probe.cpp)
 tessera_check_layers(probe $scratch/engine $check)
 CMAKE
-rm -rf "$scratch/engine" && cp -r "$root/engine" "$scratch/engine"
+fresh
 cmake -S "$probe/src" -B "$probe/build" >"$probe/configure.log" 2>&1 || fail "the probe project does not configure: $(tail -20 "$probe/configure.log")"
 cmake --build "$probe/build" >"$probe/build1.log" 2>&1 || fail "the probe does not build with the engine as it is: $(tail -20 "$probe/build1.log")"
 echo '#include "cli/cli.hpp"' >>"$scratch/engine/util/text.hpp"

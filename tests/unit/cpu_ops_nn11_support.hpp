@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/cpu_ops.hpp"
 #include "host/host.hpp"
-#include "ops/cpu_ops.hpp"
 
 namespace tessera::test::cpu_ops_nn11_support {
 

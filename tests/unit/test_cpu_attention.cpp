@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include "ops/cpu_ops_internal.hpp"
+#include "backend/cpu/cpu_ops_internal.hpp"
 
 // Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
 // helpers and using-directives stay out of the other files' way.

@@ -1,4 +1,4 @@
-// OpenBLAS's kernels for a CPU it does not know (ops/cpu_blas_core.cpp):
+// OpenBLAS's kernels for a CPU it does not know (backend/cpu/cpu_blas_core.cpp):
 // after the CPU ops table is first taken, OpenBLAS runs the CPU's own
 // AVX-512 or AVX2 kernels, not its generic Prescott fallback, unless the
 // user chose with OPENBLAS_CORETYPE. A Debian 12 OpenBLAS (0.3.21) on an
@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "ops/cpu_ops.hpp"
+#include "backend/cpu/cpu_ops.hpp"
 
 namespace unit_test_cpu_blas_core {
 

@@ -10,9 +10,9 @@
 #include <random>
 #include <vector>
 
-#include "ops/cpu_math.hpp"
-#include "ops/cpu_ops.hpp"
-#include "ops/cpu_pool.hpp"
+#include "backend/cpu/cpu_math.hpp"
+#include "backend/cpu/cpu_ops.hpp"
+#include "backend/cpu/cpu_pool.hpp"
 
 // Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
 // helpers and using-directives stay out of the other files' way.

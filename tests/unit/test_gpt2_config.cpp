@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/cpu_ops.hpp"
 #include "gpt2_support.hpp"
-#include "ops/cpu_ops.hpp"
 #include "support/fixture.hpp"
 
 // Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's

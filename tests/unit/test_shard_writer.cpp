@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/cpu_pool.hpp"
 #include "ckpt/shard_writer.hpp"
-#include "ops/cpu_pool.hpp"
 #include "support/temp_dir.hpp"
 #include "util/error.hpp"
 #include "util/safetensors.hpp"

@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "cuda/device.hpp"
+#include "backend/cuda/device.hpp"
 
 int main(int argc, char **argv) {
   bool listing = false;

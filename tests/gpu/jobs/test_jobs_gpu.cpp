@@ -125,7 +125,7 @@ TEST_CASE(
   RunOptions o;
   o.timeout_s = 180;
   // Bitwise across processes needs the same matmul algorithms in both: the
-  // heuristic's pick, not the timed one (engine/cuda/gemm_tune.hpp).
+  // heuristic's pick, not the timed one (engine/backend/cuda/gemm_tune.hpp).
   o.env = {{"TESSERA_GEMM_TUNING", "heuristic"}};
   RunResult r0 = run_cli(gpu_run(ref, "bf16", 60), o);
   INFO(describe(r0));

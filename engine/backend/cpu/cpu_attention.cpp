@@ -1,0 +1,278 @@
+// CPU causal attention (float32), forward and backward. It is also the
+// reference the CUDA kernels are tested against. Per (batch, head), on the
+// ops' thread pool: that head's q, k, v (and dO) are copied into compact
+// scratch, then tiles of 64 query rows go through OpenBLAS (scores, P V,
+// and the five products of the backward) with the masked softmax between;
+// a tile's scores are [64 x T], never a T x T matrix. Strides of q, k, v, out and the
+// gradients are honoured (q, k, v are usually views into one fused
+// [B, T, 3, H, D] buffer). Each head is computed by one thread in a fixed
+// order, so results do not depend on the number of threads.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_math.hpp"
+#include "backend/cpu/cpu_ops_internal.hpp"
+#include "backend/cpu/cpu_pool.hpp"
+#include "util/error.hpp"
+
+namespace tessera::cpu {
+namespace {
+
+// A [B, T, H, D] float32 view: element pointer and element strides.
+struct V4 {
+  float *p;
+  int64_t sb, st, sh, sd;
+  // Row t of head (b, h): element d is at row(...)[d * sd].
+  float *row(int64_t b, int64_t t, int64_t h) const { return p + b * sb + t * st + h * sh; }
+};
+
+struct Dims {
+  int64_t B, T, H, D;
+};
+
+std::string shape_of(const Dims &d) {
+  // Appended piecewise: "[" + to_string(...) trips a GCC 12 -Wrestrict false positive.
+  std::string s = "[";
+  s += std::to_string(d.B) + "," + std::to_string(d.T) + "," + std::to_string(d.H) + ",";
+  s += std::to_string(d.D);
+  s += "]";
+  return s;
+}
+
+// Checks a [B, T, H, D] float32 host tensor (strides honoured, NULL strides
+// = compact). The first tensor checked (q, first = true) sets the dims.
+V4 bthd(const char *op, const char *arg, const DLTensor *t, Dims &dims, bool first) {
+  const std::string w = std::string(op) + ": " + arg + " ";
+  TSR_CHECK(t != nullptr, TSR_ERR_INVALID, w + "is NULL");
+  TSR_CHECK(t->device.device_type == kDLCPU || t->device.device_type == kDLCUDAHost,
+            TSR_ERR_UNSUPPORTED,
+            w + describe(t) + " is on device type " + std::to_string(t->device.device_type) +
+                "; the CPU ops take host tensors");
+  TSR_CHECK(t->dtype.code == kDLFloat && t->dtype.bits == 32 && t->dtype.lanes == 1,
+            TSR_ERR_UNSUPPORTED, w + "must be float32, got " + describe(t));
+  TSR_CHECK(t->ndim == 4 && t->shape != nullptr, TSR_ERR_INVALID,
+            w + "must be 4-D [B, T, H, D], got " + describe(t));
+  const Dims d{t->shape[0], t->shape[1], t->shape[2], t->shape[3]};
+  TSR_CHECK(d.B >= 0 && d.T >= 0 && d.H >= 0 && d.D >= 0, TSR_ERR_INVALID,
+            w + "has a negative dim: " + describe(t));
+  if (first) {
+    dims = d;
+  } else {
+    TSR_CHECK(d.B == dims.B && d.T == dims.T && d.H == dims.H && d.D == dims.D, TSR_ERR_INVALID,
+              w + describe(t) + " does not match q's shape " + shape_of(dims));
+  }
+  V4 v{};
+  if (t->strides) {
+    for (int i = 0; i < 4; i++)
+      TSR_CHECK(t->strides[i] >= 0, TSR_ERR_UNSUPPORTED, w + "has a negative stride");
+    v.sb = t->strides[0], v.st = t->strides[1], v.sh = t->strides[2], v.sd = t->strides[3];
+  } else {
+    v.sd = 1, v.sh = d.D, v.st = d.H * d.D, v.sb = d.T * d.H * d.D;
+  }
+  const bool empty = d.B * d.T * d.H * d.D == 0;
+  TSR_CHECK(empty || t->data != nullptr, TSR_ERR_INVALID, w + "has NULL data");
+  v.p = reinterpret_cast<float *>(static_cast<char *>(t->data) + t->byte_offset);
+  TSR_CHECK(reinterpret_cast<uintptr_t>(v.p) % alignof(float) == 0, TSR_ERR_INVALID,
+            w + "is misaligned");
+  return v;
+}
+
+// lse [B, H, T] float32, compact.
+float *lse_view(const char *op, const DLTensor *t, const Dims &d) {
+  const Mat<float> m = f32(op, "lse", t);
+  TSR_CHECK(t->ndim == 3 && t->shape[0] == d.B && t->shape[1] == d.H && t->shape[2] == d.T,
+            TSR_ERR_INVALID,
+            std::string(op) + ": lse must be [B, H, T] = [" + std::to_string(d.B) + "," +
+                std::to_string(d.H) + "," + std::to_string(d.T) + "], got " + describe(t));
+  return m.p;
+}
+
+// Scratch for one head, per thread, grown on first use and then reused:
+// no allocation per step.
+float *scratch(size_t floats) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < floats) buf.resize(floats);
+  return buf.data();
+}
+
+// Copies head (b, h) of X into dst as a compact [T][D].
+void gather(const V4 &X, int64_t b, int64_t h, const Dims &d, float *dst) {
+  for (int64_t t = 0; t < d.T; t++) {
+    const float *r = X.row(b, t, h);
+    for (int64_t e = 0; e < d.D; e++) dst[t * d.D + e] = r[e * X.sd];
+  }
+}
+
+// Row-major single-precision gemm: c = alpha op(a) op(b) + beta c. OpenBLAS
+// runs single-threaded here (cpu_ops_set_threads), one head per pool thread.
+void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+           int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
+              static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+}
+
+// Query rows per tile: a tile's scores against keys 0..(its last row) are
+// one [kTile x keys] block, so the scratch grows with T, not T x T, and
+// the masked half of each diagonal block is the only wasted work.
+constexpr int64_t kTile = 64;
+
+// Softmax of score rows in place for query rows [r0, r1) of a tile whose
+// block has `keys` columns: row t keeps keys 0..t, the rest become 0.
+// Fills lse[t] (the scores come scaled) and inv[t - r0] = 1 / the row's sum.
+TSR_OPS_CLONES void softmax_rows(float *s, int64_t r0, int64_t r1, int64_t keys, float *lse,
+                                 float *inv) {
+  for (int64_t t = r0; t < r1; t++) {
+    float *row = s + (t - r0) * keys;
+    const int64_t n = t + 1;
+    // The row max in sixteen lanes (a loop the compiler vectorizes).
+    float m16[16];
+    for (float &m : m16) m = -INFINITY;
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16)
+      for (int k = 0; k < 16; k++) m16[k] = row[j + k] > m16[k] ? row[j + k] : m16[k];
+    for (; j < n; j++) m16[0] = row[j] > m16[0] ? row[j] : m16[0];
+    float mx = m16[0];
+    for (int k = 1; k < 16; k++) mx = m16[k] > mx ? m16[k] : mx;
+    float sum8[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    j = 0;
+    for (; j + 8 <= n; j += 8)
+      for (int k = 0; k < 8; k++) sum8[k] += row[j + k] = exp_v(row[j + k] - mx);
+    for (; j < n; j++) sum8[0] += row[j] = exp_v(row[j] - mx);
+    for (j = n; j < keys; j++) row[j] = 0.0f;
+    const float sum =
+        ((sum8[0] + sum8[1]) + (sum8[2] + sum8[3])) + ((sum8[4] + sum8[5]) + (sum8[6] + sum8[7]));
+    lse[t] = mx + std::log(sum);
+    inv[t - r0] = 1.0f / sum;
+  }
+}
+
+// dS = P (dP - Di) scale for the rows of a tile, P recomputed from lse into
+// s, both zero past the diagonal.
+TSR_OPS_CLONES void softmax_grad_rows(float *s, float *dp, int64_t r0, int64_t r1, int64_t keys,
+                                      const float *lse, const float *di, float scale) {
+  for (int64_t t = r0; t < r1; t++) {
+    float *srow = s + (t - r0) * keys, *drow = dp + (t - r0) * keys;
+    const int64_t n = t + 1;
+    const float lt = lse[t], dt = di[t - r0];
+    for (int64_t j = 0; j < n; j++) {
+      const float p = exp_v(srow[j] - lt);
+      srow[j] = p;
+      drow[j] = scale * (p * (drow[j] - dt));
+    }
+    for (int64_t j = n; j < keys; j++) srow[j] = drow[j] = 0.0f;
+  }
+}
+
+void forward_head(const V4 &Q, const V4 &K, const V4 &Vv, const V4 &O, float *L, const Dims &d,
+                  int64_t b, int64_t h, float scale) {
+  const int64_t T = d.T, D = d.D, tile = std::min(kTile, T);
+  float *q = scratch(static_cast<size_t>(3 * T * D + tile * T + tile * D + tile));
+  float *k = q + T * D, *v = k + T * D, *s = v + T * D, *o = s + tile * T, *inv = o + tile * D;
+  gather(Q, b, h, d, q);
+  gather(K, b, h, d, k);
+  gather(Vv, b, h, d, v);
+  float *lse = L + (b * d.H + h) * T;
+  for (int64_t r0 = 0; r0 < T; r0 += tile) {
+    const int64_t r1 = std::min(T, r0 + tile), rows = r1 - r0, keys = r1;
+    sgemm(false, true, rows, keys, D, scale, q + r0 * D, D, k, D, 0.0f, s, keys);
+    softmax_rows(s, r0, r1, keys, lse, inv);
+    sgemm(false, false, rows, D, keys, 1.0f, s, keys, v, D, 0.0f, o, D);
+    for (int64_t t = r0; t < r1; t++) {
+      float *orow = O.row(b, t, h);
+      for (int64_t e = 0; e < D; e++) orow[e * O.sd] = o[(t - r0) * D + e] * inv[t - r0];
+    }
+  }
+}
+
+void backward_head(const V4 &Q, const V4 &K, const V4 &Vv, const V4 &O, const V4 &dO,
+                   const float *L, const V4 &dQ, const V4 &dK, const V4 &dV, const Dims &d,
+                   int64_t b, int64_t h, float scale) {
+  const int64_t T = d.T, D = d.D, tile = std::min(kTile, T);
+  float *q = scratch(static_cast<size_t>(6 * T * D + 2 * tile * T + tile * D + tile));
+  float *k = q + T * D, *v = k + T * D, *dout = v + T * D, *dk = dout + T * D, *dv = dk + T * D;
+  float *s = dv + T * D, *dp = s + tile * T, *dq = dp + tile * T, *di = dq + tile * D;
+  gather(Q, b, h, d, q);
+  gather(K, b, h, d, k);
+  gather(Vv, b, h, d, v);
+  gather(dO, b, h, d, dout);
+  for (int64_t i = 0; i < 2 * T * D; i++) dk[i] = 0.0f;  // dk and dv, adjacent
+  const float *lse = L + (b * d.H + h) * T;
+  for (int64_t r0 = 0; r0 < T; r0 += tile) {
+    const int64_t r1 = std::min(T, r0 + tile), rows = r1 - r0, keys = r1;
+    // Di = dO_t . O_t, the softmax's own gradient correction.
+    for (int64_t t = r0; t < r1; t++) {
+      const float *orow = O.row(b, t, h), *dr = dout + t * D;
+      float acc = 0.0f;
+      for (int64_t e = 0; e < D; e++) acc += dr[e] * orow[e * O.sd];
+      di[t - r0] = acc;
+    }
+    sgemm(false, true, rows, keys, D, scale, q + r0 * D, D, k, D, 0.0f, s, keys);
+    sgemm(false, true, rows, keys, D, 1.0f, dout + r0 * D, D, v, D, 0.0f, dp, keys);
+    softmax_grad_rows(s, dp, r0, r1, keys, lse, di, scale);                 // s = P, dp = dS
+    sgemm(false, false, rows, D, keys, 1.0f, dp, keys, k, D, 0.0f, dq, D);  // dQ = dS K
+    sgemm(true, false, keys, D, rows, 1.0f, dp, keys, q + r0 * D, D, 1.0f, dk, D);  // dK += dS^T Q
+    sgemm(true, false, keys, D, rows, 1.0f, s, keys, dout + r0 * D, D, 1.0f, dv,
+          D);  // dV += P^T dO
+    for (int64_t t = r0; t < r1; t++) {
+      float *dqr = dQ.row(b, t, h);
+      for (int64_t e = 0; e < D; e++) dqr[e * dQ.sd] = dq[(t - r0) * D + e];
+    }
+  }
+  for (int64_t j = 0; j < T; j++) {
+    float *kr = dK.row(b, j, h), *vr = dV.row(b, j, h);
+    for (int64_t e = 0; e < D; e++) {
+      kr[e * dK.sd] = dk[j * D + e];
+      vr[e * dV.sd] = dv[j * D + e];
+    }
+  }
+}
+
+}  // namespace
+
+tsr_status attention_forward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
+                             const DLTensor *v, float scale, DLTensor *out,
+                             DLTensor *lse) noexcept {
+  return guarded(ctx, [&] {
+    const char *op = "attention_forward";
+    Dims d{};
+    const V4 Q = bthd(op, "q", q, d, true), K = bthd(op, "k", k, d, false),
+             Vv = bthd(op, "v", v, d, false), O = bthd(op, "out", out, d, false);
+    float *L = lse_view(op, lse, d);
+    if (d.B * d.T * d.H == 0) return;
+    if (d.D == 0) {  // empty heads: every score is 0, so row t averages t + 1 keys
+      for (int64_t i = 0; i < d.B * d.H; i++)
+        for (int64_t t = 0; t < d.T; t++) L[i * d.T + t] = std::log(static_cast<float>(t + 1));
+      return;
+    }
+    parallel_for(d.B * d.H, 1, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; i++) forward_head(Q, K, Vv, O, L, d, i / d.H, i % d.H, scale);
+    });
+  });
+}
+
+tsr_status attention_backward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
+                              const DLTensor *v, const DLTensor *out, const DLTensor *dout,
+                              const DLTensor *lse, float scale, DLTensor *dq, DLTensor *dk,
+                              DLTensor *dv) noexcept {
+  return guarded(ctx, [&] {
+    const char *op = "attention_backward";
+    Dims d{};
+    const V4 Q = bthd(op, "q", q, d, true), K = bthd(op, "k", k, d, false),
+             Vv = bthd(op, "v", v, d, false), O = bthd(op, "out", out, d, false),
+             dO = bthd(op, "dout", dout, d, false), dQ = bthd(op, "dq", dq, d, false),
+             dK = bthd(op, "dk", dk, d, false), dV = bthd(op, "dv", dv, d, false);
+    const float *L = lse_view(op, lse, d);
+    if (d.B * d.T * d.H * d.D == 0) return;  // nothing to write
+    parallel_for(d.B * d.H, 1, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; i++)
+        backward_head(Q, K, Vv, O, dO, L, dQ, dK, dV, d, i / d.H, i % d.H, scale);
+    });
+  });
+}
+
+}  // namespace tessera::cpu

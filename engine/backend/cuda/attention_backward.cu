@@ -1,0 +1,569 @@
+// Causal attention backward on CUDA, flash-attention-2 style:
+//
+//   1. preprocess:  Di[b,h,t] = rowsum(dO * O)  (fp32 scratch), and dq's fp32
+//                   accumulator zeroed (bf16/fp16 only).
+//   2. main kernel: one block owns 64 keys of one (batch, head) and walks the
+//                   query blocks at or after its diagonal. It recomputes
+//                   P^T = exp(K Q^T * scale - lse) from the saved lse, and
+//                   accumulates dV += P^T dO and dK += dS^T Q in registers, so
+//                   dK and dV are written once, deterministically. dS^T goes
+//                   through shared memory to form dQ's partial dS K, which is
+//                   added into the fp32 accumulator with atomics (a query
+//                   block receives one partial per key block).
+//   3. cast:        dq = accumulator * scale, in dq's dtype and strides.
+//
+// fp32 runs on CUDA cores without atomics: one kernel for dq (a warp per
+// query row), one for dk/dv (a warp per key row), both deterministic.
+#include <mutex>
+
+#include "backend/cuda/attention.cuh"
+
+namespace tessera::cuda {
+namespace attn {
+namespace {
+
+constexpr int kBr = 64;  // queries per step
+constexpr int kBc = 64;  // keys per block (4 warps x 16)
+constexpr int kThreads = 128;
+
+// ---------------------------------------------------------------------------
+// Scratch: fp32 [B, H, T] for Di, then [B, H, T, D] for dq's accumulator.
+// Grown on demand and kept; only the compute stream touches it, so a reuse
+// is ordered after the last use.
+
+std::mutex scratch_mu;
+void *scratch_p = nullptr;
+size_t scratch_cap = 0;
+
+float *scratch_floats(size_t n) {
+  std::lock_guard<std::mutex> lock(scratch_mu);
+  const size_t bytes = n * sizeof(float);
+  if (bytes > scratch_cap) {
+    if (scratch_p) {
+      // The old block may still be in use by queued kernels.
+      TSR_CUDA_CHECK(cudaStreamSynchronize(compute_stream()));
+      device_free(scratch_p);
+      scratch_p = nullptr;
+      scratch_cap = 0;
+    }
+    const size_t grow = bytes + bytes / 4;  // some headroom against creeping sizes
+    scratch_p = device_alloc(grow);
+    scratch_cap = grow;
+  }
+  return static_cast<float *>(scratch_p);
+}
+
+// ---------------------------------------------------------------------------
+// 1. Di = rowsum(dO * O): one warp per (b, t, h) row.
+
+template <typename T>
+__global__ void di_kernel(const Ten<T> o, const Ten<T> dout, float *di, int T_, int H, int D,
+                          int64_t rows) {
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (warp >= rows) return;
+  // rows ordered (b, h, t) so di's writes are contiguous.
+  const int t = static_cast<int>(warp % T_);
+  const int64_t bh = warp / T_;
+  const int b = static_cast<int>(bh / H), h = static_cast<int>(bh % H);
+  const T *po = o.at(b, h) + t * o.st, *pd = dout.at(b, h) + t * dout.st;
+  float acc = 0.0f;
+  for (int i = lane; i < D; i += 32) acc += to_f(po[i * o.sd]) * to_f(pd[i * dout.sd]);
+  for (int off = 16; off; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (lane == 0) di[warp] = acc;
+}
+
+// ---------------------------------------------------------------------------
+// 2. Tensor-core main kernel (bf16 / fp16)
+
+template <typename T>
+struct BwdParams {
+  Ten<T> q, k, v, dout, dk, dv;
+  const float *lse;  // [B, H, T]
+  const float *di;   // [B, H, T]
+  float *dq_acc;     // [B, H, T, D], unscaled
+  int T_, H, D;
+  float scale, scale_log2;
+};
+
+template <int DP>
+constexpr int bwd_smem_bytes() {
+  // K, V, Q[2], dO[2] tiles, dS^T [kBc][kBr + 8], then lse[2] and Di[2] rows.
+  return (2 * kBc + 4 * kBr) * (DP + 8) * 2 + kBc * (kBr + 8) * 2 + 4 * kBr * 4;
+}
+
+template <typename T, int DP>
+__global__ void __launch_bounds__(kThreads) bwd_mma_kernel(const BwdParams<T> p) {
+  constexpr int PITCH = DP + 8;
+  constexpr int SP = kBr + 8;  // dS^T row pitch
+  constexpr int KS = DP / 16;
+  constexpr int ND = DP / 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T *sK = reinterpret_cast<T *>(smem_raw);
+  T *sV = sK + kBc * PITCH;
+  // Q, dO, lse and Di are double-buffered: the next query block streams in
+  // (cp.async) while this one computes; 2 blocks fit an SM, too few warps to
+  // hide a load's latency otherwise.
+  T *sQ = sV + kBc * PITCH;                                 // [2][kBr][PITCH]
+  T *sdO = sQ + 2 * kBr * PITCH;                            // [2][kBr][PITCH]
+  T *sdS = sdO + 2 * kBr * PITCH;                           // [kBc keys][SP], dS^T
+  float *sLse = reinterpret_cast<float *>(sdS + kBc * SP);  // [2][kBr] base-2 lse, +inf past T
+  float *sDi = sLse + 2 * kBr;                              // [2][kBr]
+
+  const int kb = blockIdx.x;  // block 0 walks every query block: heaviest first
+  const int b = blockIdx.y / p.H, h = blockIdx.y % p.H;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int nqb = (p.T_ + kBr - 1) / kBr;
+  const T *gq = p.q.at(b, h), *gdo = p.dout.at(b, h);
+  const int64_t bh_row = (static_cast<int64_t>(b) * p.H + h) * p.T_;
+
+  load_tile<T, kBc, DP, PITCH, kThreads>(sK, p.k.at(b, h), p.k.st, p.k.sd, p.k.vec, kb * kBc, p.T_,
+                                         p.D);
+  load_tile<T, kBc, DP, PITCH, kThreads>(sV, p.v.at(b, h), p.v.st, p.v.sd, p.v.vec, kb * kBc, p.T_,
+                                         p.D);
+  // Query block kb (the diagonal, always the first) into buffer 0.
+  auto load_q = [&](int qb, int buf) {
+    load_tile<T, kBr, DP, PITCH, kThreads>(sQ + buf * kBr * PITCH, gq, p.q.st, p.q.sd, p.q.vec,
+                                           qb * kBr, p.T_, p.D);
+    load_tile<T, kBr, DP, PITCH, kThreads>(sdO + buf * kBr * PITCH, gdo, p.dout.st, p.dout.sd,
+                                           p.dout.vec, qb * kBr, p.T_, p.D);
+    cp_async_commit();
+    for (int i = threadIdx.x; i < kBr; i += kThreads) {
+      const int row = qb * kBr + i;
+      // A query past T gets lse = +inf, so its P (and so dS) is exactly 0.
+      sLse[buf * kBr + i] = row < p.T_ ? p.lse[bh_row + row] * kLog2e : INFINITY;
+      sDi[buf * kBr + i] = row < p.T_ ? p.di[bh_row + row] : 0.0f;
+    }
+  };
+  load_q(kb, 0);
+
+  float dv[ND][4], dk[ND][4];
+#pragma unroll
+  for (int nt = 0; nt < ND; nt++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) dv[nt][e] = dk[nt][e] = 0.0f;
+  const int key_g = kb * kBc + warp * 16 + lane / 4;  // key of c0/c1; c2/c3 is key_g + 8
+
+  for (int qb = kb; qb < nqb; qb++) {
+    const int buf = (qb - kb) & 1;
+    // Prefetch the next query block into the other buffer (free: everyone
+    // passed the barrier closing the previous iteration), wait for this one.
+    if (qb + 1 < nqb) {
+      load_q(qb + 1, buf ^ 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const T *cQ = sQ + buf * kBr * PITCH, *cdO = sdO + buf * kBr * PITCH;
+    const float *cLse = sLse + buf * kBr, *cDi = sDi + buf * kBr;
+
+    // S^T = K Q^T: this warp's 16 keys x 64 queries.
+    float s[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+      uint32_t a[4];
+      ldsm4(a, sK + (warp * 16 + lane % 16) * PITCH + ks * 16 + (lane / 16) * 8);
+#pragma unroll
+      for (int np = 0; np < 4; np++) {
+        uint32_t r[4];
+        ldsm4(r,
+              cQ + (np * 16 + lane % 8 + (lane / 16) * 8) * PITCH + ks * 16 + ((lane / 8) % 2) * 8);
+        mma16816<T>(s[2 * np], a, r[0], r[1]);
+        mma16816<T>(s[2 * np + 1], a, r[2], r[3]);
+      }
+    }
+    // P^T = exp2(S^T * scale * log2e - lse * log2e), zero above the diagonal.
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int ql = nt * 8 + (lane % 4) * 2 + (e & 1);
+        float pv = exp2f(s[nt][e] * p.scale_log2 - cLse[ql]);
+        if (qb == kb && key_g + (e >= 2 ? 8 : 0) > qb * kBr + ql) pv = 0.0f;
+        s[nt][e] = pv;
+      }
+    }
+
+    // dV += P^T dO (k dim = queries: dO's rows, through the transposing ldmatrix).
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+      uint32_t a[4];
+      c_to_a<T>(a, s, kk);
+#pragma unroll
+      for (int dp = 0; dp < DP / 16; dp++) {
+        uint32_t r[4];
+        ldsm4t(r, cdO + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * PITCH + dp * 16 +
+                      (lane / 16) * 8);
+        mma16816<T>(dv[2 * dp], a, r[0], r[1]);
+        mma16816<T>(dv[2 * dp + 1], a, r[2], r[3]);
+      }
+    }
+
+    // dP^T = V dO^T: 16 keys x 64 queries.
+    float ds[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++) ds[nt][0] = ds[nt][1] = ds[nt][2] = ds[nt][3] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+      uint32_t a[4];
+      ldsm4(a, sV + (warp * 16 + lane % 16) * PITCH + ks * 16 + (lane / 16) * 8);
+#pragma unroll
+      for (int np = 0; np < 4; np++) {
+        uint32_t r[4];
+        ldsm4(r, cdO + (np * 16 + lane % 8 + (lane / 16) * 8) * PITCH + ks * 16 +
+                     ((lane / 8) % 2) * 8);
+        mma16816<T>(ds[2 * np], a, r[0], r[1]);
+        mma16816<T>(ds[2 * np + 1], a, r[2], r[3]);
+      }
+    }
+    // dS^T = P^T * (dP^T - Di) (unscaled; scale is applied to dK and dQ once).
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int ql = nt * 8 + (lane % 4) * 2 + (e & 1);
+        ds[nt][e] = s[nt][e] * (ds[nt][e] - cDi[ql]);
+      }
+    }
+
+    // dK += dS^T Q.
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+      uint32_t a[4];
+      c_to_a<T>(a, ds, kk);
+#pragma unroll
+      for (int dp = 0; dp < DP / 16; dp++) {
+        uint32_t r[4];
+        ldsm4t(r, cQ + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * PITCH + dp * 16 +
+                      (lane / 16) * 8);
+        mma16816<T>(dk[2 * dp], a, r[0], r[1]);
+        mma16816<T>(dk[2 * dp + 1], a, r[2], r[3]);
+      }
+    }
+
+    // dS^T to shared memory, so each warp can take 16 queries x all 64 keys.
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++) {
+      const int col = nt * 8 + (lane % 4) * 2;
+      *reinterpret_cast<uint32_t *>(sdS + (warp * 16 + lane / 4) * SP + col) =
+          pack2<T>(ds[nt][0], ds[nt][1]);
+      *reinterpret_cast<uint32_t *>(sdS + (warp * 16 + lane / 4 + 8) * SP + col) =
+          pack2<T>(ds[nt][2], ds[nt][3]);
+    }
+    __syncthreads();
+
+    // dQ partial = dS K for queries warp*16.. : A = dS (queries x keys) read
+    // transposed out of dS^T; B = K (keys x d), rows are the k dim: transposed.
+    {
+      float dq[ND][4];
+#pragma unroll
+      for (int nt = 0; nt < ND; nt++) dq[nt][0] = dq[nt][1] = dq[nt][2] = dq[nt][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < 4; kk++) {
+        uint32_t a[4];
+        ldsm4t(a, sdS + (kk * 16 + lane % 8 + (lane / 16) * 8) * SP + warp * 16 +
+                      ((lane / 8) % 2) * 8);
+#pragma unroll
+        for (int dp = 0; dp < DP / 16; dp++) {
+          uint32_t r[4];
+          ldsm4t(r, sK + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * PITCH + dp * 16 +
+                        (lane / 16) * 8);
+          mma16816<T>(dq[2 * dp], a, r[0], r[1]);
+          mma16816<T>(dq[2 * dp + 1], a, r[2], r[3]);
+        }
+      }
+      const int q_g = qb * kBr + warp * 16 + lane / 4;
+      float *acc = p.dq_acc + (bh_row + q_g) * p.D;
+#pragma unroll
+      for (int nt = 0; nt < ND; nt++) {
+        const int col = nt * 8 + (lane % 4) * 2;
+        if (q_g < p.T_) {
+          if (col < p.D) atomicAdd(acc + col, dq[nt][0]);
+          if (col + 1 < p.D) atomicAdd(acc + col + 1, dq[nt][1]);
+        }
+        if (q_g + 8 < p.T_) {
+          if (col < p.D) atomicAdd(acc + 8 * p.D + col, dq[nt][2]);
+          if (col + 1 < p.D) atomicAdd(acc + 8 * p.D + col + 1, dq[nt][3]);
+        }
+      }
+    }
+    __syncthreads();  // sQ, sdO, sdS are refilled next iteration
+  }
+
+  // dK (scaled) and dV through the now idle Q / dO tiles, coalesced stores.
+  const float one[2] = {1.0f, 1.0f}, sc[2] = {p.scale, p.scale};
+  frag_to_smem<T, DP, PITCH>(sQ, dk, warp * 16, sc);
+  frag_to_smem<T, DP, PITCH>(sdO, dv, warp * 16, one);
+  __syncthreads();
+  store_tile<T, kBc, DP, PITCH, kThreads>(p.dk.at(b, h), sQ, p.dk.st, p.dk.sd, p.dk.vec, kb * kBc,
+                                          p.T_, p.D);
+  store_tile<T, kBc, DP, PITCH, kThreads>(p.dv.at(b, h), sdO, p.dv.st, p.dv.sd, p.dv.vec, kb * kBc,
+                                          p.T_, p.D);
+}
+
+template <typename T, int DP>
+void launch_bwd_mma(const BwdParams<T> &p, int B) {
+  constexpr int smem = bwd_smem_bytes<DP>();
+  static const bool attr = [] {
+    TSR_CUDA_CHECK(cudaFuncSetAttribute(bwd_mma_kernel<T, DP>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    return true;
+  }();
+  (void)attr;
+  const dim3 grid((p.T_ + kBc - 1) / kBc, B * p.H);
+  bwd_mma_kernel<T, DP><<<grid, kThreads, smem, compute_stream()>>>(p);
+  check_launch();
+}
+
+// 3. dq = acc * scale in dq's dtype and strides; acc is [B, H, T, D].
+template <typename T>
+__global__ void dq_cast_kernel(const float *acc, Ten<T> dq, int T_, int H, int D, float scale,
+                               int64_t n) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int d = static_cast<int>(i % D);
+    const int64_t r = i / D;
+    const int t = static_cast<int>(r % T_);
+    const int64_t bh = r / T_;
+    const int b = static_cast<int>(bh / H), h = static_cast<int>(bh % H);
+    dq.at(b, h)[t * dq.st + d * dq.sd] = from_f<T>(acc[i] * scale);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// fp32 (CUDA cores). Both kernels: 4 warps x 2 rows a block, a lane per
+// key (dq) or per query (dk/dv) of a 32-wide tile, output dims lane + 32 c.
+
+constexpr int kRows = 8;
+constexpr int kTile = 32;
+
+struct BwdF32Params {
+  Ten<float> q, k, v, dout, dq, dk, dv;
+  const float *lse, *di;
+  int T_, H, D;
+  float scale;
+};
+
+// dq_i = scale * sum_{j <= i} P_ij (dP_ij - Di) k_j, dP_ij = dO_i . v_j
+__global__ void __launch_bounds__(128) dq_f32_kernel(const BwdF32Params p) {
+  __shared__ float sQ[kRows][128], sdO[kRows][128];
+  __shared__ float sK[kTile][129], sV[kTile][129];
+  const int r0 = (gridDim.x - 1 - blockIdx.x) * kRows;
+  const int b = blockIdx.y / p.H, h = blockIdx.y % p.H;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t bh_row = (static_cast<int64_t>(b) * p.H + h) * p.T_;
+  const float *gq = p.q.at(b, h), *gdo = p.dout.at(b, h), *gk = p.k.at(b, h), *gv = p.v.at(b, h);
+  for (int e = threadIdx.x; e < kRows * 128; e += 128) {
+    const int r = e / 128, d = e % 128;
+    const bool in = r0 + r < p.T_ && d < p.D;
+    sQ[r][d] = in ? gq[(r0 + r) * p.q.st + d * p.q.sd] : 0.0f;
+    sdO[r][d] = in ? gdo[(r0 + r) * p.dout.st + d * p.dout.sd] : 0.0f;
+  }
+  float acc[2][4] = {};
+  const int last = min(r0 + kRows, p.T_) - 1;
+  for (int k0 = 0; k0 <= last; k0 += kTile) {
+    __syncthreads();
+    for (int e = threadIdx.x; e < kTile * 128; e += 128) {
+      const int r = e / 128, d = e % 128;
+      const bool in = k0 + r < p.T_ && d < p.D;
+      sK[r][d] = in ? gk[(k0 + r) * p.k.st + d * p.k.sd] : 0.0f;
+      sV[r][d] = in ? gv[(k0 + r) * p.v.st + d * p.v.sd] : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+      const int rl = warp * 2 + i, row = r0 + rl;
+      if (row >= p.T_ || k0 > row) continue;  // warp-uniform
+      float s = 0.0f, dp = 0.0f;
+      for (int d = 0; d < p.D; d++) {
+        s += sQ[rl][d] * sK[lane][d];
+        dp += sdO[rl][d] * sV[lane][d];
+      }
+      const float pij = k0 + lane <= row ? expf(s * p.scale - p.lse[bh_row + row]) : 0.0f;
+      const float dsij = pij * (dp - p.di[bh_row + row]);
+      for (int j = 0; j < kTile; j++) {
+        const float db = __shfl_sync(0xffffffffu, dsij, j);
+#pragma unroll
+        for (int c = 0; c < 4; c++) acc[i][c] += db * sK[j][lane + 32 * c];
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    const int row = r0 + warp * 2 + i;
+    if (row >= p.T_) continue;
+    float *g = p.dq.at(b, h) + row * p.dq.st;
+#pragma unroll
+    for (int c = 0; c < 4; c++)
+      if (lane + 32 * c < p.D) g[(lane + 32 * c) * p.dq.sd] = acc[i][c] * p.scale;
+  }
+}
+
+// dv_j = sum_{i >= j} P_ij dO_i;  dk_j = scale * sum_{i >= j} dS_ij q_i
+__global__ void __launch_bounds__(128) dkdv_f32_kernel(const BwdF32Params p) {
+  __shared__ float sK[kRows][128], sV[kRows][128];
+  __shared__ float sQ[kTile][129], sdO[kTile][129];
+  __shared__ float sLse[kTile], sDi[kTile];
+  const int r0 = blockIdx.x * kRows;  // first key of this block; block 0 has most work
+  const int b = blockIdx.y / p.H, h = blockIdx.y % p.H;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t bh_row = (static_cast<int64_t>(b) * p.H + h) * p.T_;
+  const float *gq = p.q.at(b, h), *gdo = p.dout.at(b, h), *gk = p.k.at(b, h), *gv = p.v.at(b, h);
+  for (int e = threadIdx.x; e < kRows * 128; e += 128) {
+    const int r = e / 128, d = e % 128;
+    const bool in = r0 + r < p.T_ && d < p.D;
+    sK[r][d] = in ? gk[(r0 + r) * p.k.st + d * p.k.sd] : 0.0f;
+    sV[r][d] = in ? gv[(r0 + r) * p.v.st + d * p.v.sd] : 0.0f;
+  }
+  float dk[2][4] = {}, dv[2][4] = {};
+  for (int q0 = (r0 / kTile) * kTile; q0 < p.T_; q0 += kTile) {
+    __syncthreads();
+    for (int e = threadIdx.x; e < kTile * 128; e += 128) {
+      const int r = e / 128, d = e % 128;
+      const bool in = q0 + r < p.T_ && d < p.D;
+      sQ[r][d] = in ? gq[(q0 + r) * p.q.st + d * p.q.sd] : 0.0f;
+      sdO[r][d] = in ? gdo[(q0 + r) * p.dout.st + d * p.dout.sd] : 0.0f;
+    }
+    if (threadIdx.x < kTile) {
+      const int qi = q0 + threadIdx.x;
+      sLse[threadIdx.x] = qi < p.T_ ? p.lse[bh_row + qi] : INFINITY;
+      sDi[threadIdx.x] = qi < p.T_ ? p.di[bh_row + qi] : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+      const int rl = warp * 2 + i, key = r0 + rl;
+      if (key >= p.T_ || q0 + kTile - 1 < key) continue;  // warp-uniform
+      const int qi = q0 + lane;
+      float s = 0.0f, dp = 0.0f;
+      for (int d = 0; d < p.D; d++) {
+        s += sK[rl][d] * sQ[lane][d];
+        dp += sV[rl][d] * sdO[lane][d];
+      }
+      const float pij = (qi >= key && qi < p.T_) ? expf(s * p.scale - sLse[lane]) : 0.0f;
+      const float dsij = pij * (dp - sDi[lane]);
+      for (int j = 0; j < kTile; j++) {
+        const float pb = __shfl_sync(0xffffffffu, pij, j);
+        const float db = __shfl_sync(0xffffffffu, dsij, j);
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+          dv[i][c] += pb * sdO[j][lane + 32 * c];
+          dk[i][c] += db * sQ[j][lane + 32 * c];
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    const int key = r0 + warp * 2 + i;
+    if (key >= p.T_) continue;
+    float *gdk = p.dk.at(b, h) + key * p.dk.st, *gdv = p.dv.at(b, h) + key * p.dv.st;
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+      if (lane + 32 * c < p.D) {
+        gdk[(lane + 32 * c) * p.dk.sd] = dk[i][c] * p.scale;
+        gdv[(lane + 32 * c) * p.dv.sd] = dv[i][c];
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace attn
+
+tsr_status attention_backward_native(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
+                                     const DLTensor *v, const DLTensor *out, const DLTensor *dout,
+                                     const DLTensor *lse, float scale, DLTensor *dq, DLTensor *dk,
+                                     DLTensor *dv) noexcept {
+  using namespace attn;
+  return guarded(ctx, [&] {
+    const char *op = "attention_backward";
+    Dims d;
+    Dt dt = Dt::F32;
+    const Bthd vq = check_bthd(op, "q", q, d, dt, true);
+    const Bthd vk = check_bthd(op, "k", k, d, dt, false);
+    const Bthd vv = check_bthd(op, "v", v, d, dt, false);
+    const Bthd vo = check_bthd(op, "out", out, d, dt, false);
+    const Bthd vdo = check_bthd(op, "dout", dout, d, dt, false);
+    const Bthd vdq = check_bthd(op, "dq", dq, d, dt, false);
+    const Bthd vdk = check_bthd(op, "dk", dk, d, dt, false);
+    const Bthd vdv = check_bthd(op, "dv", dv, d, dt, false);
+    const float *plse = check_lse(op, lse, d);
+    check_dims(op, d);
+    TSR_CHECK(std::isfinite(scale), TSR_ERR_INVALID, "attention_backward: scale is not finite");
+    if (d.B * d.T * d.H == 0) return;
+    const int T_ = static_cast<int>(d.T), H = static_cast<int>(d.H), D = static_cast<int>(d.D);
+    const int B = static_cast<int>(d.B);
+    const int64_t rows = d.B * d.H * d.T;
+    const bool f32 = dt == Dt::F32;
+    float *di = scratch_floats(static_cast<size_t>(rows) * (f32 ? 1 : 1 + d.D));
+    float *dq_acc = di + rows;
+    cudaStream_t st = compute_stream();
+
+    auto run = [&](auto zero) {
+      using T = decltype(zero);
+      const unsigned di_blocks = static_cast<unsigned>((rows * 32 + 255) / 256);
+      di_kernel<T>
+          <<<di_blocks, 256, 0, st>>>(ten<T>(vo, d.D), ten<T>(vdo, d.D), di, T_, H, D, rows);
+      check_launch();
+      if constexpr (std::is_same_v<T, float>) {
+        BwdF32Params p{ten<float>(vq, d.D),
+                       ten<float>(vk, d.D),
+                       ten<float>(vv, d.D),
+                       ten<float>(vdo, d.D),
+                       ten<float>(vdq, d.D),
+                       ten<float>(vdk, d.D),
+                       ten<float>(vdv, d.D),
+                       plse,
+                       di,
+                       T_,
+                       H,
+                       D,
+                       scale};
+        const dim3 grid((T_ + kRows - 1) / kRows, B * H);
+        dq_f32_kernel<<<grid, 128, 0, st>>>(p);
+        check_launch();
+        dkdv_f32_kernel<<<grid, 128, 0, st>>>(p);
+        check_launch();
+      } else {
+        TSR_CUDA_CHECK(
+            cudaMemsetAsync(dq_acc, 0, static_cast<size_t>(rows * d.D) * sizeof(float), st));
+        BwdParams<T> p{ten<T>(vq, d.D),
+                       ten<T>(vk, d.D),
+                       ten<T>(vv, d.D),
+                       ten<T>(vdo, d.D),
+                       ten<T>(vdk, d.D),
+                       ten<T>(vdv, d.D),
+                       plse,
+                       di,
+                       dq_acc,
+                       T_,
+                       H,
+                       D,
+                       scale,
+                       scale * kLog2e};
+        if (D <= 64) {
+          launch_bwd_mma<T, 64>(p, B);
+        } else {
+          launch_bwd_mma<T, 128>(p, B);
+        }
+        const int64_t n = rows * d.D;
+        const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 65535));
+        dq_cast_kernel<T><<<blocks, 256, 0, st>>>(dq_acc, ten<T>(vdq, d.D), T_, H, D, scale, n);
+        check_launch();
+      }
+    };
+    if (dt == Dt::F32) {
+      run(float{});
+    } else if (dt == Dt::BF16) {
+      run(__nv_bfloat16{});
+    } else {
+      run(__half{});
+    }
+  });
+}
+
+}  // namespace tessera::cuda
