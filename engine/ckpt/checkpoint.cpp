@@ -300,6 +300,8 @@ RunPosition load_checkpoint(const CheckpointParts &s, const std::string &path) {
   // update that copies instead of stepping, then re-shares as its stage needs.
   auto copy_master = [](void *ctx, const tsr_owned_range *r) -> tsr_status {
     const auto *ss = static_cast<const CheckpointParts *>(ctx);
+    // Parameters the offload backend keeps: write_state of the masters set them.
+    if (!r->params) return TSR_OK;
     std::vector<float> master(r->count);
     tsr_status st =
         ss->offload.vt->read_state(ss->offload.self, 0, r->owned_offset, r->count, master.data());

@@ -226,6 +226,38 @@ struct Mapper {
     }
   }
 
+  // offload_param (ZeRO-Infinity): the offload backend keeps the
+  // parameters too (offload.params). tessera keeps them with the optimizer
+  // state's backend, so parameters on NVMe take the nvme backend, and
+  // offloaded parameters without an optimizer offload take the backend of
+  // their device.
+  void offload_param(const json &o) {
+    const std::string key = "zero_optimization.offload_param";
+    if (!o.is_object()) fail(key, "expected an object");
+    if (o.contains("device") && !o["device"].is_string())
+      fail(key + ".device", "expected \"none\", \"cpu\" or \"nvme\", got " + o["device"].dump());
+    const std::string dev = o.value("device", std::string("none"));
+    if (dev != "none" && dev != "cpu" && dev != "nvme")
+      fail(key + ".device", "expected none, cpu or nvme, got '" + dev + "'");
+    for (const auto &[k, v] : o.items())
+      if (k != "device" && k != "nvme_path" && k != "pin_memory" && k != "buffer_count" &&
+          k != "buffer_size" && k != "max_in_cpu")
+        doc.warn(path + ": " + key + "." + k + " is not used by tessera; ignored");
+    if (dev == "none") return;
+    std::string backend =
+        doc.root().at_path("offload.plugin").value<std::string>().value_or("none");
+    if (backend != dev && (dev == "nvme" || backend == "none")) {
+      if (backend != "none")
+        doc.warn(path + ": " + key + ".device = \"nvme\": tessera keeps offloaded parameters " +
+                 "with the optimizer state, so that goes to NVMe too (offload.plugin = \"nvme\")");
+      doc.set("offload.plugin", toml::value<std::string>(dev), origin(key + ".device"));
+      backend = dev;
+    }
+    doc.set("offload.params", toml::value<std::string>(dev), origin(key + ".device"));
+    if (dev == "nvme" && o.contains("nvme_path") && !doc.root().at_path("offload.path"))
+      put("offload.path", o["nvme_path"], key + ".nvme_path");
+  }
+
   void zero(const json &z) {
     if (!z.is_object()) fail("zero_optimization", "expected an object");
     if (z.contains("stage")) {
@@ -268,6 +300,7 @@ struct Mapper {
           doc.warn(path + ": zero_optimization.offload_optimizer." + k +
                    " is not used by tessera; ignored");
     }
+    if (z.contains("offload_param")) offload_param(z["offload_param"]);
     // Bucket size: DeepSpeed counts elements; ours is MiB of fp32 gradients.
     if (z.contains("reduce_bucket_size")) {
       const json &b = z["reduce_bucket_size"];
@@ -292,8 +325,8 @@ struct Mapper {
               toml::value<bool>(z["stage3_prefetch_bucket_size"].get<double>() > 0),
               origin("zero_optimization.stage3_prefetch_bucket_size"));
     for (const auto &[k, v] : z.items())
-      if (k != "stage" && k != "offload_optimizer" && k != "reduce_bucket_size" &&
-          k != "overlap_comm" && k != "stage3_prefetch_bucket_size")
+      if (k != "stage" && k != "offload_optimizer" && k != "offload_param" &&
+          k != "reduce_bucket_size" && k != "overlap_comm" && k != "stage3_prefetch_bucket_size")
         doc.warn(path + ": zero_optimization." + k + " is not used by tessera; ignored");
   }
 

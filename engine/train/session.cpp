@@ -123,6 +123,12 @@ Session::Session(const Job &j, Host::RunFacts facts, bool train, ParamInitialize
   plan = tsr_zero_plan{};
   plan.struct_size = tsr_zero_plan_STRUCT_SIZE;
   plugin_ok(host, zero.vt->plan(zero.self, &plan), "[zero] plugin '" + zero.name + "' plan");
+  // The offload backend comes first when it keeps the parameters itself:
+  // the zero plugin must know before it allocates them.
+  if (training) {
+    create_simple(*this, offload, "offload");
+    source_params_from_offload();
+  }
   tsr_zero_setup zs{};
   zs.struct_size = tsr_zero_setup_STRUCT_SIZE;
   zs.num_groups = layout.group_offset.size();
@@ -133,7 +139,7 @@ Session::Session(const Job &j, Host::RunFacts facts, bool train, ParamInitialize
   zs.dtype = compute_dtype();
   // The zero plugin takes the initial values in the compute dtype.
   std::vector<uint16_t> initial_narrow;
-  if (compute_bytes() == 2) {
+  if (compute_bytes() == 2 && params_home == TSR_PARAMS_ON_DEVICE) {
     initial_narrow.resize(initial.size());
     const bool bf16 = compute_dtype().code == kDLBfloat;
     for (size_t i = 0; i < initial.size(); ++i)
@@ -200,7 +206,6 @@ Session::Session(const Job &j, Host::RunFacts facts, bool train, ParamInitialize
 
   create_simple(*this, optimizer, "optimizer");
   state_count = optimizer.vt->state_count(optimizer.self);
-  create_simple(*this, offload, "offload");
   tsr_offload_setup os{};
   os.struct_size = tsr_offload_setup_STRUCT_SIZE;
   os.n = zero.vt->owned_count(zero.self);
@@ -233,6 +238,32 @@ Session::Session(const Job &j, Host::RunFacts facts, bool train, ParamInitialize
       if (r.flat_offset < hi && r.flat_offset + r.count > lo)
         group_owned_[g].emplace_back(r.owned_offset, r.count);
     }
+}
+
+void Session::source_params_from_offload() {
+  const PluginChoice &c = job.plugin("offload");
+  offload_params = c.entry->extension<tsr_ext_offload_params>(TSR_EXT_OFFLOAD_PARAMS);
+  if (!offload_params || !TSR_HAS_FIELD(offload_params, tsr_ext_offload_params, bytes) ||
+      !offload_params->home || !offload_params->fetch || !offload_params->ready) {
+    offload_params = nullptr;
+    return;
+  }
+  params_home = offload_params->home(offload.self);
+  if (params_home == TSR_PARAMS_ON_DEVICE) return;
+  const std::string who = "[offload] plugin '" + offload.name + "' keeps the parameters off the " +
+                          "device (its config asks so), ";
+  const auto *ext =
+      job.plugin("zero").entry->extension<tsr_ext_zero_param_source>(TSR_EXT_ZERO_PARAM_SOURCE);
+  if (!ext || !TSR_HAS_FIELD(ext, tsr_ext_zero_param_source, use) || !ext->use)
+    throw Error(TSR_ERR_UNSUPPORTED, who + "but [zero] plugin '" + zero.name +
+                                         "' cannot take them from it (no " +
+                                         TSR_EXT_ZERO_PARAM_SOURCE + "); use ZeRO stage 3");
+  param_source_.struct_size = tsr_param_source_STRUCT_SIZE;
+  param_source_.self = offload.self;
+  param_source_.fetch = offload_params->fetch;
+  param_source_.ready = offload_params->ready;
+  plugin_ok(host, ext->use(zero.self, &param_source_),
+            who + "so [zero] plugin '" + zero.name + "'");
 }
 
 bool Session::host_drives_update() const {

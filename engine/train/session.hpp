@@ -60,6 +60,11 @@ struct Session {
   Instance<tsr_offload_vtable> offload;
   tsr_zero_plan plan{};
   uint32_t state_count = 0;
+  // Where the owned compute parameters live: TSR_PARAMS_ON_DEVICE (with
+  // the zero plugin), or with the offload backend in host memory or on
+  // disk (TSR_EXT_OFFLOAD_PARAMS, handed to the zero plugin as a source).
+  int32_t params_home = TSR_PARAMS_ON_DEVICE;
+  const tsr_ext_offload_params *offload_params = nullptr;
   Layout layout;
 
   // Step hooks: views of parameter i / its gradient through the zero plugin.
@@ -124,6 +129,7 @@ struct Session {
   double update_wait_s = 0;
 
  private:
+  void source_params_from_offload();
   tsr_status wait_group(uint32_t g);
   tsr_status wait_near(uint32_t g);
   std::vector<std::vector<int64_t>> shapes_;
@@ -132,6 +138,7 @@ struct Session {
   std::vector<std::vector<std::pair<size_t, size_t>>> group_owned_;
   std::vector<char> in_flight_;  // per group: its update may not have landed
   bool any_in_flight_ = false;
+  tsr_param_source param_source_{};
 };
 
 }  // namespace tessera

@@ -137,6 +137,23 @@ TrainState start_state(Session &s, const EpochPlan &e) {
   return ts;
 }
 
+namespace {
+
+// Parameter offload: where rank 0's owned compute parameters are, in bytes
+// per place (the backend says what it holds in host memory and on disk).
+void print_offloaded_params(Session &s, int64_t on_device) {
+  uint64_t host_b = 0, disk_b = 0;
+  s.offload_params->bytes(s.offload.self, &host_b, &disk_b);
+  std::printf(
+      "tessera: parameters of rank 0 live in %s ([offload] plugin '%s'): %.2f MiB on the GPU "
+      "(the live groups), %.2f MiB in host memory, %.2f MiB on disk\n",
+      s.params_home == TSR_PARAMS_ON_DISK ? "a file" : "host memory", s.offload.name.c_str(),
+      static_cast<double>(on_device) / 1048576.0, static_cast<double>(host_b) / 1048576.0,
+      static_cast<double>(disk_b) / 1048576.0);
+}
+
+}  // namespace
+
 nlohmann::json report_memory(Session &s) {
   const auto &f = s.host.facts();
   MemoryStats m = s.host.memory();
@@ -175,16 +192,20 @@ nlohmann::json report_memory(Session &s) {
     const double states = 1 + s.state_count;
     const double cb = static_cast<double>(s.compute_bytes());
     const std::string b = std::to_string(s.compute_bytes());
-    const std::string p_rule = s.plan.partition_params ? b + "Psi/N + live groups" : b + "Psi";
+    const bool offloaded = s.params_home != TSR_PARAMS_ON_DEVICE;
+    const std::string p_rule = offloaded ? "live groups only: " + b + "Psi/N offloaded"
+                               : s.plan.partition_params ? b + "Psi/N + live groups"
+                                                         : b + "Psi";
     const std::string g_rule = s.plan.partition_grads ? b + "Psi/N + buckets" : b + "Psi";
     std::printf(
         "tessera: expected for %s at %u ranks (DESIGN.md, %s, Psi = %.0f): parameters %.2f MiB "
         "(%s), gradients %.2f MiB (%s), optimizer state %.2f MiB (%s)\n",
         stage, f.world_size, s.job.settings.precision.c_str(), psi,
-        mib(cb * psi / (s.plan.partition_params ? w : 1)), p_rule.c_str(),
+        offloaded ? 0.0 : mib(cb * psi / (s.plan.partition_params ? w : 1)), p_rule.c_str(),
         mib(cb * psi / (s.plan.partition_grads ? w : 1)), g_rule.c_str(),
         mib(4 * states * psi / (s.plan.partition_optimizer ? w : 1)),
         s.plan.partition_optimizer ? "4(1+k)Psi/N" : "4(1+k)Psi");
+    if (offloaded) print_offloaded_params(s, all[0]);
     std::fflush(stdout);
   }
   return by_rank;

@@ -1,5 +1,6 @@
 // The zero plugins stage0..stage3: one library, four descriptors, one
 // implementation (zero_state.cpp) configured by the stage number.
+#include <tessera/cpp/extension.hpp>
 #include <tessera/cpp/plugin.hpp>
 
 #include "zero_state.hpp"
@@ -81,6 +82,17 @@ tsr_status clear_grads(void *self) {
   return guard(self_of(self)->host, [&] { self_of(self)->state.clear_grads(); });
 }
 
+tsr_status use_source(void *self, const tsr_param_source *src) {
+  return guard(self_of(self)->host, [&] { self_of(self)->state.use_source(src); });
+}
+
+// Every stage answers, so stages 0-2 refuse offloaded parameters saying why.
+const tsr_ext_zero_param_source kParamSource = {tsr_ext_zero_param_source_STRUCT_SIZE, use_source};
+const Extension kExtensions[] = {{TSR_EXT_ZERO_PARAM_SOURCE, &kParamSource}};
+const void *get_extension(const char *id) {
+  return find_extension(kExtensions, id);
+}
+
 template <int Stage>
 constexpr tsr_zero_vtable vtable() {
   return {tsr_zero_vtable_STRUCT_SIZE,
@@ -131,7 +143,7 @@ const tsr_plugin_descriptor kStage0 = {
     2,
     kDevices,
     &kV0,
-    nullptr};
+    get_extension};
 const tsr_plugin_descriptor kStage1 = {tsr_plugin_descriptor_STRUCT_SIZE,
                                        TSR_KIND_ZERO,
                                        "stage1",
@@ -141,7 +153,7 @@ const tsr_plugin_descriptor kStage1 = {tsr_plugin_descriptor_STRUCT_SIZE,
                                        2,
                                        kDevices,
                                        &kV1,
-                                       nullptr};
+                                       get_extension};
 const tsr_plugin_descriptor kStage2 = {
     tsr_plugin_descriptor_STRUCT_SIZE,
     TSR_KIND_ZERO,
@@ -152,7 +164,7 @@ const tsr_plugin_descriptor kStage2 = {
     2,
     kDevices,
     &kV2,
-    nullptr};
+    get_extension};
 const tsr_plugin_descriptor kStage3 = {
     tsr_plugin_descriptor_STRUCT_SIZE,
     TSR_KIND_ZERO,
@@ -163,7 +175,7 @@ const tsr_plugin_descriptor kStage3 = {
     3,
     kDevices,
     &kV3,
-    nullptr};
+    get_extension};
 const tsr_plugin_descriptor *const kPlugins[] = {&kStage0, &kStage1, &kStage2, &kStage3};
 const tsr_plugin_library kLibrary = {tsr_plugin_library_STRUCT_SIZE, TSR_ABI_MAJOR, TSR_ABI_MINOR,
                                      kPlugins, 4};

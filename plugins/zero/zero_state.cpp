@@ -24,6 +24,19 @@ void ZeroState::plan(tsr_zero_plan *out) const {
   if (TSR_HAS_FIELD(out, tsr_zero_plan, partition_params)) out->partition_params = opt_.stage >= 3;
 }
 
+void ZeroState::use_source(const tsr_param_source *src) {
+  if (opt_.stage < 3)
+    throw Error(TSR_ERR_INVALID,
+                "zero stage" + std::to_string(opt_.stage) +
+                    " keeps every parameter on every rank's device, so the offload backend cannot "
+                    "hold them: parameter offload needs ZeRO stage 3 ([zero] plugin = \"stage3\"; "
+                    "DeepSpeed's offload_param needs \"stage\": 3 too)");
+  if (!src || src->struct_size < tsr_param_source_STRUCT_SIZE || !src->fetch || !src->ready)
+    throw Error(TSR_ERR_INVALID, "zero: the parameter source is missing or too small");
+  source_ = *src;
+  sourced_ = true;
+}
+
 DLTensor ZeroState::view(void *data, size_t count) {
   int64_t *shape = &shapes_[next_shape_++ % 8];
   *shape = static_cast<int64_t>(count);
@@ -63,7 +76,7 @@ void ZeroState::setup(const tsr_zero_setup *s) {
   if (opt_.stage < 3) {
     params_ = sdk::Buffer(host_, device_, total_ * esize_, TSR_MEM_PARAMS);
     upload(params_.get(), s->initial_params, total_);
-  } else {
+  } else if (!sourced_) {
     params_ = sdk::Buffer(host_, device_, owned_total_ * esize_, TSR_MEM_PARAMS);
     for (uint32_t g = 0; g < size_.size(); ++g)
       upload(at(params_.get(), owned_offset_[g]),
@@ -94,8 +107,10 @@ void ZeroState::ranges(tsr_range_fn fn, void *ctx) {
         r.grads = at(grads_.get(), r.owned_offset);
         break;
     }
-    r.params =
-        opt_.stage < 3 ? at(params_.get(), r.flat_offset) : at(params_.get(), r.owned_offset);
+    // Offloaded parameters: the backend writes its own copy.
+    r.params = sourced_         ? nullptr
+               : opt_.stage < 3 ? at(params_.get(), r.flat_offset)
+                                : at(params_.get(), r.owned_offset);
     check(fn(ctx, &r));
   }
 }
@@ -117,16 +132,47 @@ void ZeroState::gather(uint32_t g) {
   } else {
     l.buf = sdk::Buffer(host_, device_, size_[g] * esize_, TSR_MEM_PARAMS);
   }
+  if (sourced_) {
+    fetch(g, l);
+    return;
+  }
   DLTensor in = view(at(params_.get(), owned_offset_[g]), per(g));
   DLTensor out = view(l.buf.get(), size_[g]);
   check(host_->comm->all_gather(host_->ctx, &in, &out, opt_.prefetch ? &l.work : nullptr));
 }
 
+void ZeroState::fetch(uint32_t g, Live &l) {
+  // The owned slice comes from where the offload backend keeps it. One
+  // rank owns the whole group: it lands in the group's buffer directly, and
+  // the compute stream waits for it only at first use (wait_live), so the
+  // copy of the next group runs while this one computes. Several ranks: the
+  // slice lands in a staging buffer the all-gather then reads, ordered
+  // after the copy on the compute stream.
+  if (world_ == 1) {
+    check(source_.fetch(source_.self, owned_offset_[g], per(g), l.buf.get(), &l.ticket));
+    l.fetching = true;
+    return;
+  }
+  l.staged = take(per(g), TSR_MEM_COMM);
+  uint64_t ticket = 0;
+  check(source_.fetch(source_.self, owned_offset_[g], per(g), l.staged.get(), &ticket));
+  check(source_.ready(source_.self, ticket));
+  DLTensor in = view(l.staged.get(), per(g));
+  DLTensor out = view(l.buf.get(), size_[g]);
+  check(host_->comm->all_gather(host_->ctx, &in, &out, opt_.prefetch ? &l.work : nullptr));
+}
+
 void ZeroState::wait_live(Live &l) {
-  if (!l.work) return;
-  tsr_comm_work *w = l.work;
-  l.work = nullptr;
-  check(host_->comm->wait(host_->ctx, w));
+  if (l.fetching) {
+    l.fetching = false;
+    check(source_.ready(source_.self, l.ticket));
+  }
+  if (l.work) {
+    tsr_comm_work *w = l.work;
+    l.work = nullptr;
+    check(host_->comm->wait(host_->ctx, w));
+  }
+  give(std::move(l.staged));
 }
 
 void *ZeroState::params(uint32_t g, bool backward) {

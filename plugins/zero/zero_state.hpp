@@ -33,6 +33,9 @@ class ZeroState {
   ~ZeroState();
 
   void plan(tsr_zero_plan *out) const;
+  // Stage 3: the owned compute parameters live with `src` (an offload
+  // backend's host memory or disk), not on the device. Before setup.
+  void use_source(const tsr_param_source *src);
   void setup(const tsr_zero_setup *s);
   size_t owned_count() const { return owned_total_; }
   void ranges(tsr_range_fn fn, void *ctx);
@@ -55,6 +58,9 @@ class ZeroState {
   struct Live {  // a gathered group (stage 3)
     sdk::Buffer buf;
     tsr_comm_work *work = nullptr;  // pending gather
+    sdk::Buffer staged;             // offloaded parameters, several ranks: the owned slice
+    uint64_t ticket = 0;            // offloaded parameters, one rank: the pending fetch
+    bool fetching = false;
   };
   struct Pending {  // a reduction in flight
     tsr_comm_work *work = nullptr;
@@ -73,10 +79,13 @@ class ZeroState {
   sdk::Buffer take(size_t elems, tsr_mem_purpose purpose);
   void give(sdk::Buffer b);
   void gather(uint32_t g);
+  void fetch(uint32_t g, Live &l);
   void wait_live(Live &l);
 
   const tsr_host *host_;
   Options opt_;
+  bool sourced_ = false;  // owned parameters come from source_
+  tsr_param_source source_{};
   uint32_t rank_ = 0, world_ = 1;
   DLDevice device_{};
   DLDataType dtype_{};

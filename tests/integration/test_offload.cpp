@@ -4,7 +4,8 @@
 // that takes them (stages 1-3 on two ranks through the launcher, stage 0 on
 // one), with gradient clipping off and on; stage 0 on two ranks and an unwritable nvme path are
 // clear errors at start-up; nvme state survives a checkpoint and resume; `cpu-bf16` trains and
-// keeps its optimizer moments in half the bytes.
+// keeps its optimizer moments in half the bytes. Parameter offload
+// (`params`, stage 3) at the end.
 //
 // The model is the harness's MLP widened to 512 hidden units (35K
 // parameters), so that with 4 threads and nvme blocks of 4096 elements a
@@ -216,6 +217,77 @@ TEST_CASE("offload cpu-bf16 trains with half the bytes of optimizer moments", "[
   const double h = bf16.at("peak_memory_by_purpose").at("optimizer state").get<double>();
   const double master = c / 3;
   CHECK(h - master == Approx((c - master) / 2));
+}
+
+// Parameter offload (issue 21): stage 3 with the owned compute parameters in
+// the backend's host memory (`cpu`, `nvme`) or in nvme's state file gives
+// the same parameters after 50 steps as stage 3 keeping them, bit for bit
+// (the update is the same CPU kernel; only where its compute copy lands
+// and how a group's slice reaches the model change).
+TEST_CASE("offload params cpu and nvme at stage 3 on two ranks match stage 3 without",
+          "[offload]") {
+  const std::string zero = "\n[zero]\nplugin = \"stage3\"\n";
+  const fs::path nvme_dir = scratch() / "nvme-params";
+  Setup ref = setup(zero, "ref");
+  RunResult r0 = run_cli(args_for(ref, 2), opts());
+  INFO(describe(r0));
+  REQUIRE(r0.status == 0);
+  const auto expect = exported(ref.run_dir, "ref");
+  struct Case {
+    std::string name, plugin, params, report;
+  };
+  for (const Case &c : {Case{"cpu-cpu", "cpu", "cpu", "host memory"},
+                        Case{"nvme-cpu", "nvme", "cpu", "host memory"},
+                        Case{"nvme-nvme", "nvme", "nvme", "a file"}}) {
+    Setup s = setup(zero + offload_section(c.plugin, nvme_dir) + "params = \"" + c.params + "\"\n",
+                    c.name);
+    RunResult r = run_cli(args_for(s, 2), opts());
+    INFO(c.name << ": " << describe(r));
+    REQUIRE(r.status == 0);
+    // The start-up report says where the parameters live, in bytes.
+    CHECK_THAT(r.all(), Catch::Contains("parameters of rank 0 live in " + c.report) &&
+                            Catch::Contains("compute parameters of the ") &&
+                            Catch::Contains("not on the device"));
+    CHECK_THAT(r.all(), Catch::Contains("live groups only"));
+    const Diff d = compare(exported(s.run_dir, c.name), expect);
+    INFO(c.name << " against stage 3 without: max rel diff " << d.rel);
+    CHECK(d.bitwise);
+  }
+  CHECK(entries(nvme_dir, "rank").empty());
+}
+
+TEST_CASE("offload params: below stage 3 a clear refusal at start-up", "[offload]") {
+  Setup s = setup("\n[zero]\nplugin = \"stage2\"\n" + offload_section("cpu") + "params = \"cpu\"\n",
+                  "params-stage2");
+  RunResult r = run_cli(args_for(s, 2), opts());
+  CHECK(r.status != 0);
+  CHECK_THAT(r.all(), Catch::Contains("parameter offload needs ZeRO stage 3") &&
+                          Catch::Contains("[zero] plugin = \"stage3\""));
+  // The cpu backend keeps parameters in host memory only.
+  Setup n =
+      setup("\n[zero]\nplugin = \"stage3\"\n" + offload_section("cpu") + "params = \"nvme\"\n",
+            "params-cpu-nvme");
+  RunResult rn = run_cli(args_for(n, 1), opts());
+  CHECK(rn.status != 0);
+  CHECK_THAT(rn.all(), Catch::Contains("set [offload] plugin = \"nvme\""));
+}
+
+TEST_CASE("offload params nvme: a run resumed from a checkpoint ends bitwise equal", "[offload]") {
+  // The checkpoint's masters go back through write_state, which rewrites
+  // the parameters in the state file too.
+  const std::string zero = "\n[zero]\nplugin = \"stage3\"\n[checkpoint]\nevery = 10\n";
+  Setup ref = setup(zero, "ref");
+  REQUIRE(run_cli(args_for(ref, 2), opts()).status == 0);
+  Setup s =
+      setup(zero + offload_section("nvme", scratch() / "nvme") + "params = \"nvme\"\n", "resumed");
+  RunResult a = run_cli(args_for(s, 2, {"--set", "run.steps=30"}), opts());
+  INFO(describe(a));
+  REQUIRE(a.status == 0);
+  RunResult b = run_cli(args_for(s, 2, {"--set", "checkpoint.resume=\"auto\""}), opts());
+  INFO(describe(b));
+  REQUIRE(b.status == 0);
+  CHECK_THAT(b.out, Catch::Contains("at step 30"));
+  CHECK(compare(exported(s.run_dir, "resumed"), exported(ref.run_dir, "ref")).bitwise);
 }
 
 }  // namespace itest_test_offload

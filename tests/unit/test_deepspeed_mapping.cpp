@@ -364,6 +364,36 @@ TEST_CASE("DeepSpeed zero_optimization picks the zero and offload plugins", "[co
         "offload_optimizer": {"device": "none"}}})");
     CHECK(none.plugin("offload").entry->desc->name == std::string("none"));
   }
+  SECTION("offload_param.device maps onto offload.params") {
+    Document cpu = q.doc(R"({"zero_optimization": {"stage": 3,
+        "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu",
+        "pin_memory": true, "max_live_parameters": 1e9}}})");
+    CHECK(str_at(cpu, "offload.plugin") == "cpu");
+    CHECK(str_at(cpu, "offload.params") == "cpu");
+    CHECK(any_warning(cpu, "zero_optimization.offload_param.max_live_parameters is not used"));
+    tessera::Job job = q.job(R"({"zero_optimization": {"stage": 3,
+        "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}})");
+    CHECK(job.plugin("offload").values["params"].value_or(std::string()) == "cpu");
+    // Parameters without an optimizer offload take the backend of their device.
+    Document alone = q.doc(R"({"zero_optimization": {"stage": 3,
+        "offload_param": {"device": "cpu"}}})");
+    CHECK(str_at(alone, "offload.plugin") == "cpu");
+    // On NVMe they live in the nvme backend's files, with the optimizer state.
+    Document nvme = q.doc(R"({"zero_optimization": {"stage": 3,
+        "offload_optimizer": {"device": "cpu"},
+        "offload_param": {"device": "nvme", "nvme_path": "/local_nvme"}}})");
+    CHECK(str_at(nvme, "offload.plugin") == "nvme");
+    CHECK(str_at(nvme, "offload.params") == "nvme");
+    CHECK(str_at(nvme, "offload.path") == "/local_nvme");
+    CHECK(any_warning(nvme, "so that goes to NVMe too"));
+    Document none = q.doc(R"({"zero_optimization": {"stage": 3,
+        "offload_param": {"device": "none"}}})");
+    CHECK(find(none.root(), "offload.params") == nullptr);
+    CHECK(q.doc_error(R"({"zero_optimization": {"offload_param": {"device": "gpu"}}})")
+              .rfind(q.dir.file("ds.json") +
+                         ": zero_optimization.offload_param.device: expected none, cpu or nvme",
+                     0) == 0);
+  }
   SECTION("bucket size and overlap map onto the zero plugin's keys") {
     Document d = q.doc(R"({"zero_optimization": {"stage": 2, "overlap_comm": false,
         "reduce_bucket_size": 5e8, "contiguous_gradients": true}})");

@@ -21,14 +21,21 @@
 // buffers of the compute dtype hold every owned element's gradient and
 // updated parameter on their way across the link.
 //
+// `params = "cpu"` (ZeRO stage 3, DeepSpeed's offload_param) keeps the
+// owned compute parameters in host memory too: the pinned upload buffer
+// becomes their home (param_home.hpp), the update writes them there and
+// nothing is uploaded; the zero plugin fetches a group's slice before use.
+//
 // ZeRO: stages 1-3 at any world size, stage 0 on one rank. Stage 0 at more
 // ranks is refused: every rank would keep (and update) a full copy of the
 // state in host memory.
 #include <chrono>
 #include <cstdlib>
 #include <memory>
+#include <tessera/cpp/extension.hpp>
 
 #include "device_share.hpp"
+#include "param_home.hpp"
 #include "pipeline.hpp"
 
 namespace {
@@ -49,6 +56,7 @@ struct Cpu {
   int64_t threads_cfg = 0;
   bool pin = true, pin_threads = true;
   Ratio ratio;
+  int32_t params_where = TSR_PARAMS_ON_DEVICE;  // `params`
 
   size_t n = 0;
   const tsr_optimizer_vtable *opt = nullptr;
@@ -58,6 +66,8 @@ struct Cpu {
   DLDataType compute_dtype{};
   std::vector<sdk::Buffer> slots;  // [0] master weights, [1 + i] optimizer state i
   sdk::Buffer grads_pinned, params_pinned;
+  sdk::Buffer params_host;  // parameter offload in a CPU run: the home
+  ParamHome home;           // parameter offload (declared after the buffers it reads)
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<HostPipeline> pipeline;
   DeviceShare share;
@@ -83,6 +93,13 @@ tsr_status create(const tsr_host *host, const tsr_config *cfg, void **out) {
     s->pin = c.get_bool("pin_memory");
     s->pin_threads = c.get_bool("pin_threads");
     s->ratio = parse_ratio(c.get_string("ratio"), kWho);
+    s->params_where = parse_params_home(c.get_string("params"), kWho, false);
+    if (s->params_where != TSR_PARAMS_ON_DEVICE && (s->ratio.automatic || s->ratio.fraction > 0))
+      throw Error(TSR_ERR_INVALID,
+                  fmt("%s: ratio keeps a share of the optimizer state and its step on the GPU, "
+                      "which updates parameters there; with params = \"cpu\" they live in host "
+                      "memory: set ratio = \"0\"",
+                      kWho));
     *out = s.release();
   });
 }
@@ -118,11 +135,15 @@ std::pair<double, double> allocate(Cpu *s) {
     first_touch(*s->pool, s->slots.back().get(), s->slots.back().bytes());
   }
   const auto t1 = Clock::now();
+  const size_t bytes = std::max<size_t>(s->n, 1) * dtype_bytes(s->compute_dtype);
+  const bool held = s->params_where != TSR_PARAMS_ON_DEVICE;
   if (s->cuda) {
-    const size_t bytes = std::max<size_t>(s->n, 1) * dtype_bytes(s->compute_dtype);
     const DLDevice mem{s->pin ? kDLCUDAHost : kDLCPU, 0};
     s->grads_pinned = sdk::Buffer(s->host, mem, bytes, TSR_MEM_OTHER);
-    s->params_pinned = sdk::Buffer(s->host, mem, bytes, TSR_MEM_OTHER);
+    // With offloaded parameters this upload buffer is where they live.
+    s->params_pinned = sdk::Buffer(s->host, mem, bytes, held ? TSR_MEM_PARAMS : TSR_MEM_OTHER);
+  } else if (held) {
+    s->params_host = sdk::Buffer(s->host, DLDevice{kDLCPU, 0}, bytes, TSR_MEM_PARAMS);
   }
   const auto t2 = Clock::now();
   return {std::chrono::duration<double>(t1 - t0).count(),
@@ -150,6 +171,14 @@ void log_setup(Cpu *s, std::pair<double, double> took) {
           s->pin ? "pinned" : "pageable", took.first + took.second, took.first, took.second,
           s->pool->size(), s->cuda ? "GPU" : "forward", s->share.describe().c_str())
           .c_str());
+  if (s->home.active())
+    s->host->log(s->host->ctx, TSR_LOG_INFO,
+                 fmt("%s (rank %u): compute parameters of the %zu owned elements in %s host "
+                     "memory (%.2f MiB), not on the device: each group's slice is fetched just "
+                     "before use and the CPU step writes it back in place",
+                     kWho, rank, s->n, s->cuda && s->pin ? "pinned" : "pageable",
+                     mib(static_cast<double>(s->home.bytes())))
+                     .c_str());
 }
 
 tsr_status setup(void *self, const tsr_offload_setup *st) {
@@ -164,6 +193,14 @@ tsr_status setup(void *self, const tsr_offload_setup *st) {
     const unsigned threads =
         s->threads_cfg > 0 ? static_cast<unsigned>(s->threads_cfg) : default_threads(s->host);
     s->pool = std::make_unique<ThreadPool>(threads, s->pin_threads);
+    const double cb = static_cast<double>(dtype_bytes(s->compute_dtype));
+    const bool held = s->params_where != TSR_PARAMS_ON_DEVICE;
+    check_host_memory(s->host, kWho,
+                      s->n * (4.0 * (1 + s->state_count) + (s->cuda ? 2 * cb
+                                                            : held  ? cb
+                                                                    : 0)),
+                      fmt("the master weights and optimizer state%s of %zu owned elements",
+                          held ? ", the offloaded parameters" : "", s->n));
     const std::pair<double, double> took = allocate(s);
     PipelineSetup p;
     p.host = s->host;
@@ -178,6 +215,10 @@ tsr_status setup(void *self, const tsr_offload_setup *st) {
     p.device = st->device.device_id;
     p.grads_pinned = s->grads_pinned.as<char>();
     p.params_pinned = s->params_pinned.as<char>();
+    if (held) {
+      p.params_home = s->cuda ? s->params_pinned.as<char>() : s->params_host.as<char>();
+      s->home.init(kWho, s->n, s->compute_dtype, p.params_home, s->cuda, p.device);
+    }
     s->pipeline = std::make_unique<HostPipeline>(p);
     s->share.init(s->host, kWho, st, p.slots);
     if (!s->ratio.automatic) s->share.resize(s->ratio.fraction);
@@ -214,7 +255,7 @@ tsr_status step(void *self, const tsr_offload_step *st) {
     if (split < st->offset + st->count) {
       RangeUpdate u = range_of(st, split - st->offset, st->count);
       u.grads = static_cast<const char *>(st->grads) + (split - st->offset) * cb;
-      u.params = static_cast<char *>(st->params) + (split - st->offset) * cb;
+      u.params = st->params ? static_cast<char *>(st->params) + (split - st->offset) * cb : nullptr;
       s->pipeline->submit(std::move(u));
     }
   });
@@ -270,7 +311,49 @@ tsr_status write_state(void *self, uint32_t slot, size_t offset, size_t count, c
     s->check_range(offset, count);
     if (count) std::memcpy(s->slot(slot) + offset, src, count * sizeof(float));
     s->share.write(slot, offset, count, src);
+    // Offloaded parameters follow their masters (the initial values, a
+    // checkpoint's), once no copy reads the old ones.
+    if (slot == 0 && s->home.active() && count) {
+      s->pipeline->flush();
+      s->home.finish();
+      s->home.put_master(offset, count, src);
+    }
   });
+}
+
+// ---- parameter offload (TSR_EXT_OFFLOAD_PARAMS) ----
+
+int32_t params_home(void *self) {
+  return static_cast<Cpu *>(self)->params_where;
+}
+
+tsr_status fetch_params(void *self, size_t offset, size_t count, void *dst, uint64_t *ticket) {
+  auto *s = static_cast<Cpu *>(self);
+  return sdk::guard(s->host, [&] {
+    s->check_range(offset, count);
+    if (!s->home.active())
+      throw Error(TSR_ERR_INVALID, fmt("%s: fetch, but the parameters are not offloaded", kWho));
+    s->pipeline->wait_range(offset, count);  // the last update of these has written them
+    *ticket = s->home.fetch(offset, count, dst, s->host->compute_stream);
+  });
+}
+
+tsr_status params_ready(void *self, uint64_t ticket) {
+  auto *s = static_cast<Cpu *>(self);
+  return sdk::guard(s->host, [&] { s->home.ready(ticket, s->host->compute_stream); });
+}
+
+void params_bytes(void *self, uint64_t *host_bytes, uint64_t *disk_bytes) {
+  auto *s = static_cast<Cpu *>(self);
+  if (host_bytes) *host_bytes = s->home.active() ? s->home.bytes() : 0;
+  if (disk_bytes) *disk_bytes = 0;
+}
+
+const tsr_ext_offload_params kParamsExt = {tsr_ext_offload_params_STRUCT_SIZE, params_home,
+                                           fetch_params, params_ready, params_bytes};
+const sdk::Extension kExtensions[] = {{TSR_EXT_OFFLOAD_PARAMS, &kParamsExt}};
+const void *get_extension(const char *id) {
+  return sdk::find_extension(kExtensions, id);
 }
 
 const tsr_param_decl kParams[] = {
@@ -289,6 +372,10 @@ const tsr_param_decl kParams[] = {
                "share of the owned state kept and stepped on the GPU, \"0\" to \"1\" (DeepSpeed's "
                "offload_optimizer.ratio), or \"auto\": the largest share that fits beside the "
                "first step's peak under run.max_gpu_memory"),
+    sdk::param("params", TSR_PARAM_STRING, "\"none\"",
+               "ZeRO stage 3: where this rank's compute parameters live, \"none\" (the GPU) or "
+               "\"cpu\" (pinned host memory, fetched per group just before use; DeepSpeed's "
+               "offload_param)"),
 };
 
 const tsr_offload_vtable kVtable = {TSR_STRUCT_SIZE(tsr_offload_vtable, stats),
@@ -306,14 +393,14 @@ const tsr_offload_vtable kVtable = {TSR_STRUCT_SIZE(tsr_offload_vtable, stats),
 const tsr_plugin_descriptor kCpu = {tsr_plugin_descriptor_STRUCT_SIZE,
                                     TSR_KIND_OFFLOAD,
                                     "cpu",
-                                    "1.2.0",
+                                    "1.3.0",
                                     "optimizer state in host memory, step on the CPU (threaded, "
                                     "overlapped), optionally a GPU share",
                                     kParams,
                                     sizeof(kParams) / sizeof(kParams[0]),
                                     kDevices,
                                     &kVtable,
-                                    nullptr};
+                                    get_extension};
 const tsr_plugin_descriptor *const kPlugins[] = {&kCpu};
 const tsr_plugin_library kLibrary = {tsr_plugin_library_STRUCT_SIZE, TSR_ABI_MAJOR, TSR_ABI_MINOR,
                                      kPlugins, 1};

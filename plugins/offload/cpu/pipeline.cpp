@@ -131,6 +131,7 @@ void HostPipeline::process(Job &j, size_t, void *events) {
 #else
   (void)events;
 #endif
+  if (s_.params_home) u.params_out = s_.params_home + r.offset * dtype_bytes(s_.compute_dtype);
   const auto t0 = std::chrono::steady_clock::now();
   j.status = run_update(*s_.pool, s_.opt, s_.opt_self, u);
   j.host_s = seconds_since(t0);
@@ -139,7 +140,7 @@ void HostPipeline::process(Job &j, size_t, void *events) {
     return;
   }
 #if TSR_PLUGIN_CUDA
-  if (s_.cuda) {
+  if (s_.cuda && !s_.params_home) {
     cudaError_t e = cudaEventRecord(ev[2], copies_.h2d);
     if (e == cudaSuccess)
       e = cudaMemcpyAsync(r.params, s_.params_pinned + r.offset * cb, r.count * cb,
@@ -163,7 +164,17 @@ void HostPipeline::wait_done(size_t k, std::unique_lock<std::mutex> &lk) {
   if (jobs_[k].status != TSR_OK) raise(jobs_[k]);
 }
 
+void HostPipeline::wait_range(size_t offset, size_t count) {
+  std::unique_lock<std::mutex> lk(mu_);
+  for (size_t k = 0; k < jobs_.size(); ++k) {
+    const RangeUpdate &r = jobs_[k].u;
+    if (r.offset < offset + count && r.offset + r.count > offset) wait_done(k, lk);
+  }
+}
+
 void HostPipeline::wait_params(size_t offset, size_t count) {
+  // Offloaded parameters go to the device only when fetched, after this.
+  if (s_.params_home) return wait_range(offset, count);
   std::unique_lock<std::mutex> lk(mu_);
   for (size_t k = 0; k < jobs_.size(); ++k) {
     const RangeUpdate &r = jobs_[k].u;
@@ -200,12 +211,14 @@ void HostPipeline::retire() {
   for (size_t k = 0; k < jobs_.size(); ++k) wait_done(k, lk);
 #if TSR_PLUGIN_CUDA
   if (s_.cuda && !jobs_.empty()) {
-    cuda_check(cudaEventSynchronize(events_[jobs_.size() - 1][3]), s_.who, "upload");
+    if (!s_.params_home)
+      cuda_check(cudaEventSynchronize(events_[jobs_.size() - 1][3]), s_.who, "upload");
     for (size_t k = 0; k < jobs_.size(); ++k) {
       float d2h = 0, h2d = 0;
       if (cudaEventElapsedTime(&d2h, events_[k][0], events_[k][1]) == cudaSuccess)
         d2h_s_ += d2h / 1e3;
-      if (cudaEventElapsedTime(&h2d, events_[k][2], events_[k][3]) == cudaSuccess)
+      if (!s_.params_home &&
+          cudaEventElapsedTime(&h2d, events_[k][2], events_[k][3]) == cudaSuccess)
         h2d_s_ += h2d / 1e3;
       (void)cudaGetLastError();
     }

@@ -56,6 +56,10 @@ struct PipelineSetup {
   int device = 0;                 // CUDA ordinal
   char *grads_pinned = nullptr;   // CUDA: every owned element, compute dtype
   char *params_pinned = nullptr;  // CUDA: every owned element, compute dtype
+  // Parameter offload: the update writes the compute copy here (every owned
+  // element, host memory) and nothing goes back to the device; the zero
+  // plugin fetches from it (param_home.hpp).
+  char *params_home = nullptr;
 };
 
 class HostPipeline {
@@ -71,6 +75,9 @@ class HostPipeline {
   // The updated parameters of owned [offset, offset + count) are in place
   // for work queued on the compute stream from now on.
   void wait_params(size_t offset, size_t count);
+  // The updates of owned [offset, offset + count) are complete on the host
+  // (parameter offload: the home holds their new values).
+  void wait_range(size_t offset, size_t count);
   // Every gradient submitted so far has been read (for the compute stream).
   void wait_grads();
   // Everything submitted is complete, copies included.

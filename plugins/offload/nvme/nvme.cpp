@@ -21,6 +21,14 @@
 // with a warning), through io_uring (liburing) where the kernel allows it
 // (synchronous pread / pwrite otherwise, with a warning).
 //
+// `params` (ZeRO stage 3, DeepSpeed's offload_param) keeps the owned compute
+// parameters off the device too: "cpu" in host memory (param_home.hpp),
+// "nvme" in the state file, after each block's state arrays (B compute-dtype
+// elements; B is then a multiple of 4096 bytes of them), so the update
+// writes them with the block and the zero plugin's fetch reads a group's
+// slice through the three buffers, io_uring keeping the next block's read
+// in flight while the last one crosses to the GPU.
+//
 // Setup checks the file system's free space (statvfs) and preallocates the
 // whole file (fallocate), so a full disk or an unwritable path is an error
 // at start-up, not mid-run. The file is scratch: it is removed when the run
@@ -36,8 +44,9 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <tessera/cpp/extension.hpp>
 
-#include "offload_common.hpp"
+#include "param_home.hpp"
 
 namespace {
 
@@ -192,6 +201,10 @@ struct Nvme {
   std::string path;
   int64_t threads_cfg = 0;
   size_t sub_group = 0;
+  int32_t params_where = TSR_PARAMS_ON_DEVICE;  // `params`
+  ParamHome home;                               // params = "cpu"
+  sdk::Buffer home_buf;
+  uint64_t fetch_bytes_read = 0;
 
   size_t n = 0;
   const tsr_optimizer_vtable *opt = nullptr;
@@ -220,7 +233,28 @@ struct Nvme {
   sdk::Buffer grads_stage, params_stage[2];  // pinned, B elements of the compute dtype
   cudaEvent_t grads_ev = nullptr, params_ev[2] = {};
   int next_params = 0;
+  cudaEvent_t fetch_ev[kBuffers] = {};  // params = "nvme": a buffer's copy to the GPU
+  uint64_t fetches = 0;
 #endif
+
+  bool on_disk() const {
+    return params_where == TSR_PARAMS_ON_DISK;
+  }
+  size_t params_region() const {
+    return on_disk() ? block * dtype_bytes(compute_dtype) : 0;
+  }
+  // Byte offset of block b's compute parameters (params = "nvme").
+  off_t params_offset(size_t b) const {
+    return block_offset(b) + static_cast<off_t>((1 + state_count) * block * sizeof(float));
+  }
+  // Every copy out of the buffers (fetches) has landed: before they are reused.
+  void settle_fetches() {
+#if TSR_PLUGIN_CUDA
+    if (cuda && on_disk())
+      for (cudaEvent_t e : fetch_ev)
+        if (e) cuda_check(cudaEventSynchronize(e), kWho, "parameters' copy");
+#endif
+  }
 
   ~Nvme() {
     io.drain();
@@ -232,6 +266,11 @@ struct Nvme {
     if (grads_ev) cudaEventDestroy(grads_ev);
     for (cudaEvent_t e : params_ev)
       if (e) cudaEventDestroy(e);
+    for (cudaEvent_t e : fetch_ev)
+      if (e) {
+        (void)cudaEventSynchronize(e);
+        cudaEventDestroy(e);
+      }
 #endif
   }
 
@@ -258,6 +297,7 @@ tsr_status create(const tsr_host *host, const tsr_config *cfg, void **out) {
     s->path = c.get_string("path");
     s->threads_cfg = c.get_int("threads");
     s->sub_group = static_cast<size_t>(c.get_int("sub_group_size"));
+    s->params_where = parse_params_home(c.get_string("params"), kWho, true);
     *out = s.release();
   });
 }
@@ -352,10 +392,21 @@ tsr_status setup(void *self, const tsr_offload_setup *st) {
     s->opt_self = st->optimizer_self;
     s->state_count = st->state_count;
     s->compute_dtype = st->compute_dtype;
-    // Blocks: a multiple of 1024 floats (4096 bytes), no larger than needed.
-    s->block = align_up(std::min(s->sub_group, std::max<size_t>(s->n, 1)), kDirectAlign / 4);
+    // Blocks: a multiple of 1024 floats (4096 bytes), no larger than needed;
+    // with the parameters on disk also of 4096 bytes of the compute dtype.
+    const size_t cb = dtype_bytes(s->compute_dtype);
+    const size_t align =
+        s->on_disk() ? std::max(kDirectAlign / 4, kDirectAlign / cb) : kDirectAlign / 4;
+    s->block = align_up(std::min(s->sub_group, std::max<size_t>(s->n, 1)), align);
     s->blocks = (s->n + s->block - 1) / s->block;
-    s->block_bytes = (1 + s->state_count) * s->block * sizeof(float);
+    s->block_bytes = (1 + s->state_count) * s->block * sizeof(float) + s->params_region();
+    const bool home_host = s->params_where == TSR_PARAMS_ON_HOST;
+    check_host_memory(s->host, kWho,
+                      kBuffers * double(s->block_bytes + kDirectAlign) +
+                          (home_host ? double(s->n) * cb : 0.0) +
+                          (s->cuda ? 3.0 * s->block * cb : 0.0),
+                      fmt("the staging buffers%s of %zu owned elements",
+                          home_host ? " and the offloaded parameters" : "", s->n));
     const DLDevice mem{s->cuda ? kDLCUDAHost : kDLCPU, 0};
     for (int i = 0; i < kBuffers; ++i) {
       s->raw[i] = sdk::Buffer(s->host, mem, s->block_bytes + kDirectAlign, TSR_MEM_OPTIMIZER);
@@ -375,10 +426,15 @@ tsr_status setup(void *self, const tsr_offload_setup *st) {
         s->threads_cfg > 0 ? static_cast<unsigned>(s->threads_cfg) : default_threads(s->host);
     s->pool = std::make_unique<ThreadPool>(threads);
     double staging = kBuffers * double(s->block_bytes);
+    if (home_host) {
+      s->home_buf = sdk::Buffer(s->host, mem, std::max<size_t>(s->n, 1) * cb, TSR_MEM_PARAMS);
+      s->home.init(kWho, s->n, s->compute_dtype, s->home_buf.as<char>(), s->cuda,
+                   st->device.device_id);
+    }
 #if TSR_PLUGIN_CUDA
     if (s->cuda) {
       s->copies.init(kWho);
-      const size_t cb = dtype_bytes(s->compute_dtype);
+      for (auto &e : s->fetch_ev) e = make_event(kWho);
       s->grads_stage = sdk::Buffer(s->host, mem, s->block * cb, TSR_MEM_OTHER);
       for (auto &b : s->params_stage) b = sdk::Buffer(s->host, mem, s->block * cb, TSR_MEM_OTHER);
       s->grads_ev = make_event(kWho);
@@ -401,6 +457,15 @@ tsr_status setup(void *self, const tsr_offload_setup *st) {
         s->direct ? "O_DIRECT" : "buffered", s->io.ring() ? "io_uring" : "pread/pwrite",
         mib(staging), s->cuda ? "pinned" : "aligned", threads, s->block);
     s->host->log(s->host->ctx, TSR_LOG_INFO, msg.c_str());
+    if (s->params_where != TSR_PARAMS_ON_DEVICE)
+      s->host->log(
+          s->host->ctx, TSR_LOG_INFO,
+          fmt("%s (rank %u): compute parameters of the %zu owned elements %s (%.2f MiB), "
+              "not on the device: each group's slice is fetched just before use",
+              kWho, s->host->run ? s->host->run->rank : 0u, s->n,
+              s->on_disk() ? "in the state file, beside each block's state" : "in host memory",
+              mib(double(s->n) * cb))
+              .c_str());
   });
 }
 
@@ -447,9 +512,21 @@ void update(Nvme *s, const Pending &p, char *bb, size_t first, size_t lo, size_t
   u.grads_dtype = s->compute_dtype;
   u.out_dtype = s->compute_dtype;
   u.grads = static_cast<const char *>(p.grads) + rel * cb;
-  u.params_out = static_cast<char *>(p.params) + rel * cb;
+  // Offloaded parameters: written where they live (the block's region, or
+  // the host home), with nothing to send back to the device.
+  const bool held = s->params_where != TSR_PARAMS_ON_DEVICE;
+  if (s->on_disk())
+    u.params_out = bb + (1 + s->state_count) * s->block * sizeof(float) + (lo - first) * cb;
+  else if (held)
+    u.params_out = s->home.at(lo);
+  else
+    u.params_out = static_cast<char *>(p.params) + rel * cb;
 #if TSR_PLUGIN_CUDA
-  if (s->cuda) {
+  if (s->cuda && held) {
+    s->copies.to_host(s->grads_stage.get(), u.grads, u.count * cb, s->grads_ev);
+    s->copies.wait(s->grads_ev);
+    u.grads = s->grads_stage.get();
+  } else if (s->cuda) {
     // Gradients to the pinned stage (the disk dominates: no overlap here),
     // the compute copy out through one of two stages.
     s->copies.to_host(s->grads_stage.get(), u.grads, u.count * cb, s->grads_ev);
@@ -475,6 +552,8 @@ void update(Nvme *s, const Pending &p, char *bb, size_t first, size_t lo, size_t
 // The block pipeline over every recorded range (see the top of the file).
 void run_pending(Nvme *s) {
   if (s->pending.empty()) return;
+  s->settle_fetches();
+  s->home.finish();  // no fetch still reads the parameters the update rewrites
   std::vector<size_t> blocks;
   for (const Pending &p : s->pending)
     for (size_t b = p.offset / s->block; b <= (p.offset + p.count - 1) / s->block; ++b)
@@ -527,6 +606,17 @@ tsr_status flush(void *self) {
   });
 }
 
+// The compute copy of owned [lo, hi) in block b from their masters
+// (params = "nvme": the initial values, a checkpoint's).
+void put_params_on_disk(Nvme *s, size_t b, size_t lo, size_t hi, const float *master) {
+  const size_t lo_b = b * s->block, cb = dtype_bytes(s->compute_dtype);
+  const size_t region = s->params_region();
+  if (lo != lo_b || hi != lo_b + s->block)
+    s->io.sync(false, s->buf[0], region, s->params_offset(b));
+  to_compute(master, hi - lo, s->compute_dtype, s->buf[0] + (lo - lo_b) * cb);
+  s->io.sync(true, s->buf[0], region, s->params_offset(b));
+}
+
 // Slot `slot` of owned elements [offset, offset + count) to or from host
 // memory, block by block through buffer 0 (nothing is in flight outside
 // flush).
@@ -534,6 +624,7 @@ void copy_state(Nvme *s, uint32_t slot, size_t offset, size_t count, float *dst,
   s->check_range(offset, count);
   if (slot > s->state_count) throw Error(TSR_ERR_INVALID, fmt("%s: no state slot %u", kWho, slot));
   run_pending(s);
+  s->settle_fetches();
   const size_t slot_bytes = s->block * sizeof(float);
   float *bb = reinterpret_cast<float *>(s->buf[0]);
   for (size_t pos = offset, end = offset + count; pos < end;) {
@@ -547,8 +638,13 @@ void copy_state(Nvme *s, uint32_t slot, size_t offset, size_t count, float *dst,
       if (pos != lo_b || e != lo_b + s->block) s->io.sync(false, s->buf[0], slot_bytes, at);
       std::memcpy(bb + (pos - lo_b), src + (pos - offset), (e - pos) * sizeof(float));
       s->io.sync(true, s->buf[0], slot_bytes, at);
+      if (slot == 0 && s->on_disk()) put_params_on_disk(s, b, pos, e, src + (pos - offset));
     }
     pos = e;
+  }
+  if (src && slot == 0 && s->home.active()) {
+    s->home.finish();
+    s->home.put_master(offset, count, src);
   }
 }
 
@@ -562,6 +658,100 @@ tsr_status write_state(void *self, uint32_t slot, size_t offset, size_t count, c
   return sdk::guard(s->host, [&] { copy_state(s, slot, offset, count, nullptr, src); });
 }
 
+// ---- parameter offload (TSR_EXT_OFFLOAD_PARAMS) ----
+
+// params = "nvme": owned [offset, offset + count) from the blocks' parameter
+// regions into dst, the next block's read in flight while the last one is
+// copied out (to the GPU on the copy stream, after the compute stream's
+// queued work, since dst may be a buffer the last group was computing from).
+uint64_t fetch_from_disk(Nvme *s, size_t offset, size_t count, void *dst) {
+  const size_t cb = dtype_bytes(s->compute_dtype), region = s->params_region();
+  const size_t b0 = offset / s->block, b1 = (offset + count - 1) / s->block;
+#if TSR_PLUGIN_CUDA
+  if (s->cuda) s->copies.after_compute(s->host->compute_stream);
+#endif
+  auto start = [&](size_t b) {
+    const int tag = static_cast<int>((b - b0) % kBuffers);
+#if TSR_PLUGIN_CUDA
+    if (s->cuda) cuda_check(cudaEventSynchronize(s->fetch_ev[tag]), kWho, "parameters' copy");
+#endif
+    s->io.start(tag, false, s->buf[tag], region, s->params_offset(b));
+  };
+  start(b0);
+  int last = 0;
+  for (size_t b = b0; b <= b1; ++b) {
+    const int cur = static_cast<int>((b - b0) % kBuffers);
+    if (b + 1 <= b1) start(b + 1);
+    s->wait(cur);
+    s->fetch_bytes_read += region;
+    const size_t lo_b = b * s->block;
+    const size_t lo = std::max(offset, lo_b), hi = std::min(offset + count, lo_b + s->block);
+    char *out = static_cast<char *>(dst) + (lo - offset) * cb;
+    const char *in = s->buf[cur] + (lo - lo_b) * cb;
+#if TSR_PLUGIN_CUDA
+    if (s->cuda) {
+      cuda_check(cudaMemcpyAsync(out, in, (hi - lo) * cb, cudaMemcpyHostToDevice, s->copies.h2d),
+                 kWho, "copy parameters to the GPU");
+      cuda_check(cudaEventRecord(s->fetch_ev[cur], s->copies.h2d), kWho, "record");
+      last = cur;
+      continue;
+    }
+#endif
+    std::memcpy(out, in, (hi - lo) * cb);
+  }
+  return static_cast<uint64_t>(last);
+}
+
+int32_t params_home(void *self) {
+  return static_cast<Nvme *>(self)->params_where;
+}
+
+tsr_status fetch_params(void *self, size_t offset, size_t count, void *dst, uint64_t *ticket) {
+  auto *s = static_cast<Nvme *>(self);
+  return sdk::guard(s->host, [&] {
+    s->check_range(offset, count);
+    *ticket = 0;
+    if (count == 0) return;
+    // The host flushed this synchronous backend after the update: what is
+    // on disk or in the home is current.
+    if (s->on_disk())
+      *ticket = fetch_from_disk(s, offset, count, dst);
+    else if (s->home.active())
+      *ticket = s->home.fetch(offset, count, dst, s->host->compute_stream);
+    else
+      throw Error(TSR_ERR_INVALID, fmt("%s: fetch, but the parameters are not offloaded", kWho));
+  });
+}
+
+tsr_status params_ready(void *self, uint64_t ticket) {
+  auto *s = static_cast<Nvme *>(self);
+  return sdk::guard(s->host, [&] {
+    if (!s->on_disk()) return s->home.ready(ticket, s->host->compute_stream);
+#if TSR_PLUGIN_CUDA
+    // The last block's copy ends the fetch (one stream, in order).
+    if (s->cuda)
+      cuda_check(cudaStreamWaitEvent(static_cast<cudaStream_t>(s->host->compute_stream),
+                                     s->fetch_ev[ticket % kBuffers], 0),
+                 kWho, "wait for the parameters' copy");
+#else
+    (void)ticket;
+#endif
+  });
+}
+
+void params_bytes(void *self, uint64_t *host_bytes, uint64_t *disk_bytes) {
+  auto *s = static_cast<Nvme *>(self);
+  if (host_bytes) *host_bytes = s->home.active() ? s->home.bytes() : 0;
+  if (disk_bytes) *disk_bytes = s->on_disk() ? s->blocks * s->params_region() : 0;
+}
+
+const tsr_ext_offload_params kParamsExt = {tsr_ext_offload_params_STRUCT_SIZE, params_home,
+                                           fetch_params, params_ready, params_bytes};
+const sdk::Extension kExtensions[] = {{TSR_EXT_OFFLOAD_PARAMS, &kParamsExt}};
+const void *get_extension(const char *id) {
+  return sdk::find_extension(kExtensions, id);
+}
+
 const tsr_param_decl kParams[] = {
     sdk::param("path", TSR_PARAM_STRING, "\"\"",
                "directory for the state files (one per rank, rank<R>.state), on a fast local "
@@ -573,6 +763,10 @@ const tsr_param_decl kParams[] = {
                    "elements per block streamed through each of the three buffers (rounded up "
                    "to a multiple of 1024)",
                    1024),
+    sdk::param("params", TSR_PARAM_STRING, "\"none\"",
+               "ZeRO stage 3: where this rank's compute parameters live, \"none\" (the GPU), "
+               "\"cpu\" (host memory) or \"nvme\" (the state file); each group's slice is "
+               "fetched just before use (DeepSpeed's offload_param)"),
 };
 
 const tsr_offload_vtable kVtable = {
@@ -586,13 +780,13 @@ const tsr_plugin_descriptor kNvme = {
     tsr_plugin_descriptor_STRUCT_SIZE,
     TSR_KIND_OFFLOAD,
     "nvme",
-    "1.0.0",
+    "1.1.0",
     "optimizer state in files on a local disk (io_uring, O_DIRECT), step on the CPU",
     kParams,
     sizeof(kParams) / sizeof(kParams[0]),
     kDevices,
     &kVtable,
-    nullptr};
+    get_extension};
 const tsr_plugin_descriptor *const kPlugins[] = {&kNvme};
 const tsr_plugin_library kLibrary = {tsr_plugin_library_STRUCT_SIZE, TSR_ABI_MAJOR, TSR_ABI_MINOR,
                                      kPlugins, 1};

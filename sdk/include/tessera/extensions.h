@@ -85,6 +85,62 @@ typedef struct tsr_ext_dataset_shape {
 } tsr_ext_dataset_shape;
 #define tsr_ext_dataset_shape_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_ext_dataset_shape, shape)
 
+/* ---- zero plugins and offload backends: parameter offload ---------------- */
+
+/* Where owned compute parameters come from when the zero plugin does not
+ * keep them (DeepSpeed's offload_param): fetch starts copying owned
+ * elements [offset, offset + count) (the zero plugin's owned offsets, as in
+ * tsr_owned_range.owned_offset) into `dst`, count elements of the compute
+ * dtype on the compute device, once the last update of those elements has
+ * written them, and names the copy in *ticket; ready(ticket) makes work
+ * queued on the host's compute stream from then on see the copied values
+ * (a stream wait on CUDA; on the CPU, fetch has copied by the time it
+ * returns). Valid for the run. */
+typedef struct tsr_param_source {
+  size_t struct_size;
+  void *self;
+  tsr_status (*fetch)(void *self, size_t offset, size_t count, void *dst, uint64_t *ticket);
+  tsr_status (*ready)(void *self, uint64_t ticket);
+} tsr_param_source;
+#define tsr_param_source_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_param_source, ready)
+
+/* An offload backend that can keep the owned compute parameters itself, in
+ * host memory or on disk. home says where this instance keeps them, from
+ * its config (asked after create, before setup): TSR_PARAMS_ON_DEVICE
+ * means it does not (the zero plugin keeps them, the default). Otherwise
+ * the host hands fetch and ready to the zero plugin as a tsr_param_source
+ * (TSR_EXT_ZERO_PARAM_SOURCE), the ranges' params pointers are NULL, and
+ * the backend's updates write its own copy: write_state of slot 0 (the
+ * initial and the checkpoint's master weights) sets it too. bytes reports
+ * what that copy takes in host memory and on disk, for the start-up
+ * report. */
+#define TSR_EXT_OFFLOAD_PARAMS "tessera.offload.params/1"
+#define TSR_PARAMS_ON_DEVICE 0
+#define TSR_PARAMS_ON_HOST 1
+#define TSR_PARAMS_ON_DISK 2
+typedef struct tsr_ext_offload_params {
+  size_t struct_size;
+  int32_t (*home)(void *self);
+  tsr_status (*fetch)(void *self, size_t offset, size_t count, void *dst, uint64_t *ticket);
+  tsr_status (*ready)(void *self, uint64_t ticket);
+  void (*bytes)(void *self, uint64_t *host_bytes, uint64_t *disk_bytes);
+} tsr_ext_offload_params;
+#define tsr_ext_offload_params_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_ext_offload_params, bytes)
+
+/* A zero plugin that can take its owned compute parameters from a
+ * tsr_param_source instead of keeping them on the device. use() is called
+ * once, before setup; it fails (naming why) when the plugin's stage keeps
+ * full parameters on every rank, which only partitioning (stage 3) avoids.
+ * The plugin then keeps no device copy of its slice, brings a group's
+ * slice through the source just before the group is used, and reports
+ * params = NULL in its ranges. */
+#define TSR_EXT_ZERO_PARAM_SOURCE "tessera.zero.param-source/1"
+typedef struct tsr_ext_zero_param_source {
+  size_t struct_size;
+  tsr_status (*use)(void *self, const tsr_param_source *source);
+} tsr_ext_zero_param_source;
+#define tsr_ext_zero_param_source_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_ext_zero_param_source, use)
+
 #ifdef __cplusplus
 }
 #endif

@@ -28,7 +28,8 @@ typedef struct tsr_offload_step {
   size_t offset;
   size_t count;
   const void *grads;           /* count gradients, compute dtype, on the compute device */
-  void *params;                /* count updated compute parameters are written here */
+  void *params;                /* count updated compute parameters are written here; NULL
+                                * when the backend keeps them (TSR_EXT_OFFLOAD_PARAMS) */
   const tsr_segment *segments; /* relative to offset; cover [0, count) */
   size_t num_segments;
   double lr;

@@ -47,7 +47,8 @@ typedef struct tsr_owned_range {
   size_t flat_offset;  /* offset in the flat space (decay flags, names) */
   size_t count;
   const void *grads; /* the averaged gradients of the range (compute dtype, device) */
-  void *params;      /* where the updated compute parameters go (compute dtype, device) */
+  void *params;      /* where the updated compute parameters go (compute dtype, device);
+                      * NULL when they come from a tsr_param_source (extensions.h) */
 } tsr_owned_range;
 #define tsr_owned_range_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_owned_range, params)
 
