@@ -5,6 +5,11 @@
 
 namespace tessera::zero {
 
+namespace {
+// Reduce-scatter buckets a backward keeps in flight (stages 2-3).
+constexpr size_t kScattersInFlight = 2;
+}  // namespace
+
 using sdk::check;
 using sdk::Error;
 
@@ -315,6 +320,16 @@ void ZeroState::launch_scatter_bucket() {
   check(host_->comm->reduce_scatter(host_->ctx, &in, &out, TSR_REDUCE_AVG,
                                     opt_.overlap ? &p.work : nullptr));
   pending_.push_back(std::move(p));
+  // A bounded number in flight: each holds a packed and a reduced copy of
+  // its bucket, and a large model's backward would otherwise keep all of
+  // them until finish_grads (under stage 3 with offloaded parameters, more
+  // than the gradients themselves). Completed in launch order, as
+  // finish_grads would: the same sums.
+  while (opt_.overlap && pending_.size() > kScattersInFlight) {
+    Pending done = std::move(pending_.front());
+    pending_.erase(pending_.begin());
+    complete(done);
+  }
   if (!opt_.overlap) {
     Pending done = std::move(pending_.back());
     pending_.pop_back();
