@@ -162,23 +162,36 @@ def per_step_of(metrics_path):
     return s["samples"] / s["steps"]
 
 
-def run_samples(path, per_step, warmup_steps=0, warmup_s=0.0, windows=1,
-                min_window_s=MIN_WINDOW_S):
-    """The samples of one run: its steady state as `windows` consecutive
-    windows of about equal length, each at least min_window_s long."""
-    pts = steady(read_steps(path), warmup_steps, warmup_s)
-    if len(pts) < windows + 1:
-        raise BenchError(f"{path}: {len(pts)} logged step(s) after the warm-up "
-                         f"({warmup_steps} steps, {warmup_s:g} s): need {windows + 1} "
-                         "(more steps, or a smaller run.log_every)")
+def window_cuts(pts, windows):
+    """Indices into pts that split it into `windows` consecutive windows of
+    about equal time: window k ends at the first point at or past
+    t0 + (k + 1) / windows of the span."""
     t0, total = pts[0][1], pts[-1][1] - pts[0][1]
-    # Window k ends at the first point at or past t0 + (k + 1) / windows of the span.
-    cuts, i = [0], 0
+    cuts = [0]
     for k in range(1, windows):
         goal = t0 + total * k / windows
         i = next((j for j in range(cuts[-1] + 1, len(pts)) if pts[j][1] >= goal), len(pts) - 1)
         cuts.append(i)
     cuts.append(len(pts) - 1)
+    return cuts
+
+
+def steady_points(path, warmup_steps=0, warmup_s=0.0, windows=1):
+    """A run's steady (step, elapsed_s) points, at least windows + 1 of them."""
+    pts = steady(read_steps(path), warmup_steps, warmup_s)
+    if len(pts) < windows + 1:
+        raise BenchError(f"{path}: {len(pts)} logged step(s) after the warm-up "
+                         f"({warmup_steps} steps, {warmup_s:g} s): need {windows + 1} "
+                         "(more steps, or a smaller run.log_every)")
+    return pts
+
+
+def run_samples(path, per_step, warmup_steps=0, warmup_s=0.0, windows=1,
+                min_window_s=MIN_WINDOW_S):
+    """The samples of one run: its steady state as `windows` consecutive
+    windows of about equal length, each at least min_window_s long."""
+    pts = steady_points(path, warmup_steps, warmup_s, windows)
+    cuts = window_cuts(pts, windows)
     out = []
     for a, b in zip(cuts, cuts[1:]):
         steps, secs = pts[b][0] - pts[a][0], pts[b][1] - pts[a][1]

@@ -1,5 +1,6 @@
 """The benches' pure-Python parts on made-up runs: the GPU benches' reports
-(bench/mlp_gpu, gpt2_gpu, offload_gpu: they run only on the GPU host) and
+(bench/mlp_gpu, gpt2_gpu, offload_gpu, offload_params_gpu: they run only on
+the GPU host) and
 bench/cpu_vs_torch's result file, from fake metrics.jsonl files; and every
 bench script's `bash -n` and `--help`. No torch, no GPU, no tessera binary."""
 import glob
@@ -146,6 +147,93 @@ class Reports(unittest.TestCase):
         self.assertIn("step 454", out)
         self.assertIn("## Environment", out)
 
+
+    def test_offload_params_gpu(self):
+        runs = ["tessera big 48 3200 25 4", "deepspeed ds_big 48 3200 25 4",
+                "tessera small 48 1600 25 4", "deepspeed ds_small 48 1600 25 4",
+                "tessera nvme 24 1024 16 4"]
+        with open(os.path.join(self.work, "runs.txt"), "w") as f:
+            f.write("\n".join(runs) + "\n")
+        t0 = 1.8e9
+        for name, step_s, n, params in (("big", 1.76, 30, 6.06e9), ("small", 0.5, 70, 1.56e9),
+                                        ("nvme", 2.0, 24, 3.5e8)):
+            path = os.path.join(self.work, name, "metrics.jsonl")
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                for s, t in steps(step_s, n):
+                    f.write(json.dumps({"type": "train", "step": s, "elapsed_s": t,
+                                        "time": t0 + 10 + t}) + "\n")
+            self.put(f"{name}/summary.json", {
+                "samples": 4 * n, "steps": n, "parameters": params, "mfu": 0.085,
+                "peak_memory_bytes": 17 * 2**30,
+                "peak_memory_by_rank": [{"rank": 0, "rss": 113 * 2**30}]})
+        # DeepSpeed: the big shape did not fit (an OOM, no JSON line); the
+        # small one at 1 s a step.
+        self.put("ds_big.json", {})
+        with open(os.path.join(self.work, "ds_big.json"), "w") as f:
+            f.write("")
+        with open(os.path.join(self.work, "ds_big.err"), "w") as f:
+            f.write("Traceback...\ntorch.OutOfMemoryError: CUDA out of memory. Tried to "
+                    "allocate 2.00 GiB\n")
+        with open(os.path.join(self.work, "ds_big.rc"), "w") as f:
+            f.write("1\n")
+        with open(os.path.join(self.work, "ds_big.mem"), "w") as f:
+            f.write("50000000\n1048576\n30000000\n")
+        write_metrics(os.path.join(self.work, "ds_small", "metrics.jsonl"), steps(1.0, 3 + 24))
+        self.put("ds_small.json", {"impl": "DeepSpeed 0.19.8 ZeRO-3", "warmup": 3,
+                                   "tokens_per_step": 4096, "peak_gpu_GiB": 14.6,
+                                   "params": 1.56e9})
+        # dd: 3.0 GB/s read, 2.0 GB/s write; the run reads 1.5 GB/s, writes 0.8 GB/s.
+        with open(os.path.join(self.work, "dd.txt"), "w") as f:
+            for _ in range(3):
+                f.write("write 8589934592 bytes (8.6 GB, 8.0 GiB) copied, 4.29497 s, 2.0 GB/s\n")
+                f.write("read 8589934592 bytes (8.6 GB, 8.0 GiB) copied, 2.86331 s, 3.0 GB/s\n")
+        with open(os.path.join(self.work, "nvme-io.jsonl"), "w") as f:
+            for i in range(0, 700):
+                t = i * 0.1
+                f.write(json.dumps({"time": t0 + t, "read_bytes": int(1.5e9 * t),
+                                    "write_bytes": int(0.8e9 * t)}) + "\n")
+        rc, out = self.report("offload_params_gpu", "--work", self.work, "--commit", "abc")
+        self.assertEqual(rc, 0, out)
+        # 4 samples / 1.76 s x 1024 tokens
+        self.assertIn("| tessera stage 3 + offload cpu, params \"cpu\" | 6.06B parameters, "
+                      "48 x 3200, 25 heads, B4 | yes (30 steps) | 2,327 (2,327-2,327) | - |", out)
+        self.assertIn("no: exit 1: torch.OutOfMemoryError: CUDA out of memory.", out)
+        self.assertIn("| MemAvailable fell to 1.0 GiB |", out)
+        # 8,192 tokens/s against 4,096: 2x
+        self.assertIn("| 8,192 (8,192-8,192) | 2.00x (2.00-2.00) |", out)
+        self.assertIn("tessera / DeepSpeed = 2.00x (2.00-2.00) (target >= 1.5x where both fit): "
+                      "met", out)
+        self.assertIn("Largest shape tessera trained under 24 GiB here: 6.06B parameters", out)
+        self.assertIn("| 3 (3-3) GB/s | 2 (2-2) GB/s |", out)
+        self.assertIn("| 1.5 (1.5-1.5) GB/s | 0.8 (0.8-0.8) GB/s |", out)
+        self.assertIn("| 50% | 40% |", out)
+        self.assertIn("the sum of the two shares: 90% (target >= 70%): met", out)
+        # Killed by the OOM killer, then run again unpinned at 1.5 s a step.
+        with open(os.path.join(self.work, "ds_big.rc"), "w") as f:
+            f.write("137\n")
+        with open(os.path.join(self.work, "ds_big.kill"), "w") as f:
+            f.write("Out of memory: Killed process 3412 (python3) total-vm:200GB\n")
+        with open(os.path.join(self.work, "runs.txt"), "a") as f:
+            f.write("deepspeed ds_big_unpinned 48 3200 25 4\n")
+        write_metrics(os.path.join(self.work, "ds_big_unpinned", "metrics.jsonl"),
+                      steps(4.0, 3 + 12))
+        self.put("ds_big_unpinned.json", {"impl": "DeepSpeed unpinned", "warmup": 3,
+                                          "tokens_per_step": 4096, "peak_gpu_GiB": 20.0,
+                                          "params": 6.06e9})
+        rc, out = self.report("offload_params_gpu", "--work", self.work)
+        self.assertIn("no: killed by SIGKILL (exit 137): the kernel's out-of-memory killer: Out "
+                      "of memory: Killed process 3412", out)
+        # 2,327 tokens/s against 1,024
+        self.assertIn("| 2,327 (2,327-2,327) | 2.27x (2.27-2.27) |", out)
+        self.assertIn("| DeepSpeed unpinned | 6.06B parameters, 48 x 3200, 25 heads, B4 | yes | "
+                      "1,024 (1,024-1,024) | 1.00x |", out)
+        # A run whose I/O samples stop before its steps: refused, not a row.
+        with open(os.path.join(self.work, "nvme-io.jsonl"), "w") as f:
+            f.write(json.dumps({"time": t0, "read_bytes": 0, "write_bytes": 0}) + "\n")
+        rc, out = self.report("offload_params_gpu", "--work", self.work)
+        self.assertEqual(rc, 1, out)
+        self.assertIn("refused: tessera nvme: no I/O sample around time", out)
 
     def test_offload_cpu(self):
         def windows(rate, n=5, secs=5.6):
