@@ -31,9 +31,9 @@ NVME_TARGET = 0.70
 
 
 def load_json(path):
+    """The file's JSON (or its last JSON line); {} when missing or empty."""
     try:
-        text = open(path).read().strip()
-        return json.loads(text.splitlines()[-1]) if text else {}
+        return harness.load_json(path)
     except (OSError, ValueError, IndexError):
         return {}
 
