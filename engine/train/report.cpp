@@ -186,8 +186,8 @@ void Reporter::progress(int64_t step, int64_t epoch, double loss, double lr, dou
                          {"elapsed_s", elapsed}};
   // Wall-clock seconds since the epoch, so a line lines up with what other
   // tools sampled meanwhile (iostat, nvidia-smi, /proc/PID/io).
-  line["time"] = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-                     .count();
+  line["time"] =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   for (const auto &[k, v] : extra.items()) line[k] = v;
   append(line);
   if (monitors_) monitors_->train(step, loss, lr, sps);

@@ -264,6 +264,28 @@ void Session::source_params_from_offload() {
   param_source_.ready = offload_params->ready;
   plugin_ok(host, ext->use(zero.self, &param_source_),
             who + "so [zero] plugin '" + zero.name + "'");
+  sink_grads_to_offload();
+}
+
+// The gradients follow the parameters off the device where the backend can
+// hold them and the zero plugin hand them over; otherwise they stay there.
+void Session::sink_grads_to_offload() {
+  const auto *og =
+      job.plugin("offload").entry->extension<tsr_ext_offload_grads>(TSR_EXT_OFFLOAD_GRADS);
+  const auto *zg =
+      job.plugin("zero").entry->extension<tsr_ext_zero_grad_sink>(TSR_EXT_ZERO_GRAD_SINK);
+  if (!og || !TSR_HAS_FIELD(og, tsr_ext_offload_grads, norm_sq) || !og->put || !og->release ||
+      !og->norm_sq || !zg || !TSR_HAS_FIELD(zg, tsr_ext_zero_grad_sink, use) || !zg->use)
+    return;
+  grad_sink_.struct_size = tsr_grad_sink_STRUCT_SIZE;
+  grad_sink_.self = offload.self;
+  grad_sink_.put = og->put;
+  grad_sink_.release = og->release;
+  grad_sink_.norm_sq = og->norm_sq;
+  plugin_ok(host, zg->use(zero.self, &grad_sink_),
+            "[zero] plugin '" + zero.name + "' taking [offload] plugin '" + offload.name +
+                "' as its gradients' sink");
+  grads_streamed = true;
 }
 
 bool Session::host_drives_update() const {

@@ -65,6 +65,9 @@ struct Session {
   // disk (TSR_EXT_OFFLOAD_PARAMS, handed to the zero plugin as a source).
   int32_t params_home = TSR_PARAMS_ON_DEVICE;
   const tsr_ext_offload_params *offload_params = nullptr;
+  // With offloaded parameters, the reduced gradients go to the backend as
+  // each bucket completes (TSR_EXT_OFFLOAD_GRADS) where both plugins can.
+  bool grads_streamed = false;
   Layout layout;
 
   // Step hooks: views of parameter i / its gradient through the zero plugin.
@@ -130,6 +133,7 @@ struct Session {
 
  private:
   void source_params_from_offload();
+  void sink_grads_to_offload();
   tsr_status wait_group(uint32_t g);
   tsr_status wait_near(uint32_t g);
   std::vector<std::vector<int64_t>> shapes_;
@@ -139,6 +143,7 @@ struct Session {
   std::vector<char> in_flight_;  // per group: its update may not have landed
   bool any_in_flight_ = false;
   tsr_param_source param_source_{};
+  tsr_grad_sink grad_sink_{};
 };
 
 }  // namespace tessera

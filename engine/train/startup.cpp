@@ -196,16 +196,24 @@ nlohmann::json report_memory(Session &s) {
     const std::string p_rule = offloaded ? "live groups only: " + b + "Psi/N offloaded"
                                : s.plan.partition_params ? b + "Psi/N + live groups"
                                                          : b + "Psi";
-    const std::string g_rule = s.plan.partition_grads ? b + "Psi/N + buckets" : b + "Psi";
+    const std::string g_rule = s.grads_streamed         ? "buckets only: " + b + "Psi/N on the host"
+                               : s.plan.partition_grads ? b + "Psi/N + buckets"
+                                                        : b + "Psi";
     std::printf(
         "tessera: expected for %s at %u ranks (DESIGN.md, %s, Psi = %.0f): parameters %.2f MiB "
         "(%s), gradients %.2f MiB (%s), optimizer state %.2f MiB (%s)\n",
         stage, f.world_size, s.job.settings.precision.c_str(), psi,
         offloaded ? 0.0 : mib(cb * psi / (s.plan.partition_params ? w : 1)), p_rule.c_str(),
-        mib(cb * psi / (s.plan.partition_grads ? w : 1)), g_rule.c_str(),
+        s.grads_streamed ? 0.0 : mib(cb * psi / (s.plan.partition_grads ? w : 1)), g_rule.c_str(),
         mib(4 * states * psi / (s.plan.partition_optimizer ? w : 1)),
         s.plan.partition_optimizer ? "4(1+k)Psi/N" : "4(1+k)Psi");
     if (offloaded) print_offloaded_params(s, all[0]);
+    if (s.grads_streamed)
+      std::printf(
+          "tessera: gradients of rank 0 leave the GPU as each bucket is reduce-scattered "
+          "([offload] plugin '%s'): no gradient slice on the GPU (only the reduce-scatter "
+          "buckets in flight), %.2f MiB in host memory\n",
+          s.offload.name.c_str(), mib(cb * psi / w));
     std::fflush(stdout);
   }
   return by_rank;

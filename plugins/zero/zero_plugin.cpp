@@ -87,8 +87,14 @@ tsr_status use_source(void *self, const tsr_param_source *src) {
 }
 
 // Every stage answers, so stages 0-2 refuse offloaded parameters saying why.
+tsr_status use_sink(void *self, const tsr_grad_sink *sink) {
+  return guard(self_of(self)->host, [&] { self_of(self)->state.use_sink(sink); });
+}
+
 const tsr_ext_zero_param_source kParamSource = {tsr_ext_zero_param_source_STRUCT_SIZE, use_source};
-const Extension kExtensions[] = {{TSR_EXT_ZERO_PARAM_SOURCE, &kParamSource}};
+const tsr_ext_zero_grad_sink kGradSink = {tsr_ext_zero_grad_sink_STRUCT_SIZE, use_sink};
+const Extension kExtensions[] = {{TSR_EXT_ZERO_PARAM_SOURCE, &kParamSource},
+                                 {TSR_EXT_ZERO_GRAD_SINK, &kGradSink}};
 const void *get_extension(const char *id) {
   return find_extension(kExtensions, id);
 }

@@ -42,6 +42,37 @@ void ZeroState::use_source(const tsr_param_source *src) {
   sourced_ = true;
 }
 
+void ZeroState::use_sink(const tsr_grad_sink *sink) {
+  if (opt_.stage < 2)
+    throw Error(TSR_ERR_INVALID, "zero stage" + std::to_string(opt_.stage) +
+                                     " keeps every gradient on every rank: only stages 2-3 can "
+                                     "hand their reduced slices to the offload backend");
+  if (!sink || sink->struct_size < tsr_grad_sink_STRUCT_SIZE || !sink->put || !sink->release ||
+      !sink->norm_sq)
+    throw Error(TSR_ERR_INVALID, "zero: the gradient sink is missing or too small");
+  sink_ = *sink;
+  sunk_ = true;
+}
+
+// Group g's reduced slice (this micro-batch's average) to the sink: the
+// step's first contribution replaces what it holds, later ones add.
+void ZeroState::sink_put(uint32_t g, const void *src) {
+  uint64_t ticket = 0;
+  check(sink_.put(sink_.self, owned_offset_[g], per(g), src, filled_[g] ? 1 : 0, &ticket));
+  filled_[g] = 1;
+  last_ticket_ = ticket;
+}
+
+// Buffers the sink's copies read go back to the pool once the compute
+// stream is ordered after those copies; `keep` of the newest may stay out.
+void ZeroState::release_drained(size_t keep) {
+  while (draining_.size() > keep) {
+    check(sink_.release(sink_.self, draining_.front().second));
+    give(std::move(draining_.front().first));
+    draining_.erase(draining_.begin());
+  }
+}
+
 DLTensor ZeroState::view(void *data, size_t count) {
   int64_t *shape = &shapes_[next_shape_++ % 8];
   *shape = static_cast<int64_t>(count);
@@ -88,7 +119,12 @@ void ZeroState::setup(const tsr_zero_setup *s) {
              static_cast<const char *>(s->initial_params) + (offset_[g] + rank_ * per(g)) * esize_,
              per(g));
   }
+  training_ = s->training != 0;
   if (!s->training) return;  // a frozen model keeps no gradients
+  if (sunk_) {
+    filled_.assign(size_.size(), 0);
+    return;  // the sink holds them
+  }
   size_t grad_elems = opt_.stage < 2 ? total_ : owned_total_;
   grads_ = sdk::Buffer(host_, device_, grad_elems * esize_, TSR_MEM_GRADS);
   DLTensor gv = view(grads_.get(), grad_elems);
@@ -108,8 +144,8 @@ void ZeroState::ranges(tsr_range_fn fn, void *ctx) {
       case 1:
         r.grads = at(grads_.get(), r.flat_offset);
         break;
-      default:
-        r.grads = at(grads_.get(), r.owned_offset);
+      default:  // the sink's: the backend reads its own copy
+        r.grads = sunk_ ? nullptr : at(grads_.get(), r.owned_offset);
         break;
     }
     // Offloaded parameters: the backend writes its own copy.
@@ -225,7 +261,7 @@ void ZeroState::end_pass() {
 void *ZeroState::grads(uint32_t g) {
   if (g >= size_.size())
     throw Error(TSR_ERR_INVALID, "zero: group " + std::to_string(g) + " out of range");
-  if (!grads_.get()) throw Error(TSR_ERR_INVALID, "zero: no gradients for a frozen model");
+  if (!training_) throw Error(TSR_ERR_INVALID, "zero: no gradients for a frozen model");
   if (opt_.stage < 2) return at(grads_.get(), offset_[g]);
   auto it = active_grads_.find(g);
   if (it != active_grads_.end()) return it->second.get();
@@ -343,7 +379,18 @@ void ZeroState::complete(Pending &p) {
     p.work = nullptr;
     check(host_->comm->wait(host_->ctx, w));
   }
-  if (opt_.stage >= 2 && p.reduced.get()) {
+  if (opt_.stage >= 2 && p.reduced.get() && sunk_) {
+    // This micro-batch's averaged slices leave the device; the buffer
+    // returns to the pool once the copies have read it (two may drain).
+    size_t off = 0;
+    for (uint32_t g : p.groups) {
+      sink_put(g, at(p.reduced.get(), off));
+      off += per(g);
+    }
+    give(std::move(p.packed));
+    draining_.emplace_back(std::move(p.reduced), last_ticket_);
+    release_drained(kScattersInFlight);
+  } else if (opt_.stage >= 2 && p.reduced.get()) {
     // This micro-batch's averaged slices add into the owned gradients.
     size_t off = 0;
     for (uint32_t g : p.groups) {
@@ -377,18 +424,40 @@ void ZeroState::finish_grads() {
   std::vector<Pending> pending;
   pending.swap(pending_);
   for (auto &p : pending) complete(p);
+  if (sunk_) finish_sink();
+}
+
+// A group no micro-batch produced a gradient for still owes the sink its
+// zeros (a device slice would have been cleared); then every buffer the
+// copies read comes back.
+void ZeroState::finish_sink() {
+  for (uint32_t g = 0; g < size_.size(); ++g) {
+    if (filled_[g] || per(g) == 0) continue;
+    sdk::Buffer z = take(per(g), TSR_MEM_COMM);
+    DLTensor v = view(z.get(), per(g));
+    check(host_->ops->fill(host_->ctx, &v, 0.f));
+    sink_put(g, z.get());
+    draining_.emplace_back(std::move(z), last_ticket_);
+  }
+  release_drained(0);
 }
 
 double ZeroState::grad_norm_sq() {
   double sq = 0;
-  if (opt_.stage < 2) {
+  if (!sunk_ && opt_.stage < 2) {
     // Every rank holds the whole averaged gradient: no communication.
     DLTensor t = view(grads_.get(), total_);
     check(host_->ops->sum_squares(host_->ctx, &t, &sq));
     return sq;
   }
-  DLTensor t = view(grads_.get(), owned_total_);
-  check(host_->ops->sum_squares(host_->ctx, &t, &sq));
+  // Stages 2-3: this rank's owned slice (held by the sink where it took
+  // them), summed over the ranks.
+  if (sunk_) {
+    check(sink_.norm_sq(sink_.self, &sq));
+  } else {
+    DLTensor t = view(grads_.get(), owned_total_);
+    check(host_->ops->sum_squares(host_->ctx, &t, &sq));
+  }
   if (world_ == 1) return sq;
   double buf = sq;
   int64_t one = 1;
@@ -405,6 +474,10 @@ void ZeroState::step(const tsr_zero_step *st) {
 }
 
 void ZeroState::clear_grads() {
+  if (sunk_) {
+    filled_.assign(size_.size(), 0);  // the next puts replace what the sink holds
+    return;
+  }
   if (!grads_.get()) return;
   size_t grad_elems = opt_.stage < 2 ? total_ : owned_total_;
   DLTensor gv = view(grads_.get(), grad_elems);

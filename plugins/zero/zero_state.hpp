@@ -36,6 +36,9 @@ class ZeroState {
   // Stage 3: the owned compute parameters live with `src` (an offload
   // backend's host memory or disk), not on the device. Before setup.
   void use_source(const tsr_param_source *src);
+  // Stages 2-3: the reduced gradients go to `sink` (an offload backend's
+  // host memory) as each bucket completes; no device gradient slice.
+  void use_sink(const tsr_grad_sink *sink);
   void setup(const tsr_zero_setup *s);
   size_t owned_count() const { return owned_total_; }
   void ranges(tsr_range_fn fn, void *ctx);
@@ -81,11 +84,21 @@ class ZeroState {
   void gather(uint32_t g);
   void fetch(uint32_t g, Live &l);
   void wait_live(Live &l);
+  void sink_put(uint32_t g, const void *src);
+  void release_drained(size_t keep);
+  void finish_sink();
 
   const tsr_host *host_;
   Options opt_;
   bool sourced_ = false;  // owned parameters come from source_
   tsr_param_source source_{};
+  bool sunk_ = false;  // reduced gradients go to sink_
+  tsr_grad_sink sink_{};
+  bool training_ = false;
+  std::vector<char> filled_;  // sink: group g has had its first put this step
+  // sink: reduced buffers whose copies may still read them, oldest first
+  std::vector<std::pair<sdk::Buffer, uint64_t>> draining_;
+  uint64_t last_ticket_ = 0;
   uint32_t rank_ = 0, world_ = 1;
   DLDevice device_{};
   DLDataType dtype_{};

@@ -20,13 +20,14 @@ void require_fashion_mnist() {
 
 std::string Job::name() const {
   // (snprintf: GCC 12's -Wrestrict misfires on a chain of string +.)
-  char buf[160];
-  std::snprintf(buf, sizeof buf, "w%d_stage%d_g%d_m%dx%d%s%s%s%s%s%s", world, stage, global, micro,
-                accumulation(), sgd ? "_sgd" : "", clip > 0 ? "_clip" : "",
+  char buf[192];
+  std::snprintf(buf, sizeof buf, "w%d_stage%d_g%d_m%dx%d%s%s%s%s%s%s%s", world, stage, global,
+                micro, accumulation(), sgd ? "_sgd" : "", clip > 0 ? "_clip" : "",
                 device == "cpu" ? "" : ("_" + device).c_str(),
                 precision == "fp32" ? "" : ("_" + precision).c_str(),
                 offload == "none" ? "" : ("_" + offload).c_str(),
-                ratio.empty() ? "" : ("_r" + ratio).c_str());
+                ratio.empty() ? "" : ("_r" + ratio).c_str(),
+                params.empty() ? "" : ("_params_" + params).c_str());
   return buf;
 }
 
@@ -80,6 +81,7 @@ std::string fmnist_config(const Job &j, const fs::path &run_dir) {
   if (j.offload != "none") {
     s << "\n[offload]\nplugin = \"" << j.offload << "\"\n";
     if (!j.ratio.empty()) s << "ratio = \"" << j.ratio << "\"\n";
+    if (!j.params.empty()) s << "params = \"" << j.params << "\"\n";
   }
   return s.str();
 }
@@ -234,6 +236,7 @@ Trained equivalence(int global, const std::vector<Job> &jobs, const Tolerance &t
   r.global = r.micro = global;
   r.offload = "none";  // the reference keeps its state where compute runs
   r.ratio.clear();
+  r.params.clear();
   const Trained ref = train_job(r);
   for (const Job &j : jobs) {
     REQUIRE(j.global == global);

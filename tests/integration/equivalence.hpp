@@ -28,6 +28,7 @@ struct Job {
   double clip = 0;                                 // run.gradient_clipping
   std::string device = "cpu", precision = "fp32";  // run.device, run.precision
   std::string offload = "none", ratio = "";        // [offload] plugin and (cpu) ratio
+  std::string params = "";                         // [offload] params (stage 3), if set
   int accumulation() const { return global / (micro * world); }
   std::string name() const;
 };

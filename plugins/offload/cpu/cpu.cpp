@@ -25,6 +25,8 @@
 // owned compute parameters in host memory too: the pinned upload buffer
 // becomes their home (param_home.hpp), the update writes them there and
 // nothing is uploaded; the zero plugin fetches a group's slice before use.
+// It also takes the gradients as each bucket is reduce-scattered (the
+// gradient sink), into the pinned download buffer: none stay on the GPU.
 //
 // ZeRO: stages 1-3 at any world size, stage 0 on one rank. Stage 0 at more
 // ranks is refused: every rank would keep (and update) a full copy of the
@@ -67,6 +69,7 @@ struct Cpu {
   std::vector<sdk::Buffer> slots;  // [0] master weights, [1 + i] optimizer state i
   sdk::Buffer grads_pinned, params_pinned;
   sdk::Buffer params_host;  // parameter offload in a CPU run: the home
+  sdk::Buffer grads_host;   // parameter offload in a CPU run: the gradient sink's
   ParamHome home;           // parameter offload (declared after the buffers it reads)
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<HostPipeline> pipeline;
@@ -144,6 +147,7 @@ std::pair<double, double> allocate(Cpu *s) {
     s->params_pinned = sdk::Buffer(s->host, mem, bytes, held ? TSR_MEM_PARAMS : TSR_MEM_OTHER);
   } else if (held) {
     s->params_host = sdk::Buffer(s->host, DLDevice{kDLCPU, 0}, bytes, TSR_MEM_PARAMS);
+    s->grads_host = sdk::Buffer(s->host, DLDevice{kDLCPU, 0}, bytes, TSR_MEM_GRADS);
   }
   const auto t2 = Clock::now();
   return {std::chrono::duration<double>(t1 - t0).count(),
@@ -196,9 +200,7 @@ tsr_status setup(void *self, const tsr_offload_setup *st) {
     const double cb = static_cast<double>(dtype_bytes(s->compute_dtype));
     const bool held = s->params_where != TSR_PARAMS_ON_DEVICE;
     check_host_memory(s->host, kWho,
-                      s->n * (4.0 * (1 + s->state_count) + (s->cuda ? 2 * cb
-                                                            : held  ? cb
-                                                                    : 0)),
+                      s->n * (4.0 * (1 + s->state_count) + (s->cuda || held ? 2 * cb : 0)),
                       fmt("the master weights and optimizer state%s of %zu owned elements",
                           held ? ", the offloaded parameters" : "", s->n));
     const std::pair<double, double> took = allocate(s);
@@ -215,6 +217,8 @@ tsr_status setup(void *self, const tsr_offload_setup *st) {
     p.device = st->device.device_id;
     p.grads_pinned = s->grads_pinned.as<char>();
     p.params_pinned = s->params_pinned.as<char>();
+    p.grads_host = s->grads_host.as<char>();
+    p.n = s->n;
     if (held) {
       p.params_home = s->cuda ? s->params_pinned.as<char>() : s->params_host.as<char>();
       s->home.init(kWho, s->n, s->compute_dtype, p.params_home, s->cuda, p.device);
@@ -254,7 +258,9 @@ tsr_status step(void *self, const tsr_offload_step *st) {
     if (split > st->offset) s->share.step(st, 0, split - st->offset);
     if (split < st->offset + st->count) {
       RangeUpdate u = range_of(st, split - st->offset, st->count);
-      u.grads = static_cast<const char *>(st->grads) + (split - st->offset) * cb;
+      // NULL: the gradient sink's copy, which the backend holds already.
+      u.grads =
+          st->grads ? static_cast<const char *>(st->grads) + (split - st->offset) * cb : nullptr;
       u.params = st->params ? static_cast<char *>(st->params) + (split - st->offset) * cb : nullptr;
       s->pipeline->submit(std::move(u));
     }
@@ -349,9 +355,33 @@ void params_bytes(void *self, uint64_t *host_bytes, uint64_t *disk_bytes) {
   if (disk_bytes) *disk_bytes = 0;
 }
 
+// ---- the gradient sink (TSR_EXT_OFFLOAD_GRADS) ----
+
+tsr_status grads_put(void *self, size_t offset, size_t count, const void *src, int32_t add,
+                     uint64_t *ticket) {
+  auto *s = static_cast<Cpu *>(self);
+  return sdk::guard(s->host, [&] {
+    s->check_range(offset, count);
+    *ticket = s->pipeline->sink_put(offset, count, src, add != 0);
+  });
+}
+
+tsr_status grads_release(void *self, uint64_t ticket) {
+  auto *s = static_cast<Cpu *>(self);
+  return sdk::guard(s->host, [&] { s->pipeline->sink_release(ticket); });
+}
+
+tsr_status grads_norm_sq(void *self, double *out) {
+  auto *s = static_cast<Cpu *>(self);
+  return sdk::guard(s->host, [&] { *out = s->pipeline->sink_norm_sq(); });
+}
+
 const tsr_ext_offload_params kParamsExt = {tsr_ext_offload_params_STRUCT_SIZE, params_home,
                                            fetch_params, params_ready, params_bytes};
-const sdk::Extension kExtensions[] = {{TSR_EXT_OFFLOAD_PARAMS, &kParamsExt}};
+const tsr_ext_offload_grads kGradsExt = {tsr_ext_offload_grads_STRUCT_SIZE, grads_put,
+                                         grads_release, grads_norm_sq};
+const sdk::Extension kExtensions[] = {{TSR_EXT_OFFLOAD_PARAMS, &kParamsExt},
+                                      {TSR_EXT_OFFLOAD_GRADS, &kGradsExt}};
 const void *get_extension(const char *id) {
   return sdk::find_extension(kExtensions, id);
 }
@@ -393,7 +423,7 @@ const tsr_offload_vtable kVtable = {TSR_STRUCT_SIZE(tsr_offload_vtable, stats),
 const tsr_plugin_descriptor kCpu = {tsr_plugin_descriptor_STRUCT_SIZE,
                                     TSR_KIND_OFFLOAD,
                                     "cpu",
-                                    "1.3.0",
+                                    "1.4.0",
                                     "optimizer state in host memory, step on the CPU (threaded, "
                                     "overlapped), optionally a GPU share",
                                     kParams,

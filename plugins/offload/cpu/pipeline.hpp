@@ -56,6 +56,10 @@ struct PipelineSetup {
   int device = 0;                 // CUDA ordinal
   char *grads_pinned = nullptr;   // CUDA: every owned element, compute dtype
   char *params_pinned = nullptr;  // CUDA: every owned element, compute dtype
+  // Gradient sink, CPU runs: the owned gradients the sink took (every
+  // owned element, compute dtype); CUDA runs use grads_pinned.
+  char *grads_host = nullptr;
+  size_t n = 0;  // owned elements
   // Parameter offload: the update writes the compute copy here (every owned
   // element, host memory) and nothing goes back to the device; the zero
   // plugin fetches from it (param_home.hpp).
@@ -82,6 +86,15 @@ class HostPipeline {
   void wait_grads();
   // Everything submitted is complete, copies included.
   void flush();
+  // The gradient sink (TSR_EXT_OFFLOAD_GRADS, main thread): owned
+  // [offset, offset + count) of this step's gradients from device memory
+  // src, replacing (add false) or added to (add true) what is held; the
+  // ticket names the copy that reads src.
+  uint64_t sink_put(size_t offset, size_t count, const void *src, bool add);
+  // Work queued on the compute stream from now on runs after that copy.
+  void sink_release(uint64_t ticket);
+  // The sum of squares of every held gradient, once all puts have landed.
+  double sink_norm_sq();
   // Cumulative seconds: d2h, host step, h2d; elements updated.
   tsr_offload_stats stats();
 
@@ -114,7 +127,12 @@ class HostPipeline {
   // Per job index: d2h begin/end, h2d begin/end (timed, for the breakdown).
   // A deque: a reference taken under the lock stays valid as it grows.
   std::deque<std::array<cudaEvent_t, 4>> events_;
+  // The sink's copies, by ticket modulo the ring: one copy stream, so a
+  // later copy's event being complete implies the earlier one's.
+  std::array<cudaEvent_t, 8> sink_events_{};
+  sdk::Buffer sink_stage_;  // pinned: a later micro-batch's gradients, before the add
 #endif
+  uint64_t tickets_ = 0;
 };
 
 }  // namespace tessera::offload

@@ -141,6 +141,52 @@ typedef struct tsr_ext_zero_param_source {
 } tsr_ext_zero_param_source;
 #define tsr_ext_zero_param_source_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_ext_zero_param_source, use)
 
+/* Where a zero plugin hands this rank's reduced gradients, as each bucket's
+ * reduce-scatter completes, instead of keeping them on the device (ZeRO
+ * stage 3 with offloaded parameters). put takes owned [offset, offset +
+ * count) from device memory src in the compute dtype: add 0 replaces what
+ * the sink holds (the step's first contribution), add 1 adds to it (later
+ * micro-batches). It is ordered after the work queued on the compute
+ * stream so far and returns a ticket; src stays untouched until
+ * release(ticket), which orders later compute-stream work after the copy's
+ * read of src. norm_sq gives the sum of squares of every held gradient
+ * (this rank's owned elements, once all puts have landed), for clipping. */
+typedef struct tsr_grad_sink {
+  size_t struct_size;
+  void *self;
+  tsr_status (*put)(void *self, size_t offset, size_t count, const void *src, int32_t add,
+                    uint64_t *ticket);
+  tsr_status (*release)(void *self, uint64_t ticket);
+  tsr_status (*norm_sq)(void *self, double *out);
+} tsr_grad_sink;
+#define tsr_grad_sink_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_grad_sink, norm_sq)
+
+/* An offload backend that can hold the owned gradients itself, in host
+ * memory where its update reads them: the sink's three calls. The host
+ * uses it with parameter offload (TSR_EXT_OFFLOAD_PARAMS): the ranges'
+ * grads pointers are then NULL too. */
+#define TSR_EXT_OFFLOAD_GRADS "tessera.offload.grads/1"
+typedef struct tsr_ext_offload_grads {
+  size_t struct_size;
+  tsr_status (*put)(void *self, size_t offset, size_t count, const void *src, int32_t add,
+                    uint64_t *ticket);
+  tsr_status (*release)(void *self, uint64_t ticket);
+  tsr_status (*norm_sq)(void *self, double *out);
+} tsr_ext_offload_grads;
+#define tsr_ext_offload_grads_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_ext_offload_grads, norm_sq)
+
+/* A zero plugin that can hand its reduced gradients to a tsr_grad_sink
+ * instead of keeping them: use() once, before setup; it fails (naming why)
+ * where the stage does not partition gradients. The plugin then keeps no
+ * device gradient slice (only the buckets in flight), reports grads = NULL
+ * in its ranges and takes the gradient norm from the sink. */
+#define TSR_EXT_ZERO_GRAD_SINK "tessera.zero.grad-sink/1"
+typedef struct tsr_ext_zero_grad_sink {
+  size_t struct_size;
+  tsr_status (*use)(void *self, const tsr_grad_sink *sink);
+} tsr_ext_zero_grad_sink;
+#define tsr_ext_zero_grad_sink_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_ext_zero_grad_sink, use)
+
 #ifdef __cplusplus
 }
 #endif

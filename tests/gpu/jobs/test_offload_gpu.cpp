@@ -8,6 +8,12 @@
 // tensor within 10% in L2. With clipping on, too: the norm is taken on the
 // GPU before any range is handed over.
 //
+// Stage 3 with the parameters in pinned host memory (offload params
+// "cpu"): each group is fetched before use and every reduced gradient
+// bucket leaves for the host as it completes (the gradient sink), two
+// micro-batches a step (the second added on the host) and clipping on (its
+// norm taken over the host copy).
+//
 // The CPU step computes in fp32 from bf16 gradients exactly as the CUDA
 // kernel does, but the two kernels round their fp32 arithmetic differently
 // (FMA contraction on the GPU), so the runs part by rounding steps only.
@@ -22,19 +28,25 @@ namespace {
 
 constexpr Tolerance kAdamBf16{3e-2, 0, 0, 1e-1};
 
+// One GPU, bf16, offload cpu, 128 samples a step.
+Job gpu_job(int stage, int micro, double clip) {
+  Job j;
+  j.world = 1;
+  j.stage = stage;
+  j.global = 128;
+  j.micro = micro;
+  j.device = "cuda";
+  j.precision = "bf16";
+  j.offload = "cpu";
+  j.clip = clip;
+  return j;
+}
+
 std::vector<Job> offload_jobs(double clip) {
   std::vector<Job> jobs;
   for (const char *ratio : {"", "0.5"}) {
-    Job j;
-    j.world = 1;
-    j.stage = 1;
-    j.global = 128;
-    j.micro = 128;
-    j.device = "cuda";
-    j.precision = "bf16";
-    j.offload = "cpu";
+    Job j = gpu_job(1, 128, clip);
     j.ratio = ratio;
-    j.clip = clip;
     jobs.push_back(j);
   }
   return jobs;
@@ -49,4 +61,20 @@ TEST_CASE("one GPU, bf16: offload cpu, overlapped and with a GPU share, matches 
 
 TEST_CASE("one GPU, bf16, clipping on: offload cpu matches offload none", "[gpu][jobs][offload]") {
   equivalence(128, offload_jobs(0.5), kAdamBf16);
+}
+
+TEST_CASE("one GPU, bf16, stage 3: parameters and gradients offloaded match offload none",
+          "[gpu][jobs][offload]") {
+  Job j = gpu_job(3, 64, 0.5);
+  j.params = "cpu";
+  Job r = j;  // the reference: one micro-batch, no offload, stage 0
+  r.stage = 0;
+  r.micro = 128;
+  r.offload = "none";
+  r.params.clear();
+  const Trained ref = train_job(r), t = train_job(j);
+  INFO(describe(t.run));
+  CHECK_THAT(t.run.all(), Catch::Contains("parameters of rank 0 live in host memory") &&
+                              Catch::Contains("gradients of rank 0 leave the GPU"));
+  check_equivalent(ref, t, kAdamBf16);
 }
