@@ -282,7 +282,7 @@ uint64_t HostPipeline::sink_put(size_t offset, size_t count, const void *src, bo
     cuda_check(cudaEventRecord(ev, copies_.d2h), s_.who, "record");
     if (add) {  // a later micro-batch: added here once it has landed
       cuda_check(cudaEventSynchronize(ev), s_.who, "copy gradients to the host");
-      add_into(s_.grads_pinned + offset * cb, dst, count, s_.compute_dtype, s_.who);
+      add_on_pool(s_.grads_pinned + offset * cb, dst, count);
     }
     return ticket;
   }
@@ -294,10 +294,25 @@ uint64_t HostPipeline::sink_put(size_t offset, size_t count, const void *src, bo
                          s_.who));
   char *dst = s_.grads_host + offset * cb;
   if (add)
-    add_into(dst, src, count, s_.compute_dtype, s_.who);
+    add_on_pool(dst, src, count);
   else
     std::memcpy(dst, src, count * cb);
   return ticket;
+}
+
+// dst += src over the pool, in fixed chunks (the sum of each element does
+// not depend on them). A later micro-batch's backward comes after a whole
+// forward, which waited for every range's update: the pool is idle.
+void HostPipeline::add_on_pool(char *dst, const void *src, size_t count) {
+  wait_range(0, s_.n);
+  add_into(dst, src, 0, s_.compute_dtype, s_.who);  // throws here for a dtype it cannot add
+  constexpr size_t kChunk = size_t{1} << 18;
+  const size_t cb = dtype_bytes(s_.compute_dtype);
+  s_.pool->run((count + kChunk - 1) / kChunk, [&](size_t c) {
+    const size_t at = c * kChunk;
+    add_into(dst + at * cb, static_cast<const char *>(src) + at * cb, std::min(kChunk, count - at),
+             s_.compute_dtype, s_.who);
+  });
 }
 
 void HostPipeline::sink_release(uint64_t ticket) {

@@ -109,6 +109,7 @@ class HostPipeline {
   void serve();
   void process(Job &j, size_t index, void *events);
   void wait_done(size_t index, std::unique_lock<std::mutex> &lk);
+  void add_on_pool(char *dst, const void *src, size_t count);
   void retire();
   void raise(const Job &j) const;
 
