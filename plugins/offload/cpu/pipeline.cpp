@@ -11,18 +11,24 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
+// The gradient dtypes add_into can add: float32, bfloat16, float16.
+void check_addable(DLDataType t, const char *who) {
+  if (t.code == kDLFloat && t.bits == 32) return;
+  if (t.bits != 16 || (t.code != kDLBfloat && t.code != kDLFloat))
+    throw sdk::Error(TSR_ERR_UNSUPPORTED, fmt("%s: gradients of %u bits: no host add", who,
+                                              static_cast<unsigned>(t.bits)));
+}
+
 // dst[i] += src[i] in the compute dtype, as the devices' axpy with alpha 1
 // does it: in fp32, rounded to nearest even on the way back.
 void add_into(void *dst, const void *src, size_t count, DLDataType t, const char *who) {
+  check_addable(t, who);
   if (t.code == kDLFloat && t.bits == 32) {
     float *d = static_cast<float *>(dst);
     const float *x = static_cast<const float *>(src);
     for (size_t i = 0; i < count; ++i) d[i] += x[i];
     return;
   }
-  if (t.bits != 16 || (t.code != kDLBfloat && t.code != kDLFloat))
-    throw sdk::Error(TSR_ERR_UNSUPPORTED, fmt("%s: gradients of %u bits: no host add", who,
-                                              static_cast<unsigned>(t.bits)));
   const bool bf = t.code == kDLBfloat;
   uint16_t *d = static_cast<uint16_t *>(dst);
   const uint16_t *x = static_cast<const uint16_t *>(src);
@@ -301,11 +307,13 @@ uint64_t HostPipeline::sink_put(size_t offset, size_t count, const void *src, bo
 }
 
 // dst += src over the pool, in fixed chunks (the sum of each element does
-// not depend on them). A later micro-batch's backward comes after a whole
-// forward, which waited for every range's update: the pool is idle.
+// not depend on them). The pool must be free of updates: a later
+// micro-batch's backward follows a whole forward, which waited for every
+// range's update, so the wait below returns at once; it is the guarantee.
+// The dtype is checked here, not on the pool's threads.
 void HostPipeline::add_on_pool(char *dst, const void *src, size_t count) {
   wait_range(0, s_.n);
-  add_into(dst, src, 0, s_.compute_dtype, s_.who);  // throws here for a dtype it cannot add
+  check_addable(s_.compute_dtype, s_.who);
   constexpr size_t kChunk = size_t{1} << 18;
   const size_t cb = dtype_bytes(s_.compute_dtype);
   s_.pool->run((count + kChunk - 1) / kChunk, [&](size_t c) {
