@@ -4,10 +4,13 @@
 // that stay on the calling thread).
 #include <tessera/ops.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "backend/cpu/cpu_math.hpp"
@@ -108,6 +111,37 @@ TEST_CASE("cpu ops pool: parallel_for covers every item once, at any size", "[op
   CHECK(tessera::cpu::pool_threads() == 3);
   tessera::cpu_ops_set_threads(1);
   CHECK(tessera::cpu::pool_threads() == 1);
+}
+
+TEST_CASE("cpu ops pool: back-to-back calls and calls after the workers sleep, spinning or not",
+          "[ops]") {
+  // Many short calls in a row (the workers catch each while spinning), then
+  // calls after a pause longer than the spin (the workers are asleep and
+  // must be woken), with spinning on and off: every item once, every time.
+  const long spin = tessera::cpu::pool_spin_us();
+  tessera::cpu_ops_set_threads(3);
+  for (long us : {100L, 0L, 2000L}) {
+    tessera::cpu::pool_set_spin_us(us);
+    CHECK(tessera::cpu::pool_spin_us() == us);
+    std::vector<int> hits(64, 0);
+    bool once = true;
+    for (int call = 0; call < 2000; call++) {
+      if (call % 500 == 499) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      // n = 2 leaves the third thread out: it must sit that call out and
+      // still take its part of the next.
+      const int64_t n = call % 3 == 0 ? 2 : 64;
+      std::fill(hits.begin(), hits.end(), 0);
+      tessera::cpu::parallel_for(n, 1, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; i++) hits[static_cast<size_t>(i)]++;
+      });
+      for (int64_t i = 0; i < 64; i++) once &= hits[static_cast<size_t>(i)] == (i < n ? 1 : 0);
+    }
+    CHECK(once);
+  }
+  tessera::cpu::pool_set_spin_us(-5);  // clamped, not a wait of -5 us
+  CHECK(tessera::cpu::pool_spin_us() == 0);
+  tessera::cpu::pool_set_spin_us(spin);
+  tessera::cpu_ops_set_threads(1);
 }
 
 TEST_CASE("cpu ops on the pool: GELU, tanh and bias + GELU give the same bits on 1 and 3 threads",

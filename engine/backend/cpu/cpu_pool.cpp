@@ -1,21 +1,82 @@
-// The CPU ops' thread pool (cpu_pool.hpp). Workers sleep on a condition
-// variable between calls: the ops run a few times per layer, so a wake-up
-// (microseconds) is small against the work, and idle workers must not spin
-// on cores that OpenBLAS or another rank wants.
+// The CPU ops' thread pool (cpu_pool.hpp). Between calls a worker first
+// spins for a short while (TESSERA_CPU_SPIN_US, default 100 us) watching
+// for the next call, then sleeps on a condition variable. The ops of one
+// step follow each other within microseconds, and waking a sleeping thread
+// costs tens of microseconds on a VM (an interrupt to a halted virtual
+// CPU): in the quickstart MLP's 1.4 ms step that was most of the second
+// thread's gain. Past the spin the workers sleep, so an idle pool does not
+// hold cores that OpenBLAS, the data loader or another rank wants; 0 sleeps
+// at once (as OMP_WAIT_POLICY=PASSIVE does for OpenMP).
 #include "backend/cpu/cpu_pool.hpp"
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <mutex>
 #include <thread>
 #include <vector>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define TSR_CPU_RELAX() _mm_pause()
+#elif defined(__aarch64__)
+#define TSR_CPU_RELAX() asm volatile("yield")
+#else
+#define TSR_CPU_RELAX() std::this_thread::yield()
+#endif
+
 namespace tessera::cpu {
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
+// How long a thread spins before it sleeps, in microseconds: set by
+// pool_set_spin_us, else TESSERA_CPU_SPIN_US, else 100.
+long spin_us_from_env() {
+  long us = 100;
+  if (const char *s = std::getenv("TESSERA_CPU_SPIN_US"); s && *s) {
+    char *end = nullptr;
+    const long v = std::strtol(s, &end, 10);
+    if (end && *end == '\0' && v >= 0) us = std::min(v, 1000000L);
+  }
+  return us;
+}
+
+std::atomic<long> &spin_us() {
+  static std::atomic<long> us{spin_us_from_env()};
+  return us;
+}
+
+Clock::duration spin_time() {
+  return std::chrono::duration_cast<Clock::duration>(
+      std::chrono::microseconds(spin_us().load(std::memory_order_relaxed)));
+}
+
+// Spins until done() or the spin time has passed; true if done() held.
+template <typename Done>
+bool spin_until(const Done &done) {
+  if (done()) return true;
+  const Clock::duration budget = spin_time();
+  if (budget == Clock::duration::zero()) return false;
+  const Clock::time_point until = Clock::now() + budget;
+  for (unsigned i = 1;; ++i) {
+    TSR_CPU_RELAX();
+    // Every so often give the core away: with more threads than cores (a
+    // loaded machine, run.threads above the cores) the thread that holds
+    // the work may be waiting for this one's core.
+    if ((i & 63u) == 0) std::this_thread::yield();
+    if (done()) return true;
+    if ((i & 255u) == 0 && Clock::now() >= until) return done();
+  }
+}
+
 class Pool {
  public:
+  // The spin setting is made first, so that it outlives the workers that
+  // read it while ~Pool stops them.
+  Pool() { spin_us(); }
   ~Pool() { resize(1); }
 
   void resize(int n) {
@@ -24,11 +85,7 @@ class Pool {
     if (want == workers_.size()) return;
     stop_workers();
     // New workers wait for the next call, not one that ran before they were.
-    uint64_t now;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      now = generation_;
-    }
+    const uint64_t now = generation_.load(std::memory_order_acquire);
     for (size_t i = 0; i < want; ++i) workers_.emplace_back([this, i, now] { work(i + 1, now); });
   }
 
@@ -47,52 +104,72 @@ class Pool {
       fn(0, n);
       return;
     }
+    // The call's fields are written before the generation is published
+    // (release); a worker reads them after seeing it (acquire). Under mu_,
+    // so that a worker about to sleep either sees the new generation or is
+    // counted in sleepers_ and woken.
+    bool wake;
     {
       std::lock_guard<std::mutex> lk(mu_);
       fn_ = &fn;
       n_ = n;
       parts_ = parts;
-      pending_ = static_cast<int>(parts - 1);
-      ++generation_;
+      pending_.store(static_cast<int>(parts - 1), std::memory_order_relaxed);
+      generation_.fetch_add(1, std::memory_order_release);
+      wake = sleepers_ > 0;
     }
-    wake_.notify_all();
+    if (wake) wake_.notify_all();
     fn(0, n / parts);  // the caller takes part 0
-    std::unique_lock<std::mutex> lk(mu_);
-    done_.wait(lk, [this] { return pending_ == 0; });
-    fn_ = nullptr;
+    if (!spin_until([this] { return pending_.load(std::memory_order_acquire) == 0; })) {
+      std::unique_lock<std::mutex> lk(mu_);
+      done_.wait(lk, [this] { return pending_.load(std::memory_order_acquire) == 0; });
+    }
   }
 
  private:
   void work(size_t part, uint64_t seen) {
+    const auto next = [&] {
+      return stop_.load(std::memory_order_acquire) ||
+             generation_.load(std::memory_order_acquire) != seen;
+    };
     for (;;) {
+      if (!spin_until(next)) {
+        std::unique_lock<std::mutex> lk(mu_);
+        ++sleepers_;
+        wake_.wait(lk, next);
+        --sleepers_;
+      }
+      if (stop_.load(std::memory_order_acquire)) return;
       const std::function<void(int64_t, int64_t)> *fn;
       int64_t n, parts;
       {
-        std::unique_lock<std::mutex> lk(mu_);
-        wake_.wait(lk, [&] { return stop_ || generation_ != seen; });
-        if (stop_) return;
-        seen = generation_;
-        if (static_cast<int64_t>(part) >= parts_) continue;  // not needed this time
+        // The fields of the call just published; mu_ also orders them
+        // against a later call's writes, which wait for this one's pending_.
+        std::lock_guard<std::mutex> lk(mu_);
+        seen = generation_.load(std::memory_order_acquire);
         fn = fn_;
         n = n_;
         parts = parts_;
       }
       const int64_t p = static_cast<int64_t>(part);
+      if (p >= parts) continue;  // not needed this time
       (*fn)(n * p / parts, n * (p + 1) / parts);
-      std::lock_guard<std::mutex> lk(mu_);
-      if (--pending_ == 0) done_.notify_one();
+      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        std::lock_guard<std::mutex> lk(mu_);  // the caller may be between its check and wait
+        done_.notify_one();
+      }
     }
   }
 
   void stop_workers() {
     {
       std::lock_guard<std::mutex> lk(mu_);
-      stop_ = true;
+      stop_.store(true, std::memory_order_release);
     }
     wake_.notify_all();
     for (auto &t : workers_) t.join();
     workers_.clear();
-    stop_ = false;
+    stop_.store(false, std::memory_order_release);
   }
 
   std::mutex call_mu_;  // one parallel call (or resize) at a time
@@ -101,9 +178,10 @@ class Pool {
   std::vector<std::thread> workers_;
   const std::function<void(int64_t, int64_t)> *fn_ = nullptr;
   int64_t n_ = 0, parts_ = 0;
-  int pending_ = 0;
-  uint64_t generation_ = 0;
-  bool stop_ = false;
+  std::atomic<int> pending_{0};
+  std::atomic<uint64_t> generation_{0};
+  int sleepers_ = 0;  // workers waiting on wake_, under mu_
+  std::atomic<bool> stop_{false};
 };
 
 Pool &pool() {
@@ -118,6 +196,12 @@ void pool_set_threads(int n) {
 }
 int pool_threads() {
   return pool().threads();
+}
+void pool_set_spin_us(long us) {
+  spin_us().store(std::clamp(us, 0L, 1000000L), std::memory_order_relaxed);
+}
+long pool_spin_us() {
+  return spin_us().load(std::memory_order_relaxed);
 }
 
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)> &fn) {

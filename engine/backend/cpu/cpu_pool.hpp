@@ -1,7 +1,8 @@
-// A small pool of threads for the CPU ops' loops that OpenBLAS does not run:
-// attention, activations, layernorm. Its size follows cpu_ops_set_threads
-// (run.threads, or the cores divided by the ranks on the machine), so the
-// ops never use more cores than the rank was given.
+// A small pool of threads for the CPU ops' loops: the matrix products'
+// splits (OpenBLAS itself runs one thread), attention, activations,
+// layernorm. Its size follows cpu_ops_set_threads (run.threads, or the
+// cores divided by the ranks on the machine), so the ops never use more
+// cores than the rank was given.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +14,12 @@ namespace tessera::cpu {
 // (1: everything runs on the caller). Starts or stops workers as needed.
 void pool_set_threads(int n);
 int pool_threads();
+
+// How long an idle worker (and a caller waiting for its workers) spins
+// before sleeping, in microseconds; 0 sleeps at once. The default is
+// TESSERA_CPU_SPIN_US, else 100.
+void pool_set_spin_us(long us);
+long pool_spin_us();
 
 // Calls fn(begin, end) on disjoint chunks covering [0, n), in parallel on
 // the pool, and returns when every chunk is done. Chunks hold at least
