@@ -144,8 +144,10 @@ TEST_CASE("cpu ops pool: back-to-back calls and calls after the workers sleep, s
   tessera::cpu_ops_set_threads(1);
 }
 
-TEST_CASE("cpu ops on the pool: GELU, tanh and bias + GELU give the same bits on 1 and 3 threads",
-          "[ops]") {
+TEST_CASE(
+    "cpu ops on the pool: GELU, tanh, bias + GELU and bias_grad give the same bits on 1 and 3 "
+    "threads",
+    "[ops]") {
   const size_t n = 300001;  // odd, and several pool chunks
   std::vector<float> x = randn(n, 1, 3.0f), dy = randn(n, 2);
   x[5] = 40.0f, x[6] = -40.0f, x[7] = 1e30f;  // the clamped tails
@@ -161,7 +163,12 @@ TEST_CASE("cpu ops on the pool: GELU, tanh and bias + GELU give the same bits on
     REQUIRE(ops().act_forward(nullptr, TSR_ACT_TANH, X.dl(), TT.dl()) == TSR_OK);
     REQUIRE(ops().act_backward(nullptr, TSR_ACT_TANH, X.dl(), 0, DY.dl(), DT.dl()) == TSR_OK);
     REQUIRE(ops().bias_act(nullptr, YB.dl(), B.dl(), TSR_ACT_GELU) == TSR_OK);
-    return std::vector<std::vector<float>>{y, dx, t, dt, yb};
+    // The column sums, over blocks of columns on the pool: 300 columns is
+    // four full blocks and a partial one.
+    std::vector<float> db(300, 0.5f);
+    T DB(db.data(), {300});
+    REQUIRE(ops().bias_grad(nullptr, YB.dl(), DB.dl()) == TSR_OK);
+    return std::vector<std::vector<float>>{y, dx, t, dt, yb, db};
   };
   const auto one = with_threads(1, run), three = with_threads(3, run);
   for (size_t i = 0; i < one.size(); i++) CHECK(same_bits(one[i], three[i]));
@@ -175,6 +182,15 @@ TEST_CASE("cpu ops on the pool: GELU, tanh and bias + GELU give the same bits on
   }
   CHECK(worst < 1e-6);
   CHECK(one[1][7] == dy[7]);  // slope 1 far right
+  // bias_grad: 0.5 plus each column's sum, against a double sum.
+  double worst_db = 0;
+  for (size_t c = 0; c < 300; c++) {
+    double ref = 0;
+    for (size_t r = 0; r < 1000; r++) ref += one[4][r * 300 + c];
+    ref += 0.5;
+    worst_db = std::max(worst_db, std::fabs(one[5][c] - ref) / std::max(1.0, std::fabs(ref)));
+  }
+  CHECK(worst_db < 1e-6);
 }
 
 TEST_CASE(

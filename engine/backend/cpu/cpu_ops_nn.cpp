@@ -128,17 +128,23 @@ void add_col_sums(const Mat<float> &D, const Mat<float> &G, double scale) {
   // run of the block, and the j loop vectorizes since the lanes are
   // independent. Summing rows in double keeps B*T-long sums accurate.
   // scale = 1 multiplies exactly, so bias_grad and matmul_bias_grad agree.
-  constexpr int64_t kBlock = 256;
-  double acc[kBlock];
-  for (int64_t c0 = 0; c0 < D.cols; c0 += kBlock) {
-    const int64_t w = D.cols - c0 < kBlock ? D.cols - c0 : kBlock;
-    for (int64_t j = 0; j < w; j++) acc[j] = 0.0;
-    for (int64_t r = 0; r < D.rows; r++) {
-      const float *dr = D.p + r * D.cols + c0;
-      for (int64_t j = 0; j < w; j++) acc[j] += dr[j];
+  // The blocks go to the pool: each column is still summed by one thread
+  // in row order, so the bits do not depend on the threads.
+  constexpr int64_t kBlock = 64;
+  const int64_t blocks = (D.cols + kBlock - 1) / kBlock;
+  const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(1, D.rows * kBlock));
+  parallel_for(blocks, grain, [&](int64_t b0, int64_t b1) {
+    double acc[kBlock];
+    for (int64_t c0 = b0 * kBlock; c0 < std::min(D.cols, b1 * kBlock); c0 += kBlock) {
+      const int64_t w = D.cols - c0 < kBlock ? D.cols - c0 : kBlock;
+      for (int64_t j = 0; j < w; j++) acc[j] = 0.0;
+      for (int64_t r = 0; r < D.rows; r++) {
+        const float *dr = D.p + r * D.cols + c0;
+        for (int64_t j = 0; j < w; j++) acc[j] += dr[j];
+      }
+      for (int64_t j = 0; j < w; j++) G.p[c0 + j] += static_cast<float>(scale * acc[j]);
     }
-    for (int64_t j = 0; j < w; j++) G.p[c0 + j] += static_cast<float>(scale * acc[j]);
-  }
+  });
 }
 
 tsr_status bias_grad(tsr_host_ctx *ctx, const DLTensor *dy, DLTensor *dbias) noexcept {
