@@ -138,6 +138,15 @@ TEST_CASE("cpu ops pool: back-to-back calls and calls after the workers sleep, s
     }
     CHECK(once);
   }
+  // TESSERA_CPU_SPIN_US as the pool reads it: a bad value is an error
+  // naming the variable, not a silent default.
+  CHECK(tessera::cpu::spin_us_from(nullptr) == 100);
+  CHECK(tessera::cpu::spin_us_from("") == 100);
+  CHECK(tessera::cpu::spin_us_from("0") == 0);
+  CHECK(tessera::cpu::spin_us_from("250") == 250);
+  for (const char *bad : {"abc", "-3", "10us", "5000000", "99999999999999999999"})
+    CHECK_THROWS_WITH(tessera::cpu::spin_us_from(bad),
+                      Catch::Contains("TESSERA_CPU_SPIN_US=") && Catch::Contains(bad));
   tessera::cpu::pool_set_spin_us(-5);  // clamped, not a wait of -5 us
   CHECK(tessera::cpu::pool_spin_us() == 0);
   tessera::cpu::pool_set_spin_us(spin);

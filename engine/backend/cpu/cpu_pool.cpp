@@ -11,12 +11,16 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
+
+#include "util/error.hpp"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -34,18 +38,10 @@ using Clock = std::chrono::steady_clock;
 
 // How long a thread spins before it sleeps, in microseconds: set by
 // pool_set_spin_us, else TESSERA_CPU_SPIN_US, else 100.
-long spin_us_from_env() {
-  long us = 100;
-  if (const char *s = std::getenv("TESSERA_CPU_SPIN_US"); s && *s) {
-    char *end = nullptr;
-    const long v = std::strtol(s, &end, 10);
-    if (end && *end == '\0' && v >= 0) us = std::min(v, 1000000L);
-  }
-  return us;
-}
+constexpr long kMaxSpinUs = 1000000;
 
 std::atomic<long> &spin_us() {
-  static std::atomic<long> us{spin_us_from_env()};
+  static std::atomic<long> us{spin_us_from(std::getenv("TESSERA_CPU_SPIN_US"))};
   return us;
 }
 
@@ -198,7 +194,18 @@ int pool_threads() {
   return pool().threads();
 }
 void pool_set_spin_us(long us) {
-  spin_us().store(std::clamp(us, 0L, 1000000L), std::memory_order_relaxed);
+  spin_us().store(std::clamp(us, 0L, kMaxSpinUs), std::memory_order_relaxed);
+}
+long spin_us_from(const char *value) {
+  if (!value || !*value) return 100;
+  char *end = nullptr;
+  errno = 0;
+  const long v = std::strtol(value, &end, 10);
+  TSR_CHECK(errno == 0 && end && *end == '\0' && v >= 0 && v <= kMaxSpinUs, TSR_ERR_INVALID,
+            std::string("TESSERA_CPU_SPIN_US=") + value +
+                ": expected whole microseconds from 0 (sleep at once) to " +
+                std::to_string(kMaxSpinUs) + "; unset it for the default, 100");
+  return v;
 }
 long pool_spin_us() {
   return spin_us().load(std::memory_order_relaxed);

@@ -20,6 +20,10 @@ int pool_threads();
 // TESSERA_CPU_SPIN_US, else 100.
 void pool_set_spin_us(long us);
 long pool_spin_us();
+// The spin time a TESSERA_CPU_SPIN_US value asks for: 100 when unset or
+// empty; anything but whole microseconds 0..1000000 throws, naming the
+// variable (read once, when the pool is first used).
+long spin_us_from(const char *value);
 
 // Calls fn(begin, end) on disjoint chunks covering [0, n), in parallel on
 // the pool, and returns when every chunk is done. Chunks hold at least
