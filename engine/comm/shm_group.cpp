@@ -54,28 +54,42 @@ std::string machine_id(const std::string &host) {
   return host + "|" + boot;
 }
 
+// Rank order for every element (src[0] + src[1] + ... in that order): the
+// same bits whatever the timing. The elements go in blocks through a local
+// buffer, one pass per rank over it, with the operation chosen outside the
+// loops: the loops then vectorize. A per-element loop over the ranks with
+// the operation tested inside (and 1 / world divided again for every
+// element of an average) ran scalar, ~10% of a 2-rank MLP step.
+template <typename T>
+void reduce_block(T *acc, const T *v, size_t len, tsr_reduce_op op) {
+  if (op == TSR_REDUCE_MAX)
+    for (size_t i = 0; i < len; i++) acc[i] = v[i] > acc[i] ? v[i] : acc[i];
+  else if (op == TSR_REDUCE_MIN)
+    for (size_t i = 0; i < len; i++) acc[i] = v[i] < acc[i] ? v[i] : acc[i];
+  else
+    for (size_t i = 0; i < len; i++) acc[i] += v[i];
+}
+
 template <typename T>
 void reduce_into(T *out, const char *const *src, uint32_t world, size_t lo, size_t hi,
                  tsr_reduce_op op) {
-  // Rank order for every element: the same bits whatever the timing.
-  for (size_t i = lo; i < hi; i++) {
-    T acc = reinterpret_cast<const T *>(src[0])[i];
-    for (uint32_t q = 1; q < world; q++) {
-      const T v = reinterpret_cast<const T *>(src[q])[i];
-      if (op == TSR_REDUCE_MAX)
-        acc = v > acc ? v : acc;
-      else if (op == TSR_REDUCE_MIN)
-        acc = v < acc ? v : acc;
-      else
-        acc += v;
-    }
+  constexpr size_t kBlock = 512;
+  T acc[kBlock];
+  const double inv = 1.0 / world;
+  for (size_t b = lo; b < hi; b += kBlock) {
+    const size_t len = std::min(kBlock, hi - b);
+    std::memcpy(acc, reinterpret_cast<const T *>(src[0]) + b, len * sizeof(T));
+    for (uint32_t q = 1; q < world; q++)
+      reduce_block(acc, reinterpret_cast<const T *>(src[q]) + b, len, op);
     if (op == TSR_REDUCE_AVG) {
       if constexpr (std::is_integral_v<T>)
-        acc /= static_cast<T>(world);
+        for (size_t i = 0; i < len; i++) acc[i] /= static_cast<T>(world);
       else
-        acc = static_cast<T>(static_cast<double>(acc) * (1.0 / world));
+        for (size_t i = 0; i < len; i++) acc[i] = static_cast<T>(static_cast<double>(acc[i]) * inv);
     }
-    out[i] = acc;
+    // out may be src[0] itself (all_reduce reduces in place in slot 0):
+    // this block of it was read into acc above, before being written here.
+    std::memcpy(out + b, acc, len * sizeof(T));
   }
 }
 
