@@ -60,7 +60,8 @@ class GlooComm final : public Comm {
   std::chrono::milliseconds timeout() const { return timeout_; }
   uint32_t rank() const { return rank_; }
   uint32_t world() const { return world_; }
-  // Scratch for reduce-scatter, grown on demand (communication thread only).
+  // Scratch for reduce-scatter, grown on demand (by the collective running
+  // now: one at a time, on the communication thread or a waiting caller).
   void *scratch(size_t bytes);
   // The shared-memory group, when the collectives go through it.
   ShmGroup *shm() const { return shm_.get(); }
@@ -70,6 +71,7 @@ class GlooComm final : public Comm {
  private:
   struct Work;
   void loop();
+  void execute(Work &w);
   void heartbeat();
   std::string missing_ranks(int64_t seq);
 
@@ -83,8 +85,10 @@ class GlooComm final : public Comm {
   std::vector<char> scratch_;
 
   std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::shared_ptr<Work>> queue_;
+  std::condition_variable cv_;               // work queued or finished
+  std::condition_variable hb_cv_;            // the heartbeat's, woken only to stop
+  std::deque<std::shared_ptr<Work>> queue_;  // issued, not started
+  bool running_ = false;                     // a collective is running (any thread)
   bool stop_ = false;
   int64_t seq_ = 0;                      // collectives issued by this rank
   std::string broken_;                   // the first failure; every later collective fails with it
