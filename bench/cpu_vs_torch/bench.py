@@ -92,7 +92,7 @@ class Bench:
         self.work = os.path.join(scratch_dir(), datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
         os.makedirs(self.work, exist_ok=True)
         self.fortunes = os.path.join(scratch_dir(), "fortunes")
-        self.plans, self.samples, self.runs = {}, {}, {}
+        self.plans, self.samples, self.runs, self.shares = {}, {}, {}, {}
 
     # tessera ------------------------------------------------------------
     def tessera_cmd(self, w, ranks, threads, stage, steps, log_every, run_dir):
@@ -207,12 +207,19 @@ class Bench:
         for rep in range(1, self.a.reps + 1):
             for key in configs:
                 load = machine.load()["load1"]
+                t0 = machine.cpu_times()
                 fn = self.tessera_sample if key[1] == "tessera" else self.torch_sample
                 s, d = fn(key, rep)
+                # What the rest of the machine did meanwhile (the load
+                # average cannot say: it still holds the previous run).
+                share = machine.cpu_share(t0, machine.cpu_times())
                 s.source = os.path.relpath(d, self.work)
                 self.samples.setdefault(key, []).append((s, load))
+                self.shares.setdefault(key, []).append(share)
                 say(f"rep {rep}/{self.a.reps} {self.name(key)}: {s.rate:,.1f} samples/s over "
-                    f"{s.seconds:.1f} s ({s.steps} steps), load {load:.2f}")
+                    f"{s.seconds:.1f} s ({s.steps} steps), load {load:.2f}" +
+                    (f", others {100 * share['others']:.1f}%, steal {100 * share['steal']:.1f}%"
+                     if share else ""))
         return {k: harness.figure([s for s, _ in v]) for k, v in self.samples.items()}
 
 
@@ -238,9 +245,9 @@ def main():
     if a.from_json:
         with open(a.from_json) as f:
             raw = json.load(f)
-        ra, samples, figs = report.from_raw(raw)
+        ra, samples, figs, shares = report.from_raw(raw)
         ra.notes = a.notes or ra.notes
-        b = SimpleNamespace(samples=samples, name=Bench.name)
+        b = SimpleNamespace(samples=samples, shares=shares, name=Bench.name)
         text = report.markdown(ra, b, figs, raw["before"], raw["after"], WORKLOADS)
         with open(a.out, "w") as f:
             f.write(text)
@@ -273,7 +280,8 @@ def main():
     with open(a.out, "w") as f:
         f.write(text)
     raw = {"before": before, "after": after, "args": {k: v for k, v in vars(a).items()},
-           "figures": {b.name(k): dict(f.as_json(), loads=[l for _, l in b.samples[k]])
+           "figures": {b.name(k): dict(f.as_json(), loads=[l for _, l in b.samples[k]],
+                                       shares=b.shares.get(k, []))
                        for k, f in figs.items()}}
     with open(os.path.splitext(a.out)[0] + ".json", "w") as f:
         json.dump(raw, f, indent=1)

@@ -33,8 +33,9 @@ NAME = re.compile(r"^(\w+)-(tessera|eager|compile)(-passive)?(?:-s(\d))?-(\d+)x(
 
 
 def from_raw(raw):
-    """(a, b, figs) again from a result's .json (bench.py --from-json)."""
-    figs, samples = {}, {}
+    """(a, samples, figs, shares) again from a result's .json (bench.py
+    --from-json); shares is empty for results written before it was kept."""
+    figs, samples, shares = {}, {}, {}
     for name, j in raw["figures"].items():
         m = NAME.match(name)
         if not m:
@@ -45,10 +46,32 @@ def from_raw(raw):
         figs[key] = harness.figure([harness.Sample(x["rate"], x["seconds"], x["steps"],
                                                    x.get("source", "")) for x in j["samples"]])
         samples[key] = [(None, load) for load in j.get("loads", [])]
+        shares[key] = j.get("shares", [])
     args = raw["args"]
     a = SimpleNamespace(cores=args["cores"], reps=args["reps"], seconds=args["seconds"],
                         notes=args.get("notes"))
-    return a, samples, figs
+    return a, samples, figs, shares
+
+
+def load_sentence(a, loads, shares):
+    """How busy the machine was: the load averages, and where the runs
+    measured it, the CPU time of other processes and the hypervisor's steal
+    during each run (the 1-minute load average at a run's start still holds
+    the bench's own previous run, so it cannot tell a quiet machine)."""
+    text = (f"The machine's 1-minute load average at the start of the runs ranged "
+            f"{min(loads):.2f}-{max(loads):.2f} on {a.cores} cores")
+    if not shares:
+        return text + (" (other work was running: the figures are those of a shared machine, "
+                       "not a quiet one)" if max(loads) > a.cores * 0.75 else "") + "."
+    others = sorted(x["others"] for x in shares)
+    steal = sorted(x["steal"] for x in shares)
+    busy = others[-1] > 0.10 or steal[-1] > 0.10
+    return (text + ", which includes the bench's own previous run. During the runs, other "
+            f"processes used {100 * others[len(others) // 2]:.1f}% of the machine's CPU time "
+            f"(median; at most {100 * others[-1]:.1f}%) and the hypervisor took "
+            f"{100 * steal[len(steal) // 2]:.1f}% (steal; at most {100 * steal[-1]:.1f}%)" +
+            (": other work was running, the figures are those of a shared machine, not a "
+             "quiet one." if busy else ": nothing else of note ran beside them."))
 
 
 def markdown(a, b, figs, before, after, workloads):
@@ -114,10 +137,8 @@ def markdown(a, b, figs, before, after, workloads):
                    ", ".join(noisy) + ".")
     else:
         out.append(f"No figure's spread exceeds {100 * harness.NOISY_SPREAD:.0f}%.")
-    out += ["", f"The machine's 1-minute load average at the start of the runs ranged "
-            f"{min(loads):.2f}-{max(loads):.2f} on {a.cores} cores"
-            + (" (other work was running: the figures are those of a shared machine, not a "
-               "quiet one)" if max(loads) > a.cores * 0.75 else "") + ".", ""]
+    out += ["", load_sentence(a, loads, [x for v in getattr(b, "shares", {}).values()
+                                          for x in v if x]), ""]
     out += ["## How it runs", "",
             "- tessera: `tessera run` on configs/quickstart.toml (micro batch 128 / ranks) and "
             "configs/gpt2-tiny-cpu.toml, `run.threads` per rank, no evaluation, checkpoint or "

@@ -45,6 +45,39 @@ def load():
         return {"load1": one, "load5": five, "load15": fifteen}
 
 
+def cpu_times():
+    """The machine's CPU seconds so far, all CPUs together, from /proc/stat:
+    busy (user, nice, system, irq, softirq) and steal (time the hypervisor
+    gave the virtual CPUs to someone else), with this process's and its
+    waited-for children's own CPU seconds; None where unreadable."""
+    try:
+        v = [int(x) for x in _read("/proc/stat").splitlines()[0].split()[1:]]
+        hz = float(os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+    import resource
+    own = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        r = resource.getrusage(who)
+        own += r.ru_utime + r.ru_stime
+    return {"busy": (v[0] + v[1] + v[2] + v[5] + v[6]) / hz,
+            "steal": (v[7] if len(v) > 7 else 0) / hz, "own": own,
+            "wall": datetime.datetime.now().timestamp(), "cpus": os.cpu_count() or 1}
+
+
+def cpu_share(t0, t1):
+    """What else the CPUs did between two cpu_times(): {"others": the share
+    of the machine's CPU time that processes other than this one and its
+    children used, "steal": the share the hypervisor took}, or None."""
+    if not t0 or not t1:
+        return None
+    span = (t1["wall"] - t0["wall"]) * t1["cpus"]
+    if span <= 0:
+        return None
+    others = (t1["busy"] - t0["busy"]) - (t1["own"] - t0["own"])
+    return {"others": max(0.0, others) / span, "steal": max(0.0, t1["steal"] - t0["steal"]) / span}
+
+
 def cpu():
     info = {}
     try:

@@ -296,10 +296,36 @@ class CpuVsTorchReport(unittest.TestCase):
         raw = {"args": {"cores": 2, "reps": 3, "seconds": 7.0},
                "figures": {bench.Bench.name(k): dict(f.as_json(), loads=[1.5, 3.2])
                            for k, f in figs.items()}}
-        ra, samples, again = report.from_raw(json.loads(json.dumps(raw)))
+        ra, samples, again, shares = report.from_raw(json.loads(json.dumps(raw)))
         self.assertEqual(set(again), set(figs))
-        b2 = SimpleNamespace(samples=samples, name=bench.Bench.name)
+        self.assertEqual(shares, {k: [] for k in figs})
+        b2 = SimpleNamespace(samples=samples, shares=shares, name=bench.Bench.name)
         self.assertEqual(report.markdown(ra, b2, again, env, env, bench.WORKLOADS), text)
+        # With what else the CPUs did during each run measured, the load
+        # average (which holds the bench's own previous run) decides nothing.
+        quiet = {"others": 0.01, "steal": 0.002}
+        b3 = SimpleNamespace(samples=b.samples, name=bench.Bench.name,
+                             shares={k: [quiet, dict(quiet, others=0.03)] for k in figs})
+        text3 = report.markdown(a, b3, figs, env, env, bench.WORKLOADS)
+        self.assertIn("ranged 1.50-3.20 on 2 cores, which includes the bench's own previous "
+                      "run. During the runs, other processes used 3.0% of the machine's CPU "
+                      "time (median; at most 3.0%) and the hypervisor took 0.2% (steal; at "
+                      "most 0.2%): nothing else of note ran beside them.", text3)
+        b3.shares[("mlp", "eager", 1, 2, None)][1] = {"others": 0.02, "steal": 0.25}
+        self.assertIn("at most 25.0%): other work was running",
+                      report.markdown(a, b3, figs, env, env, bench.WORKLOADS))
+
+    def test_cpu_share_counts_other_processes_not_the_benchs_own(self):
+        t0 = {"busy": 100.0, "steal": 5.0, "own": 10.0, "wall": 1000.0, "cpus": 2}
+        # 10 s on 2 CPUs: 20 CPU-seconds; 15 busy, of which 12 were ours.
+        t1 = {"busy": 115.0, "steal": 6.0, "own": 22.0, "wall": 1010.0, "cpus": 2}
+        self.assertEqual(machine.cpu_share(t0, t1), {"others": 0.15, "steal": 0.05})
+        self.assertIsNone(machine.cpu_share(None, t1))
+        self.assertIsNone(machine.cpu_share(t0, dict(t0)))
+        now = machine.cpu_times()
+        if now is not None:  # /proc/stat is Linux's
+            self.assertGreater(now["busy"], 0.0)
+            self.assertGreaterEqual(now["own"], 0.0)
 
 
 class Scripts(unittest.TestCase):
