@@ -113,6 +113,35 @@ TEST_CASE("cpu ops pool: parallel_for covers every item once, at any size", "[op
   CHECK(tessera::cpu::pool_threads() == 1);
 }
 
+TEST_CASE("cpu ops pool: a parallel_for inside a chunk runs on that chunk's thread", "[ops]") {
+  tessera::cpu_ops_set_threads(3);
+  const int64_t outer = 6, inner = 1000;
+  std::vector<int> hits(static_cast<size_t>(outer * inner), 0);
+  std::vector<int> threads_seen(static_cast<size_t>(outer), 0),
+      stayed(static_cast<size_t>(outer), 0);
+  tessera::cpu::parallel_for(outer, 1, [&](int64_t b, int64_t e) {
+    for (int64_t o = b; o < e; o++) {
+      // Inside a chunk (the caller's or a worker's) the pool is busy: the
+      // nested call and pool_threads answer on this thread.
+      threads_seen[static_cast<size_t>(o)] = tessera::cpu::pool_threads();
+      const auto me = std::this_thread::get_id();
+      bool here = true;
+      tessera::cpu::parallel_for(inner, 1, [&](int64_t ib, int64_t ie) {
+        here &= std::this_thread::get_id() == me;
+        for (int64_t i = ib; i < ie; i++) hits[static_cast<size_t>(o * inner + i)]++;
+      });
+      stayed[static_cast<size_t>(o)] = here;  // Catch2 checks on the test's thread only
+    }
+  });
+  bool once = true;
+  for (int h : hits) once &= h == 1;
+  CHECK(once);
+  CHECK(threads_seen == std::vector<int>(static_cast<size_t>(outer), 1));
+  CHECK(stayed == std::vector<int>(static_cast<size_t>(outer), 1));
+  CHECK(tessera::cpu::pool_threads() == 3);  // and outside, the pool again
+  tessera::cpu_ops_set_threads(1);
+}
+
 TEST_CASE("cpu ops pool: back-to-back calls and calls after the workers sleep, spinning or not",
           "[ops]") {
   // Many short calls in a row (the workers catch each while spinning), then

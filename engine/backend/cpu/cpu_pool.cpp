@@ -68,6 +68,20 @@ bool spin_until(const Done &done) {
   }
 }
 
+// Set on the pool's workers, and on a caller while its parallel call runs:
+// a parallel_for (or pool_threads) from inside a chunk then runs on its
+// thread at once. (Taking call_mu_ again from the thread that holds it would
+// be undefined behaviour, or a deadlock for threads().)
+thread_local bool t_in_call = false;
+
+struct InCall {
+  bool was = t_in_call;
+  InCall() { t_in_call = true; }
+  ~InCall() { t_in_call = was; }
+  InCall(const InCall &) = delete;
+  InCall &operator=(const InCall &) = delete;
+};
+
 class Pool {
  public:
   // The spin setting is made first, so that it outlives the workers that
@@ -86,13 +100,17 @@ class Pool {
   }
 
   int threads() {
+    if (t_in_call) return 1;  // inside a chunk: nested calls run here
     std::lock_guard<std::mutex> call(call_mu_);
     return static_cast<int>(workers_.size()) + 1;
   }
 
   void run(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)> &fn) {
     if (n <= 0) return;
-    std::unique_lock<std::mutex> call(call_mu_, std::try_to_lock);
+    // Another thread's call running: this one runs serially on its caller.
+    std::unique_lock<std::mutex> call(call_mu_, std::defer_lock);
+    if (!t_in_call) (void)call.try_lock();
+    const InCall in_call;
     const int64_t most = call.owns_lock() ? static_cast<int64_t>(workers_.size()) + 1 : 1;
     const int64_t parts =
         std::min<int64_t>(most, std::max<int64_t>(1, n / std::max<int64_t>(grain, 1)));
@@ -124,6 +142,7 @@ class Pool {
 
  private:
   void work(size_t part, uint64_t seen) {
+    t_in_call = true;  // a parallel_for inside a chunk runs on this worker
     const auto next = [&] {
       return stop_.load(std::memory_order_acquire) ||
              generation_.load(std::memory_order_acquire) != seen;
