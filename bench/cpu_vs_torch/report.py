@@ -3,6 +3,7 @@ tests/bench/test_bench_reports.py feeds it made-up figures)."""
 import datetime
 import os
 import re
+import statistics
 import sys
 from types import SimpleNamespace
 
@@ -63,13 +64,13 @@ def load_sentence(a, loads, shares):
     if not shares:
         return text + (" (other work was running: the figures are those of a shared machine, "
                        "not a quiet one)" if max(loads) > a.cores * 0.75 else "") + "."
-    others = sorted(x["others"] for x in shares)
-    steal = sorted(x["steal"] for x in shares)
-    busy = others[-1] > 0.10 or steal[-1] > 0.10
+    others = [x["others"] for x in shares]
+    steal = [x["steal"] for x in shares]
+    busy = max(others) > 0.10 or max(steal) > 0.10
     return (text + ", which includes the bench's own previous run. During the runs, other "
-            f"processes used {100 * others[len(others) // 2]:.1f}% of the machine's CPU time "
-            f"(median; at most {100 * others[-1]:.1f}%) and the hypervisor took "
-            f"{100 * steal[len(steal) // 2]:.1f}% (steal; at most {100 * steal[-1]:.1f}%)" +
+            f"processes used {100 * statistics.median(others):.1f}% of the machine's CPU time "
+            f"(median; at most {100 * max(others):.1f}%) and the hypervisor took "
+            f"{100 * statistics.median(steal):.1f}% (steal; at most {100 * max(steal):.1f}%)" +
             (": other work was running, the figures are those of a shared machine, not a "
              "quiet one." if busy else ": nothing else of note ran beside them."))
 
@@ -137,8 +138,7 @@ def markdown(a, b, figs, before, after, workloads):
                    ", ".join(noisy) + ".")
     else:
         out.append(f"No figure's spread exceeds {100 * harness.NOISY_SPREAD:.0f}%.")
-    out += ["", load_sentence(a, loads, [x for v in getattr(b, "shares", {}).values()
-                                          for x in v if x]), ""]
+    out += ["", load_sentence(a, loads, [x for v in b.shares.values() for x in v if x]), ""]
     out += ["## How it runs", "",
             "- tessera: `tessera run` on configs/quickstart.toml (micro batch 128 / ranks) and "
             "configs/gpt2-tiny-cpu.toml, `run.threads` per rank, no evaluation, checkpoint or "

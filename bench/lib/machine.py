@@ -13,7 +13,9 @@ import json
 import os
 import platform
 import re
+import resource
 import subprocess
+import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 BLAS_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
@@ -55,14 +57,13 @@ def cpu_times():
         hz = float(os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError):
         return None
-    import resource
     own = 0.0
     for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
         r = resource.getrusage(who)
         own += r.ru_utime + r.ru_stime
     return {"busy": (v[0] + v[1] + v[2] + v[5] + v[6]) / hz,
             "steal": (v[7] if len(v) > 7 else 0) / hz, "own": own,
-            "wall": datetime.datetime.now().timestamp(), "cpus": os.cpu_count() or 1}
+            "wall": time.monotonic(), "cpus": os.cpu_count() or 1}
 
 
 def cpu_share(t0, t1):

@@ -275,7 +275,7 @@ class CpuVsTorchReport(unittest.TestCase):
         figs = {k: harness.figure([harness.Sample(r, 6.0, 100) for r in (v.lo, v.median, v.hi)])
                 for k, v in figs.items()}
         b = SimpleNamespace(samples={k: [(None, 1.5), (None, 3.2)] for k in figs},
-                            name=bench.Bench.name)
+                            shares={}, name=bench.Bench.name)
         a = SimpleNamespace(cores=2, reps=3, seconds=7.0)
         env = machine.snapshot(None, None)
         text = report.markdown(a, b, figs, env, env, bench.WORKLOADS)
@@ -308,7 +308,7 @@ class CpuVsTorchReport(unittest.TestCase):
                              shares={k: [quiet, dict(quiet, others=0.03)] for k in figs})
         text3 = report.markdown(a, b3, figs, env, env, bench.WORKLOADS)
         self.assertIn("ranged 1.50-3.20 on 2 cores, which includes the bench's own previous "
-                      "run. During the runs, other processes used 3.0% of the machine's CPU "
+                      "run. During the runs, other processes used 2.0% of the machine's CPU "
                       "time (median; at most 3.0%) and the hypervisor took 0.2% (steal; at "
                       "most 0.2%): nothing else of note ran beside them.", text3)
         b3.shares[("mlp", "eager", 1, 2, None)][1] = {"others": 0.02, "steal": 0.25}
