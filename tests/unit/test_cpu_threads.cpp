@@ -10,12 +10,14 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "backend/cpu/cpu_math.hpp"
 #include "backend/cpu/cpu_ops.hpp"
 #include "backend/cpu/cpu_pool.hpp"
+#include "util/error.hpp"
 
 // Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
 // helpers and using-directives stay out of the other files' way.
@@ -139,6 +141,26 @@ TEST_CASE("cpu ops pool: a parallel_for inside a chunk runs on that chunk's thre
   CHECK(threads_seen == std::vector<int>(static_cast<size_t>(outer), 1));
   CHECK(stayed == std::vector<int>(static_cast<size_t>(outer), 1));
   CHECK(tessera::cpu::pool_threads() == 3);  // and outside, the pool again
+  tessera::cpu_ops_set_threads(1);
+}
+
+TEST_CASE("cpu ops pool: a thread count set inside a chunk is refused, the pool unchanged",
+          "[ops]") {
+  tessera::cpu_ops_set_threads(3);
+  std::vector<int> refused(4, 0);
+  tessera::cpu::parallel_for(4, 1, [&](int64_t b, int64_t e) {
+    for (int64_t o = b; o < e; o++) {
+      try {
+        tessera::cpu_ops_set_threads(2);
+      } catch (const tessera::Error &err) {
+        refused[static_cast<size_t>(o)] =
+            err.code() == TSR_ERR_INVALID &&
+            std::string(err.what()).find("inside a parallel_for") != std::string::npos;
+      }
+    }
+  });
+  CHECK(refused == std::vector<int>(4, 1));
+  CHECK(tessera::cpu::pool_threads() == 3);
   tessera::cpu_ops_set_threads(1);
 }
 

@@ -90,6 +90,11 @@ class Pool {
   ~Pool() { resize(1); }
 
   void resize(int n) {
+    // Inside a chunk the pool is mid-call: the caller's thread holds
+    // call_mu_, and a worker's call could not end while it waits for it.
+    TSR_CHECK(!t_in_call, TSR_ERR_INVALID,
+              "cpu ops pool: the thread count cannot change inside a parallel_for; set it "
+              "before the call (cpu_ops_set_threads)");
     std::lock_guard<std::mutex> call(call_mu_);
     const size_t want = static_cast<size_t>(std::max(n, 1) - 1);
     if (want == workers_.size()) return;
