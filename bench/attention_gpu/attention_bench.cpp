@@ -5,12 +5,23 @@
 // from the native ones. With --deviceless, needs no GPU: it checks that
 // cuDNN's engines support the forward and backward graphs for an H200.
 //
+// With --seconds S, each pass (forward, backward) of each implementation is
+// timed over --reps windows of back-to-back calls, each window as many calls
+// as fill S seconds (from a probe of about half a second), timed by CUDA
+// events on the stream; the repetitions go round the implementations in
+// turn. One line a window, for bench/lib/harness.py (bench/attention_gpu's
+// report.py reads them):
+//   sample {"impl": "native", "pass": "forward", "calls": N, "seconds": S}
+// Without it, one window of --iters calls (a quick look, not a figure).
+//
 //   attention_bench [--shape B,T,H,D] [--dtype bf16|fp16] [--iters N] [--warmup N]
+//                   [--seconds S] [--reps N]
 //   attention_bench --deviceless [--shape B,T,H,D] [--dtype bf16|fp16]
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -30,7 +41,8 @@ using tessera::cuda::AttnImpl;
 struct Opts {
   int64_t B = 16, T = 1024, H = 12, D = 64;
   bool fp16 = false, deviceless = false;
-  int iters = 50, warmup = 5;
+  int iters = 50, warmup = 5, reps = 1;
+  double seconds = 0;  // > 0: windows of this long, not --iters calls
 };
 
 void usage() {
@@ -39,6 +51,9 @@ void usage() {
       "  --shape B,T,H,D   default 16,1024,12,64 (GPT-2 124M at batch 16)\n"
       "  --dtype bf16|fp16 default bf16\n"
       "  --iters N         timed calls of each (default 50), after --warmup N (default 5)\n"
+      "  --seconds S       instead: windows of S seconds of calls each (sized by a probe)\n"
+      "  --reps N          windows of each pass and implementation (default 1), one\n"
+      "                    'sample {json}' line each\n"
       "  --deviceless      no GPU: check cuDNN's support of the graphs for an H200 (cuDNN 9.8+;\n"
       "                    without a driver, put the toolkit's stub on the library path as\n"
       "                    libcuda.so.1: ln -s $CUDA/lib64/stubs/libcuda.so DIR/libcuda.so.1)\n"
@@ -61,17 +76,22 @@ bool parse(int argc, char **argv, Opts *o) {
       const char *v = next();
       if (!v || (std::strcmp(v, "bf16") && std::strcmp(v, "fp16"))) return false;
       o->fp16 = std::strcmp(v, "fp16") == 0;
-    } else if (a == "--iters" || a == "--warmup") {
+    } else if (a == "--iters" || a == "--warmup" || a == "--reps") {
       const char *v = next();
       if (!v) return false;
-      (a == "--iters" ? o->iters : o->warmup) = std::atoi(v);
+      (a == "--iters" ? o->iters : a == "--warmup" ? o->warmup : o->reps) = std::atoi(v);
+    } else if (a == "--seconds") {
+      const char *v = next();
+      if (!v) return false;
+      o->seconds = std::atof(v);
     } else if (a == "--deviceless") {
       o->deviceless = true;
     } else {
       return false;
     }
   }
-  return o->B > 0 && o->T > 0 && o->H > 0 && o->D > 0 && o->iters > 0;
+  return o->B > 0 && o->T > 0 && o->H > 0 && o->D > 0 && o->iters > 0 && o->reps > 0 &&
+         o->seconds >= 0 && std::isfinite(o->seconds);
 }
 
 #define CK(call)                                                       \
@@ -189,49 +209,112 @@ int main(int argc, char **argv) {
     return attention_backward_with(impl, nullptr, &q.t, &k.t, &v.t, &vo.t, &vdo.t, &vl.t, scale,
                                    &dq.t, &dk.t, &dv.t);
   };
-  // The mean over `iters` back-to-back calls, after warm-up calls that
-  // also build cuDNN's plans (once per shape, seconds).
-  auto time_ms = [&](auto &&call) {
-    for (int i = 0; i < o.warmup; i++)
-      if (call() != TSR_OK) return -1.0;
+  // The milliseconds of `calls` back-to-back calls, timed by CUDA events on
+  // the stream (-1: a call declined or failed).
+  auto window_ms = [&](auto &&call, long long calls) {
     CK(cudaEventRecord(e0, st));
-    for (int i = 0; i < o.iters; i++) call();
+    for (long long i = 0; i < calls; i++)
+      if (call() != TSR_OK) return -1.0;
     CK(cudaEventRecord(e1, st));
     CK(cudaEventSynchronize(e1));
     float ms = 0;
     CK(cudaEventElapsedTime(&ms, e0, e1));
-    return static_cast<double>(ms) / o.iters;
+    return static_cast<double>(ms);
   };
-  // Causal: half the 4 B H T^2 D of full attention forward; backward 2.5x.
-  const double f_flop = 2.0 * o.B * o.H * static_cast<double>(o.T) * o.T * o.D;
-  std::printf("%-8s %10s %10s %12s %12s %12s\n", "impl", "fwd ms", "bwd ms", "fwd+bwd ms",
-              "fwd TFLOP/s", "bwd TFLOP/s");
-  std::vector<float> ref_out, ref_dqkv;
+  // Warm-up calls (they also build cuDNN's plans, once per shape: seconds),
+  // then the calls of a window: --iters, or with --seconds as many as fill
+  // it, from a probe doubled from --iters calls until it takes half a second
+  // (15% to spare, as bench/lib/harness.py's plan: a window a little faster
+  // than its probe still lasts --seconds). -1: a call declined or failed.
+  auto prepare = [&](auto &&call) -> long long {
+    for (int i = 0; i < o.warmup; i++)
+      if (call() != TSR_OK) return -1;
+    if (o.seconds <= 0) return o.iters;
+    for (long long probe = o.iters;; probe *= 2) {
+      const double ms = window_ms(call, probe);
+      if (ms < 0) return -1;
+      if (ms >= 500.0)
+        return std::max(1LL, static_cast<long long>(std::ceil(o.seconds * 1e3 * 1.15 *
+                                                              static_cast<double>(probe) / ms)));
+    }
+  };
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const size_t m = v.size() / 2;
+    return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+  };
+  struct Timed {
+    AttnImpl impl = AttnImpl::Native;
+    const char *name = "";
+    long long fwd_calls = 0, bwd_calls = 0;
+    std::vector<double> fwd_ms, bwd_ms;  // per call, one a window
+    bool ok = true;
+  };
+  std::vector<Timed> timed;
   int rc = 0;
+  auto failed = [&](Timed &t, const char *pass) {
+    std::printf("%-8s failed (%s %s)\n", t.name, pass,
+                "declined or errored; run with TESSERA_ATTENTION unset and see the log");
+    t.ok = false;
+    rc = 1;
+  };
   for (AttnImpl impl : {AttnImpl::Native, AttnImpl::Cudnn}) {
     const char *name = impl == AttnImpl::Native ? "native" : "cudnn";
     if (impl == AttnImpl::Cudnn && !have) {
       std::printf("%-8s (unavailable: %s)\n", name, what.c_str());
       continue;
     }
-    const double f = time_ms([&] { return fwd(impl); });
-    const double b = f < 0 ? -1 : time_ms([&] { return bwd(impl); });
-    if (f < 0 || b < 0) {
-      std::printf("%-8s failed (%s %s)\n", name, f < 0 ? "forward" : "backward",
-                  "declined or errored; run with TESSERA_ATTENTION unset and see the log");
-      rc = 1;
-      continue;
+    Timed t;
+    t.impl = impl, t.name = name;
+    // Forward first: the backward reads its out and lse.
+    t.fwd_calls = prepare([&] { return fwd(impl); });
+    if (t.fwd_calls < 0) {
+      failed(t, "forward");
+    } else {
+      t.bwd_calls = prepare([&] { return bwd(impl); });
+      if (t.bwd_calls < 0) failed(t, "backward");
     }
-    std::printf("%-8s %10.3f %10.3f %12.3f %12.0f %12.0f\n", name, f, b, f + b, f_flop / f * 1e-9,
-                2.5 * f_flop / b * 1e-9);
+    timed.push_back(t);
+  }
+  // The windows: each repetition goes round the implementations in turn,
+  // a forward window then a backward one (which reads that forward's out).
+  for (int r = 0; r < o.reps; r++) {
+    for (Timed &t : timed) {
+      if (!t.ok) continue;
+      for (int pass = 0; pass < 2 && t.ok; pass++) {
+        const long long calls = pass == 0 ? t.fwd_calls : t.bwd_calls;
+        const double ms = pass == 0 ? window_ms([&] { return fwd(t.impl); }, calls)
+                                    : window_ms([&] { return bwd(t.impl); }, calls);
+        if (ms < 0) {
+          failed(t, pass == 0 ? "forward" : "backward");
+          break;
+        }
+        (pass == 0 ? t.fwd_ms : t.bwd_ms).push_back(ms / static_cast<double>(calls));
+        std::printf("sample {\"impl\": \"%s\", \"pass\": \"%s\", \"calls\": %lld, "
+                    "\"seconds\": %.6f}\n",
+                    t.name, pass == 0 ? "forward" : "backward", calls, ms * 1e-3);
+      }
+    }
+  }
+  // Causal: half the 4 B H T^2 D of full attention forward; backward 2.5x.
+  const double f_flop = 2.0 * o.B * o.H * static_cast<double>(o.T) * o.T * o.D;
+  std::printf("%-8s %10s %10s %12s %12s %12s   (%s)\n", "impl", "fwd ms", "bwd ms", "fwd+bwd ms",
+              "fwd TFLOP/s", "bwd TFLOP/s",
+              o.reps > 1 ? "median of the windows" : "one window");
+  std::vector<float> ref_out, ref_dqkv;
+  for (Timed &t : timed) {
+    if (!t.ok) continue;
+    const double f = median(t.fwd_ms), b = median(t.bwd_ms);
+    std::printf("%-8s %10.3f %10.3f %12.3f %12.0f %12.0f\n", t.name, f, b, f + b,
+                f_flop / f * 1e-9, 2.5 * f_flop / b * 1e-9);
     // One more forward and backward for the results.
-    fwd(impl);
-    bwd(impl);
+    fwd(t.impl);
+    bwd(t.impl);
     synchronize();
     std::vector<float> ro = fetch(out, n, o.fp16), rg = fetch(dqkv, 3 * n, o.fp16);
-    if (impl == AttnImpl::Native) {
+    if (t.impl == AttnImpl::Native) {
       ref_out = std::move(ro), ref_dqkv = std::move(rg);
-    } else {
+    } else if (!ref_out.empty()) {
       std::printf("cudnn vs native: out rel %.3e, dq/dk/dv rel %.3e\n", rel(ro, ref_out),
                   rel(rg, ref_dqkv));
     }

@@ -87,7 +87,7 @@ def markdown(a, b, figs, before, after, workloads):
            f"spread exceeds {100 * harness.NOISY_SPREAD:.0f}% is marked noisy. A ratio is "
            "median over median; in brackets the range the two spreads allow (our min over "
            "their max, our max over their min). Layouts are ranks x threads per rank.", ""]
-    below, noisy = [], []
+    below, reach, noisy = [], [], []
     for w in workloads:
         if not any(k[0] == w for k in figs):
             continue
@@ -101,7 +101,7 @@ def markdown(a, b, figs, before, after, workloads):
         for k in sorted((k for k in figs if k[0] == w and k[1] == "tessera"),
                         key=lambda k: (k[2], k[4])):
             f = figs[k]
-            cells, said = [], set()
+            cells, said, reached = [], set(), set()
             for ref in (be, ba):
                 if ref is None:
                     cells.append("not measured")
@@ -112,6 +112,11 @@ def markdown(a, b, figs, before, after, workloads):
                     said.add(ref)
                     below.append(f"{spec['label'].split(',')[0]} tessera stage {k[4]} "
                                  f"{layout(k)}: {r.value:.2f}x {torch_label(ref)}")
+                if r.lo < 1.0 and ref not in reached:
+                    reached.add(ref)
+                    reach.append(f"{spec['label'].split(',')[0]} tessera stage {k[4]} "
+                                 f"{layout(k)}: {r.value:.2f}x ({r.lo:.2f}-{r.hi:.2f}) "
+                                 f"{torch_label(ref)}")
             out.append(f"| stage {k[4]}, {layout(k)} | {harness.fmt_figure(f)} | "
                        f"{cells[0]} | {cells[1]} |")
         out += ["", "| PyTorch | samples/s | |", "|---|---|---|"]
@@ -132,6 +137,14 @@ def markdown(a, b, figs, before, after, workloads):
                    "; ".join(below) + ".")
     else:
         out.append("Every tessera row is at or above 1.0x against both PyTorch references.")
+    out.append("")
+    if reach:
+        out.append("**Rows whose range reaches below 1.0x** (our min over their max under 1.0x: "
+                   "within the two spreads, tessera may be the slower): " + "; ".join(reach) +
+                   ".")
+    else:
+        out.append("Every tessera row's range is at or above 1.0x too (our min over their max), "
+                   "against both PyTorch references.")
     out.append("")
     if noisy:
         out.append(f"**Noisy figures** (spread over {100 * harness.NOISY_SPREAD:.0f}%): " +
@@ -161,5 +174,8 @@ def markdown(a, b, figs, before, after, workloads):
     notes = getattr(a, "notes", None)
     if notes:
         with open(notes) as f:
-            out += ["", "## Notes from the run", "", f.read().strip()]
+            text = f.read().strip()
+        # A notes file that starts with the heading itself: not twice.
+        text = text.removeprefix("## Notes from the run").lstrip("\n")
+        out += ["", "## Notes from the run", "", text]
     return "\n".join(out) + "\n"

@@ -5,10 +5,12 @@ writes it; tests/bench feeds it made-up runs):
 
 WORK holds tessera-rI/ (I = 1..REPS: metrics.jsonl, summary.json; and
 tessera-rI.log), torch.json (the anchor's line) with torch/metrics.jsonl,
-and env-before.json / env-after.json. Exits 1 when a figure is refused
-(its row says why).
+and env-before.json / env-after.json; with an A/B (run's AB_SET), ab.txt
+(the settings) and tessera-b-rI/ (the runs with them). Exits 1 when a
+figure is refused (its row says why).
 """
 import datetime
+import json
 import os
 import re
 import sys
@@ -33,6 +35,45 @@ def flops_per_token(L, C, V=50304, T=TOKENS):
 PEAK = 989e12  # dense bf16 of an H100/H200 SXM: MFU against it
 
 
+def losses(path):
+    """{step: (previous logged step, loss)} of a metrics.jsonl's train lines:
+    a logged loss is the mean over the steps since the previous one."""
+    out, prev = {}, 0
+    with open(path) as f:
+        for raw in f:
+            j = json.loads(raw) if raw.strip() else {}
+            if j.get("type", "train") == "train" and "loss" in j and "step" in j:
+                out[j["step"]] = (prev, j["loss"])
+                prev = j["step"]
+    return out
+
+
+def ab_lines(work, reps, ab, a, b):
+    """The A/B's ratio and how far apart its loss curves are: run 1 of each
+    (same seed, data and plan), at the steps both logged over the same
+    interval."""
+    out = []
+    if a and b:
+        out.append(f"- A/B: tessera as configured / tessera with `{ab}` = "
+                   f"{harness.fmt_ratio(harness.ratio(a, b))} (tokens/s, median over median, "
+                   f"{reps} runs each, interleaved).")
+    try:
+        ca = losses(os.path.join(work, "tessera-r1", "metrics.jsonl"))
+        cb = losses(os.path.join(work, "tessera-b-r1", "metrics.jsonl"))
+    except (OSError, ValueError) as e:
+        return out + [f"- A/B loss curves: not compared ({e})"]
+    common = sorted(s for s in set(ca) & set(cb) if ca[s][0] == cb[s][0])
+    if not common:
+        return out + ["- A/B loss curves: no step logged by both over the same interval"]
+    worst = max((abs(ca[s][1] - cb[s][1]) / max(abs(cb[s][1]), 1e-30), s) for s in common)
+    out.append(f"- A/B loss curves (run 1 of each, same seed and data, {len(common)} logged "
+               f"steps {common[0]}-{common[-1]}): worst relative difference {worst[0]:.2e} "
+               f"(step {worst[1]}); first / last loss {ca[common[0]][1]:.4f} / "
+               f"{ca[common[-1]][1]:.4f} as configured, {cb[common[0]][1]:.4f} / "
+               f"{cb[common[-1]][1]:.4f} with `{ab}`.")
+    return out
+
+
 def main(argv):
     work, reps = argv[1], int(argv[2])
     model, L, H, C, B = (argv[3], *map(int, argv[4:8])) if len(argv) > 7 else ("124m", 12, 12, 768, 16)
@@ -41,18 +82,28 @@ def main(argv):
     def mfu(f):
         return f"{100 * f.median * TOKENS * fpt / PEAK:.1f}%" if f else ""
     refused = []
-    runs = [os.path.join(work, f"tessera-r{r}", "metrics.jsonl") for r in range(1, reps + 1)]
-    ours = theirs = None
-    try:
-        ours = harness.figure_of_runs(runs, None, WARMUP)
-    except BenchError as e:
-        refused.append(f"tessera: {e}")
-    mem = ""
-    try:
-        s = harness.load_json(os.path.join(work, "tessera-r1", "summary.json"))
-        mem = f"{s['peak_memory_bytes'] / 2**30:.2f} GiB (engine allocations)"
-    except (OSError, ValueError, KeyError):
-        pass
+
+    def tessera(prefix, what):
+        """The figure and peak memory of the runs WORK/{prefix}rI."""
+        runs = [os.path.join(work, f"{prefix}r{r}", "metrics.jsonl") for r in range(1, reps + 1)]
+        fig, mem = None, ""
+        try:
+            fig = harness.figure_of_runs(runs, None, WARMUP)
+        except BenchError as e:
+            refused.append(f"{what}: {e}")
+        try:
+            s = harness.load_json(os.path.join(work, f"{prefix}r1", "summary.json"))
+            mem = f"{s['peak_memory_bytes'] / 2**30:.2f} GiB (engine allocations)"
+        except (OSError, ValueError, KeyError):
+            pass
+        return fig, mem
+    ours, mem = tessera("tessera-", "tessera")
+    ab, ours_b, mem_b = None, None, ""
+    if os.path.exists(os.path.join(work, "ab.txt")):
+        with open(os.path.join(work, "ab.txt")) as f:
+            ab = f.read().strip()
+        ours_b, mem_b = tessera("tessera-b-", f"tessera {ab}")
+    theirs = None
     tj = {}
     if os.path.exists(os.path.join(work, "torch.json")):
         tj = harness.load_json(os.path.join(work, "torch.json"))
@@ -78,15 +129,21 @@ def main(argv):
            f"timestamps (bench/lib/harness.py); noisy past {100 * harness.NOISY_SPREAD:.0f}% "
            "spread.", "",
            "| system | tokens/s | tessera / PyTorch | MFU | peak GPU memory |", "|---|---|---|---|---|"]
-    vs = harness.fmt_ratio(harness.ratio(ours, theirs)) if ours and theirs else ""
-    out.append(f"| tessera (configs/gpt2-{model}.toml) | "
-               f"{harness.fmt_figure(ours, TOKENS) if ours else 'refused (below)'} | {vs} | "
-               f"{mfu(ours)} | {mem} |")
+
+    def row(label, fig, mem):
+        vs = harness.fmt_ratio(harness.ratio(fig, theirs)) if fig and theirs else ""
+        out.append(f"| {label} | {harness.fmt_figure(fig, TOKENS) if fig else 'refused (below)'} "
+                   f"| {vs} | {mfu(fig)} | {mem} |")
+    row(f"tessera (configs/gpt2-{model}.toml)", ours, mem)
+    if ab is not None:
+        row(f"tessera, `{ab}`", ours_b, mem_b)
     label = f"PyTorch {tj.get('torch', '')} torch.compile, SDPA, fused AdamW"
     peak = f"{tj['peak_mem_gib']:.2f} GiB (max_memory_allocated)" if "peak_mem_gib" in tj else ""
     out.append(f"| {label} | {harness.fmt_figure(theirs, TOKENS) if theirs else 'refused (below)'}"
                f" | | {mfu(theirs)} | {peak} |")
     out.append("")
+    if ab is not None:
+        out += ab_lines(work, reps, ab, ours, ours_b)
     for e in refused:
         out.append(f"- refused: {e}")
     log = os.path.join(work, "tessera-r1.log")

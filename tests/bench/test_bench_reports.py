@@ -1,14 +1,17 @@
 """The benches' pure-Python parts on made-up runs: the GPU benches' reports
-(bench/mlp_gpu, gpt2_gpu, offload_gpu, offload_params_gpu: they run only on
-the GPU host) and
-bench/cpu_vs_torch's result file, from fake metrics.jsonl files; and every
-bench script's `bash -n` and `--help`. No torch, no GPU, no tessera binary."""
+(bench/mlp_gpu, gpt2_gpu, attention_gpu, offload_gpu, offload_params_gpu:
+they run only on the GPU host) and bench/cpu_vs_torch's result file, from
+fake metrics.jsonl files and logs; and every script under bench/: its
+`bash -n`, its `--help`, and where it writes (read from its text: the
+scratch, bench/results/ or the caller's OUT, nothing else in the checkout,
+no .venv, no fixed /tmp path). No torch, no GPU, no tessera binary."""
 import glob
 import json
 import os
 import shutil
 import subprocess
 import sys
+import re
 import tempfile
 import unittest
 from types import SimpleNamespace
@@ -110,6 +113,89 @@ class Reports(unittest.TestCase):
         self.assertIn("GPT-2 1.5b (48 layers, 25 heads, width 1600", out)
         self.assertIn("1558M parameters", out)
         self.assertIn("| tessera (configs/gpt2-1.5b.toml) |", out)
+
+    def test_gpt2_gpu_ab(self):
+        """run's AB_SET: the B runs' row, the A/B ratio and the loss curves."""
+        for r in (1, 2, 3):  # A: 40 ms a step; B: 44 ms, one loss 1% off
+            write_metrics(os.path.join(self.work, f"tessera-r{r}", "metrics.jsonl"),
+                          steps(0.040, 190), summary={"samples": 190 * 16, "steps": 190,
+                                                      "peak_memory_bytes": 8 * 2**30})
+            path = os.path.join(self.work, f"tessera-b-r{r}", "metrics.jsonl")
+            write_metrics(path, steps(0.044, 190), summary={"samples": 190 * 16, "steps": 190,
+                                                            "peak_memory_bytes": 9 * 2**30})
+            with open(path) as f:
+                lines = [json.loads(l) for l in f]
+            for j in lines:
+                j["loss"] = 1.01 if j["step"] == 100 else 1.0
+            with open(path, "w") as f:
+                f.write("".join(json.dumps(j) + "\n" for j in lines))
+        with open(os.path.join(self.work, "ab.txt"), "w") as f:
+            f.write("--set model.fused=false\n")
+        write_metrics(os.path.join(self.work, "torch", "metrics.jsonl"), steps(0.035, 8 + 600))
+        self.put("torch.json", {"torch": "2.11", "warmup": 8, "tokens_per_step": 16384,
+                                "peak_mem_gib": 8.45})
+        rc, out = self.report("gpt2_gpu", self.work, "3")
+        self.assertEqual(rc, 0, out)
+        self.assertIn("| tessera (configs/gpt2-124m.toml) | 409,600 (409,600-409,600) |", out)
+        # 16 x 1024 tokens / 44 ms
+        self.assertIn("| tessera, `--set model.fused=false` | 372,364 (372,364-372,364) | "
+                      "**0.80x (0.80-0.80) below** |", out)
+        self.assertIn("9.00 GiB", out)
+        self.assertIn("- A/B: tessera as configured / tessera with `--set model.fused=false` = "
+                      "1.10x (1.10-1.10)", out)
+        self.assertIn("190 logged steps 1-190): worst relative difference 9.90e-03 (step 100)",
+                      out)
+        # Curves logged over different intervals are not compared step by step.
+        write_metrics(os.path.join(self.work, "tessera-b-r1", "metrics.jsonl"),
+                      steps(0.044, 190, every=2))
+        rc, out = self.report("gpt2_gpu", self.work, "3")
+        self.assertIn("- A/B loss curves: no step logged by both over the same interval", out)
+
+    def test_attention_gpu(self):
+        def sample(impl, p, calls, secs):
+            return "sample " + json.dumps({"impl": impl, "pass": p, "calls": calls,
+                                           "seconds": secs})
+        ok = "16,1024,12,64"
+        lines = ["cudnn: cuDNN 9.10.2", "device: NVIDIA H200"]
+        for secs in (6.0, 6.06, 5.94):
+            lines += [sample("native", "forward", 5000, secs),
+                      sample("native", "backward", 2000, 5.5),
+                      sample("cudnn", "forward", 6000, 6.0),
+                      sample("cudnn", "backward", 2000, 5.5)]
+        lines += ["impl fwd ms ...", "cudnn vs native: out rel 2.1e-03, dq/dk/dv rel 4.0e-03"]
+        with open(os.path.join(self.work, f"attn-{ok}.log"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+        # A shape whose windows are too short, and no cuDNN.
+        short = "4,1024,25,64"
+        with open(os.path.join(self.work, f"attn-{short}.log"), "w") as f:
+            f.write("cudnn: not found\ncudnn    (unavailable: libcudnn.so.9 not found)\n" +
+                    "\n".join(sample("native", p, 100, 2.0) for p in ("forward", "backward")
+                              for _ in range(3)) + "\n")
+        for s in (ok, short):
+            with open(os.path.join(self.work, f"attn-{s}.rc"), "w") as f:
+                f.write("0\n")
+        rc, out = self.report("attention_gpu", self.work, "3", "bf16", ok, short)
+        self.assertEqual(rc, 1, out)
+        # 5000 calls in 6.0 (5.94-6.06) s; 2 x 16 x 12 x 1024^2 x 64 FLOPs a call
+        self.assertIn("| tessera native | 1.200 (1.188-1.212) | 2.750 (2.750-2.750) | "
+                      "21.5 (21.3-21.7) |", out)
+        self.assertIn("| cuDNN | 1.000 (1.000-1.000) |", out)
+        self.assertIn("- forward: native / cuDNN = **0.83x (0.83-0.84) below**", out)
+        self.assertIn("- backward: native / cuDNN = 1.00x (1.00-1.00)", out)
+        self.assertIn("out rel 2.1e-03", out)
+        self.assertIn("## B=4, T=1024, H=25, D=64 (bf16)", out)
+        self.assertIn("| cuDNN | (unavailable: libcudnn.so.9 not found) |", out)
+        self.assertIn("refused: 4,1024,25,64 tessera native forward:", out)
+        self.assertIn("a timed window of 2 s", out)
+        self.assertIn("## Environment", out)
+        # The lines made up here are the ones attention_bench prints.
+        with open(os.path.join(ROOT, "bench", "attention_gpu", "attention_bench.cpp")) as f:
+            src = f.read()
+        self.assertIn('"sample {\\"impl\\": \\"%s\\", \\"pass\\": \\"%s\\", \\"calls\\": %lld, "\n'
+                      '                    "\\"seconds\\": %.6f}\\n"', src)
+        self.assertIn('"cudnn vs native: out rel %.3e, dq/dk/dv rel %.3e\\n"', src)
+        self.assertIn('"%-8s (unavailable: %s)\\n"', src)
+        self.assertIn('"%-8s failed (%s %s)\\n"', src)
 
     def test_offload_gpu(self):
         for name, step_s in (("none", 0.124), ("cpu", 0.454), ("cpu_auto", 0.124)):
@@ -287,6 +373,9 @@ class CpuVsTorchReport(unittest.TestCase):
                       "PyTorch eager, 1 x 2 | **0.89x (0.87-0.91) below**", text)
         self.assertIn("noisy 18%", text)
         self.assertIn("**Rows below 1.0x**", text)
+        self.assertIn("**Rows whose range reaches below 1.0x**", text)
+        self.assertIn("stage 2 2 x 1: 0.95x (0.93-0.98) PyTorch eager, 1 x 2; ", text)
+        self.assertIn("stage 2 2 x 1: 0.89x (0.87-0.91) PyTorch torch.compile, 1 x 2.", text)
         self.assertIn("mlp-tessera-s0-2x1 (18%)", text)
         self.assertIn("ranged 1.50-3.20 on 2 cores (other work was running", text)
         self.assertIn("| PyTorch torch.compile, 1 x 2 | 91.0 (90.0-92.0) | best of all |", text)
@@ -315,6 +404,40 @@ class CpuVsTorchReport(unittest.TestCase):
         self.assertIn("at most 25.0%): other work was running",
                       report.markdown(a, b3, figs, env, env, bench.WORKLOADS))
 
+    def test_a_range_below_1x_is_said_though_the_median_is_above(self):
+        sys.path.insert(0, os.path.join(ROOT, "bench", "cpu_vs_torch"))
+        import bench
+        import report
+
+        def fig(*rates):
+            return harness.figure([harness.Sample(r, 6.0, 100) for r in rates])
+        figs = {("mlp", "tessera", 1, 2, 0): fig(88.0, 95.0, 100.0),
+                ("mlp", "eager", 1, 2, None): fig(84.0, 85.0, 86.0),
+                ("mlp", "compile", 1, 2, None): fig(90.0, 91.0, 92.0)}
+        b = SimpleNamespace(samples={k: [(None, 0.5)] for k in figs}, shares={},
+                            name=bench.Bench.name)
+        notes = os.path.join(tempfile.mkdtemp(prefix="bench-notes-"), "notes.md")
+        self.addCleanup(shutil.rmtree, os.path.dirname(notes))
+        with open(notes, "w") as f:
+            f.write("## Notes from the run\n\nA quiet machine.\n")
+        a = SimpleNamespace(cores=2, reps=3, seconds=7.0, notes=notes)
+        env = machine.snapshot(None, None)
+        text = report.markdown(a, b, figs, env, env, bench.WORKLOADS)
+        self.assertIn("Every tessera row is at or above 1.0x against both PyTorch references.",
+                      text)
+        # 95 / 91 by the medians, but 88 / 92 at the worst: said so.
+        self.assertIn("**Rows whose range reaches below 1.0x** (our min over their max under "
+                      "1.0x: within the two spreads, tessera may be the slower): ", text)
+        self.assertIn("stage 0 1 x 2: 1.04x (0.96-1.11) PyTorch torch.compile, 1 x 2.", text)
+        self.assertNotIn("PyTorch eager, 1 x 2.", text.split("reaches below")[1].split("\n")[0])
+        # A notes file that has the heading itself: the heading once.
+        self.assertEqual(text.count("## Notes from the run"), 1)
+        self.assertTrue(text.endswith("## Notes from the run\n\nA quiet machine.\n"), text[-200:])
+        figs[("mlp", "tessera", 1, 2, 0)] = fig(93.0, 95.0, 100.0)
+        a.notes = None
+        self.assertIn("Every tessera row's range is at or above 1.0x too",
+                      report.markdown(a, b, figs, env, env, bench.WORKLOADS))
+
     def test_cpu_share_counts_other_processes_not_the_benchs_own(self):
         t0 = {"busy": 100.0, "steal": 5.0, "own": 10.0, "wall": 1000.0, "cpus": 2}
         # 10 s on 2 CPUs: 20 CPU-seconds; 15 busy, of which 12 were ours.
@@ -328,15 +451,308 @@ class CpuVsTorchReport(unittest.TestCase):
             self.assertGreaterEqual(now["own"], 0.0)
 
 
+def bench_scripts():
+    """Every script under bench/ (results aside): a file that is executable
+    or starts with a shebang, and bench/lib's sourced shell files."""
+    out = []
+    for dirpath, dirs, files in os.walk(os.path.join(ROOT, "bench")):
+        dirs[:] = sorted(d for d in dirs if d not in ("results", "__pycache__"))
+        for name in sorted(files):
+            path = os.path.join(dirpath, name)
+            with open(path, "rb") as f:
+                head = f.read(2)
+            if head == b"#!" or os.access(path, os.X_OK) or name.endswith(".sh"):
+                out.append(path)
+    return out
+
+
+def is_bash(path):
+    with open(path) as f:
+        first = f.readline()
+    return path.endswith(".sh") or (first.startswith("#!") and "sh" in first.split("/")[-1])
+
+
+def _skip_subst(text, i):
+    """text[i:] starts with $( or ${ (or $((): the index past its matching
+    close, quotes and nested substitutions inside taken into account."""
+    open_c = text[i + 1]
+    close_c = ")" if open_c == "(" else "}"
+    depth, j, q = 0, i + 1, None
+    while j < len(text):
+        c = text[j]
+        if q == "'":
+            if c == "'":
+                q = None
+        elif c == "\\":
+            j += 1
+        elif c == "$" and j + 1 < len(text) and text[j + 1] in "({":
+            j = _skip_subst(text, j)
+            continue
+        elif q == '"':
+            if c == '"':
+                q = None
+        elif c in "'\"":
+            q = c
+        elif c == open_c and (c == "(" or j == i + 1):  # a bare { inside ${...} does not nest
+            depth += 1
+        elif c == close_c:
+            depth -= 1
+            if depth == 0:
+                return j + 1
+        j += 1
+    return j
+
+
+def shell_commands(text):
+    """The simple commands of a bash script, heredoc bodies, comments and
+    quotes aside: a list of (words, redirect targets), each word with its
+    quote characters removed and its $(...) and ${...} kept as written;
+    the commands inside a $(...) come as commands of their own."""
+    cmds, words, targets, word = [], [], [], None
+    heredocs, redirect, i, n = [], False, 0, len(text)
+
+    def end_word():
+        nonlocal word, redirect
+        if word is None:
+            return
+        w = "".join(word)
+        word = None
+        if redirect:
+            targets.append(w)
+            redirect = False
+        else:
+            words.append(w)
+
+    def end_cmd():
+        nonlocal words, targets
+        end_word()
+        if words or targets:
+            cmds.append((words, targets))
+        words, targets = [], []
+
+    while i < n:
+        c = text[i]
+        if c == "\\":
+            if i + 1 < n and text[i + 1] != "\n":
+                word = (word or []) + [text[i + 1]]
+            i += 2
+            continue
+        if c in "'\"":
+            j = i + 1
+            word = word or []
+            while j < n and text[j] != c:
+                if c == '"' and text[j] == "\\":
+                    word.append(text[j + 1])
+                    j += 2
+                    continue
+                if c == '"' and text[j] == "$" and j + 1 < n and text[j + 1] in "({":
+                    k = _skip_subst(text, j)
+                    if text[j + 1] == "(" and text[j + 2] != "(":
+                        cmds.extend(shell_commands(text[j + 2:k - 1]))
+                    word.append(text[j:k])
+                    j = k
+                    continue
+                word.append(text[j])
+                j += 1
+            i = j + 1
+            continue
+        if c == "$" and i + 1 < n and text[i + 1] in "({":
+            k = _skip_subst(text, i)
+            if text[i + 1] == "(" and text[i + 2] != "(":
+                cmds.extend(shell_commands(text[i + 2:k - 1]))
+            word = (word or []) + [text[i:k]]
+            i = k
+            continue
+        if c == "#" and word is None:
+            while i < n and text[i] != "\n":
+                i += 1
+            continue
+        if c == "\n":
+            end_cmd()
+            i += 1
+            for delim in heredocs:  # their bodies, skipped
+                while i < n:
+                    line_end = text.find("\n", i)
+                    line_end = n if line_end < 0 else line_end
+                    line = text[i:line_end]
+                    i = line_end + 1
+                    if line.strip() == delim:
+                        break
+            heredocs = []
+            continue
+        if c in " \t":
+            end_word()
+            i += 1
+            continue
+        if c == "<":
+            end_word()
+            if text.startswith("<<<", i):
+                i += 3
+            elif text.startswith("<<", i):
+                i += 2 + (text[i + 2] == "-")
+                while text[i] in " \t":
+                    i += 1
+                j = i
+                while j < n and text[j] not in " \t\n;|&<>)":
+                    j += 1
+                heredocs.append(text[i:j].strip("'\""))
+                i = j
+                continue
+            else:
+                i += 1
+            # the word read is not written: let it pass as a plain word
+            continue
+        if c == ">" or (c == "&" and text.startswith("&>", i)):
+            if word is not None and "".join(word).isdigit():
+                word = None  # a file descriptor: 2>
+            end_word()
+            i += 1 if c == ">" else 2
+            if i < n and text[i] in ">|":
+                i += 1
+            if i < n and text[i] == "&":  # >&2, 2>&1: a descriptor, not a file
+                i += 1
+                continue
+            if i < n and text[i] == "(":  # >(...): a process substitution
+                continue
+            redirect = True
+            continue
+        if c in ";|&()\n":
+            end_cmd()
+            i += 1
+            continue
+        word = (word or []) + [c]
+        i += 1
+    end_cmd()
+    return cmds
+
+
+ASSIGN = re.compile(r"^([A-Za-z_]\w*)(?:\[[^]]*\])?=(.*)$", re.S)
+KEYWORDS = {"if", "then", "else", "elif", "fi", "do", "done", "while", "until", "{", "}", "!",
+            "time", "exec", "command", "nice", "env", "local", "export", "declare", "readonly"}
+WRITE_ALL = {"tee", "mkdir", "touch"}  # every argument that is no option is written
+WRITE_LAST = {"cp", "mv", "ln", "install", "rsync"}
+WRITE_OPTS = {"--metrics", "--json", "--out", "--output"}  # the next word is written
+NOT_OUTPUT_O = {"grep", "egrep", "fgrep", "set", "shopt", "find", "test", "[", "[["}  # else -o's
+WRITE_VALUES = re.compile(r"^(?:run\.dir|checkpoint\.dir|offload\.path|of)=(.*)$", re.S)
+WRITE_ENV = {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TSR_KERNEL_TRACE", "TMPDIR",
+             "TESSERA_BENCH_SCRATCH", "XDG_CACHE_HOME", "HOME", "PYTHONPYCACHEPREFIX"}
+SCRATCH = ("$(bench_scratch ", "${TESSERA_BENCH_SCRATCH:-${TMPDIR:-/tmp}/tessera-bench}",
+           "${TMPDIR:-/tmp}/tessera-bench")
+# tools/gpu-build unpacks its packages there: benches read headers from it.
+TMP_READ = ("/tmp/deps/",)
+
+
+def script_writes(text):
+    """(assignments {name: [values]}, written paths) of a bash script."""
+    assigns, written = {}, []
+    for words, targets in shell_commands(text):
+        written += targets
+        k = 0
+        while k < len(words) and (words[k] in KEYWORDS or ASSIGN.match(words[k])):
+            m = ASSIGN.match(words[k])
+            if m:
+                assigns.setdefault(m.group(1), []).append(m.group(2))
+                if m.group(1) in WRITE_ENV:
+                    written.append(m.group(2))
+            k += 1
+        if k < len(words) - 1 and words[k] == "for" and words[k + 2:k + 3] == ["in"]:
+            assigns.setdefault(words[k + 1], []).extend(words[k + 3:])
+            continue
+        if k < len(words) and words[k] == "timeout":  # timeout [OPTIONS] DURATION CMD
+            k += 1
+            while k < len(words) and (words[k].startswith("-") or words[k][:1].isdigit()
+                                      or words[k].startswith("$")):
+                k += 1
+        name, args = (words[k], words[k + 1:]) if k < len(words) else ("", [])
+        plain = [a for a in args if not a.startswith("-")]
+        if name in WRITE_ALL:
+            written += plain
+        elif name in WRITE_LAST and plain:
+            written.append(plain[-1])
+        if name and "python" in name and args[:2] == ["-m", "venv"]:
+            written += args[2:3]
+        for a, b in zip(words, words[1:] + [""]):
+            if (a in WRITE_OPTS or (a == "-o" and name not in NOT_OUTPUT_O)) and b:
+                written.append(b)
+            m = WRITE_VALUES.match(a)
+            if m:
+                written.append(m.group(1))
+    return assigns, written
+
+
+def write_problem(path, assigns, seen=()):
+    """None when `path` (as a script writes it) is in the scratch, under
+    bench/results/, the caller's (an argument, a variable of the
+    environment) or a device; else what is wrong with it."""
+    p = path.strip().strip("\"'")
+    if not p or p.startswith("/dev/") or p.startswith(SCRATCH):
+        return None
+    m = re.match(r"^\$\((?:cd|dirname) \"?([^\"]*?)\"?(?: && pwd)?\)", p)
+    if m:  # $(cd "X" && pwd), $(dirname "X"): where X is
+        return write_problem(m.group(1), assigns, seen)
+    m = re.match(r"^\$\{([A-Za-z_]\w*|[0-9@*])(:?[-=?+])(.*?)\}(.*)$", p, re.S)
+    if m:  # ${NAME:-DEFAULT}: the variable's values, and the default's
+        name, op, word, rest = m.groups()
+        checks = [f"${name}{rest}"] if "+" not in op else []
+        if "?" not in op and word:
+            checks.append(word + rest)
+        for c in checks:
+            problem = write_problem(c, assigns, seen)
+            if problem:
+                return problem
+        return None
+    m = re.match(r"^\$(?:\{([A-Za-z_]\w*|[0-9@*])\}|([A-Za-z_]\w*|[0-9@*]))(.*)$", p, re.S)
+    if m:
+        name, rest = m.group(1) or m.group(2), m.group(3)
+        if name == "root":
+            return None if rest.startswith("/bench/results/") else f"{p}: in the checkout"
+        if name in ("here", "bench_lib"):
+            return f"{p}: beside the bench's sources"
+        if name[0].isdigit() or name in "@*" or name not in assigns or name in seen:
+            return None  # the caller's (an argument, the environment), or itself
+        for v in assigns[name]:
+            problem = write_problem(v + rest, assigns, seen + (name,))
+            if problem:
+                return f"{p} ({name}={v}): {problem}"
+        return None
+    if p.startswith("/"):
+        return f"{p}: a fixed path outside the scratch"
+    return f"{p}: relative to the working directory (the checkout)"
+
+
+def literal_problems(text):
+    """A .venv, or a fixed /tmp path, in a script's code (comments aside)."""
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        code = line.split("#", 1)[0] if not line.lstrip().startswith("#!") else ""
+        if ".venv" in code:
+            out.append(f"line {n}: a .venv: {line.strip()}")
+        rest = code.replace("${TMPDIR:-/tmp}", "").replace('"TMPDIR", "/tmp"', "")
+        for m in re.finditer(r"/tmp\b", rest):
+            if not rest.startswith(TMP_READ, m.start()):
+                out.append(f"line {n}: a fixed /tmp path: {line.strip()}")
+                break
+    return out
+
+
+def bash_problems(text):
+    assigns, written = script_writes(text)
+    out = [problem for problem in (write_problem(w, assigns) for w in written) if problem]
+    return out + literal_problems(text)
+
+
 class Scripts(unittest.TestCase):
     def test_every_bench_script_parses_and_has_help(self):
-        scripts = sorted(glob.glob(os.path.join(ROOT, "bench", "*", "run")))
-        self.assertGreaterEqual(len(scripts), 7)
-        scripts += [os.path.join(ROOT, "bench", "gpt2_gpu", s) for s in ("kernel_table", "fused_ab")]
-        for s in scripts + [os.path.join(ROOT, "bench", "lib", "common.sh")]:
+        scripts = bench_scripts()
+        self.assertGreaterEqual(len([s for s in scripts if s.endswith("/run")]), 8)
+        self.assertIn(os.path.join(ROOT, "bench", "gpt2_gpu", "kernel_table"), scripts)
+        for s in scripts:
+            self.assertTrue(is_bash(s), f"{s}: a script under bench/ that is not bash")
             r = subprocess.run(["bash", "-n", s], capture_output=True, text=True)
             self.assertEqual(r.returncode, 0, f"bash -n {s}: {r.stderr}")
         for s in scripts:
+            if s.endswith(".sh"):
+                continue  # sourced, not run
             # A script that does not handle --help would run the bench: not here.
             with open(s) as f:
                 self.assertIn("--help", f.read(), f"{s} has no --help")
@@ -345,17 +761,62 @@ class Scripts(unittest.TestCase):
             self.assertIn("bench/", r.stdout, s)
             self.assertGreater(len(r.stdout.splitlines()), 3, s)
 
-    def test_benches_write_no_venv_or_data_in_the_repository(self):
-        for s in glob.glob(os.path.join(ROOT, "bench", "*", "run")) + \
-                glob.glob(os.path.join(ROOT, "bench", "*", "*.py")):
+    def test_benches_write_only_to_the_scratch_results_or_the_callers_out(self):
+        scripts = bench_scripts()
+        for s in scripts:
             with open(s) as f:
                 text = f.read()
-            self.assertNotIn('"$here/.venv', text, s)
+            self.assertEqual(bash_problems(text), [], s)
+            # Python run from it writes no bytecode beside the sources.
+            if re.search(r"python3|\$py\b|\$\{py\}", text) and not s.endswith("common.sh"):
+                self.assertTrue(re.search(r'^\. "\$root/bench/lib/common\.sh"', text, re.M) or
+                                "export PYTHONDONTWRITEBYTECODE=1" in text,
+                                f"{s}: runs Python without bench/lib/common.sh "
+                                "(PYTHONDONTWRITEBYTECODE)")
+        for s in glob.glob(os.path.join(ROOT, "bench", "*", "*.py")):
+            with open(s) as f:
+                text = f.read()
+            self.assertEqual(literal_problems(text), [], s)
             self.assertNotIn("$root/data/", text, s)
+            # Paths built from the checkout are read, or under bench/results.
+            for m in re.finditer(r"(open|makedirs)\(\s*os\.path\.join\(\s*(ROOT|HERE)", text):
+                self.fail(f"{s}: writes under the checkout: {m.group(0)}")
+            for m in re.finditer(r"os\.path\.join\(\s*ROOT,([^)]*)\)", text):
+                if "results" in m.group(1):
+                    self.assertRegex(m.group(1), r'^\s*"bench",\s*"results"', s)
 
+    def test_the_write_check_catches_what_it_should(self):
+        bad = {
+            "mkdir -p .venv\n": "relative",
+            'python3 -m venv "$here/.venv"\n': "beside",
+            'logs=/tmp/gpt2-fused\nmkdir -p "$logs"\n': "fixed path",
+            'build=${BUILD:-/tmp/bg}\ntools/gpu-build "$build"\n': "fixed /tmp",
+            '"$bin" run c.toml --set run.dir="\\"$root/runs/a\\""\n': "in the checkout",
+            'echo hi > notes.txt\n': "relative",
+            'x=1; cd "$root" && "$py" t.py --metrics runs/m.jsonl\n': "relative",
+            'g++ -O2 a.cpp -o "$here/a.out"\n': "beside",
+            'TORCHINDUCTOR_CACHE_DIR="$root/.cache" "$py" t.py\n': "in the checkout",
+            'f() { echo x >"$d/y"; }\nd="$root/data"\n': "in the checkout",
+            'out=${2:-$root/out.md}\necho >"$out"\n': "in the checkout",
+            '{ echo; } | tee "$here/r.md"\n': "beside",
+            'echo "${x:-{\\}}" >"$work/a"; echo >"$here/b"\n': "beside",
+        }
+        for text, why in bad.items():
+            problems = bash_problems(text)
+            self.assertTrue(problems, text)
+            self.assertIn(why, " ".join(problems), text)
+        good = ('work=$(bench_scratch x)\nout=${2:-/dev/stdout}\necho "a > b" >"$work/a" 2>&1\n'
+                'cat <<EOF >"$work/b"\nx > y\nEOF\n'
+                'python3 - "$work" <<\'PY\' | tee "$out"\nopen("z", "w") if 2 > 1 else 0\nPY\n'
+                'n=$((a > b ? a : b)) ; echo "$(cd "$work" && pwd)" >>"$root/bench/results/r.md"\n'
+                'dd if=/dev/zero of="$work/dd.bin" bs=1M count=1 >&2\n'
+                'set -euo pipefail; x=$(grep -o "a b" "$work/l" | head -1)\n'
+                '"$bin" ckpt export "$ckpt" -o "$work/hf"\n'
+                'echo "${alone:-{\\}}" >"$work/alone.json"\n'
+                'd="${TESSERA_BENCH_SCRATCH:-${TMPDIR:-/tmp}/tessera-bench}/$1"; mkdir -p "$d"\n'
+                '"$bin" run c.toml --set run.dir="\\"$work/r\\"" >"$1.log"\n')
+        self.assertEqual(bash_problems(good), [])
 
-if __name__ == "__main__":
-    unittest.main()
 
 
 class KernelFamilies(unittest.TestCase):
@@ -424,3 +885,7 @@ class KernelFamilies(unittest.TestCase):
                                  capture_output=True, text=True)
             self.assertNotEqual(bad.returncode, 0)
             self.assertIn("'matmuls': not a family", bad.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
