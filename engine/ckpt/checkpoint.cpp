@@ -11,6 +11,7 @@
 #include "ckpt/shard_reader.hpp"
 #include "ckpt/shard_writer.hpp"
 #include "debug/fault.hpp"
+#include "host/zero_update.hpp"
 #include "util/error.hpp"
 #include "util/regular_file.hpp"
 #include "util/safetensors.hpp"
@@ -49,25 +50,21 @@ struct OwnedRange {
   size_t owned_offset, flat_offset, count;
 };
 
-std::vector<OwnedRange> owned_ranges(const CheckpointParts &s) {
-  std::vector<OwnedRange> out;
-  auto collect = [](void *ctx, const tsr_owned_range *r) -> tsr_status {
-    static_cast<std::vector<OwnedRange> *>(ctx)->push_back(
-        {r->owned_offset, r->flat_offset, r->count});
-    return TSR_OK;
-  };
-  plugin_ok(s.host, s.zero.vt->ranges(s.zero.self, collect, &out), "zero", s.zero.name, "ranges");
-  return out;
+ZeroCalls zero_calls(const CheckpointParts &s) {
+  return {s.host, s.zero.vt, s.zero.self, s.zero.name};
 }
 
 // What this rank writes: its owned ranges; when every rank owns everything
 // (stage 0) the copies are identical, so rank r writes slice r of each group
 // and the writes share the work instead of repeating it.
 std::vector<OwnedRange> write_share(const CheckpointParts &s) {
-  std::vector<OwnedRange> owned = owned_ranges(s);
+  const std::vector<tsr_owned_range> owned = zero_owned_ranges(zero_calls(s));
   const auto &f = s.host.facts();
-  if (s.partition_optimizer || f.world_size == 1) return owned;
   std::vector<OwnedRange> out;
+  if (s.partition_optimizer || f.world_size == 1) {
+    for (const auto &r : owned) out.push_back({r.owned_offset, r.flat_offset, r.count});
+    return out;
+  }
   for (const auto &r : owned) {
     size_t per = r.count / f.world_size;  // groups are padded to a multiple of the world
     out.push_back({r.owned_offset + f.rank * per, r.flat_offset + f.rank * per, per});
@@ -258,6 +255,72 @@ std::string params_mismatch(const nlohmann::json &table, const Layout &layout) {
   return "";
 }
 
+namespace {
+
+// The owned masters and optimizer state, from the checkpoint into the
+// offload backend, every slot of each owned range.
+void load_state(const CheckpointParts &s, const nlohmann::json &m, const std::string &path,
+                const std::vector<std::string> &slots, const std::vector<tsr_owned_range> &ranges) {
+  ShardReader reader(path, m);
+  std::vector<float> buf;
+  for (const auto &r : ranges) {
+    size_t c0, n;
+    s.layout.to_canonical(r.flat_offset, r.count, &c0, &n);
+    if (n == 0) continue;
+    buf.resize(n);
+    for (uint32_t slot = 0; slot < slots.size(); ++slot) {
+      reader.read(slots[slot], c0, n, buf.data());
+      if (slot == 0) require_finite_params(m, path, c0, buf.data(), n);  // the master weights
+      plugin_ok(s.host,
+                s.offload.vt->write_state(s.offload.self, slot, r.owned_offset, n, buf.data()),
+                "offload", s.offload.name, "write_state from a checkpoint");
+    }
+  }
+}
+
+// Compute parameters from the loaded masters: an update that copies instead
+// of stepping, walked as the step walks one (host/zero_update.hpp), so the
+// parameters (re-shared as the stage needs) are those the run had.
+void compute_from_masters(const CheckpointParts &s, const std::vector<tsr_owned_range> &ranges) {
+  RangeWalk w;
+  w.each = [&s](size_t, const tsr_owned_range &r) -> tsr_status {
+    // Parameters the offload backend keeps: write_state of the masters set them.
+    if (!r.params) return TSR_OK;
+    std::vector<float> master(r.count);
+    tsr_status st =
+        s.offload.vt->read_state(s.offload.self, 0, r.owned_offset, r.count, master.data());
+    if (st != TSR_OK) return st;
+    return guarded(s.host.ctx(), [&] { s.put_compute(master.data(), r.count, r.params); });
+  };
+  w.each_what = "[offload] plugin '" + s.offload.name + "' masters to compute parameters";
+  w.handed_over = [] {};  // each copy is complete when `each` returns
+  w.settle = s.settle_update;
+  w.reshare = s.needs_reshare;
+  walk_owned_ranges(zero_calls(s), ranges, w,
+                    "[zero] plugin '" + s.zero.name + "' load parameters from the checkpoint");
+}
+
+// Where training stood when the checkpoint was written, from its manifest.
+RunPosition position_of(const nlohmann::json &m) {
+  RunPosition st;
+  st.step = m.at("step").get<int64_t>();
+  st.epoch = m.at("epoch").get<int64_t>();
+  st.batch_in_epoch = m.at("batch_in_epoch").get<int64_t>();
+  st.samples = m.at("samples").get<int64_t>();
+  st.global_batch = m.at("global_batch").get<int64_t>();
+  st.seed = m.at("seed").get<uint64_t>();
+  if (m.contains("loss_scaler") && m["loss_scaler"].is_object()) {
+    const auto &ls = m["loss_scaler"];
+    st.loss_scale = ls.value("cur_scale", -1.0);
+    st.scale_good_steps = ls.value("good_steps", int64_t{0});
+    st.scale_hysteresis = ls.value("cur_hysteresis", int64_t{0});
+    st.scale_skipped = ls.value("skipped_steps", int64_t{0});
+  }
+  return st;
+}
+
+}  // namespace
+
 RunPosition load_checkpoint(const CheckpointParts &s, const std::string &path) {
   s.settle_update();  // no update may land over what is loaded
   nlohmann::json m = read_manifest(path);
@@ -281,53 +344,10 @@ RunPosition load_checkpoint(const CheckpointParts &s, const std::string &path) {
                     std::to_string(global) + " samples into the epoch, past the " +
                     std::to_string(s.data_length) +
                     " samples of the training data: another dataset, or an edited manifest");
-  ShardReader reader(path, m);
-  std::vector<float> buf;
-  for (const auto &r : owned_ranges(s)) {
-    size_t c0, n;
-    s.layout.to_canonical(r.flat_offset, r.count, &c0, &n);
-    if (n == 0) continue;
-    buf.resize(n);
-    for (uint32_t slot = 0; slot < slots.size(); ++slot) {
-      reader.read(slots[slot], c0, n, buf.data());
-      if (slot == 0) require_finite_params(m, path, c0, buf.data(), n);  // the master weights
-      plugin_ok(s.host,
-                s.offload.vt->write_state(s.offload.self, slot, r.owned_offset, n, buf.data()),
-                "offload", s.offload.name, "write_state from a checkpoint");
-    }
-  }
-  // Compute parameters from the loaded masters: the zero plugin drives an
-  // update that copies instead of stepping, then re-shares as its stage needs.
-  auto copy_master = [](void *ctx, const tsr_owned_range *r) -> tsr_status {
-    const auto *ss = static_cast<const CheckpointParts *>(ctx);
-    // Parameters the offload backend keeps: write_state of the masters set them.
-    if (!r->params) return TSR_OK;
-    std::vector<float> master(r->count);
-    tsr_status st =
-        ss->offload.vt->read_state(ss->offload.self, 0, r->owned_offset, r->count, master.data());
-    if (st != TSR_OK) return st;
-    return guarded(ss->host.ctx(), [&] { ss->put_compute(master.data(), r->count, r->params); });
-  };
-  auto no_flush = [](void *) -> tsr_status { return TSR_OK; };
-  tsr_zero_step zs{tsr_zero_step_STRUCT_SIZE, copy_master, no_flush,
-                   const_cast<CheckpointParts *>(&s)};
-  plugin_ok(s.host, s.zero.vt->step(s.zero.self, &zs), "zero", s.zero.name,
-            "load parameters from the checkpoint");
-  RunPosition st;
-  st.step = m.at("step").get<int64_t>();
-  st.epoch = m.at("epoch").get<int64_t>();
-  st.batch_in_epoch = m.at("batch_in_epoch").get<int64_t>();
-  st.samples = m.at("samples").get<int64_t>();
-  st.global_batch = m.at("global_batch").get<int64_t>();
-  st.seed = m.at("seed").get<uint64_t>();
-  if (m.contains("loss_scaler") && m["loss_scaler"].is_object()) {
-    const auto &ls = m["loss_scaler"];
-    st.loss_scale = ls.value("cur_scale", -1.0);
-    st.scale_good_steps = ls.value("good_steps", int64_t{0});
-    st.scale_hysteresis = ls.value("cur_hysteresis", int64_t{0});
-    st.scale_skipped = ls.value("skipped_steps", int64_t{0});
-  }
-  return st;
+  const std::vector<tsr_owned_range> ranges = zero_owned_ranges(zero_calls(s));
+  load_state(s, m, path, slots, ranges);
+  compute_from_masters(s, ranges);
+  return position_of(m);
 }
 
 }  // namespace tessera

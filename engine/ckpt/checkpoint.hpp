@@ -41,8 +41,11 @@ struct CheckpointParts {
   PluginRef<tsr_offload_vtable> offload;
   std::string model_name;
   bool partition_optimizer = false;  // the plan's: ranks own disjoint optimizer state
-  uint32_t state_count = 0;          // optimizer state arrays per parameter
-  int64_t data_length = 0;           // training samples (0: unknown), to check the position
+  // Stages 1-2 at several ranks: loaded slices are all-gathered, as after
+  // an update (Session::needs_reshare).
+  bool needs_reshare = false;
+  uint32_t state_count = 0;  // optimizer state arrays per parameter
+  int64_t data_length = 0;   // training samples (0: unknown), to check the position
   // Completes every update in flight before the state is read or replaced.
   std::function<void()> settle_update;
   // Writes n fp32 values into compute-dtype memory at dst on the device.

@@ -10,6 +10,7 @@
 
 #include "backend/cpu/cpu_ops.hpp"
 #include "ckpt/checkpoint.hpp"
+#include "host/zero_update.hpp"
 #include "plugin/legacy.hpp"
 #include "train/init_from.hpp"
 #include "util/error.hpp"
@@ -289,17 +290,11 @@ void Session::sink_grads_to_offload() {
 }
 
 bool Session::host_drives_update() const {
-  return TSR_HAS_FIELD(zero.vt, tsr_zero_vtable, clear_grads) && zero.vt->reshare &&
-         zero.vt->clear_grads;
+  return engine_walks_ranges(zero.vt);
 }
 
 const std::vector<tsr_owned_range> &Session::owned_ranges() {
-  ranges_.clear();
-  auto collect = [](void *ctx, const tsr_owned_range *r) -> tsr_status {
-    static_cast<std::vector<tsr_owned_range> *>(ctx)->push_back(*r);
-    return TSR_OK;
-  };
-  plugin_ok(host, zero.vt->ranges(zero.self, collect, &ranges_), "[zero] ranges");
+  ranges_ = zero_owned_ranges({host, zero.vt, zero.self, zero.name});
   return ranges_;
 }
 
@@ -429,6 +424,7 @@ CheckpointParts Session::checkpoint_parts() {
       {offload.vt, offload.self, offload.name},
       model.name,
       plan.partition_optimizer != 0,
+      needs_reshare(),
       state_count,
       train_info.length,
       [this] { settle_update(); },

@@ -1,6 +1,7 @@
 // One optimizer step, top-down (see step.hpp).
 #include "train/step.hpp"
 
+#include "host/zero_update.hpp"
 #include "train/schedule.hpp"
 #include "util/error.hpp"
 
@@ -56,45 +57,29 @@ tsr_status offload_step(StepPlan &p, const UpdateArgs &u, const tsr_owned_range 
   return p.s.offload.vt->step(p.s.offload.self, &os);
 }
 
-// A zero plugin built before ABI 1.2 drives the update itself through
-// callbacks (and clears the gradients and re-shares inside its step).
-void legacy_zero_step(StepPlan &p, const UpdateArgs &u, bool apply) {
-  struct Ctx {
-    StepPlan *p;
-    const UpdateArgs *u;
-    bool apply;
-  } ctx{&p, &u, apply};
-  auto update = [](void *c, const tsr_owned_range *r) -> tsr_status {
-    auto *x = static_cast<Ctx *>(c);
-    return x->apply ? offload_step(*x->p, *x->u, *r) : TSR_OK;
-  };
-  auto flush = [](void *c) -> tsr_status {
-    auto *x = static_cast<Ctx *>(c);
-    return x->p->s.offload.vt->flush(x->p->s.offload.self);
-  };
-  const tsr_zero_step zs{tsr_zero_step_STRUCT_SIZE, update, flush, &ctx};
-  plugin_ok(p.s.host, p.s.zero.vt->step(p.s.zero.self, &zs),
-            apply ? "[zero] step" : "[zero] step (skipped)");
-}
-
 // Every owned range through the offload backend (those backward handed
-// over already excepted); then the parameters are re-shared where the stage
-// needs it (which waits for every update).
-void update_ranges(StepPlan &p, const UpdateArgs &u) {
+// over already excepted), then the re-share where the stage needs it, by
+// the walk the zero plugin's ABI calls for (host/zero_update.hpp). `apply`
+// false (an fp16 step that overflowed) hands nothing over; only a zero
+// plugin before ABI 1.2 is walked then, as its step also clears gradients.
+void update_ranges(StepPlan &p, const UpdateArgs &u, bool apply) {
   Session &s = p.s;
-  if (p.started.empty()) {
+  if (s.host_drives_update() && p.started.empty()) {
     p.ranges = s.owned_ranges();
     p.started.assign(p.ranges.size(), 0);
   }
-  for (size_t i = 0; i < p.ranges.size(); ++i)
-    if (!p.started[i])
-      plugin_ok(s.host, offload_step(p, u, p.ranges[i]), "offload", s.offload.name, "step");
+  RangeWalk w;
+  w.each = [&](size_t i, const tsr_owned_range &r) {
+    const bool early = i < p.started.size() && p.started[i];
+    return apply && !early ? offload_step(p, u, r) : TSR_OK;
+  };
+  w.each_what = "[offload] plugin '" + s.offload.name + "' step";
+  w.handed_over = [&s] { s.updates_started(); };
+  w.settle = [&s] { s.settle_update(); };
+  w.reshare = s.needs_reshare();
+  walk_owned_ranges({s.host, s.zero.vt, s.zero.self, s.zero.name}, p.ranges, w,
+                    apply ? "[zero] step" : "[zero] step (skipped)");
   p.started.clear();
-  s.updates_started();
-  if (s.needs_reshare()) {
-    s.settle_update();
-    plugin_ok(s.host, s.zero.vt->reshare(s.zero.self), "zero", s.zero.name, "reshare");
-  }
 }
 
 // Before the first backward after an update: the backend has read the
@@ -217,10 +202,12 @@ void apply_update(StepPlan &p, TrainState &ts, double loss) {
   // gradients are still cleared); the optimizer counts applied steps only.
   const bool apply = ts.scaler.update(clip.overflow, ts.step + 1);
   u.step = ts.step + 1 - ts.scaler.skipped;
+  // A zero plugin before ABI 1.2 is walked even for a skipped step, as its
+  // step also clears the gradients; under 1.2 the next backward clears them.
   if (!s.host_drives_update()) {
-    legacy_zero_step(p, u, apply);
+    update_ranges(p, u, apply);
   } else {
-    if (apply) update_ranges(p, u);
+    if (apply) update_ranges(p, u, true);
     ts.grads_dirty = true;
   }
   opt_t.stop();
