@@ -4,10 +4,10 @@
 
 #include <tessera/abi.h>
 
-#include <new>
 #include <stdexcept>
 #include <string>
 #include <tessera/cpp/error.hpp>
+#include <utility>
 
 namespace tessera {
 
@@ -59,23 +59,13 @@ inline tsr_status report_error(tsr_host_ctx *ctx, tsr_status code, const std::st
   return code;
 }
 
-// Runs fn, converting exceptions to a reported status.
+// Runs fn, converting exceptions to a status reported through report_error
+// (the sdk's catch-all, with the engine's own words for a foreign exception).
 template <typename Fn>
 tsr_status guarded(tsr_host_ctx *ctx, Fn &&fn) noexcept {
-  try {
-    fn();
-    return TSR_OK;
-  } catch (const ReportedError &e) {
-    return e.code();
-  } catch (const Error &e) {
-    return report_error(ctx, e.code(), e.what());
-  } catch (const std::bad_alloc &) {
-    return report_error(ctx, TSR_ERR_NO_MEMORY, "out of host memory");
-  } catch (const std::exception &e) {
-    return report_error(ctx, TSR_ERR_INTERNAL, e.what());
-  } catch (...) {
-    return report_error(ctx, TSR_ERR_INTERNAL, "unknown exception");
-  }
+  return sdk::guard_with(
+      [ctx](tsr_status code, const char *message) { return report_error(ctx, code, message); },
+      sdk::GuardWords{"", "unknown exception"}, std::forward<Fn>(fn));
 }
 
 }  // namespace tessera

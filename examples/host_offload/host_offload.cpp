@@ -23,7 +23,6 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
-#include <iterator>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -303,28 +302,12 @@ const tsr_offload_vtable kVtable = {
     nullptr,
     nullptr};
 
-const tsr_plugin_descriptor kDescriptor = {
-    tsr_plugin_descriptor_STRUCT_SIZE,
-    TSR_KIND_OFFLOAD,
-    "host_offload",
-    "1.0.0",
+const tsr_plugin_descriptor kDescriptor = sdk::describe(
+    TSR_KIND_OFFLOAD, "host_offload", "1.0.0",
     "master weights and optimizer state in host memory; updates on a worker thread fed through "
     "two staging buffers",
-    kParams,
-    std::size(kParams),
-    TSR_DEVICE_CPU,
-    &kVtable,
-    nullptr,  // get_extension (ABI 1.2): none
-};
-
-const tsr_plugin_descriptor *const kPlugins[] = {&kDescriptor};
-
-const tsr_plugin_library kLibrary = {
-    tsr_plugin_library_STRUCT_SIZE, TSR_ABI_MAJOR, TSR_ABI_MINOR, kPlugins, std::size(kPlugins),
-};
+    kParams, TSR_DEVICE_CPU, &kVtable);
 
 }  // namespace
 
-TSR_PLUGIN_ENTRY {
-  return &kLibrary;
-}
+TSR_SDK_PLUGIN_LIBRARY(&kDescriptor)

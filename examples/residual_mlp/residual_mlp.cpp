@@ -19,7 +19,6 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
-#include <iterator>
 #include <memory>
 #include <string>
 #include <tessera/cpp/model.hpp>
@@ -347,27 +346,11 @@ const tsr_param_decl kParams[] = {
 // (param_info copies at most the host's struct_size).
 const tsr_model_vtable kVtable = sdk::model_vtable<Model, build>();
 
-const tsr_plugin_descriptor kDescriptor = {
-    tsr_plugin_descriptor_STRUCT_SIZE,
-    TSR_KIND_MODEL,
-    "residual_mlp",
-    "1.0.0",
-    "residual MLP classifier: stem, residual blocks (Linear-act-Linear + skip), head",
-    kParams,
-    std::size(kParams),
-    TSR_DEVICE_CPU | TSR_DEVICE_CUDA,
-    &kVtable,
-    nullptr,  // get_extension (ABI 1.2): none
-};
-
-const tsr_plugin_descriptor *const kPlugins[] = {&kDescriptor};
-
-const tsr_plugin_library kLibrary = {
-    tsr_plugin_library_STRUCT_SIZE, TSR_ABI_MAJOR, TSR_ABI_MINOR, kPlugins, std::size(kPlugins),
-};
+const tsr_plugin_descriptor kDescriptor =
+    sdk::describe(TSR_KIND_MODEL, "residual_mlp", "1.0.0",
+                  "residual MLP classifier: stem, residual blocks (Linear-act-Linear + skip), head",
+                  kParams, TSR_DEVICE_CPU | TSR_DEVICE_CUDA, &kVtable);
 
 }  // namespace
 
-TSR_PLUGIN_ENTRY {
-  return &kLibrary;
-}
+TSR_SDK_PLUGIN_LIBRARY(&kDescriptor)

@@ -146,13 +146,13 @@ Gpt2 *build(const tsr_host *host, const tsr_config *cfg, const tsr_model_init *i
   // What the dataset gives: int32 token windows, inputs and targets [T].
   if (data.input_ndim != 1 || !is_i32(data.input_dtype))
     throw Error(TSR_ERR_UNSUPPORTED,
-                "gpt2: the dataset's samples are " + dtype_str(data.input_dtype) + " " +
+                "gpt2: the dataset's samples are " + dtype_name(data.input_dtype) + " " +
                     shape_str(data.input_shape, std::clamp(data.input_ndim, 0, 8)) +
                     "; the gpt2 model takes windows of int32 token ids [T] (the tokens dataset)");
   if (data.target_ndim != 1 || !is_i32(data.target_dtype) ||
       data.target_shape[0] != data.input_shape[0])
     throw Error(TSR_ERR_UNSUPPORTED,
-                "gpt2: the dataset's targets are " + dtype_str(data.target_dtype) + " " +
+                "gpt2: the dataset's targets are " + dtype_name(data.target_dtype) + " " +
                     shape_str(data.target_shape, std::clamp(data.target_ndim, 0, 8)) +
                     "; the gpt2 model needs one int32 target token per input token [" +
                     std::to_string(data.input_shape[0]) + "]");

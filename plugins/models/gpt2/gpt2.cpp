@@ -28,7 +28,7 @@ int64_t Gpt2::check_batch(const tsr_batch *batch, bool with_targets) const {
     const char *what = t == &x ? "inputs" : "targets";
     if (!is_i32(t->dtype))
       throw Error(TSR_ERR_INVALID, std::string("gpt2: batch ") + what +
-                                       " must be int32 token ids, got " + dtype_str(t->dtype));
+                                       " must be int32 token ids, got " + dtype_name(t->dtype));
     if (t->ndim != 2 || !t->shape || t->shape[0] != n)
       throw Error(TSR_ERR_INVALID, std::string("gpt2: batch ") + what + " are " +
                                        (t->shape ? shape_str(t->shape, t->ndim) : "?") +
@@ -209,7 +209,7 @@ void Gpt2::check_logits(const DLTensor *out, int64_t B) const {
   want += std::to_string(B) + ", " + std::to_string(d.vocab) + "]";
   if (!same_dtype(out->dtype, sdk::dtype_f32()))
     throw Error(TSR_ERR_INVALID,
-                "gpt2: predict logits must be float32, got " + dtype_str(out->dtype));
+                "gpt2: predict logits must be float32, got " + dtype_name(out->dtype));
   if (out->ndim != 2 || !out->shape || out->shape[0] != B || out->shape[1] != d.vocab)
     throw Error(TSR_ERR_INVALID, "gpt2: predict logits are " +
                                      (out->shape ? shape_str(out->shape, out->ndim) : "?") +

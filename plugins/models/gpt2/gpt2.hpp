@@ -102,6 +102,7 @@ namespace tessera::gpt2 {
 namespace sdk = tessera::sdk;
 using sdk::Buffer;
 using sdk::check;
+using sdk::dtype_name;
 using sdk::Error;
 
 inline constexpr float kLayerNormEps = 1e-5f;  // GPT-2's layer_norm_epsilon
@@ -123,20 +124,6 @@ enum BlockParam : uint32_t {
   kBlockParams
 };
 inline constexpr uint32_t kWte = 0, kWpe = 1, kFirstBlock = 2;
-
-inline std::string dtype_str(DLDataType t) {
-  const char *base = t.code == kDLFloat    ? "float"
-                     : t.code == kDLInt    ? "int"
-                     : t.code == kDLUInt   ? "uint"
-                     : t.code == kDLBfloat ? "bfloat"
-                                           : "dtype?_";
-  std::string s = base + std::to_string(t.bits);
-  if (t.lanes != 1) {  // in steps: GCC 12 misreads "x" + std::string here (-Wrestrict)
-    s += "x";
-    s += std::to_string(t.lanes);
-  }
-  return s;
-}
 
 inline bool same_dtype(DLDataType a, DLDataType b) {
   return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;

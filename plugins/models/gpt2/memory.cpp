@@ -66,10 +66,11 @@ void Gpt2::ensure_dtype(const DLTensor &p) {
   if (p.dtype.lanes != 1 || !(p.dtype.code == kDLFloat || p.dtype.code == kDLBfloat) ||
       !(p.dtype.bits == 32 || p.dtype.bits == 16))
     throw Error(TSR_ERR_UNSUPPORTED,
-                "gpt2: parameters are " + dtype_str(p.dtype) +
+                "gpt2: parameters are " + dtype_name(p.dtype) +
                     "; the gpt2 model computes in float32, bfloat16 or float16");
-  const std::string msg = "gpt2: the parameters are " + dtype_str(p.dtype) + ", not the expected " +
-                          dtype_str(adt) + "; reallocating the activations";
+  const std::string msg = "gpt2: the parameters are " + dtype_name(p.dtype) +
+                          ", not the expected " + dtype_name(adt) +
+                          "; reallocating the activations";
   host->log(host->ctx, TSR_LOG_WARN, msg.c_str());
   allocate(p.dtype);
 }

@@ -20,7 +20,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <iterator>
 #include <memory>
 #include <string>
 #include <tessera/cpp/model.hpp>
@@ -36,19 +35,8 @@ namespace sdk = tessera::sdk;
 constexpr int64_t kMaxWidth = int64_t{1} << 24;
 using sdk::Buffer;
 using sdk::check;
+using sdk::dtype_name;
 using sdk::Error;
-
-// "float32", "int64", ... for messages.
-std::string dtype_str(DLDataType t) {
-  const char *base = t.code == kDLFloat    ? "float"
-                     : t.code == kDLInt    ? "int"
-                     : t.code == kDLUInt   ? "uint"
-                     : t.code == kDLBfloat ? "bfloat"
-                                           : "dtype?_";
-  std::string s = base + std::to_string(t.bits);
-  if (t.lanes != 1) s += "x" + std::to_string(t.lanes);
-  return s;
-}
 
 bool is_dtype(DLDataType t, uint8_t code, uint8_t bits) {
   return t.code == code && t.bits == bits && t.lanes == 1;
@@ -224,10 +212,10 @@ struct Mlp {
                                        std::to_string(max_batch));
     if (!is_dtype(batch->inputs.dtype, kDLFloat, 32))
       throw Error(TSR_ERR_INVALID,
-                  "mlp: batch inputs must be float32, got " + dtype_str(batch->inputs.dtype));
+                  "mlp: batch inputs must be float32, got " + dtype_name(batch->inputs.dtype));
     if (with_targets && !is_dtype(batch->targets.dtype, kDLInt, 32))
       throw Error(TSR_ERR_INVALID,
-                  "mlp: batch targets must be int32, got " + dtype_str(batch->targets.dtype));
+                  "mlp: batch targets must be int32, got " + dtype_name(batch->targets.dtype));
   }
 
   void forward(tsr_step *step, const tsr_batch *batch, int32_t training, tsr_forward_result *out) {
@@ -266,7 +254,7 @@ struct Mlp {
     const int64_t n = batch->size;
     if (!is_dtype(out->dtype, kDLFloat, 32))
       throw Error(TSR_ERR_INVALID,
-                  "mlp: predict logits must be float32, got " + dtype_str(out->dtype));
+                  "mlp: predict logits must be float32, got " + dtype_name(out->dtype));
     if (out->ndim != 2 || !out->shape || out->shape[0] != n || out->shape[1] != classes())
       throw Error(TSR_ERR_INVALID, "mlp: predict logits are " + shape_str(*out) + ", expected [" +
                                        std::to_string(n) + ", " + std::to_string(classes()) + "]");
@@ -436,11 +424,11 @@ Mlp *build(const tsr_host *host, const tsr_config *cfg, const tsr_model_init *in
   // What the dataset gives.
   if (!is_dtype(data.input_dtype, kDLFloat, 32))
     throw Error(TSR_ERR_UNSUPPORTED, "mlp: the dataset's inputs are " +
-                                         dtype_str(data.input_dtype) +
+                                         dtype_name(data.input_dtype) +
                                          "; the mlp model takes float32 inputs");
   if (data.target_ndim != 0 || !is_dtype(data.target_dtype, kDLInt, 32))
     throw Error(TSR_ERR_UNSUPPORTED,
-                "mlp: the dataset's targets are " + dtype_str(data.target_dtype) + " with " +
+                "mlp: the dataset's targets are " + dtype_name(data.target_dtype) + " with " +
                     std::to_string(data.target_ndim) +
                     " dims; the mlp model needs one int32 class label per sample");
   if (data.num_classes < 2)
@@ -629,27 +617,11 @@ const tsr_model_vtable kVtable = {
     mlp_predict,
 };
 
-const tsr_plugin_descriptor kDescriptor = {
-    tsr_plugin_descriptor_STRUCT_SIZE,
-    TSR_KIND_MODEL,
-    "mlp",
-    "1.0.0",
-    "Multi-layer perceptron classifier (Linear + relu/gelu/tanh, softmax cross-entropy)",
-    kParams,
-    std::size(kParams),
-    TSR_DEVICE_CPU | TSR_DEVICE_CUDA,
-    &kVtable,
-    nullptr,  // get_extension (ABI 1.2): none
-};
-
-const tsr_plugin_descriptor *const kPlugins[] = {&kDescriptor};
-
-const tsr_plugin_library kLibrary = {
-    tsr_plugin_library_STRUCT_SIZE, TSR_ABI_MAJOR, TSR_ABI_MINOR, kPlugins, std::size(kPlugins),
-};
+const tsr_plugin_descriptor kDescriptor = sdk::describe(
+    TSR_KIND_MODEL, "mlp", "1.0.0",
+    "Multi-layer perceptron classifier (Linear + relu/gelu/tanh, softmax cross-entropy)", kParams,
+    TSR_DEVICE_CPU | TSR_DEVICE_CUDA, &kVtable);
 
 }  // namespace
 
-TSR_PLUGIN_ENTRY {
-  return &kLibrary;
-}
+TSR_SDK_PLUGIN_LIBRARY(&kDescriptor)

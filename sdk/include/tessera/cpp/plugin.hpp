@@ -1,7 +1,8 @@
 // Header-only C++ helpers for writing tessera plugins: typed config reads,
-// RAII for host memory, and a catch-all that turns every C++ exception into
-// a status code at the ABI boundary. Nothing here crosses the boundary:
-// plugins built with these helpers still export only the C ABI.
+// RAII for host memory, a catch-all that turns every C++ exception into a
+// status code at the ABI boundary, and the descriptor and library tables
+// with the entry point. Nothing here crosses the boundary: plugins built
+// with these helpers still export only the C ABI.
 #pragma once
 
 #include <tessera/tessera.h>
@@ -9,6 +10,7 @@
 #include <cstring>
 #include <exception>
 #include <new>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <tessera/cpp/error.hpp>
@@ -19,26 +21,16 @@
 namespace tessera::sdk {
 
 // Runs `fn` and converts any exception into a status reported through the
-// host's error callback. Use it around the body of every entry point.
+// host's error callback (without a host: the status alone). Use it around
+// the body of every entry point.
 template <typename Fn>
 tsr_status guard(const tsr_host *host, Fn &&fn) noexcept {
-  try {
-    fn();
-    return TSR_OK;
-  } catch (const HostError &e) {
-    return e.code();
-  } catch (const Error &e) {
-    return host ? host->error(host->ctx, e.code(), e.what()) : e.code();
-  } catch (const std::bad_alloc &) {
-    return host ? host->error(host->ctx, TSR_ERR_NO_MEMORY, "out of host memory")
-                : TSR_ERR_NO_MEMORY;
-  } catch (const std::exception &e) {
-    std::string msg = std::string("unhandled exception: ") + e.what();
-    return host ? host->error(host->ctx, TSR_ERR_INTERNAL, msg.c_str()) : TSR_ERR_INTERNAL;
-  } catch (...) {
-    return host ? host->error(host->ctx, TSR_ERR_INTERNAL, "unhandled non-standard exception")
-                : TSR_ERR_INTERNAL;
-  }
+  return guard_with(
+      [host](tsr_status code, const char *message) {
+        return host ? host->error(host->ctx, code, message) : code;
+      },
+      GuardWords{"unhandled exception: ", "unhandled non-standard exception"},
+      std::forward<Fn>(fn));
 }
 
 // Typed reads of a plugin's config section; a failure throws HostError.
@@ -144,6 +136,22 @@ inline DLDataType dtype_i32() {
   return DLDataType{kDLInt, 32, 1};
 }
 
+// A dtype's name for messages ("float32", "bfloat16", "int32x4"), as a user
+// reads it. (optim::dtype_str spells out code, bits and lanes instead.)
+inline std::string dtype_name(DLDataType t) {
+  const char *base = t.code == kDLFloat    ? "float"
+                     : t.code == kDLInt    ? "int"
+                     : t.code == kDLUInt   ? "uint"
+                     : t.code == kDLBfloat ? "bfloat"
+                                           : "dtype?_";
+  std::string s = base + std::to_string(t.bits);
+  if (t.lanes != 1) {  // in steps: GCC 12 misreads "x" + std::string here (-Wrestrict)
+    s += "x";
+    s += std::to_string(t.lanes);
+  }
+  return s;
+}
+
 // A contiguous DLTensor view over `data`. `shape` must outlive the view.
 inline DLTensor view(void *data, DLDevice device, DLDataType dtype, int32_t ndim, int64_t *shape) {
   DLTensor t;
@@ -192,4 +200,43 @@ constexpr tsr_param_decl param_choice(const char *name, const char *def, const c
       sizeof(tsr_param_decl), name, TSR_PARAM_STRING, def, doc, 0, 0.0, 0, 0.0, choices};
 }
 
+// A plugin's descriptor, from what differs between plugins; the struct's
+// size is this build's. `params` may be empty ({}: no config keys), and a
+// null get_extension offers no extension (ABI 1.2).
+constexpr tsr_plugin_descriptor describe(const char *kind, const char *name, const char *version,
+                                         const char *summary,
+                                         std::span<const tsr_param_decl> params, uint32_t devices,
+                                         const void *vtable,
+                                         const void *(*get_extension)(const char *id) = nullptr) {
+  return tsr_plugin_descriptor{tsr_plugin_descriptor_STRUCT_SIZE,
+                               kind,
+                               name,
+                               version,
+                               summary,
+                               params.data(),
+                               params.size(),
+                               devices,
+                               vtable,
+                               get_extension};
+}
+
+// The library table over `plugins`, declaring the ABI version of these
+// headers.
+template <size_t N>
+constexpr tsr_plugin_library library(const tsr_plugin_descriptor *const (&plugins)[N]) {
+  return tsr_plugin_library{tsr_plugin_library_STRUCT_SIZE, TSR_ABI_MAJOR, TSR_ABI_MINOR, plugins,
+                            N};
+}
+
 }  // namespace tessera::sdk
+
+// Defines the library's one exported symbol (TSR_PLUGIN_ENTRY) over the
+// given descriptors (pointers to objects of static storage), at namespace
+// scope. The tables are function-local statics with constant initializers:
+// built at load time, before any call, and alive as long as the library.
+#define TSR_SDK_PLUGIN_LIBRARY(...)                                                             \
+  TSR_PLUGIN_ENTRY {                                                                            \
+    static const tsr_plugin_descriptor *const tsr_sdk_plugins[] = {__VA_ARGS__};                \
+    static const tsr_plugin_library tsr_sdk_library = ::tessera::sdk::library(tsr_sdk_plugins); \
+    return &tsr_sdk_library;                                                                    \
+  }
