@@ -322,12 +322,7 @@ int launch(const LaunchOptions &opt, const std::vector<std::string> &worker_args
     link.master_port = port;
   }
 
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-  signal(SIGPIPE, SIG_IGN);
+  install_stop_signals(on_signal);
 
   // One attempt per pass; a failure restarts every worker from the latest
   // checkpoint while restarts remain (--max-restarts).

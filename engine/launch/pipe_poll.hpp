@@ -1,7 +1,7 @@
 // A supervising launcher's handling of its children, shared by the local
-// launcher (workers) and the ssh launcher (nodes): starting one tied to its
-// parent's life, the wait on their pipes, and moving whole lines from a pipe
-// to where they go.
+// launcher (workers) and the ssh launcher (nodes): its own stop signals,
+// starting a child tied to its parent's life, the wait on their pipes, and
+// moving whole lines from a pipe to where they go.
 #pragma once
 
 #include <poll.h>
@@ -21,6 +21,22 @@
 #include "util/error.hpp"
 
 namespace tessera {
+
+// Routes SIGINT and SIGTERM to `on_stop`, which only records the signal:
+// the supervising loop sees it and stops its children in order (they save a
+// checkpoint first) before the launcher exits. Without SA_RESTART, a
+// blocking call the signal interrupts returns EINTR, so the loop sees it at
+// once. SIGPIPE is ignored: a write to a closed pipe (a child's stdin, or
+// our own output whose reader quit) fails with EPIPE instead of killing the
+// launcher, and with it (fork_tied_child) every child, unsaved.
+inline void install_stop_signals(void (*on_stop)(int)) {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+}
 
 // fork(), with the child killed (SIGKILL) when its parent dies, so that no
 // child outlives its launcher; a child whose parent died before that took

@@ -228,12 +228,7 @@ int launch_over_ssh(const SshLaunchOptions &opt, const std::vector<std::string> 
     return 0;
   }
 
-  struct sigaction sa {};
-  sa.sa_handler = on_ssh_signal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-  signal(SIGPIPE, SIG_IGN);
+  install_stop_signals(on_ssh_signal);
 
   std::fprintf(stderr, "tessera run: %zu nodes x %d ranks, rendezvous store at %s\n", nodes.size(),
                slots, opt.master.c_str());
