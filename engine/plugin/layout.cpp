@@ -91,14 +91,19 @@ Layout make_layout(const tsr_model_vtable *vt, void *model, uint32_t world,
   // Before anything is sized by the layout: the parameters as fp32, once,
   // are the least any run holds in host memory (the initial values); a
   // model past what the host has is refused here, not after minutes of
-  // swapping. (Each later buffer is checked as it is made: host.cpp.)
-  if (const uint64_t avail = available_host_memory(); avail > 0 && L.total * 4 > avail)
+  // swapping. (Each later buffer is checked as it is made: host.cpp.) The
+  // figure is the whole machine's (or container's): make_layout is not told
+  // how many ranks share it, so this is the loose bound, and the offload
+  // backends' checks divide by the local ranks.
+  if (const sdk::HostMemory avail = sdk::host_memory_available();
+      avail.bytes > 0 && L.total * 4 > avail.bytes)
     throw Error(TSR_ERR_NO_MEMORY,
                 "model '" + model_name + "': its " + std::to_string(L.numel) + " parameters need " +
-                    std::to_string((L.total * 4) >> 20) +
-                    " MiB as fp32 at the least, more than the " + std::to_string(avail >> 20) +
-                    " MiB this host has available; use a smaller model (or a host with more "
-                    "memory)");
+                    sdk::format_bytes(static_cast<double>(L.total * 4)) + " (" +
+                    std::to_string(L.total * 4) + " bytes) as fp32 at the least, more than the " +
+                    sdk::format_bytes(static_cast<double>(avail.bytes)) + " (" +
+                    std::to_string(avail.bytes) + " bytes) of memory this host has available (" +
+                    avail.source + "); use a smaller model (or a host with more memory)");
   size_t canon = 0;
   L.group_real.assign(L.group_offset.size(), 0);
   for (const auto &p : L.params) L.group_real[p.group] += p.numel;

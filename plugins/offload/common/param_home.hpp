@@ -54,23 +54,26 @@ inline void to_compute(const float *src, size_t n, DLDataType t, void *dst) {
     out[i] = bf16 ? sdk::optim::float_to_bf16(src[i]) : sdk::optim::float_to_f16(src[i]);
 }
 
-// The host memory `bytes` more need, against what this machine has free
-// (MemAvailable) shared by the ranks on it: refused before anything is
-// allocated, naming both, rather than an OOM kill mid-run.
+// The host memory `bytes` more need, against what this machine has
+// available (sdk::host_memory_available: MemAvailable, the cgroup's limit
+// left, or TESSERA_HOST_MEMORY_AVAILABLE) shared by the ranks on it:
+// refused before anything is allocated, naming both and where the figure
+// came from, rather than an OOM kill mid-run.
 inline void check_host_memory(const tsr_host *host, const char *who, double bytes,
                               const std::string &what) {
-  const uint64_t avail = sdk::available_host_memory();
-  if (avail == 0) return;  // /proc/meminfo unreadable: nothing to check against
+  const sdk::HostMemory avail = sdk::host_memory_available();
+  if (avail.bytes == 0) return;  // nothing readable: nothing to check against
   const uint32_t local = host->run ? std::max<uint32_t>(1, host->run->local_world_size) : 1;
-  const double share = static_cast<double>(avail) / local;
+  const double share = static_cast<double>(avail.bytes) / local;
   if (bytes <= share) return;
   throw sdk::Error(
       TSR_ERR_NO_MEMORY,
-      fmt("%s (rank %u): %s need %.2f GiB of host memory, but this machine has %.2f GiB available "
-          "(MemAvailable%s); use more ranks or machines with a higher ZeRO stage, offload to NVMe "
-          "([offload] plugin = \"nvme\"), or a smaller model",
-          who, host->run ? host->run->rank : 0, what.c_str(), bytes / 1073741824.0,
-          share / 1073741824.0, local > 1 ? fmt(" shared by %u ranks", local).c_str() : ""));
+      fmt("%s (rank %u): %s need %s (%.0f bytes) of host memory, but %s (%.0f bytes) is available "
+          "to this rank (%s%s); use more ranks or machines with a higher ZeRO stage, offload to "
+          "NVMe ([offload] plugin = \"nvme\"), or a smaller model",
+          who, host->run ? host->run->rank : 0, what.c_str(), sdk::format_bytes(bytes).c_str(),
+          bytes, sdk::format_bytes(share).c_str(), share, avail.source.c_str(),
+          local > 1 ? fmt(", shared by the %u ranks on this machine", local).c_str() : ""));
 }
 
 class ParamHome {
