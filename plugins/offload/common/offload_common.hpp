@@ -70,6 +70,14 @@ inline size_t dtype_bytes(DLDataType t) {
   return (static_cast<size_t>(t.bits) * t.lanes + 7) / 8;
 }
 
+// [offset, offset + count) must lie within the n elements this rank owns.
+inline void check_owned_range(const char *who, size_t offset, size_t count, size_t n) {
+  if (offset > n || count > n - offset)
+    throw sdk::Error(TSR_ERR_INVALID,
+                     fmt("%s: range [%zu, %zu + %zu) is past the %zu owned elements", who, offset,
+                         offset, count, n));
+}
+
 inline bool is_f32(DLDataType t) {
   return t.code == kDLFloat && t.bits == 32 && t.lanes == 1;
 }

@@ -80,11 +80,14 @@ struct Cpu {
     if (i >= slots.size()) throw Error(TSR_ERR_INVALID, fmt("%s: no state slot %u", kWho, i));
     return slots[i].as<float>();
   }
-  void check_range(size_t offset, size_t count) const {
-    if (offset > n || count > n - offset)
-      throw Error(TSR_ERR_INVALID, fmt("%s: range [%zu, %zu + %zu) is past the %zu owned elements",
-                                       kWho, offset, offset, count, n));
+  void check_range(size_t offset, size_t count) const { check_owned_range(kWho, offset, count, n); }
+  // The gradient sink (GradsExtension), through the pipeline: it waits for
+  // the updates still reading the gradients a put replaces.
+  uint64_t sink_put(size_t offset, size_t count, const void *src, bool add) {
+    return pipeline->sink_put(offset, count, src, add);
   }
+  void sink_release(uint64_t ticket) { pipeline->sink_release(ticket); }
+  double sink_norm_sq() { return pipeline->sink_norm_sq(); }
 };
 
 tsr_status create(const tsr_host *host, const tsr_config *cfg, void **out) {
@@ -355,33 +358,10 @@ void params_bytes(void *self, uint64_t *host_bytes, uint64_t *disk_bytes) {
   if (disk_bytes) *disk_bytes = 0;
 }
 
-// ---- the gradient sink (TSR_EXT_OFFLOAD_GRADS) ----
-
-tsr_status grads_put(void *self, size_t offset, size_t count, const void *src, int32_t add,
-                     uint64_t *ticket) {
-  auto *s = static_cast<Cpu *>(self);
-  return sdk::guard(s->host, [&] {
-    s->check_range(offset, count);
-    *ticket = s->pipeline->sink_put(offset, count, src, add != 0);
-  });
-}
-
-tsr_status grads_release(void *self, uint64_t ticket) {
-  auto *s = static_cast<Cpu *>(self);
-  return sdk::guard(s->host, [&] { s->pipeline->sink_release(ticket); });
-}
-
-tsr_status grads_norm_sq(void *self, double *out) {
-  auto *s = static_cast<Cpu *>(self);
-  return sdk::guard(s->host, [&] { *out = s->pipeline->sink_norm_sq(); });
-}
-
 const tsr_ext_offload_params kParamsExt = {tsr_ext_offload_params_STRUCT_SIZE, params_home,
                                            fetch_params, params_ready, params_bytes};
-const tsr_ext_offload_grads kGradsExt = {tsr_ext_offload_grads_STRUCT_SIZE, grads_put,
-                                         grads_release, grads_norm_sq};
 const sdk::Extension kExtensions[] = {{TSR_EXT_OFFLOAD_PARAMS, &kParamsExt},
-                                      {TSR_EXT_OFFLOAD_GRADS, &kGradsExt}};
+                                      {TSR_EXT_OFFLOAD_GRADS, &GradsExtension<Cpu>::table}};
 const void *get_extension(const char *id) {
   return sdk::find_extension(kExtensions, id);
 }

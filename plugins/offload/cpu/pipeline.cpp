@@ -11,46 +11,22 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
-// The gradient dtypes add_into can add: float32, bfloat16, float16.
-void check_addable(DLDataType t, const char *who) {
-  if (t.code == kDLFloat && t.bits == 32) return;
-  if (t.bits != 16 || (t.code != kDLBfloat && t.code != kDLFloat))
-    throw sdk::Error(TSR_ERR_UNSUPPORTED, fmt("%s: gradients of %u bits: no host add", who,
-                                              static_cast<unsigned>(t.bits)));
-}
-
-// dst[i] += src[i] in the compute dtype, as the devices' axpy with alpha 1
-// does it: in fp32, rounded to nearest even on the way back.
-void add_into(void *dst, const void *src, size_t count, DLDataType t, const char *who) {
-  check_addable(t, who);
-  if (t.code == kDLFloat && t.bits == 32) {
-    float *d = static_cast<float *>(dst);
-    const float *x = static_cast<const float *>(src);
-    for (size_t i = 0; i < count; ++i) d[i] += x[i];
-    return;
-  }
-  const bool bf = t.code == kDLBfloat;
-  uint16_t *d = static_cast<uint16_t *>(dst);
-  const uint16_t *x = static_cast<const uint16_t *>(src);
-  for (size_t i = 0; i < count; ++i) {
-    const float a = bf ? sdk::optim::bf16_to_float(d[i]) : sdk::optim::f16_to_float(d[i]);
-    const float b = bf ? sdk::optim::bf16_to_float(x[i]) : sdk::optim::f16_to_float(x[i]);
-    d[i] = bf ? sdk::optim::float_to_bf16(a + b) : sdk::optim::float_to_f16(a + b);
-  }
-}
-
-float element(const char *base, size_t i, DLDataType t) {
-  if (t.bits == 32) return reinterpret_cast<const float *>(base)[i];
-  const uint16_t h = reinterpret_cast<const uint16_t *>(base)[i];
-  return t.code == kDLBfloat ? sdk::optim::bf16_to_float(h) : sdk::optim::f16_to_float(h);
-}
-
 }  // namespace
 
 HostPipeline::HostPipeline(const PipelineSetup &s) : s_(s) {
+  GradSinkSetup g;
+  g.host = s_.host;
+  g.who = s_.who;
+  g.n = s_.n;
+  g.dtype = s_.compute_dtype;
+  g.data = s_.cuda ? s_.grads_pinned : s_.grads_host;
+  g.cuda = s_.cuda;
+  g.pool = s_.pool;
 #if TSR_PLUGIN_CUDA
   if (s_.cuda) copies_.init(s_.who);
+  g.copies = &copies_;
 #endif
+  sink_.init(g);
   thread_ = std::thread([this] { serve(); });
 }
 
@@ -68,8 +44,6 @@ HostPipeline::~HostPipeline() {
     (void)cudaStreamSynchronize(copies_.h2d);
     for (auto &ev : events_)
       for (cudaEvent_t e : ev) cudaEventDestroy(e);
-    for (cudaEvent_t e : sink_events_)
-      if (e) cudaEventDestroy(e);
   }
 #endif
 }
@@ -273,97 +247,20 @@ void HostPipeline::flush() {
 
 uint64_t HostPipeline::sink_put(size_t offset, size_t count, const void *src, bool add) {
   wait_range(offset, count);  // the last update of these has read their old gradients
-  const size_t cb = dtype_bytes(s_.compute_dtype);
-  const uint64_t ticket = ++tickets_;
-#if TSR_PLUGIN_CUDA
-  if (s_.cuda) {
-    copies_.after_compute(s_.host->compute_stream);
-    cudaEvent_t &ev = sink_events_[ticket % sink_events_.size()];
-    if (!ev) cuda_check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), s_.who, "event");
-    if (add && sink_stage_.bytes() < count * cb)
-      sink_stage_ = sdk::Buffer(s_.host, DLDevice{kDLCUDAHost, 0}, count * cb, TSR_MEM_OTHER);
-    char *dst = add ? sink_stage_.as<char>() : s_.grads_pinned + offset * cb;
-    cuda_check(cudaMemcpyAsync(dst, src, count * cb, cudaMemcpyDeviceToHost, copies_.d2h), s_.who,
-               "copy gradients to the host");
-    cuda_check(cudaEventRecord(ev, copies_.d2h), s_.who, "record");
-    if (add) {  // a later micro-batch: added here once it has landed
-      cuda_check(cudaEventSynchronize(ev), s_.who, "copy gradients to the host");
-      add_on_pool(s_.grads_pinned + offset * cb, dst, count);
-    }
-    return ticket;
-  }
-#endif
-  if (!s_.grads_host)
-    throw sdk::Error(TSR_ERR_INVALID,
-                     fmt("%s: gradients handed over, but no host gradient buffer (the backend "
-                         "holds gradients only with offloaded parameters)",
-                         s_.who));
-  char *dst = s_.grads_host + offset * cb;
-  if (add)
-    add_on_pool(dst, src, count);
-  else
-    std::memcpy(dst, src, count * cb);
-  return ticket;
-}
-
-// dst += src over the pool, in fixed chunks (the sum of each element does
-// not depend on them). The pool must be free of updates: a later
-// micro-batch's backward follows a whole forward, which waited for every
-// range's update, so the wait below returns at once; it is the guarantee.
-// The dtype is checked here, not on the pool's threads.
-void HostPipeline::add_on_pool(char *dst, const void *src, size_t count) {
-  wait_range(0, s_.n);
-  check_addable(s_.compute_dtype, s_.who);
-  constexpr size_t kChunk = size_t{1} << 18;
-  const size_t cb = dtype_bytes(s_.compute_dtype);
-  s_.pool->run((count + kChunk - 1) / kChunk, [&](size_t c) {
-    const size_t at = c * kChunk;
-    add_into(dst + at * cb, static_cast<const char *>(src) + at * cb, std::min(kChunk, count - at),
-             s_.compute_dtype, s_.who);
-  });
+  // The add runs on the pool, which must be free of updates: a later
+  // micro-batch's backward follows a whole forward, which waited for every
+  // range's update, so this returns at once; it is the guarantee.
+  if (add) wait_range(0, s_.n);
+  return sink_.put(offset, count, src, add);
 }
 
 void HostPipeline::sink_release(uint64_t ticket) {
-#if TSR_PLUGIN_CUDA
-  if (s_.cuda) {
-    cudaEvent_t ev = sink_events_[ticket % sink_events_.size()];
-    if (ev)
-      cuda_check(cudaStreamWaitEvent(static_cast<cudaStream_t>(s_.host->compute_stream), ev, 0),
-                 s_.who, "wait for the gradients' copy");
-  }
-#endif
-  (void)ticket;
+  sink_.release(ticket);
 }
 
 double HostPipeline::sink_norm_sq() {
   wait_range(0, s_.n);  // nothing else uses the pool meanwhile
-  if (!s_.cuda) {
-    // The same op over the same array as a zero plugin's device slice: the
-    // same bits, so clipping scales alike.
-    int64_t n = static_cast<int64_t>(s_.n);
-    DLTensor t = sdk::view(s_.grads_host, DLDevice{kDLCPU, 0}, s_.compute_dtype, 1, &n);
-    double sq = 0;
-    sdk::check(s_.host->ops->sum_squares(s_.host->ctx, &t, &sq));
-    return sq;
-  }
-#if TSR_PLUGIN_CUDA
-  cuda_check(cudaStreamSynchronize(copies_.d2h), s_.who, "copy gradients to the host");
-#endif
-  // Fixed chunks summed in order: the same value on every run.
-  constexpr size_t kChunk = size_t{1} << 20;
-  const size_t chunks = (s_.n + kChunk - 1) / kChunk;
-  std::vector<double> part(chunks, 0.0);
-  s_.pool->run(chunks, [&](size_t c) {
-    double acc = 0;
-    for (size_t i = c * kChunk, e = std::min(s_.n, i + kChunk); i < e; ++i) {
-      const double x = element(s_.grads_pinned, i, s_.compute_dtype);
-      acc += x * x;
-    }
-    part[c] = acc;
-  });
-  double sq = 0;
-  for (double x : part) sq += x;
-  return sq;
+  return sink_.norm_sq();
 }
 
 tsr_offload_stats HostPipeline::stats() {

@@ -29,6 +29,7 @@
 #include <string>
 #include <thread>
 
+#include "grad_sink.hpp"
 #include "offload_common.hpp"
 
 namespace tessera::offload {
@@ -109,7 +110,6 @@ class HostPipeline {
   void serve();
   void process(Job &j, size_t index, void *events);
   void wait_done(size_t index, std::unique_lock<std::mutex> &lk);
-  void add_on_pool(char *dst, const void *src, size_t count);
   void retire();
   void raise(const Job &j) const;
 
@@ -128,12 +128,10 @@ class HostPipeline {
   // Per job index: d2h begin/end, h2d begin/end (timed, for the breakdown).
   // A deque: a reference taken under the lock stays valid as it grows.
   std::deque<std::array<cudaEvent_t, 4>> events_;
-  // The sink's copies, by ticket modulo the ring: one copy stream, so a
-  // later copy's event being complete implies the earlier one's.
-  std::array<cudaEvent_t, 8> sink_events_{};
-  sdk::Buffer sink_stage_;  // pinned: a later micro-batch's gradients, before the add
 #endif
-  uint64_t tickets_ = 0;
+  // After the copy streams: its copies run on their d2h stream, and it
+  // waits for them before they go.
+  GradSink sink_;
 };
 
 }  // namespace tessera::offload

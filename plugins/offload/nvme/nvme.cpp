@@ -27,14 +27,26 @@
 // elements; B is then a multiple of 4096 bytes of them), so the update
 // writes them with the block and the zero plugin's fetch reads a group's
 // slice through the three buffers, io_uring keeping the next block's read
-// in flight while the last one crosses to the GPU.
+// in flight while the last one crosses to the GPU. An update of every
+// element of a block (a step's) rewrites its parameters whole, so it reads
+// only the masters and state: a step reads 4(1 + k) bytes an element for
+// the update plus the compute dtype's per fetch (of the whole blocks a
+// group touches), and writes 4(1 + k) plus the compute dtype's. With adam in
+// bf16 and a group fetched for the forward and again for the backward:
+// about 12 + 2 + 2 = 16 bytes read, 14 written.
+//
+// With either `params` the backend also holds the gradients (the gradient
+// sink, grad_sink.hpp): the zero plugin hands each bucket's reduced owned
+// slice over as it is reduce-scattered, into host memory (pinned in CUDA
+// runs), and the update reads them there; none stay on the device.
 //
 // Setup checks the file system's free space (statvfs) and preallocates the
 // whole file (fallocate), so a full disk or an unwritable path is an error
 // at start-up, not mid-run. The file is scratch: it is removed when the run
 // ends (checkpoints hold the state).
+#include "nvme.hpp"
+
 #include <fcntl.h>
-#include <liburing.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -44,250 +56,17 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
-#include <tessera/cpp/extension.hpp>
-
-#include "param_home.hpp"
 
 namespace {
 
 using namespace tessera::offload;
-using sdk::Error;
-
-constexpr const char *kWho = "offload nvme";
-constexpr size_t kDirectAlign = 4096;
-constexpr int kBuffers = 3;
+using namespace tessera::offload::nvme;
 
 #if TSR_PLUGIN_CUDA
 constexpr uint32_t kDevices = TSR_DEVICE_CPU | TSR_DEVICE_CUDA;
 #else
 constexpr uint32_t kDevices = TSR_DEVICE_CPU;
 #endif
-
-// Reads and writes of whole buffers, one operation in flight per buffer
-// (tag). io_uring when available; a short transfer is resubmitted for the
-// rest. Without a ring every operation completes in start().
-class Io {
- public:
-  Io() = default;
-  Io(const Io &) = delete;
-  Io &operator=(const Io &) = delete;
-  ~Io() {
-    if (ring_ok_) {
-      drain();
-      io_uring_queue_exit(&ring_);
-    }
-  }
-  // Returns 0, or the errno io_uring_queue_init failed with.
-  int init_ring() {
-    const int r = io_uring_queue_init(2 * kBuffers, &ring_, 0);
-    ring_ok_ = r == 0;
-    return r < 0 ? -r : 0;
-  }
-  bool ring() const { return ring_ok_; }
-
-  int fd = -1;
-  std::string name;  // for messages
-
-  void start(int tag, bool write, char *buf, size_t len, off_t off) {
-    Op &o = ops_[tag];
-    if (o.busy) throw Error(TSR_ERR_INTERNAL, fmt("%s: buffer %d is busy", kWho, tag));
-    o = Op{write, true, buf, len, 0, off, 0};
-    if (!ring_ok_) {
-      o.busy = false;
-      sync(write, buf, len, off);
-      return;
-    }
-    submit(tag);
-  }
-  // Waits for the operation of `tag`; throws if it failed.
-  void wait(int tag) {
-    Op &o = ops_[tag];
-    while (o.busy) reap();
-    if (o.err) {
-      const int e = o.err;
-      o.err = 0;
-      fail(o.write, o.len, o.off, e);
-    }
-  }
-  // Waits for everything in flight, ignoring failures (teardown).
-  void drain() {
-    for (int t = 0; t < kBuffers; ++t) {
-      while (ops_[t].busy) reap();
-      ops_[t].err = 0;
-    }
-  }
-  // A blocking transfer (checkpoints, start-up).
-  void sync(bool write, char *buf, size_t len, off_t off) {
-    size_t done = 0;
-    while (done < len) {
-      const ssize_t r = write ? pwrite(fd, buf + done, len - done, off + done)
-                              : pread(fd, buf + done, len - done, off + done);
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) fail(write, len, off, r < 0 ? errno : EIO);
-      done += static_cast<size_t>(r);
-    }
-  }
-
- private:
-  struct Op {
-    bool write = false, busy = false;
-    char *buf = nullptr;
-    size_t len = 0, done = 0;
-    off_t off = 0;
-    int err = 0;
-  };
-
-  [[noreturn]] void fail(bool write, size_t len, off_t off, int err) const {
-    throw Error(TSR_ERR_IO,
-                fmt("%s: %s of %zu bytes at offset %lld of %s failed: %s", kWho,
-                    write ? "write" : "read", len, static_cast<long long>(off), name.c_str(),
-                    err == EIO ? "I/O error or end of file" : std::strerror(err)));
-  }
-  void submit(int tag) {
-    Op &o = ops_[tag];
-    io_uring_sqe *sqe = io_uring_get_sqe(&ring_);
-    if (!sqe) {
-      io_uring_submit(&ring_);
-      sqe = io_uring_get_sqe(&ring_);
-      if (!sqe) throw Error(TSR_ERR_INTERNAL, fmt("%s: io_uring queue full", kWho));
-    }
-    const unsigned len = static_cast<unsigned>(std::min<size_t>(o.len - o.done, 1u << 30));
-    if (o.write)
-      io_uring_prep_write(sqe, fd, o.buf + o.done, len, static_cast<__u64>(o.off) + o.done);
-    else
-      io_uring_prep_read(sqe, fd, o.buf + o.done, len, static_cast<__u64>(o.off) + o.done);
-    sqe->user_data = static_cast<__u64>(tag);
-    const int r = io_uring_submit(&ring_);
-    if (r < 0) throw Error(TSR_ERR_IO, fmt("%s: io_uring_submit: %s", kWho, std::strerror(-r)));
-  }
-  // Takes one completion and moves its operation on.
-  void reap() {
-    io_uring_cqe *cqe = nullptr;
-    const int r = io_uring_wait_cqe(&ring_, &cqe);
-    if (r == -EINTR) return;
-    if (r < 0) throw Error(TSR_ERR_IO, fmt("%s: io_uring_wait_cqe: %s", kWho, std::strerror(-r)));
-    const int tag = static_cast<int>(cqe->user_data);
-    const int res = cqe->res;
-    io_uring_cqe_seen(&ring_, cqe);
-    Op &o = ops_[tag];
-    if (res == -EINTR || res == -EAGAIN) return submit(tag);
-    if (res <= 0) {
-      o.busy = false;
-      o.err = res < 0 ? -res : EIO;
-      return;
-    }
-    o.done += static_cast<size_t>(res);
-    if (o.done < o.len) return submit(tag);
-    o.busy = false;
-  }
-
-  io_uring ring_{};
-  bool ring_ok_ = false;
-  Op ops_[kBuffers];
-};
-
-// One range recorded by step(), updated in flush().
-struct Pending {
-  size_t offset = 0, count = 0;
-  const void *grads = nullptr;
-  void *params = nullptr;
-  std::vector<tsr_segment> segments;
-  double lr = 0, grad_scale = 1;
-  int64_t step = 0;
-};
-
-struct Nvme {
-  const tsr_host *host = nullptr;
-  std::string path;
-  int64_t threads_cfg = 0;
-  size_t sub_group = 0;
-  int32_t params_where = TSR_PARAMS_ON_DEVICE;  // `params`
-  ParamHome home;                               // params = "cpu"
-  sdk::Buffer home_buf;
-  uint64_t fetch_bytes_read = 0;
-
-  size_t n = 0;
-  const tsr_optimizer_vtable *opt = nullptr;
-  void *opt_self = nullptr;
-  uint32_t state_count = 0;
-  bool cuda = false;
-  DLDataType compute_dtype{};
-
-  size_t block = 0;        // B: elements per block
-  size_t blocks = 0;       // ceil(n / B)
-  size_t block_bytes = 0;  // (1 + k) * 4B
-  std::string file;
-  bool direct = true;
-  Io io;
-  sdk::Buffer raw[kBuffers];
-  char *buf[kBuffers] = {};  // 4096-aligned views of raw
-  std::unique_ptr<ThreadPool> pool;
-  std::vector<Pending> pending;
-
-  // What it did, for the closing log line.
-  uint64_t updates = 0, bytes_read = 0, bytes_written = 0;
-  double update_s = 0, io_wait_s = 0;
-
-#if TSR_PLUGIN_CUDA
-  CopyStreams copies;
-  sdk::Buffer grads_stage, params_stage[2];  // pinned, B elements of the compute dtype
-  cudaEvent_t grads_ev = nullptr, params_ev[2] = {};
-  int next_params = 0;
-  cudaEvent_t fetch_ev[kBuffers] = {};  // params = "nvme": a buffer's copy to the GPU
-  uint64_t fetches = 0;
-#endif
-
-  bool on_disk() const {
-    return params_where == TSR_PARAMS_ON_DISK;
-  }
-  size_t params_region() const {
-    return on_disk() ? block * dtype_bytes(compute_dtype) : 0;
-  }
-  // Byte offset of block b's compute parameters (params = "nvme").
-  off_t params_offset(size_t b) const {
-    return block_offset(b) + static_cast<off_t>((1 + state_count) * block * sizeof(float));
-  }
-  // Every copy out of the buffers (fetches) has landed: before they are reused.
-  void settle_fetches() {
-#if TSR_PLUGIN_CUDA
-    if (cuda && on_disk())
-      for (cudaEvent_t e : fetch_ev)
-        if (e) cuda_check(cudaEventSynchronize(e), kWho, "parameters' copy");
-#endif
-  }
-
-  ~Nvme() {
-    io.drain();
-    if (io.fd >= 0) {
-      close(io.fd);
-      unlink(file.c_str());
-    }
-#if TSR_PLUGIN_CUDA
-    if (grads_ev) cudaEventDestroy(grads_ev);
-    for (cudaEvent_t e : params_ev)
-      if (e) cudaEventDestroy(e);
-    for (cudaEvent_t e : fetch_ev)
-      if (e) {
-        (void)cudaEventSynchronize(e);
-        cudaEventDestroy(e);
-      }
-#endif
-  }
-
-  void check_range(size_t offset, size_t count) const {
-    if (offset > n || count > n - offset)
-      throw Error(TSR_ERR_INVALID, fmt("%s: range [%zu, %zu + %zu) is past the %zu owned elements",
-                                       kWho, offset, offset, count, n));
-  }
-  off_t block_offset(size_t b) const {
-    return static_cast<off_t>(b * block_bytes);
-  }
-  void wait(int tag) {
-    const auto t0 = std::chrono::steady_clock::now();
-    io.wait(tag);
-    io_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  }
-};
 
 tsr_status create(const tsr_host *host, const tsr_config *cfg, void **out) {
   return sdk::guard(host, [&] {
@@ -306,11 +85,17 @@ void destroy(void *self) {
   auto *s = static_cast<Nvme *>(self);
   if (!s) return;
   if (s->updates > 0) {
+    // Bytes per element of the blocks updated: what one step asks of the
+    // disk for each owned element, padding of a last partial block aside.
+    const double elems = double(s->updates) * double(s->block);
     const std::string msg =
-        fmt("%s: %llu block updates, %.1f MiB read, %.1f MiB written, %.3f s updating, %.3f s "
-            "waiting for the disk",
+        fmt("%s: %llu block updates, %.1f MiB read, %.1f MiB written (%.2f B and %.2f B an "
+            "element), %.1f MiB of parameters read by fetches, %.3f s updating, %.3f s waiting "
+            "for the disk",
             kWho, static_cast<unsigned long long>(s->updates), mib(double(s->bytes_read)),
-            mib(double(s->bytes_written)), s->update_s, s->io_wait_s);
+            mib(double(s->bytes_written)), double(s->bytes_read) / elems,
+            double(s->bytes_written) / elems, mib(double(s->fetch_bytes_read)), s->update_s,
+            s->io_wait_s);
     s->host->log(s->host->ctx, TSR_LOG_DEBUG, msg.c_str());
   }
   delete s;
@@ -383,6 +168,43 @@ void open_file(Nvme *s) {
   }
 }
 
+// The start-up report: where state, parameters and gradients live, in bytes.
+void log_setup(Nvme *s, unsigned threads, double staging) {
+  const uint32_t rank = s->host->run ? s->host->run->rank : 0u;
+  std::string names;
+  for (uint32_t i = 0; i < s->state_count; ++i) {
+    const char *nm = s->opt->state_name(s->opt_self, i);
+    names += (i ? ", " : "") + std::string(nm ? nm : "?");
+  }
+  const std::string msg =
+      fmt("%s (rank %u): fp32 master weights and %u optimizer state array%s%s%s%s of %zu owned "
+          "elements on disk: disk %.2f MiB in %s (%s, %s), host %.2f MiB of %s staging "
+          "buffers, GPU 0 MiB; step on the CPU on %u thread(s), blocks of %zu elements",
+          kWho, rank, s->state_count, s->state_count == 1 ? "" : "s", names.empty() ? "" : " (",
+          names.c_str(), names.empty() ? "" : ")", s->n, mib(double(s->blocks * s->block_bytes)),
+          s->file.c_str(), s->direct ? "O_DIRECT" : "buffered",
+          s->io.ring() ? "io_uring" : "pread/pwrite", mib(staging), s->cuda ? "pinned" : "aligned",
+          threads, s->block);
+  s->host->log(s->host->ctx, TSR_LOG_INFO, msg.c_str());
+  if (s->params_where == TSR_PARAMS_ON_DEVICE) return;
+  const double cb = double(dtype_bytes(s->compute_dtype));
+  s->host->log(s->host->ctx, TSR_LOG_INFO,
+               fmt("%s (rank %u): compute parameters of the %zu owned elements %s (%.2f MiB), "
+                   "not on the device: each group's slice is fetched just before use",
+                   kWho, rank, s->n,
+                   s->on_disk() ? "in the state file, beside each block's state" : "in host memory",
+                   mib(double(s->n) * cb))
+                   .c_str());
+  // Where the gradients go: the zero plugin hands them to the sink (the
+  // host wires it with parameter offload), so none stay on the device.
+  s->host->log(s->host->ctx, TSR_LOG_INFO,
+               fmt("%s (rank %u): gradients of the %zu owned elements in %s host memory "
+                   "(%.2f MiB), not on the device: each bucket's reduced slice is copied there "
+                   "as it is reduce-scattered, and the update reads it there",
+                   kWho, rank, s->n, s->cuda ? "pinned" : "pageable", mib(double(s->sink.bytes())))
+                   .c_str());
+}
+
 tsr_status setup(void *self, const tsr_offload_setup *st) {
   auto *s = static_cast<Nvme *>(self);
   return sdk::guard(s->host, [&] {
@@ -401,12 +223,14 @@ tsr_status setup(void *self, const tsr_offload_setup *st) {
     s->blocks = (s->n + s->block - 1) / s->block;
     s->block_bytes = (1 + s->state_count) * s->block * sizeof(float) + s->params_region();
     const bool home_host = s->params_where == TSR_PARAMS_ON_HOST;
-    check_host_memory(s->host, kWho,
-                      kBuffers * double(s->block_bytes + kDirectAlign) +
-                          (home_host ? double(s->n) * cb : 0.0) +
-                          (s->cuda ? 3.0 * s->block * cb : 0.0),
-                      fmt("the staging buffers%s of %zu owned elements",
-                          home_host ? " and the offloaded parameters" : "", s->n));
+    // Offloaded parameters bring the gradients along (the sink's buffer).
+    const bool held = s->params_where != TSR_PARAMS_ON_DEVICE;
+    check_host_memory(
+        s->host, kWho,
+        kBuffers * double(s->block_bytes + kDirectAlign) + (home_host ? double(s->n) * cb : 0.0) +
+            (held ? double(s->n) * cb : 0.0) + (s->cuda ? 3.0 * s->block * cb : 0.0),
+        fmt("the staging buffers%s%s of %zu owned elements",
+            home_host ? ", the offloaded parameters" : "", held ? ", the gradients" : "", s->n));
     const DLDevice mem{s->cuda ? kDLCUDAHost : kDLCPU, 0};
     for (int i = 0; i < kBuffers; ++i) {
       s->raw[i] = sdk::Buffer(s->host, mem, s->block_bytes + kDirectAlign, TSR_MEM_OPTIMIZER);
@@ -442,30 +266,22 @@ tsr_status setup(void *self, const tsr_offload_setup *st) {
       staging += 3.0 * s->block * cb;
     }
 #endif
-    std::string names;
-    for (uint32_t i = 0; i < s->state_count; ++i) {
-      const char *nm = s->opt->state_name(s->opt_self, i);
-      names += (i ? ", " : "") + std::string(nm ? nm : "?");
+    if (held) {
+      s->grads_buf = sdk::Buffer(s->host, mem, std::max<size_t>(s->n, 1) * cb, TSR_MEM_GRADS);
+      GradSinkSetup g;
+      g.host = s->host;
+      g.who = kWho;
+      g.n = s->n;
+      g.dtype = s->compute_dtype;
+      g.data = s->grads_buf.as<char>();
+      g.cuda = s->cuda;
+      g.pool = s->pool.get();
+#if TSR_PLUGIN_CUDA
+      g.copies = &s->copies;
+#endif
+      s->sink.init(g);
     }
-    const std::string msg = fmt(
-        "%s (rank %u): fp32 master weights and %u optimizer state array%s%s%s%s of %zu owned "
-        "elements on disk: disk %.2f MiB in %s (%s, %s), host %.2f MiB of %s staging "
-        "buffers, GPU 0 MiB; step on the CPU on %u thread(s), blocks of %zu elements",
-        kWho, s->host->run ? s->host->run->rank : 0u, s->state_count,
-        s->state_count == 1 ? "" : "s", names.empty() ? "" : " (", names.c_str(),
-        names.empty() ? "" : ")", s->n, mib(double(s->blocks * s->block_bytes)), s->file.c_str(),
-        s->direct ? "O_DIRECT" : "buffered", s->io.ring() ? "io_uring" : "pread/pwrite",
-        mib(staging), s->cuda ? "pinned" : "aligned", threads, s->block);
-    s->host->log(s->host->ctx, TSR_LOG_INFO, msg.c_str());
-    if (s->params_where != TSR_PARAMS_ON_DEVICE)
-      s->host->log(
-          s->host->ctx, TSR_LOG_INFO,
-          fmt("%s (rank %u): compute parameters of the %zu owned elements %s (%.2f MiB), "
-              "not on the device: each group's slice is fetched just before use",
-              kWho, s->host->run ? s->host->run->rank : 0u, s->n,
-              s->on_disk() ? "in the state file, beside each block's state" : "in host memory",
-              mib(double(s->n) * cb))
-              .c_str());
+    log_setup(s, threads, staging);
   });
 }
 
@@ -511,7 +327,14 @@ void update(Nvme *s, const Pending &p, char *bb, size_t first, size_t lo, size_t
   u.step = p.step;
   u.grads_dtype = s->compute_dtype;
   u.out_dtype = s->compute_dtype;
-  u.grads = static_cast<const char *>(p.grads) + rel * cb;
+  // No gradients handed over: the sink holds them in host memory already.
+  const bool sunk = p.grads == nullptr;
+  if (sunk && !s->sink.active())
+    throw Error(TSR_ERR_INVALID,
+                fmt("%s: update of owned elements [%zu, %zu) without gradients, and no gradient "
+                    "sink holds them (the backend holds gradients only with offloaded parameters)",
+                    kWho, lo, hi));
+  u.grads = sunk ? s->sink.at(lo) : static_cast<const char *>(p.grads) + rel * cb;
   // Offloaded parameters: written where they live (the block's region, or
   // the host home), with nothing to send back to the device.
   const bool held = s->params_where != TSR_PARAMS_ON_DEVICE;
@@ -522,7 +345,9 @@ void update(Nvme *s, const Pending &p, char *bb, size_t first, size_t lo, size_t
   else
     u.params_out = static_cast<char *>(p.params) + rel * cb;
 #if TSR_PLUGIN_CUDA
-  if (s->cuda && held) {
+  if (s->cuda && sunk) {
+    // Pinned already: the update reads them in place.
+  } else if (s->cuda && held) {
     s->copies.to_host(s->grads_stage.get(), u.grads, u.count * cb, s->grads_ev);
     s->copies.wait(s->grads_ev);
     u.grads = s->grads_stage.get();
@@ -554,26 +379,44 @@ void run_pending(Nvme *s) {
   if (s->pending.empty()) return;
   s->settle_fetches();
   s->home.finish();  // no fetch still reads the parameters the update rewrites
-  std::vector<size_t> blocks;
+  s->sink.settle();  // the gradients the update reads have landed
+  // The blocks the ranges touch, in order, and how many of each block's
+  // owned elements they update (the ranges do not overlap).
+  std::vector<size_t> blocks, covered;
   for (const Pending &p : s->pending)
-    for (size_t b = p.offset / s->block; b <= (p.offset + p.count - 1) / s->block; ++b)
-      if (blocks.empty() || blocks.back() < b) blocks.push_back(b);
+    for (size_t b = p.offset / s->block; b <= (p.offset + p.count - 1) / s->block; ++b) {
+      if (blocks.empty() || blocks.back() < b) {
+        blocks.push_back(b);
+        covered.push_back(0);
+      }
+      covered.back() +=
+          std::min(p.offset + p.count, (b + 1) * s->block) - std::max(p.offset, b * s->block);
+    }
   const size_t nb = blocks.size();
+  // A block whose every owned element is updated gets its whole parameter
+  // region (params = "nvme") rewritten by the update, so only the masters
+  // and state before it are read: 4(1 + k) bytes an element instead of
+  // 4(1 + k) plus the compute dtype's. Both lengths are 4096-byte multiples
+  // from the block's start (O_DIRECT).
+  auto read_len = [&](size_t i) {
+    const size_t lo_b = blocks[i] * s->block, live = std::min(s->n, lo_b + s->block) - lo_b;
+    return s->on_disk() && covered[i] == live ? s->state_bytes() : s->block_bytes;
+  };
   try {
 #if TSR_PLUGIN_CUDA
     if (s->cuda) s->copies.after_compute(s->host->compute_stream);
 #endif
-    s->io.start(0, false, s->buf[0], s->block_bytes, s->block_offset(blocks[0]));
+    s->io.start(0, false, s->buf[0], read_len(0), s->block_offset(blocks[0]));
     size_t first_range = 0;
     for (size_t i = 0; i < nb; ++i) {
       const int cur = static_cast<int>(i % kBuffers);
       if (i + 1 < nb) {
         const int nx = static_cast<int>((i + 1) % kBuffers);
         s->wait(nx);  // block i - 2 written back
-        s->io.start(nx, false, s->buf[nx], s->block_bytes, s->block_offset(blocks[i + 1]));
+        s->io.start(nx, false, s->buf[nx], read_len(i + 1), s->block_offset(blocks[i + 1]));
       }
       s->wait(cur);
-      s->bytes_read += s->block_bytes;
+      s->bytes_read += read_len(i);
       const size_t lo_b = blocks[i] * s->block, hi_b = std::min(s->n, lo_b + s->block);
       while (first_range < s->pending.size() &&
              s->pending[first_range].offset + s->pending[first_range].count <= lo_b)
@@ -658,100 +501,6 @@ tsr_status write_state(void *self, uint32_t slot, size_t offset, size_t count, c
   return sdk::guard(s->host, [&] { copy_state(s, slot, offset, count, nullptr, src); });
 }
 
-// ---- parameter offload (TSR_EXT_OFFLOAD_PARAMS) ----
-
-// params = "nvme": owned [offset, offset + count) from the blocks' parameter
-// regions into dst, the next block's read in flight while the last one is
-// copied out (to the GPU on the copy stream, after the compute stream's
-// queued work, since dst may be a buffer the last group was computing from).
-uint64_t fetch_from_disk(Nvme *s, size_t offset, size_t count, void *dst) {
-  const size_t cb = dtype_bytes(s->compute_dtype), region = s->params_region();
-  const size_t b0 = offset / s->block, b1 = (offset + count - 1) / s->block;
-#if TSR_PLUGIN_CUDA
-  if (s->cuda) s->copies.after_compute(s->host->compute_stream);
-#endif
-  auto start = [&](size_t b) {
-    const int tag = static_cast<int>((b - b0) % kBuffers);
-#if TSR_PLUGIN_CUDA
-    if (s->cuda) cuda_check(cudaEventSynchronize(s->fetch_ev[tag]), kWho, "parameters' copy");
-#endif
-    s->io.start(tag, false, s->buf[tag], region, s->params_offset(b));
-  };
-  start(b0);
-  int last = 0;
-  for (size_t b = b0; b <= b1; ++b) {
-    const int cur = static_cast<int>((b - b0) % kBuffers);
-    if (b + 1 <= b1) start(b + 1);
-    s->wait(cur);
-    s->fetch_bytes_read += region;
-    const size_t lo_b = b * s->block;
-    const size_t lo = std::max(offset, lo_b), hi = std::min(offset + count, lo_b + s->block);
-    char *out = static_cast<char *>(dst) + (lo - offset) * cb;
-    const char *in = s->buf[cur] + (lo - lo_b) * cb;
-#if TSR_PLUGIN_CUDA
-    if (s->cuda) {
-      cuda_check(cudaMemcpyAsync(out, in, (hi - lo) * cb, cudaMemcpyHostToDevice, s->copies.h2d),
-                 kWho, "copy parameters to the GPU");
-      cuda_check(cudaEventRecord(s->fetch_ev[cur], s->copies.h2d), kWho, "record");
-      last = cur;
-      continue;
-    }
-#endif
-    std::memcpy(out, in, (hi - lo) * cb);
-  }
-  return static_cast<uint64_t>(last);
-}
-
-int32_t params_home(void *self) {
-  return static_cast<Nvme *>(self)->params_where;
-}
-
-tsr_status fetch_params(void *self, size_t offset, size_t count, void *dst, uint64_t *ticket) {
-  auto *s = static_cast<Nvme *>(self);
-  return sdk::guard(s->host, [&] {
-    s->check_range(offset, count);
-    *ticket = 0;
-    if (count == 0) return;
-    // The host flushed this synchronous backend after the update: what is
-    // on disk or in the home is current.
-    if (s->on_disk())
-      *ticket = fetch_from_disk(s, offset, count, dst);
-    else if (s->home.active())
-      *ticket = s->home.fetch(offset, count, dst, s->host->compute_stream);
-    else
-      throw Error(TSR_ERR_INVALID, fmt("%s: fetch, but the parameters are not offloaded", kWho));
-  });
-}
-
-tsr_status params_ready(void *self, uint64_t ticket) {
-  auto *s = static_cast<Nvme *>(self);
-  return sdk::guard(s->host, [&] {
-    if (!s->on_disk()) return s->home.ready(ticket, s->host->compute_stream);
-#if TSR_PLUGIN_CUDA
-    // The last block's copy ends the fetch (one stream, in order).
-    if (s->cuda)
-      cuda_check(cudaStreamWaitEvent(static_cast<cudaStream_t>(s->host->compute_stream),
-                                     s->fetch_ev[ticket % kBuffers], 0),
-                 kWho, "wait for the parameters' copy");
-#else
-    (void)ticket;
-#endif
-  });
-}
-
-void params_bytes(void *self, uint64_t *host_bytes, uint64_t *disk_bytes) {
-  auto *s = static_cast<Nvme *>(self);
-  if (host_bytes) *host_bytes = s->home.active() ? s->home.bytes() : 0;
-  if (disk_bytes) *disk_bytes = s->on_disk() ? s->blocks * s->params_region() : 0;
-}
-
-const tsr_ext_offload_params kParamsExt = {tsr_ext_offload_params_STRUCT_SIZE, params_home,
-                                           fetch_params, params_ready, params_bytes};
-const sdk::Extension kExtensions[] = {{TSR_EXT_OFFLOAD_PARAMS, &kParamsExt}};
-const void *get_extension(const char *id) {
-  return sdk::find_extension(kExtensions, id);
-}
-
 const tsr_param_decl kParams[] = {
     sdk::param("path", TSR_PARAM_STRING, "\"\"",
                "directory for the state files (one per rank, rank<R>.state), on a fast local "
@@ -780,7 +529,7 @@ const tsr_plugin_descriptor kNvme = {
     tsr_plugin_descriptor_STRUCT_SIZE,
     TSR_KIND_OFFLOAD,
     "nvme",
-    "1.1.0",
+    "1.2.0",
     "optimizer state in files on a local disk (io_uring, O_DIRECT), step on the CPU",
     kParams,
     sizeof(kParams) / sizeof(kParams[0]),

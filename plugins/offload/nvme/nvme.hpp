@@ -1,0 +1,147 @@
+// The nvme backend's state, shared by nvme.cpp (the state file, the block
+// pipeline and the update) and extensions.cpp (parameter fetches and the
+// gradient sink). nvme.cpp's opening comment describes the backend.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "grad_sink.hpp"
+#include "io.hpp"
+#include "param_home.hpp"
+
+namespace tessera::offload::nvme {
+
+constexpr size_t kDirectAlign = 4096;
+
+// One range recorded by step(), updated in flush().
+struct Pending {
+  size_t offset = 0, count = 0;
+  const void *grads = nullptr;
+  void *params = nullptr;
+  std::vector<tsr_segment> segments;
+  double lr = 0, grad_scale = 1;
+  int64_t step = 0;
+};
+
+struct Nvme {
+  const tsr_host *host = nullptr;
+  std::string path;
+  int64_t threads_cfg = 0;
+  size_t sub_group = 0;
+  int32_t params_where = TSR_PARAMS_ON_DEVICE;  // `params`
+  ParamHome home;                               // params = "cpu"
+  sdk::Buffer home_buf;
+  uint64_t fetch_bytes_read = 0;
+
+  size_t n = 0;
+  const tsr_optimizer_vtable *opt = nullptr;
+  void *opt_self = nullptr;
+  uint32_t state_count = 0;
+  bool cuda = false;
+  DLDataType compute_dtype{};
+
+  size_t block = 0;        // B: elements per block
+  size_t blocks = 0;       // ceil(n / B)
+  size_t block_bytes = 0;  // (1 + k) * 4B, + the parameters' region (params = "nvme")
+  std::string file;
+  bool direct = true;
+  Io io;
+  sdk::Buffer raw[kBuffers];
+  char *buf[kBuffers] = {};  // 4096-aligned views of raw
+  std::unique_ptr<ThreadPool> pool;
+  std::vector<Pending> pending;
+
+  // What it did, for the closing log line: block updates, the bytes the
+  // update read and wrote, the bytes fetches of parameters read.
+  uint64_t updates = 0, bytes_read = 0, bytes_written = 0;
+  double update_s = 0, io_wait_s = 0;
+
+#if TSR_PLUGIN_CUDA
+  CopyStreams copies;
+  sdk::Buffer grads_stage, params_stage[2];  // pinned, B elements of the compute dtype
+  cudaEvent_t grads_ev = nullptr, params_ev[2] = {};
+  int next_params = 0;
+  cudaEvent_t fetch_ev[kBuffers] = {};  // params = "nvme": a buffer's copy to the GPU
+  uint64_t fetches = 0;
+#endif
+  // With offloaded parameters, every owned gradient in host memory (pinned
+  // in CUDA runs), where the zero plugin puts them and the update reads
+  // them. After the copy streams: it waits for its copies before they go.
+  sdk::Buffer grads_buf;
+  GradSink sink;
+
+  bool on_disk() const {
+    return params_where == TSR_PARAMS_ON_DISK;
+  }
+  size_t params_region() const {
+    return on_disk() ? block * dtype_bytes(compute_dtype) : 0;
+  }
+  // The master weights and state arrays of a block: its first bytes.
+  size_t state_bytes() const {
+    return (1 + state_count) * block * sizeof(float);
+  }
+  // Byte offset of block b's compute parameters (params = "nvme").
+  off_t params_offset(size_t b) const {
+    return block_offset(b) + static_cast<off_t>(state_bytes());
+  }
+  // Every copy out of the buffers (fetches) has landed: before they are reused.
+  void settle_fetches() {
+#if TSR_PLUGIN_CUDA
+    if (cuda && on_disk())
+      for (cudaEvent_t e : fetch_ev)
+        if (e) cuda_check(cudaEventSynchronize(e), kWho, "parameters' copy");
+#endif
+  }
+
+  ~Nvme() {
+    io.drain();
+    if (io.fd >= 0) {
+      close(io.fd);
+      unlink(file.c_str());
+    }
+#if TSR_PLUGIN_CUDA
+    if (grads_ev) cudaEventDestroy(grads_ev);
+    for (cudaEvent_t e : params_ev)
+      if (e) cudaEventDestroy(e);
+    for (cudaEvent_t e : fetch_ev)
+      if (e) {
+        (void)cudaEventSynchronize(e);
+        cudaEventDestroy(e);
+      }
+#endif
+  }
+
+  void check_range(size_t offset, size_t count) const {
+    check_owned_range(kWho, offset, count, n);
+  }
+  // The gradient sink (GradsExtension). Synchronous: no update runs between
+  // flushes, so a put never replaces gradients an update still reads, and
+  // the pool is free for an add or the norm.
+  uint64_t sink_put(size_t offset, size_t count, const void *src, bool add) {
+    return sink.put(offset, count, src, add);
+  }
+  void sink_release(uint64_t ticket) {
+    sink.release(ticket);
+  }
+  double sink_norm_sq() {
+    return sink.norm_sq();
+  }
+  off_t block_offset(size_t b) const {
+    return static_cast<off_t>(b * block_bytes);
+  }
+  void wait(int tag) {
+    const auto t0 = std::chrono::steady_clock::now();
+    io.wait(tag);
+    io_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+};
+
+// TSR_EXT_OFFLOAD_PARAMS and TSR_EXT_OFFLOAD_GRADS (extensions.cpp).
+const void *get_extension(const char *id);
+
+}  // namespace tessera::offload::nvme
