@@ -192,7 +192,11 @@ struct Tensor {
   void put_bytes(const void *src) {
     if (!bytes) return;
     if (device_type == kDLCUDA) {
+      // cudaMemcpy from pageable memory may return before the DMA lands,
+      // and the ops run on a non-blocking stream that does not wait for
+      // the legacy stream: finish the copy before any op can read it.
       REQUIRE(cudaMemcpy(data, src, bytes, cudaMemcpyHostToDevice) == cudaSuccess);
+      REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
     } else {
       std::memcpy(data, src, bytes);
     }

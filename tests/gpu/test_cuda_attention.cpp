@@ -118,6 +118,9 @@ struct Dev {
   void upload(const std::vector<uint8_t> &h) {
     REQUIRE(h.size() == bytes);
     TSR_CUDA_CHECK(cudaMemcpy(p, h.data(), bytes, cudaMemcpyHostToDevice));
+    // Pageable copies may return before the DMA lands; the ops' stream
+    // does not wait for the legacy stream.
+    TSR_CUDA_CHECK(cudaDeviceSynchronize());
   }
   std::vector<uint8_t> download() const {
     std::vector<uint8_t> h(bytes);
@@ -249,6 +252,7 @@ void run_case(Ty ty, Shape s, uint32_t seed) {
   TSR_CUDA_CHECK(cudaMemset(d_out.p, 0xff, d_out.bytes));
   TSR_CUDA_CHECK(cudaMemset(d_dqkv.p, 0xff, d_dqkv.bytes));
   TSR_CUDA_CHECK(cudaMemset(d_lse.p, 0xff, d_lse.bytes));
+  TSR_CUDA_CHECK(cudaDeviceSynchronize());  // the poison lands before the ops run
   Tensor q = fused_view(d_qkv.p, gpu, ty, s, 0), k = fused_view(d_qkv.p, gpu, ty, s, 1),
          v = fused_view(d_qkv.p, gpu, ty, s, 2);
   Tensor o = compact(d_out.p, gpu, ty_dl(ty), s), l = lse_tensor(d_lse.p, gpu, s);

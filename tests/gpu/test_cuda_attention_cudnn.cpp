@@ -124,6 +124,10 @@ bool run_gpu(const Shape &s, Dt dt, const Inputs &in, AttnImpl fi, AttnImpl bi, 
   dout.set(in.dout);
   // Poison the outputs so that an element nobody wrote shows up as NaN.
   for (Tensor *t : {&out, &lse, &dqkv}) REQUIRE(cudaMemset(t->data, 0xff, t->bytes) == cudaSuccess);
+  // cudaMemset is asynchronous and on the legacy stream, which the ops'
+  // non-blocking stream does not wait for: a late poison overwrote outputs
+  // (NaN under a busy GPU). Let it land first.
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   const DLDevice g = gpu_dev();
   View q = fused(qkv.data, g, dt, s, 0), k = fused(qkv.data, g, dt, s, 1),
        v = fused(qkv.data, g, dt, s, 2);

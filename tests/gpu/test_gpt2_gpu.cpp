@@ -57,6 +57,8 @@ struct DeviceTensor {
   DeviceTensor(size_t count, bool b) : n(count), bf16(b) {
     REQUIRE(cudaMalloc(&p, n * (bf16 ? 2 : 4)) == cudaSuccess);
     REQUIRE(cudaMemset(p, 0, n * (bf16 ? 2 : 4)) == cudaSuccess);
+    // Lands before any op: the ops' non-blocking stream does not wait for it.
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   }
   ~DeviceTensor() { cudaFree(p); }
   DeviceTensor(const DeviceTensor &) = delete;
@@ -70,8 +72,12 @@ struct DeviceTensor {
       std::vector<uint16_t> h(n);
       for (size_t i = 0; i < n; ++i) h[i] = tessera::sdk::optim::float_to_bf16(f[i]);
       REQUIRE(cudaMemcpy(p, h.data(), n * 2, cudaMemcpyHostToDevice) == cudaSuccess);
+      // Lands before any op: the ops' non-blocking stream does not wait for it.
+      REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
     } else {
       REQUIRE(cudaMemcpy(p, f.data(), n * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+      // Lands before any op: the ops' non-blocking stream does not wait for it.
+      REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
     }
   }
   std::vector<double> get() const {
@@ -182,7 +188,11 @@ StepResult run_reference(tsr_precision precision, double loss_tol, double grad_t
   REQUIRE(cudaMalloc(&dx, xs.size() * 4) == cudaSuccess);
   REQUIRE(cudaMalloc(&dy, ys.size() * 4) == cudaSuccess);
   REQUIRE(cudaMemcpy(dx, xs.data(), xs.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+  // Lands before any op: the ops' non-blocking stream does not wait for it.
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   REQUIRE(cudaMemcpy(dy, ys.data(), ys.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+  // Lands before any op: the ops' non-blocking stream does not wait for it.
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   int64_t bshape[2] = {kBatch, kT};
   tsr_batch b;
   std::memset(&b, 0, sizeof b);

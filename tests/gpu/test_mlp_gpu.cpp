@@ -48,6 +48,8 @@ struct DeviceTensor {
   DeviceTensor(size_t count, bool b) : n(count), bf16(b) {
     REQUIRE(cudaMalloc(&p, n * (bf16 ? 2 : 4)) == cudaSuccess);
     REQUIRE(cudaMemset(p, 0, n * (bf16 ? 2 : 4)) == cudaSuccess);
+    // Lands before any op: the ops' non-blocking stream does not wait for it.
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   }
   ~DeviceTensor() { cudaFree(p); }
   DeviceTensor(const DeviceTensor &) = delete;
@@ -59,9 +61,13 @@ struct DeviceTensor {
       for (size_t i = 0; i < n; ++i)
         h[i] = tessera::sdk::optim::float_to_bf16(static_cast<float>(v[i]));
       REQUIRE(cudaMemcpy(p, h.data(), n * 2, cudaMemcpyHostToDevice) == cudaSuccess);
+      // Lands before any op: the ops' non-blocking stream does not wait for it.
+      REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
     } else {
       std::vector<float> h(v.begin(), v.end());
       REQUIRE(cudaMemcpy(p, h.data(), n * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+      // Lands before any op: the ops' non-blocking stream does not wait for it.
+      REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
     }
   }
   std::vector<double> get() const {
@@ -153,7 +159,11 @@ void run_reference(tsr_precision precision, double tol) {
   REQUIRE(cudaMalloc(&dx, xs.size() * 4) == cudaSuccess);
   REQUIRE(cudaMalloc(&dy, ys.size() * 4) == cudaSuccess);
   REQUIRE(cudaMemcpy(dx, xs.data(), xs.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+  // Lands before any op: the ops' non-blocking stream does not wait for it.
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   REQUIRE(cudaMemcpy(dy, ys.data(), ys.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+  // Lands before any op: the ops' non-blocking stream does not wait for it.
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   int64_t xshape[2] = {8, 20}, yshape[1] = {8};
   tsr_batch b;
   std::memset(&b, 0, sizeof b);

@@ -53,6 +53,8 @@ class DeviceArray {
     CUDA_REQUIRE(
         cudaMalloc(reinterpret_cast<void **>(&p_), std::max<size_t>(count, 1) * sizeof(T)));
     CUDA_REQUIRE(cudaMemset(p_, 0, std::max<size_t>(count, 1) * sizeof(T)));
+    // Lands before any op: the ops' non-blocking stream does not wait for it.
+    CUDA_REQUIRE(cudaDeviceSynchronize());
   }
   ~DeviceArray() { cudaFree(p_); }
   DeviceArray(const DeviceArray &) = delete;
@@ -61,6 +63,8 @@ class DeviceArray {
   void upload(const std::vector<T> &v, size_t at = 0) {
     REQUIRE(at + v.size() <= count_);
     CUDA_REQUIRE(cudaMemcpy(p_ + at, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+    // Lands before any op: the ops' non-blocking stream does not wait for it.
+    CUDA_REQUIRE(cudaDeviceSynchronize());
   }
   std::vector<T> download(size_t at, size_t n) const {
     std::vector<T> v(n);
@@ -232,6 +236,8 @@ struct Twin {
     char *gbase = reinterpret_cast<char *>(dg.get()) + g_off * (wide ? 4 : 2);
     CUDA_REQUIRE(cudaMemcpy(gbase, wide ? static_cast<const void *>(g.data()) : h.data(),
                             n * (wide ? 4 : 2), cudaMemcpyHostToDevice));
+    // Lands before any op: the ops' non-blocking stream does not wait for it.
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
     Optimizer::Step d = c;
     d.device = DLDevice{kDLCUDA, 0};
     CUDA_REQUIRE(cudaGetDevice(&d.device.device_id));
