@@ -460,14 +460,15 @@ void *Host::alloc(DLDevice device, size_t bytes, tsr_mem_purpose purpose) {
     // counterpart of run.max_gpu_memory. Small buffers are not worth
     // reading /proc/meminfo for.
     if (bytes >= (size_t{64} << 20)) {
-      const uint64_t avail = available_host_memory();
+      const sdk::HostMemory host_mem = sdk::host_memory_available();
+      const uint64_t avail = host_mem.bytes;
       if (avail > 0 && bytes > avail) {
         const MemoryStats now = memory();
         throw Error(TSR_ERR_NO_MEMORY,
                     "rank " + std::to_string(facts_.rank) + ": " + mib_str(bytes) + " of " +
                         purpose_name(purpose) + " do not fit in the " + mib_str(avail) +
-                        " of memory this host has available (MemAvailable; this rank holds " +
-                        mib_str(now.current_total) +
+                        " of memory this host has available (" + host_mem.source +
+                        "; this rank holds " + mib_str(now.current_total) +
                         " already); use a smaller model, more ranks with a higher ZeRO stage, "
                         "or offload to NVMe");
       }

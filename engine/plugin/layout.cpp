@@ -17,7 +17,7 @@ constexpr uint64_t kMaxParamElements = uint64_t{1} << 40;
 }  // namespace
 
 Layout make_layout(const tsr_model_vtable *vt, void *model, uint32_t world,
-                   const std::string &model_name) {
+                   const std::string &model_name, uint32_t local_ranks) {
   Layout L;
   L.world = world;
   size_t n = vt->num_params(model);
@@ -89,21 +89,24 @@ Layout make_layout(const tsr_model_vtable *vt, void *model, uint32_t world,
   close_group();
   L.total = cursor;
   // Before anything is sized by the layout: the parameters as fp32, once,
-  // are the least any run holds in host memory (the initial values); a
+  // are the least any rank holds in host memory (the initial values); a
   // model past what the host has is refused here, not after minutes of
   // swapping. (Each later buffer is checked as it is made: host.cpp.) The
-  // figure is the whole machine's (or container's): make_layout is not told
-  // how many ranks share it, so this is the loose bound, and the offload
-  // backends' checks divide by the local ranks.
+  // ranks on this host share its figure, each holding its own copy.
+  const uint64_t share = std::max<uint32_t>(local_ranks, 1);
   if (const sdk::HostMemory avail = sdk::host_memory_available();
-      avail.bytes > 0 && L.total * 4 > avail.bytes)
+      avail.bytes > 0 && L.total * 4 > avail.bytes / share) {
+    const std::string shared =
+        share > 1 ? ", shared by the " + std::to_string(share) + " ranks on this host" : "";
     throw Error(TSR_ERR_NO_MEMORY,
                 "model '" + model_name + "': its " + std::to_string(L.numel) + " parameters need " +
                     sdk::format_bytes(static_cast<double>(L.total * 4)) + " (" +
                     std::to_string(L.total * 4) + " bytes) as fp32 at the least, more than the " +
-                    sdk::format_bytes(static_cast<double>(avail.bytes)) + " (" +
-                    std::to_string(avail.bytes) + " bytes) of memory this host has available (" +
-                    avail.source + "); use a smaller model (or a host with more memory)");
+                    sdk::format_bytes(static_cast<double>(avail.bytes / share)) + " (" +
+                    std::to_string(avail.bytes / share) +
+                    " bytes) of memory this host has available (" + avail.source + shared +
+                    "); use a smaller model (or a host with more memory)");
+  }
   size_t canon = 0;
   L.group_real.assign(L.group_offset.size(), 0);
   for (const auto &p : L.params) L.group_real[p.group] += p.numel;

@@ -49,9 +49,10 @@ struct Layout {
   bool group_index(uint32_t model_group_id, uint32_t *index) const;
 };
 
-// Reads the model's declared parameters and lays them out for `world` ranks.
+// Reads the model's declared parameters and lays them out for `world` ranks;
+// `local_ranks` of them share this host's memory (its check below).
 Layout make_layout(const tsr_model_vtable *vt, void *model, uint32_t world,
-                   const std::string &model_name);
+                   const std::string &model_name, uint32_t local_ranks = 1);
 
 // Fills the flat fp32 buffer with each parameter's initialiser, from a
 // generator seeded per parameter name so the result does not depend on the

@@ -102,7 +102,8 @@ Session::Session(const Job &j, Host::RunFacts facts, bool train, ParamInitialize
     plugin_ok(host, model.vt->create(host.table(), cfg, &init, &model.self),
               "[model] plugin '" + model.name + "'");
   }
-  layout = make_layout(model.vt, model.self, host.facts().world_size, model.name);
+  layout = make_layout(model.vt, model.self, host.facts().world_size, model.name,
+                       host.facts().local_world_size);
   shapes_.resize(layout.params.size());
   for (size_t i = 0; i < layout.params.size(); ++i) shapes_[i] = layout.params[i].shape;
 

@@ -1,5 +1,6 @@
-// The host's available memory (MemAvailable), shared with plugins through
-// the SDK's header-only copy.
+// The host's available memory (the smaller of MemAvailable and what a cgroup
+// limit leaves, or TESSERA_HOST_MEMORY_AVAILABLE), shared with plugins
+// through the SDK's header-only copy.
 #pragma once
 
 #include <tessera/cpp/meminfo.hpp>

@@ -52,16 +52,18 @@ void nothing_started(const RunResult &r) {
 
 TEST_CASE("offload params: too little host memory is refused before allocating, naming the bytes",
           "[offload]") {
-  RunResult r = run_with("small", "1MiB");
+  // 2 MiB between 2 ranks: each rank's 1 MiB holds the engine's fp32 copy
+  // (552 KiB) but not the backend's 1.35 MiB.
+  RunResult r = run_with("small", "2MiB");
   INFO(describe(r));
   CHECK(r.status != 0);
   // The backend's check: what it needs, what each rank has, and whence.
   CHECK_THAT(r.all(), Catch::Contains("offload cpu (rank ") &&
                           Catch::Contains("the master weights and optimizer state, the offloaded "
                                           "parameters of ") &&
-                          Catch::Contains(" bytes) of host memory, but 512.00 KiB (524288 bytes) "
+                          Catch::Contains(" bytes) of host memory, but 1.00 MiB (1048576 bytes) "
                                           "is available to this rank") &&
-                          Catch::Contains("(TESSERA_HOST_MEMORY_AVAILABLE=1MiB, shared by the 2 "
+                          Catch::Contains("(TESSERA_HOST_MEMORY_AVAILABLE=2MiB, shared by the 2 "
                                           "ranks on this machine)") &&
                           Catch::Contains("offload to NVMe"));
   // The bytes needed, within a rank's share of 141,380 elements (padding
@@ -81,9 +83,10 @@ TEST_CASE("offload params: less host memory than the fp32 parameters is refused 
   INFO(describe(r));
   CHECK(r.status != 0);
   CHECK_THAT(r.all(), Catch::Contains("model 'mlp': its 141316 parameters need ") &&
-                          Catch::Contains("as fp32 at the least, more than the 64.00 KiB (65536 "
+                          Catch::Contains("as fp32 at the least, more than the 32.00 KiB (32768 "
                                           "bytes) of memory this host has available "
-                                          "(TESSERA_HOST_MEMORY_AVAILABLE=64KiB)"));
+                                          "(TESSERA_HOST_MEMORY_AVAILABLE=64KiB, shared by the 2 "
+                                          "ranks on this host)"));
   nothing_started(r);
 }
 
