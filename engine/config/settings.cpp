@@ -3,6 +3,7 @@
 
 #include <cctype>
 #include <cstdlib>
+#include <tessera/cpp/meminfo.hpp>
 #include <tessera/cpp/plugin.hpp>
 
 #include "config/validate.hpp"
@@ -132,25 +133,9 @@ std::string section_of_key(const std::string &key) {
 
 uint64_t parse_bytes(const std::string &text, const std::string &where) {
   if (text.empty()) return 0;
-  size_t i = 0;
-  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.'))
-    ++i;
-  std::string num = text.substr(0, i), unit = text.substr(i);
-  while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
-  char *end = nullptr;
-  double v = num.empty() ? -1 : std::strtod(num.c_str(), &end);
-  static const std::pair<const char *, double> units[] = {{"", 1},
-                                                          {"B", 1},
-                                                          {"KB", 1e3},
-                                                          {"MB", 1e6},
-                                                          {"GB", 1e9},
-                                                          {"TB", 1e12},
-                                                          {"KiB", 1024.0},
-                                                          {"MiB", 1048576.0},
-                                                          {"GiB", 1073741824.0},
-                                                          {"TiB", 1099511627776.0}};
-  for (const auto &[name, mult] : units)
-    if (v > 0 && end && *end == 0 && unit == name) return static_cast<uint64_t>(v * mult);
+  // The grammar plugins read too (TESSERA_HOST_MEMORY_AVAILABLE): one parser.
+  uint64_t bytes = 0;
+  if (sdk::parse_size(text, &bytes)) return bytes;
   throw ConfigError(where + " = \"" + text +
                     "\": expected a positive size such as \"24GiB\", \"500MB\" or a byte count");
 }

@@ -46,9 +46,8 @@ inline std::string format_bytes(double bytes) {
 }
 
 // A size as run.max_gpu_memory takes it ("64GiB", "512 MiB", "500MB", a
-// byte count): the engine's config parser is not reachable from plugins,
-// so the same grammar is kept here. False for anything else, zero, or more
-// than 2^64 bytes.
+// byte count), here so that plugins and the engine's config parser read
+// sizes alike. False for anything else, zero, or more than 2^64 bytes.
 inline bool parse_size(const std::string &text, uint64_t *bytes) {
   size_t i = 0;
   while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.'))
