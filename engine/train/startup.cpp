@@ -1,6 +1,7 @@
 // Before the first step (startup.hpp).
 #include "train/startup.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -141,15 +142,21 @@ namespace {
 
 // Parameter offload: where rank 0's owned compute parameters are, in bytes
 // per place (the backend says what it holds in host memory and on disk).
+// On the GPU only gathered groups live, and none yet at start-up: the
+// largest group, whole, is what one of them takes while it is used.
 void print_offloaded_params(Session &s, int64_t on_device) {
   uint64_t host_b = 0, disk_b = 0;
   s.offload_params->bytes(s.offload.self, &host_b, &disk_b);
+  size_t largest = 0;
+  for (size_t g : s.layout.group_size) largest = std::max(largest, g);
   std::printf(
       "tessera: parameters of rank 0 live in %s ([offload] plugin '%s'): %.2f MiB on the GPU "
-      "(the live groups), %.2f MiB in host memory, %.2f MiB on disk\n",
+      "now (groups are gathered as they are used, the largest %.2f MiB whole), %.2f MiB in "
+      "host memory, %.2f MiB on disk\n",
       s.params_home == TSR_PARAMS_ON_DISK ? "a file" : "host memory", s.offload.name.c_str(),
-      static_cast<double>(on_device) / 1048576.0, static_cast<double>(host_b) / 1048576.0,
-      static_cast<double>(disk_b) / 1048576.0);
+      static_cast<double>(on_device) / 1048576.0,
+      static_cast<double>(largest * s.compute_bytes()) / 1048576.0,
+      static_cast<double>(host_b) / 1048576.0, static_cast<double>(disk_b) / 1048576.0);
 }
 
 }  // namespace
