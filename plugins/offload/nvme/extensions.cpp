@@ -14,9 +14,21 @@ namespace {
 // regions into dst, the next block's read in flight while the last one is
 // copied out (to the GPU on the copy stream, after the compute stream's
 // queued work, since dst may be a buffer the last group was computing from).
+// Each read takes only the part of a block's region the range covers,
+// widened to O_DIRECT's 4096-byte alignment, at the same place in the
+// buffer: a group smaller than a block no longer reads the whole region.
 uint64_t fetch_from_disk(Nvme *s, size_t offset, size_t count, void *dst) {
   const size_t cb = dtype_bytes(s->compute_dtype), region = s->params_region();
   const size_t b0 = offset / s->block, b1 = (offset + count - 1) / s->block;
+  // Block b's covered bytes [*from, *from + *len) within its region.
+  auto covered = [&](size_t b, size_t *from, size_t *len) {
+    const size_t lo_b = b * s->block;
+    const size_t lo = std::max(offset, lo_b), hi = std::min(offset + count, lo_b + s->block);
+    *from = (lo - lo_b) * cb / kDirectAlign * kDirectAlign;
+    const size_t to =
+        std::min(region, ((hi - lo_b) * cb + kDirectAlign - 1) / kDirectAlign * kDirectAlign);
+    *len = to - *from;
+  };
 #if TSR_PLUGIN_CUDA
   if (s->cuda) s->copies.after_compute(s->host->compute_stream);
 #endif
@@ -25,7 +37,10 @@ uint64_t fetch_from_disk(Nvme *s, size_t offset, size_t count, void *dst) {
 #if TSR_PLUGIN_CUDA
     if (s->cuda) cuda_check(cudaEventSynchronize(s->fetch_ev[tag]), kWho, "parameters' copy");
 #endif
-    s->io.start(tag, false, s->buf[tag], region, s->params_offset(b));
+    size_t from = 0, len = 0;
+    covered(b, &from, &len);
+    s->io.start(tag, false, s->buf[tag] + from, len,
+                s->params_offset(b) + static_cast<off_t>(from));
   };
   start(b0);
   int last = 0;
@@ -33,7 +48,9 @@ uint64_t fetch_from_disk(Nvme *s, size_t offset, size_t count, void *dst) {
     const int cur = static_cast<int>((b - b0) % kBuffers);
     if (b + 1 <= b1) start(b + 1);
     s->wait(cur);
-    s->fetch_bytes_read += region;
+    size_t from = 0, len = 0;
+    covered(b, &from, &len);
+    s->fetch_bytes_read += len;
     const size_t lo_b = b * s->block;
     const size_t lo = std::max(offset, lo_b), hi = std::min(offset + count, lo_b + s->block);
     char *out = static_cast<char *>(dst) + (lo - offset) * cb;
