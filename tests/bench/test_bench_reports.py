@@ -294,7 +294,9 @@ class Reports(unittest.TestCase):
         self.assertIn("| 3 (3-3) GB/s | 2 (2-2) GB/s |", out)
         self.assertIn("| 1.5 (1.5-1.5) GB/s | 0.8 (0.8-0.8) GB/s |", out)
         self.assertIn("| 50% | 40% |", out)
-        self.assertIn("the sum of the two shares: 90% (target >= 70%): met", out)
+        # 50% and 40% of dd's rates: each direction is judged, not their sum.
+        self.assertIn("(each direction >= 70% of dd's rate): read NOT met, write NOT met", out)
+        self.assertIn("summed): 90%.", out)
         # Killed by the OOM killer, then run again unpinned at 1.5 s a step.
         with open(os.path.join(self.work, "ds_big.rc"), "w") as f:
             f.write("137\n")
