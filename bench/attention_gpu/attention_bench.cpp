@@ -290,23 +290,23 @@ int main(int argc, char **argv) {
           break;
         }
         (pass == 0 ? t.fwd_ms : t.bwd_ms).push_back(ms / static_cast<double>(calls));
-        std::printf("sample {\"impl\": \"%s\", \"pass\": \"%s\", \"calls\": %lld, "
-                    "\"seconds\": %.6f}\n",
-                    t.name, pass == 0 ? "forward" : "backward", calls, ms * 1e-3);
+        std::printf(
+            "sample {\"impl\": \"%s\", \"pass\": \"%s\", \"calls\": %lld, "
+            "\"seconds\": %.6f}\n",
+            t.name, pass == 0 ? "forward" : "backward", calls, ms * 1e-3);
       }
     }
   }
   // Causal: half the 4 B H T^2 D of full attention forward; backward 2.5x.
   const double f_flop = 2.0 * o.B * o.H * static_cast<double>(o.T) * o.T * o.D;
   std::printf("%-8s %10s %10s %12s %12s %12s   (%s)\n", "impl", "fwd ms", "bwd ms", "fwd+bwd ms",
-              "fwd TFLOP/s", "bwd TFLOP/s",
-              o.reps > 1 ? "median of the windows" : "one window");
+              "fwd TFLOP/s", "bwd TFLOP/s", o.reps > 1 ? "median of the windows" : "one window");
   std::vector<float> ref_out, ref_dqkv;
   for (Timed &t : timed) {
     if (!t.ok) continue;
     const double f = median(t.fwd_ms), b = median(t.bwd_ms);
-    std::printf("%-8s %10.3f %10.3f %12.3f %12.0f %12.0f\n", t.name, f, b, f + b,
-                f_flop / f * 1e-9, 2.5 * f_flop / b * 1e-9);
+    std::printf("%-8s %10.3f %10.3f %12.3f %12.0f %12.0f\n", t.name, f, b, f + b, f_flop / f * 1e-9,
+                2.5 * f_flop / b * 1e-9);
     // One more forward and backward for the results.
     fwd(t.impl);
     bwd(t.impl);

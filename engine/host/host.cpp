@@ -8,10 +8,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <tessera/cpp/meminfo.hpp>
 
 #include "backend/cpu/cpu_ops.hpp"
 #include "util/error.hpp"
-#include "util/meminfo.hpp"
 #ifdef TESSERA_HAVE_CUDA
 #include "backend/cuda/cuda_ops.hpp"
 #include "backend/cuda/device.hpp"
@@ -458,7 +458,7 @@ void *Host::alloc(DLDevice device, size_t bytes, tsr_mem_purpose purpose) {
     // naming what asked for it, not after minutes of swapping or at the
     // OOM killer's hand (the memset below touches every page): the CPU's
     // counterpart of run.max_gpu_memory. Small buffers are not worth
-    // reading /proc/meminfo for.
+    // reading /proc/meminfo and the cgroup files for.
     if (bytes >= (size_t{64} << 20)) {
       const sdk::HostMemory host_mem = sdk::host_memory_available();
       const uint64_t avail = host_mem.bytes;

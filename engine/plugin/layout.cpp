@@ -4,10 +4,10 @@
 #include <atomic>
 #include <cmath>
 #include <random>
+#include <tessera/cpp/meminfo.hpp>
 #include <thread>
 
 #include "util/error.hpp"
-#include "util/meminfo.hpp"
 
 namespace tessera {
 

@@ -258,9 +258,4 @@ inline HostMemory host_memory_available() {
   return measure_host_memory();
 }
 
-// Bytes, or 0 when nothing could be read (then nothing is checked).
-inline uint64_t available_host_memory() {
-  return host_memory_available().bytes;
-}
-
 }  // namespace tessera::sdk
