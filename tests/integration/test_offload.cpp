@@ -276,6 +276,8 @@ void params_same_as_stage3(const std::string &tag, const std::vector<std::string
     REQUIRE(r.status == 0);
     // The start-up report says where the parameters live, in bytes.
     CHECK_THAT(r.all(), Catch::Contains("parameters of rank 0 live in " + c.report) &&
+                            Catch::Contains("on the GPU now (groups are gathered as they are "
+                                            "used, the largest ") &&
                             Catch::Contains("compute parameters of the ") &&
                             Catch::Contains("not on the device"));
     CHECK_THAT(r.all(), Catch::Contains("live groups only"));
