@@ -190,9 +190,11 @@ class Reports(unittest.TestCase):
         self.assertIn("## Environment", out)
         # The lines made up here are the ones attention_bench prints.
         with open(os.path.join(ROOT, "bench", "attention_gpu", "attention_bench.cpp")) as f:
-            src = f.read()
-        self.assertIn('"sample {\\"impl\\": \\"%s\\", \\"pass\\": \\"%s\\", \\"calls\\": %lld, "\n'
-                      '                    "\\"seconds\\": %.6f}\\n"', src)
+            # Adjacent string literals joined, so line breaks and indentation
+            # (clang-format's) do not matter.
+            src = re.sub(r'"\s*\n\s*"', "", f.read())
+        self.assertIn('"sample {\\"impl\\": \\"%s\\", \\"pass\\": \\"%s\\", \\"calls\\": %lld, '
+                      '\\"seconds\\": %.6f}\\n"', src)
         self.assertIn('"cudnn vs native: out rel %.3e, dq/dk/dv rel %.3e\\n"', src)
         self.assertIn('"%-8s (unavailable: %s)\\n"', src)
         self.assertIn('"%-8s failed (%s %s)\\n"', src)
