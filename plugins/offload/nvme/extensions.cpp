@@ -11,15 +11,18 @@ namespace {
 // ---- parameter offload (TSR_EXT_OFFLOAD_PARAMS) ----
 
 // params = "nvme": owned [offset, offset + count) from the blocks' parameter
-// regions into dst, the next block's read in flight while the last one is
-// copied out (to the GPU on the copy stream, after the compute stream's
-// queued work, since dst may be a buffer the last group was computing from).
+// regions into dst, through the fetches' own ring and buffers (the walk may
+// be updating later blocks meanwhile), once the walk has written the blocks
+// back; the next block's read in flight while the last one is copied out
+// (to the GPU on the copy stream, after the compute stream's queued work,
+// since dst may be a buffer the last group was computing from).
 // Each read takes only the part of a block's region the range covers,
 // widened to O_DIRECT's 4096-byte alignment, at the same place in the
 // buffer: a group smaller than a block no longer reads the whole region.
 uint64_t fetch_from_disk(Nvme *s, size_t offset, size_t count, void *dst) {
   const size_t cb = dtype_bytes(s->compute_dtype), region = s->params_region();
   const size_t b0 = offset / s->block, b1 = (offset + count - 1) / s->block;
+  walk_wait(s, offset, count);
   // Block b's covered bytes [*from, *from + *len) within its region.
   auto covered = [&](size_t b, size_t *from, size_t *len) {
     const size_t lo_b = b * s->block;
@@ -39,22 +42,22 @@ uint64_t fetch_from_disk(Nvme *s, size_t offset, size_t count, void *dst) {
 #endif
     size_t from = 0, len = 0;
     covered(b, &from, &len);
-    s->io.start(tag, false, s->buf[tag] + from, len,
-                s->params_offset(b) + static_cast<off_t>(from));
+    s->fetch_io.start(tag, false, s->fetch_buf[tag] + from, len,
+                      s->params_offset(b) + static_cast<off_t>(from));
   };
   start(b0);
   int last = 0;
   for (size_t b = b0; b <= b1; ++b) {
     const int cur = static_cast<int>((b - b0) % kBuffers);
     if (b + 1 <= b1) start(b + 1);
-    s->wait(cur);
+    s->fetch_io.wait(cur);
     size_t from = 0, len = 0;
     covered(b, &from, &len);
     s->fetch_bytes_read += len;
     const size_t lo_b = b * s->block;
     const size_t lo = std::max(offset, lo_b), hi = std::min(offset + count, lo_b + s->block);
     char *out = static_cast<char *>(dst) + (lo - offset) * cb;
-    const char *in = s->buf[cur] + (lo - lo_b) * cb;
+    const char *in = s->fetch_buf[cur] + (lo - lo_b) * cb;
 #if TSR_PLUGIN_CUDA
     if (s->cuda) {
       cuda_check(cudaMemcpyAsync(out, in, (hi - lo) * cb, cudaMemcpyHostToDevice, s->copies.h2d),
@@ -79,13 +82,14 @@ tsr_status fetch_params(void *self, size_t offset, size_t count, void *dst, uint
     s->check_range(offset, count);
     *ticket = 0;
     if (count == 0) return;
-    // The host flushed this synchronous backend after the update: what is
-    // on disk or in the home is current.
-    if (s->on_disk())
+    // What is on disk or in the home is current once the walk has written
+    // the blocks holding the range (the host asked for them already).
+    if (s->on_disk()) {
       *ticket = fetch_from_disk(s, offset, count, dst);
-    else if (s->home.active())
+    } else if (s->home.active()) {
+      walk_wait(s, offset, count);
       *ticket = s->home.fetch(offset, count, dst, s->host->compute_stream);
-    else
+    } else
       throw Error(TSR_ERR_INVALID, fmt("%s: fetch, but the parameters are not offloaded", kWho));
   });
 }

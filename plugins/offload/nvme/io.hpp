@@ -1,6 +1,8 @@
-// The nvme backend's transfers to and from its state file (nvme.cpp): whole
-// buffers, one operation in flight per buffer, through io_uring where the
-// kernel allows it, blocking pread / pwrite otherwise.
+// The nvme backend's transfers to and from its state file (walk.cpp,
+// extensions.cpp): whole buffers, one operation in flight per buffer,
+// through io_uring where the kernel allows it, blocking pread / pwrite
+// otherwise. One Io is used by one thread at a time: the walk and the
+// fetches have one each.
 #pragma once
 
 #include <liburing.h>
@@ -59,14 +61,25 @@ class Io {
   }
   // Waits for the operation of `tag`; throws if it failed.
   void wait(int tag) {
+    wait(tag, [] {});
+  }
+  // The same, calling after_reap() after each completion taken on the way
+  // (the walk learns of its earlier writes landing as they do).
+  template <class F>
+  void wait(int tag, F &&after_reap) {
     Op &o = ops_[tag];
-    while (o.busy) reap();
+    while (o.busy) {
+      reap();
+      after_reap();
+    }
     if (o.err) {
       const int e = o.err;
       o.err = 0;
       fail(o.write, o.len, o.off, e);
     }
   }
+  // Whether the last operation of `tag` has completed without error.
+  bool landed(int tag) const { return !ops_[tag].busy && ops_[tag].err == 0; }
   // Waits for everything in flight, ignoring failures (teardown).
   void drain() {
     for (int t = 0; t < kBuffers; ++t) {

@@ -9,14 +9,19 @@
 // b * (1 + k) * 4B. One block is one read and one write.
 //
 // step() only records the range (its gradients and compute parameters stay
-// valid until flush, the segments are copied). flush() then walks every
-// block the recorded ranges touch, once, in order:
+// valid until the host's wait_grads; the segments are copied). The walk
+// (walk.cpp) then goes through every block the recorded ranges touch, once,
+// in order, on a thread of its own:
 //
 //   buffer (i + 1) % 3:  read block i + 1           (io_uring)
 //   buffer i % 3:        update block i             (CPU threads)
 //   buffer (i - 1) % 3:  write block i - 1 back     (io_uring)
 //
-// so disk reads, writes and the update overlap. Reads and writes use
+// so disk reads, writes and the update overlap. It overlaps the GPU too
+// (ABI 1.2): the host does not flush after the update but asks for each
+// group's parameters as the next forward reaches them (wait_params), which
+// waits only for the blocks holding them; the walk starts at the first
+// such call. Reads and writes use
 // O_DIRECT where the file system takes it (not tmpfs: buffered I/O then,
 // with a warning), through io_uring (liburing) where the kernel allows it
 // (synchronous pread / pwrite otherwise, with a warning).
@@ -26,7 +31,7 @@
 // "nvme" in the state file, after each block's state arrays (B compute-dtype
 // elements; B is then a multiple of 4096 bytes of them), so the update
 // writes them with the block and the zero plugin's fetch reads a group's
-// slice through the three buffers, io_uring keeping the next block's read
+// slice through three buffers of its own, io_uring keeping the next block's read
 // in flight while the last one crosses to the GPU. An update of every
 // element of a block (a step's) rewrites its parameters whole, so it reads
 // only the masters and state: a step reads 4(1 + k) bytes an element for
@@ -76,6 +81,7 @@ tsr_status create(const tsr_host *host, const tsr_config *cfg, void **out) {
     s->path = c.get_string("path");
     s->threads_cfg = c.get_int("threads");
     s->sub_group = static_cast<size_t>(c.get_int("sub_group_size"));
+    s->overlap = c.get_bool("overlap");
     s->params_where = parse_params_home(c.get_string("params"), kWho, true);
     *out = s.release();
   });
@@ -84,6 +90,9 @@ tsr_status create(const tsr_host *host, const tsr_config *cfg, void **out) {
 void destroy(void *self) {
   auto *s = static_cast<Nvme *>(self);
   if (!s) return;
+  // A walk still running (a run that failed mid-step) ends first; its
+  // failure, if any, was or will not be reported here.
+  if (s->walker.joinable()) s->walker.join();
   if (s->updates > 0) {
     // Bytes per element of the blocks updated: what one step asks of the
     // disk for each owned element, padding of a last partial block aside.
@@ -209,6 +218,7 @@ tsr_status setup(void *self, const tsr_offload_setup *st) {
   auto *s = static_cast<Nvme *>(self);
   return sdk::guard(s->host, [&] {
     s->cuda = check_setup(s->host, st, kWho, kDevices, "on every rank's disk");
+    s->device_id = st->device.device_id;
     s->n = st->n;
     s->opt = st->optimizer;
     s->opt_self = st->optimizer_self;
@@ -228,7 +238,8 @@ tsr_status setup(void *self, const tsr_offload_setup *st) {
     check_host_memory(
         s->host, kWho,
         kBuffers * double(s->block_bytes + kDirectAlign) + (home_host ? double(s->n) * cb : 0.0) +
-            (held ? double(s->n) * cb : 0.0) + (s->cuda ? 3.0 * s->block * cb : 0.0),
+            (held ? double(s->n) * cb : 0.0) + (s->cuda ? 3.0 * s->block * cb : 0.0) +
+            (s->on_disk() ? kBuffers * double(s->params_region() + kDirectAlign) : 0.0),
         fmt("the staging buffers%s%s of %zu owned elements",
             home_host ? ", the offloaded parameters" : "", held ? ", the gradients" : "", s->n));
     const DLDevice mem{s->cuda ? kDLCUDAHost : kDLCPU, 0};
@@ -237,8 +248,18 @@ tsr_status setup(void *self, const tsr_offload_setup *st) {
       const auto p = reinterpret_cast<uintptr_t>(s->raw[i].get());
       s->buf[i] = reinterpret_cast<char *>(align_up(p, kDirectAlign));
     }
+    if (s->on_disk())
+      for (int i = 0; i < kBuffers; ++i) {
+        s->fetch_raw[i] =
+            sdk::Buffer(s->host, mem, s->params_region() + kDirectAlign, TSR_MEM_PARAMS);
+        const auto p = reinterpret_cast<uintptr_t>(s->fetch_raw[i].get());
+        s->fetch_buf[i] = reinterpret_cast<char *>(align_up(p, kDirectAlign));
+      }
     open_file(s);
+    s->fetch_io.fd = s->io.fd;
+    s->fetch_io.name = s->io.name;
     const int ring_err = s->io.init_ring();
+    if (!ring_err && s->on_disk()) (void)s->fetch_io.init_ring();  // else blocking reads
     if (ring_err) {
       const std::string w =
           fmt("%s: io_uring is not available (%s); reading and writing with "
@@ -250,6 +271,7 @@ tsr_status setup(void *self, const tsr_offload_setup *st) {
         s->threads_cfg > 0 ? static_cast<unsigned>(s->threads_cfg) : default_threads(s->host);
     s->pool = std::make_unique<ThreadPool>(threads);
     double staging = kBuffers * double(s->block_bytes);
+    if (s->on_disk()) staging += kBuffers * double(s->params_region());
     if (home_host) {
       s->home_buf = sdk::Buffer(s->host, mem, std::max<size_t>(s->n, 1) * cb, TSR_MEM_PARAMS);
       s->home.init(kWho, s->n, s->compute_dtype, s->home_buf.as<char>(), s->cuda,
@@ -290,9 +312,9 @@ tsr_status step(void *self, const tsr_offload_step *st) {
   return sdk::guard(s->host, [&] {
     s->check_range(st->offset, st->count);
     if (st->count == 0) return;
-    if (!s->pending.empty() && st->offset < s->pending.back().offset + s->pending.back().count)
-      throw Error(TSR_ERR_INVALID,
-                  fmt("%s: ranges must come in owned-offset order without overlap", kWho));
+    // A new step's range: the last walk has ended by now (the host's
+    // wait_grads came before this step's backward); join it.
+    if (s->walker.joinable()) walk_settle(s);
     Pending p;
     p.offset = st->offset;
     p.count = st->count;
@@ -306,147 +328,44 @@ tsr_status step(void *self, const tsr_offload_step *st) {
   });
 }
 
-// Updates [lo, hi) of range p, whose block is in buffer `bb` starting at
-// owned element `first`.
-void update(Nvme *s, const Pending &p, char *bb, size_t first, size_t lo, size_t hi) {
-  const size_t rel = lo - p.offset, cb = dtype_bytes(s->compute_dtype);
-  std::vector<tsr_segment> segs;
-  slice_segments(p.segments.data(), p.segments.size(), rel, rel + (hi - lo), segs);
-  HostUpdate u;
-  float *base = reinterpret_cast<float *>(bb);
-  u.master = base + (lo - first);
-  u.state_count = s->state_count;
-  for (uint32_t i = 0; i < s->state_count; ++i)
-    u.state[i] = base + (1 + i) * s->block + (lo - first);
-  u.owned = lo;
-  u.count = hi - lo;
-  u.segments = segs.data();
-  u.num_segments = segs.size();
-  u.lr = p.lr;
-  u.grad_scale = p.grad_scale;
-  u.step = p.step;
-  u.grads_dtype = s->compute_dtype;
-  u.out_dtype = s->compute_dtype;
-  // No gradients handed over: the sink holds them in host memory already.
-  const bool sunk = p.grads == nullptr;
-  if (sunk && !s->sink.active())
-    throw Error(TSR_ERR_INVALID,
-                fmt("%s: update of owned elements [%zu, %zu) without gradients, and no gradient "
-                    "sink holds them (the backend holds gradients only with offloaded parameters)",
-                    kWho, lo, hi));
-  u.grads = sunk ? s->sink.at(lo) : static_cast<const char *>(p.grads) + rel * cb;
-  // Offloaded parameters: written where they live (the block's region, or
-  // the host home), with nothing to send back to the device.
-  const bool held = s->params_where != TSR_PARAMS_ON_DEVICE;
-  if (s->on_disk())
-    u.params_out = bb + (1 + s->state_count) * s->block * sizeof(float) + (lo - first) * cb;
-  else if (held)
-    u.params_out = s->home.at(lo);
-  else
-    u.params_out = static_cast<char *>(p.params) + rel * cb;
-#if TSR_PLUGIN_CUDA
-  if (s->cuda && sunk) {
-    // Pinned already: the update reads them in place.
-  } else if (s->cuda && held) {
-    s->copies.to_host(s->grads_stage.get(), u.grads, u.count * cb, s->grads_ev);
-    s->copies.wait(s->grads_ev);
-    u.grads = s->grads_stage.get();
-  } else if (s->cuda) {
-    // Gradients to the pinned stage (the disk dominates: no overlap here),
-    // the compute copy out through one of two stages.
-    s->copies.to_host(s->grads_stage.get(), u.grads, u.count * cb, s->grads_ev);
-    s->copies.wait(s->grads_ev);
-    const int j = s->next_params;
-    s->next_params ^= 1;
-    s->copies.wait(s->params_ev[j]);
-    void *dst = u.params_out;
-    u.grads = s->grads_stage.get();
-    u.params_out = s->params_stage[j].get();
-    const auto t0 = std::chrono::steady_clock::now();
-    sdk::check(run_update(*s->pool, s->opt, s->opt_self, u));
-    s->update_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    s->copies.to_device(dst, s->params_stage[j].get(), u.count * cb, s->params_ev[j]);
-    return;
-  }
-#endif
-  const auto t0 = std::chrono::steady_clock::now();
-  sdk::check(run_update(*s->pool, s->opt, s->opt_self, u));
-  s->update_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-// The block pipeline over every recorded range (see the top of the file).
-void run_pending(Nvme *s) {
-  if (s->pending.empty()) return;
-  s->settle_fetches();
-  s->home.finish();  // no fetch still reads the parameters the update rewrites
-  s->sink.settle();  // the gradients the update reads have landed
-  // The blocks the ranges touch, in order, and how many of each block's
-  // owned elements they update (the ranges do not overlap).
-  std::vector<size_t> blocks, covered;
-  for (const Pending &p : s->pending)
-    for (size_t b = p.offset / s->block; b <= (p.offset + p.count - 1) / s->block; ++b) {
-      if (blocks.empty() || blocks.back() < b) {
-        blocks.push_back(b);
-        covered.push_back(0);
-      }
-      covered.back() +=
-          std::min(p.offset + p.count, (b + 1) * s->block) - std::max(p.offset, b * s->block);
-    }
-  const size_t nb = blocks.size();
-  // A block whose every owned element is updated gets its whole parameter
-  // region (params = "nvme") rewritten by the update, so only the masters
-  // and state before it are read: 4(1 + k) bytes an element instead of
-  // 4(1 + k) plus the compute dtype's. Both lengths are 4096-byte multiples
-  // from the block's start (O_DIRECT).
-  auto read_len = [&](size_t i) {
-    const size_t lo_b = blocks[i] * s->block, live = std::min(s->n, lo_b + s->block) - lo_b;
-    return s->on_disk() && covered[i] == live ? s->state_bytes() : s->block_bytes;
-  };
-  try {
-#if TSR_PLUGIN_CUDA
-    if (s->cuda) s->copies.after_compute(s->host->compute_stream);
-#endif
-    s->io.start(0, false, s->buf[0], read_len(0), s->block_offset(blocks[0]));
-    size_t first_range = 0;
-    for (size_t i = 0; i < nb; ++i) {
-      const int cur = static_cast<int>(i % kBuffers);
-      if (i + 1 < nb) {
-        const int nx = static_cast<int>((i + 1) % kBuffers);
-        s->wait(nx);  // block i - 2 written back
-        s->io.start(nx, false, s->buf[nx], read_len(i + 1), s->block_offset(blocks[i + 1]));
-      }
-      s->wait(cur);
-      s->bytes_read += read_len(i);
-      const size_t lo_b = blocks[i] * s->block, hi_b = std::min(s->n, lo_b + s->block);
-      while (first_range < s->pending.size() &&
-             s->pending[first_range].offset + s->pending[first_range].count <= lo_b)
-        ++first_range;
-      for (size_t q = first_range; q < s->pending.size() && s->pending[q].offset < hi_b; ++q) {
-        const Pending &p = s->pending[q];
-        update(s, p, s->buf[cur], lo_b, std::max(lo_b, p.offset),
-               std::min(hi_b, p.offset + p.count));
-      }
-      ++s->updates;
-      s->io.start(cur, true, s->buf[cur], s->block_bytes, s->block_offset(blocks[i]));
-      s->bytes_written += s->block_bytes;
-    }
-    for (int t = 0; t < kBuffers; ++t) s->wait(t);
-  } catch (...) {
-    s->io.drain();
-    s->pending.clear();
-    throw;
-  }
-  s->pending.clear();
-}
-
 tsr_status flush(void *self) {
   auto *s = static_cast<Nvme *>(self);
   return sdk::guard(s->host, [&] {
-    run_pending(s);
+    walk_settle(s);
 #if TSR_PLUGIN_CUDA
     if (s->cuda) s->copies.finish();
 #endif
   });
+}
+
+// ABI 1.2: the host does not flush after handing the ranges over; the walk
+// starts at the next forward's first call for parameters and runs beside it.
+tsr_status wait_params(void *self, size_t offset, size_t count) {
+  auto *s = static_cast<Nvme *>(self);
+  return sdk::guard(s->host, [&] {
+    s->check_range(offset, count);
+    if (s->overlap)
+      walk_wait(s, offset, count);
+    else
+      walk_settle(s);
+#if TSR_PLUGIN_CUDA
+    // Parameters on the device: the walk copied the updated blocks up on
+    // the copy stream through two stages; the compute stream waits for
+    // each stage's latest copy, which is this range's or one queued after
+    // it on the same stream.
+    if (s->cuda && s->params_where == TSR_PARAMS_ON_DEVICE)
+      for (cudaEvent_t e : s->params_ev)
+        cuda_check(cudaStreamWaitEvent(static_cast<cudaStream_t>(s->host->compute_stream), e, 0),
+                   kWho, "wait for the updated parameters' copy");
+#endif
+  });
+}
+
+// The walk has read every gradient handed over (it copies device gradients
+// to the host and waits for each copy): the host may clear them.
+tsr_status wait_grads(void *self) {
+  auto *s = static_cast<Nvme *>(self);
+  return sdk::guard(s->host, [&] { walk_settle(s); });
 }
 
 // The compute copy of owned [lo, hi) in block b from their masters
@@ -466,7 +385,7 @@ void put_params_on_disk(Nvme *s, size_t b, size_t lo, size_t hi, const float *ma
 void copy_state(Nvme *s, uint32_t slot, size_t offset, size_t count, float *dst, const float *src) {
   s->check_range(offset, count);
   if (slot > s->state_count) throw Error(TSR_ERR_INVALID, fmt("%s: no state slot %u", kWho, slot));
-  run_pending(s);
+  walk_settle(s);
   s->settle_fetches();
   const size_t slot_bytes = s->block * sizeof(float);
   float *bb = reinterpret_cast<float *>(s->buf[0]);
@@ -512,18 +431,26 @@ const tsr_param_decl kParams[] = {
                    "elements per block streamed through each of the three buffers (rounded up "
                    "to a multiple of 1024)",
                    1024),
+    sdk::param("overlap", TSR_PARAM_BOOL, "true",
+               "run the update's walk over the blocks beside the next forward, which waits "
+               "only for the blocks it needs; false: the forward waits for the whole walk"),
     sdk::param("params", TSR_PARAM_STRING, "\"none\"",
                "ZeRO stage 3: where this rank's compute parameters live, \"none\" (the GPU), "
                "\"cpu\" (host memory) or \"nvme\" (the state file); each group's slice is "
                "fetched just before use (DeepSpeed's offload_param)"),
 };
 
-const tsr_offload_vtable kVtable = {
-    // Synchronous: its table ends at write_state (ABI 1.1); the host flushes.
-    // clang-format off
-    TSR_STRUCT_SIZE(tsr_offload_vtable, write_state), create, destroy, setup, step, flush,
-    read_state, write_state, nullptr, nullptr, nullptr};
-// clang-format on
+const tsr_offload_vtable kVtable = {TSR_STRUCT_SIZE(tsr_offload_vtable, stats),
+                                    create,
+                                    destroy,
+                                    setup,
+                                    step,
+                                    flush,
+                                    read_state,
+                                    write_state,
+                                    wait_params,
+                                    wait_grads,
+                                    nullptr};
 
 const tsr_plugin_descriptor kNvme = {
     tsr_plugin_descriptor_STRUCT_SIZE,

@@ -6,8 +6,12 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <exception>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "grad_sink.hpp"
@@ -18,7 +22,7 @@ namespace tessera::offload::nvme {
 
 constexpr size_t kDirectAlign = 4096;
 
-// One range recorded by step(), updated in flush().
+// One range recorded by step(), updated by the next walk (walk.cpp).
 struct Pending {
   size_t offset = 0, count = 0;
   const void *grads = nullptr;
@@ -28,11 +32,15 @@ struct Pending {
   int64_t step = 0;
 };
 
+struct Nvme;
+void walk_settle(Nvme *s);  // below
+
 struct Nvme {
   const tsr_host *host = nullptr;
   std::string path;
   int64_t threads_cfg = 0;
   size_t sub_group = 0;
+  bool overlap = true;                          // `overlap`: the walk runs beside the next forward
   int32_t params_where = TSR_PARAMS_ON_DEVICE;  // `params`
   ParamHome home;                               // params = "cpu"
   sdk::Buffer home_buf;
@@ -43,6 +51,7 @@ struct Nvme {
   void *opt_self = nullptr;
   uint32_t state_count = 0;
   bool cuda = false;
+  int device_id = 0;  // the run's GPU, for the walk's thread
   DLDataType compute_dtype{};
 
   size_t block = 0;        // B: elements per block
@@ -56,8 +65,27 @@ struct Nvme {
   std::unique_ptr<ThreadPool> pool;
   std::vector<Pending> pending;
 
+  // The walk in flight (walk.cpp): the blocks the recorded ranges touch, in
+  // order, each block's bytes to read, and how many of them are written
+  // back. Set by the main thread before the walk's thread starts; after
+  // that only walk_written, walk_ended and walk_error change, under walk_mu.
+  std::thread walker;
+  std::mutex walk_mu;
+  std::condition_variable walk_cv;
+  std::vector<size_t> walk_blocks, walk_read_len;
+  size_t walk_written = 0;
+  bool walk_ended = true;
+  std::exception_ptr walk_error;
+
+  // params = "nvme": the fetches' own ring and three buffers of a block's
+  // parameter region, so a fetch runs while the walk uses the others.
+  Io fetch_io;
+  sdk::Buffer fetch_raw[kBuffers];
+  char *fetch_buf[kBuffers] = {};
+
   // What it did, for the closing log line: block updates, the bytes the
-  // update read and wrote, the bytes fetches of parameters read.
+  // update read and wrote, the bytes fetches of parameters read. The walk's
+  // thread counts its own; they are read once it has ended.
   uint64_t updates = 0, bytes_read = 0, bytes_written = 0;
   double update_s = 0, io_wait_s = 0;
 
@@ -99,7 +127,9 @@ struct Nvme {
   }
 
   ~Nvme() {
+    if (walker.joinable()) walker.join();
     io.drain();
+    fetch_io.drain();
     if (io.fd >= 0) {
       close(io.fd);
       unlink(file.c_str());
@@ -119,27 +149,44 @@ struct Nvme {
   void check_range(size_t offset, size_t count) const {
     check_owned_range(kWho, offset, count, n);
   }
-  // The gradient sink (GradsExtension). Synchronous: no update runs between
-  // flushes, so a put never replaces gradients an update still reads, and
-  // the pool is free for an add or the norm.
+  // The gradient sink (GradsExtension). The walk reads the gradients and
+  // uses the pool: each call lets it end first (it has, by the backward
+  // that brings new gradients: the host's wait_grads came before), so a
+  // put never replaces gradients an update still reads.
   uint64_t sink_put(size_t offset, size_t count, const void *src, bool add) {
+    walk_settle(this);
     return sink.put(offset, count, src, add);
   }
   void sink_release(uint64_t ticket) {
     sink.release(ticket);
   }
   double sink_norm_sq() {
+    walk_settle(this);
     return sink.norm_sq();
   }
   off_t block_offset(size_t b) const {
     return static_cast<off_t>(b * block_bytes);
   }
-  void wait(int tag) {
+  // Waits for the walk's operation `tag`, calling landed() after each
+  // completion it reaps, and counts the time.
+  template <class F>
+  void wait(int tag, F &&landed) {
     const auto t0 = std::chrono::steady_clock::now();
-    io.wait(tag);
+    io.wait(tag, landed);
     io_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 };
+
+// The update of the recorded ranges, block by block on a thread of its own
+// (walk.cpp): it starts at the first call that needs it (walk_start, a
+// no-op with nothing recorded or a walk running) and runs beside the next
+// forward, which asks for each group's blocks as it goes (walk_wait).
+void walk_start(Nvme *s);
+// Blocks until every block the walk updates among those holding owned
+// [offset, offset + count) is written back (starting the walk if ranges
+// wait); rethrows a failure of the walk.
+void walk_wait(Nvme *s, size_t offset, size_t count);
+// walk_settle(s): starts the walk if ranges wait, and waits for all of it.
 
 // TSR_EXT_OFFLOAD_PARAMS and TSR_EXT_OFFLOAD_GRADS (extensions.cpp).
 const void *get_extension(const char *id);
