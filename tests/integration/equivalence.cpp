@@ -81,6 +81,11 @@ std::string fmnist_config(const Job &j, const fs::path &run_dir) {
   if (j.offload != "none") {
     s << "\n[offload]\nplugin = \"" << j.offload << "\"\n";
     if (!j.ratio.empty()) s << "ratio = \"" << j.ratio << "\"\n";
+    // nvme: its state file beside the run, in blocks small enough that the
+    // MLP's owned elements span many (the walk's waits then fall between
+    // blocks).
+    if (j.offload == "nvme")
+      s << "path = \"" << (run_dir / "nvme").string() << "\"\nsub_group_size = 4096\n";
     if (!j.params.empty()) s << "params = \"" << j.params << "\"\n";
   }
   return s.str();

@@ -14,6 +14,12 @@
 // micro-batches a step (the second added on the host) and clipping on (its
 // norm taken over the host copy).
 //
+// Offload nvme, the same two ways (stage 1 without clipping, where the
+// update starts during backward; stage 3 with the parameters in the state
+// file): its walk over the blocks runs beside the next forward, which waits
+// only for the blocks holding each group, and copies the updated
+// parameters up (stage 1) or has them fetched from disk (stage 3).
+//
 // The CPU step computes in fp32 from bf16 gradients exactly as the CUDA
 // kernel does, but the two kernels round their fp32 arithmetic differently
 // (FMA contraction on the GPU), so the runs part by rounding steps only.
@@ -75,6 +81,30 @@ TEST_CASE("one GPU, bf16, stage 3: parameters and gradients offloaded match offl
   const Trained ref = train_job(r), t = train_job(j);
   INFO(describe(t.run));
   CHECK_THAT(t.run.all(), Catch::Contains("parameters of rank 0 live in host memory") &&
+                              Catch::Contains("gradients of rank 0 leave the GPU"));
+  check_equivalent(ref, t, kAdamBf16);
+}
+
+TEST_CASE("one GPU, bf16: offload nvme, its walk beside the next forward, matches offload none",
+          "[gpu][jobs][offload]") {
+  Job j = gpu_job(1, 128, 0);
+  j.offload = "nvme";
+  equivalence(128, {j}, kAdamBf16);
+}
+
+TEST_CASE("one GPU, bf16, stage 3: parameters in nvme's state file match offload none",
+          "[gpu][jobs][offload]") {
+  Job j = gpu_job(3, 64, 0.5);
+  j.offload = "nvme";
+  j.params = "nvme";
+  Job r = j;  // the reference: one micro-batch, no offload, stage 0
+  r.stage = 0;
+  r.micro = 128;
+  r.offload = "none";
+  r.params.clear();
+  const Trained ref = train_job(r), t = train_job(j);
+  INFO(describe(t.run));
+  CHECK_THAT(t.run.all(), Catch::Contains("parameters of rank 0 live in") &&
                               Catch::Contains("gradients of rank 0 leave the GPU"));
   check_equivalent(ref, t, kAdamBf16);
 }
