@@ -241,13 +241,19 @@ namespace {
 // backward again at stage 3). A fetch reads the part of a block its group
 // covers (4096-byte aligned), not the block's whole region: within 1.35x
 // of that floor (~1.2x here; whole regions read over 1.5x).
-void check_fetch_bytes(const std::string &log, int micro_batches) {
+// Fetches take from the cache of recent blocks what it holds and read the
+// rest: the two together against the floor, and with the cache off
+// (`uncached`) all from disk.
+void check_fetch_bytes(const std::string &log, int micro_batches, bool uncached) {
   std::smatch m;
-  REQUIRE(std::regex_search(log, m,
-                            std::regex("([0-9.]+) MiB read, ([0-9.]+) MiB written .*, ([0-9.]+) "
-                                       "MiB of parameters read by fetches")));
+  REQUIRE(std::regex_search(
+      log, m,
+      std::regex("([0-9.]+) MiB read, ([0-9.]+) MiB written .*, ([0-9.]+) MiB of parameters read "
+                 "by fetches \\(and ([0-9.]+) MiB taken from the cache")));
   const double params = std::stod(m[2].str()) - std::stod(m[1].str());
-  const double fetched = std::stod(m[3].str()), floor = 2.0 * micro_batches * params;
+  const double cached = std::stod(m[4].str());
+  if (uncached) CHECK(cached == 0);
+  const double fetched = std::stod(m[3].str()) + cached, floor = 2.0 * micro_batches * params;
   INFO("fetches read " << fetched << " MiB; the parameters' floor " << floor << " MiB");
   CHECK(fetched >= 0.99 * floor);
   CHECK(fetched <= 1.35 * floor);
@@ -265,11 +271,13 @@ void params_same_as_stage3(const std::string &tag, const std::vector<std::string
     std::string name, plugin, params, report, more = {};
   };
   // nvme's walk runs beside the next forward (overlap, the default) or
-  // before it: the same bits either way.
+  // before it, and its fetches take recent blocks from the cache or read
+  // every block: the same bits every way.
   for (const Case &c :
        {Case{"cpu-cpu", "cpu", "cpu", "host memory"},
         Case{"nvme-cpu", "nvme", "cpu", "host memory"}, Case{"nvme-nvme", "nvme", "nvme", "a file"},
-        Case{"nvme-nvme-serial", "nvme", "nvme", "a file", "overlap = false\n"}}) {
+        Case{"nvme-nvme-serial", "nvme", "nvme", "a file", "overlap = false\n"},
+        Case{"nvme-nvme-uncached", "nvme", "nvme", "a file", "param_cache = 0\n"}}) {
     Setup s = setup(
         zero + offload_section(c.plugin, nvme_dir) + "params = \"" + c.params + "\"\n" + c.more,
         c.name + tag);
@@ -292,7 +300,8 @@ void params_same_as_stage3(const std::string &tag, const std::vector<std::string
                               Catch::Contains("elements in pageable host memory"));
       CHECK_THAT(r.all(), Catch::Contains(c.params == "nvme" ? "(12.00 B and 16.00 B an element)"
                                                              : "(12.00 B and 12.00 B an element)"));
-      if (c.params == "nvme") check_fetch_bytes(r.all(), tag.empty() ? 1 : 2);
+      if (c.params == "nvme")
+        check_fetch_bytes(r.all(), tag.empty() ? 1 : 2, c.more == "param_cache = 0\n");
     }
     const Diff d = compare(exported(s.run_dir, c.name + tag), expect);
     INFO(c.name << tag << " against stage 3 without: max rel diff " << d.rel);

@@ -82,6 +82,7 @@ tsr_status create(const tsr_host *host, const tsr_config *cfg, void **out) {
     s->threads_cfg = c.get_int("threads");
     s->sub_group = static_cast<size_t>(c.get_int("sub_group_size"));
     s->overlap = c.get_bool("overlap");
+    s->cache_slots = static_cast<size_t>(c.get_int("param_cache"));
     s->params_where = parse_params_home(c.get_string("params"), kWho, true);
     *out = s.release();
   });
@@ -99,12 +100,12 @@ void destroy(void *self) {
     const double elems = double(s->updates) * double(s->block);
     const std::string msg =
         fmt("%s: %llu block updates, %.1f MiB read, %.1f MiB written (%.2f B and %.2f B an "
-            "element), %.1f MiB of parameters read by fetches, %.3f s updating, %.3f s waiting "
-            "for the disk",
+            "element), %.1f MiB of parameters read by fetches (and %.1f MiB taken from the cache "
+            "of recent blocks), %.3f s updating, %.3f s waiting for the disk",
             kWho, static_cast<unsigned long long>(s->updates), mib(double(s->bytes_read)),
             mib(double(s->bytes_written)), double(s->bytes_read) / elems,
-            double(s->bytes_written) / elems, mib(double(s->fetch_bytes_read)), s->update_s,
-            s->io_wait_s);
+            double(s->bytes_written) / elems, mib(double(s->fetch_bytes_read)),
+            mib(double(s->fetch_bytes_cached)), s->update_s, s->io_wait_s);
     s->host->log(s->host->ctx, TSR_LOG_DEBUG, msg.c_str());
   }
   delete s;
@@ -239,7 +240,7 @@ tsr_status setup(void *self, const tsr_offload_setup *st) {
         s->host, kWho,
         kBuffers * double(s->block_bytes + kDirectAlign) + (home_host ? double(s->n) * cb : 0.0) +
             (held ? double(s->n) * cb : 0.0) + (s->cuda ? 3.0 * s->block * cb : 0.0) +
-            (s->on_disk() ? kBuffers * double(s->params_region() + kDirectAlign) : 0.0),
+            (s->on_disk() ? (kBuffers + s->cache_slots) * double(s->params_region()) : 0.0),
         fmt("the staging buffers%s%s of %zu owned elements",
             home_host ? ", the offloaded parameters" : "", held ? ", the gradients" : "", s->n));
     const DLDevice mem{s->cuda ? kDLCUDAHost : kDLCPU, 0};
@@ -255,6 +256,7 @@ tsr_status setup(void *self, const tsr_offload_setup *st) {
         const auto p = reinterpret_cast<uintptr_t>(s->fetch_raw[i].get());
         s->fetch_buf[i] = reinterpret_cast<char *>(align_up(p, kDirectAlign));
       }
+    if (s->on_disk()) s->cache.init(s->host, mem, s->cache_slots, s->params_region(), s->cuda);
     open_file(s);
     s->fetch_io.fd = s->io.fd;
     s->fetch_io.name = s->io.name;
@@ -271,7 +273,7 @@ tsr_status setup(void *self, const tsr_offload_setup *st) {
         s->threads_cfg > 0 ? static_cast<unsigned>(s->threads_cfg) : default_threads(s->host);
     s->pool = std::make_unique<ThreadPool>(threads);
     double staging = kBuffers * double(s->block_bytes);
-    if (s->on_disk()) staging += kBuffers * double(s->params_region());
+    if (s->on_disk()) staging += kBuffers * double(s->params_region()) + double(s->cache.bytes());
     if (home_host) {
       s->home_buf = sdk::Buffer(s->host, mem, std::max<size_t>(s->n, 1) * cb, TSR_MEM_PARAMS);
       s->home.init(kWho, s->n, s->compute_dtype, s->home_buf.as<char>(), s->cuda,
@@ -281,6 +283,7 @@ tsr_status setup(void *self, const tsr_offload_setup *st) {
     if (s->cuda) {
       s->copies.init(kWho);
       for (auto &e : s->fetch_ev) e = make_event(kWho);
+      for (auto &e : s->fetch_end) e = make_event(kWho);
       s->grads_stage = sdk::Buffer(s->host, mem, s->block * cb, TSR_MEM_OTHER);
       for (auto &b : s->params_stage) b = sdk::Buffer(s->host, mem, s->block * cb, TSR_MEM_OTHER);
       s->grads_ev = make_event(kWho);
@@ -387,6 +390,7 @@ void copy_state(Nvme *s, uint32_t slot, size_t offset, size_t count, float *dst,
   if (slot > s->state_count) throw Error(TSR_ERR_INVALID, fmt("%s: no state slot %u", kWho, slot));
   walk_settle(s);
   s->settle_fetches();
+  if (src) s->cache.clear();  // the regions on disk may change
   const size_t slot_bytes = s->block * sizeof(float);
   float *bb = reinterpret_cast<float *>(s->buf[0]);
   for (size_t pos = offset, end = offset + count; pos < end;) {
@@ -434,6 +438,11 @@ const tsr_param_decl kParams[] = {
     sdk::param("overlap", TSR_PARAM_BOOL, "true",
                "run the update's walk over the blocks beside the next forward, which waits "
                "only for the blocks it needs; false: the forward waits for the whole walk"),
+    sdk::param_min("param_cache", TSR_PARAM_INT, "16",
+                   "params = \"nvme\": blocks whose parameters stay in host memory (pinned on "
+                   "CUDA) after the walk writes them, so the next forward's fetches, which "
+                   "trail the walk, skip the disk for them; 0: none",
+                   0),
     sdk::param("params", TSR_PARAM_STRING, "\"none\"",
                "ZeRO stage 3: where this rank's compute parameters live, \"none\" (the GPU), "
                "\"cpu\" (host memory) or \"nvme\" (the state file); each group's slice is "

@@ -16,6 +16,7 @@
 
 #include "grad_sink.hpp"
 #include "io.hpp"
+#include "param_cache.hpp"
 #include "param_home.hpp"
 
 namespace tessera::offload::nvme {
@@ -82,6 +83,11 @@ struct Nvme {
   Io fetch_io;
   sdk::Buffer fetch_raw[kBuffers];
   char *fetch_buf[kBuffers] = {};
+  // params = "nvme": the regions of the blocks the walk wrote last
+  // (`param_cache` of them), where the next forward's fetches find most.
+  size_t cache_slots = 0;
+  ParamCache cache;
+  uint64_t fetch_bytes_cached = 0;
 
   // What it did, for the closing log line: block updates, the bytes the
   // update read and wrote, the bytes fetches of parameters read. The walk's
@@ -95,6 +101,8 @@ struct Nvme {
   cudaEvent_t grads_ev = nullptr, params_ev[2] = {};
   int next_params = 0;
   cudaEvent_t fetch_ev[kBuffers] = {};  // params = "nvme": a buffer's copy to the GPU
+  static constexpr uint64_t kFetchEnds = 8;
+  cudaEvent_t fetch_end[kFetchEnds] = {};  // a fetch's last copy, by ticket
   uint64_t fetches = 0;
 #endif
   // With offloaded parameters, every owned gradient in host memory (pinned
@@ -139,6 +147,11 @@ struct Nvme {
     for (cudaEvent_t e : params_ev)
       if (e) cudaEventDestroy(e);
     for (cudaEvent_t e : fetch_ev)
+      if (e) {
+        (void)cudaEventSynchronize(e);
+        cudaEventDestroy(e);
+      }
+    for (cudaEvent_t e : fetch_end)
       if (e) {
         (void)cudaEventSynchronize(e);
         cudaEventDestroy(e);

@@ -130,6 +130,7 @@ void walk_blocks(Nvme *s) {
       update(s, p, s->buf[cur], lo_b, std::max(lo_b, p.offset), std::min(hi_b, p.offset + p.count));
     }
     ++s->updates;
+    if (s->on_disk()) s->cache.put(s->walk_blocks[i], s->buf[cur] + s->state_bytes());
     s->io.start(cur, true, s->buf[cur], s->block_bytes, s->block_offset(s->walk_blocks[i]));
     s->bytes_written += s->block_bytes;
     issued = i + 1;
@@ -191,6 +192,7 @@ void walk_start(Nvme *s) {
   // the gradients and read the parameters.
   s->home.finish();
   s->sink.settle();
+  s->cache.clear();  // the walk rewrites the blocks it held
 #if TSR_PLUGIN_CUDA
   if (s->cuda) s->copies.after_compute(s->host->compute_stream);
 #endif
