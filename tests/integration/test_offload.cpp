@@ -177,6 +177,29 @@ TEST_CASE("offload nvme: an unwritable path is a clear error at start-up", "[off
   CHECK(!trained);
 }
 
+TEST_CASE("offload nvme: the breakdown reports its CPU step and the forward's waits", "[offload]") {
+  // Its walk overlaps the next forward, so the breakdown lists its own
+  // seconds (stats) beside the step's parts, as offload cpu's does.
+  Setup s = setup("\n[zero]\nplugin = \"stage1\"\n[log]\nbreakdown = true\n" +
+                      offload_section("nvme", scratch() / "nvme-breakdown"),
+                  "breakdown");
+  RunResult r = run_cli(args_for(s, 1, {"--set", "run.steps=10"}), opts());
+  INFO(describe(r));
+  REQUIRE(r.status == 0);
+  double cpu_step = 0;
+  int with_offload = 0;
+  for (const auto &m : read_jsonl(s.run_dir / "metrics.jsonl")) {
+    if (!m.contains("breakdown") || !m["breakdown"].contains("offload")) continue;
+    const auto &o = m["breakdown"]["offload"];
+    CHECK(o.contains("wait"));
+    CHECK(o.value("d2h", -1.0) == 0.0);
+    cpu_step += o.value("cpu_step", 0.0);
+    ++with_offload;
+  }
+  CHECK(with_offload > 0);
+  CHECK(cpu_step > 0);
+}
+
 TEST_CASE("offload nvme: a run resumed from a checkpoint ends bitwise equal", "[offload]") {
   // Stage 2 on two ranks, 50 steps straight without offload, against 30
   // steps with nvme, then 20 more after a resume (read_state wrote the

@@ -105,7 +105,7 @@ void destroy(void *self) {
             kWho, static_cast<unsigned long long>(s->updates), mib(double(s->bytes_read)),
             mib(double(s->bytes_written)), double(s->bytes_read) / elems,
             double(s->bytes_written) / elems, mib(double(s->fetch_bytes_read)),
-            mib(double(s->fetch_bytes_cached)), s->update_s, s->io_wait_s);
+            mib(double(s->fetch_bytes_cached)), s->update_s.load(), s->io_wait_s);
     s->host->log(s->host->ctx, TSR_LOG_DEBUG, msg.c_str());
   }
   delete s;
@@ -364,6 +364,22 @@ tsr_status wait_params(void *self, size_t offset, size_t count) {
   });
 }
 
+// For the run's breakdown: the CPU step's seconds and elements so far (the
+// disk's time is not a copy between devices: d2h and h2d stay 0).
+tsr_status stats(void *self, tsr_offload_stats *out) {
+  auto *s = static_cast<Nvme *>(self);
+  return sdk::guard(s->host, [&] {
+    if (!out || out->struct_size < tsr_offload_stats_STRUCT_SIZE)
+      throw Error(TSR_ERR_INVALID, fmt("%s: stats struct missing or too small", kWho));
+    tsr_offload_stats st{};
+    st.host_s = s->update_s.load();
+    st.elements = s->elements_updated.load();
+    const size_t size = out->struct_size;
+    std::memcpy(out, &st, std::min(size, sizeof st));
+    out->struct_size = size;
+  });
+}
+
 // The walk has read every gradient handed over (it copies device gradients
 // to the host and waits for each copy): the host may clear them.
 tsr_status wait_grads(void *self) {
@@ -459,7 +475,7 @@ const tsr_offload_vtable kVtable = {TSR_STRUCT_SIZE(tsr_offload_vtable, stats),
                                     write_state,
                                     wait_params,
                                     wait_grads,
-                                    nullptr};
+                                    stats};
 
 const tsr_plugin_descriptor kNvme = {
     tsr_plugin_descriptor_STRUCT_SIZE,

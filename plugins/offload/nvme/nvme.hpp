@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <exception>
@@ -93,7 +94,11 @@ struct Nvme {
   // update read and wrote, the bytes fetches of parameters read. The walk's
   // thread counts its own; they are read once it has ended.
   uint64_t updates = 0, bytes_read = 0, bytes_written = 0;
-  double update_s = 0, io_wait_s = 0;
+  double io_wait_s = 0;
+  // Read by stats() while a walk may run: the CPU step's seconds and the
+  // elements it updated, for the run's breakdown.
+  std::atomic<double> update_s{0};
+  std::atomic<uint64_t> elements_updated{0};
 
 #if TSR_PLUGIN_CUDA
   CopyStreams copies;

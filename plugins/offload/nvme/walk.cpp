@@ -78,6 +78,7 @@ void update(Nvme *s, const Pending &p, char *bb, size_t first, size_t lo, size_t
     const auto t0 = std::chrono::steady_clock::now();
     sdk::check(run_update(*s->pool, s->opt, s->opt_self, u));
     s->update_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    s->elements_updated += u.count;
     s->copies.to_device(dst, s->params_stage[j].get(), u.count * cb, s->params_ev[j]);
     return;
   }
@@ -85,6 +86,7 @@ void update(Nvme *s, const Pending &p, char *bb, size_t first, size_t lo, size_t
   const auto t0 = std::chrono::steady_clock::now();
   sdk::check(run_update(*s->pool, s->opt, s->opt_self, u));
   s->update_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  s->elements_updated += u.count;
 }
 
 // The walk's thread: every block of s->walk_blocks read, updated by the
