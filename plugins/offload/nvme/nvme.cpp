@@ -399,13 +399,12 @@ void put_params_on_disk(Nvme *s, size_t b, size_t lo, size_t hi, const float *ma
 }
 
 // Slot `slot` of owned elements [offset, offset + count) to or from host
-// memory, block by block through buffer 0 (nothing is in flight outside
-// flush).
+// memory, block by block through buffer 0 (once the walk has ended; the
+// fetches have buffers of their own).
 void copy_state(Nvme *s, uint32_t slot, size_t offset, size_t count, float *dst, const float *src) {
   s->check_range(offset, count);
   if (slot > s->state_count) throw Error(TSR_ERR_INVALID, fmt("%s: no state slot %u", kWho, slot));
   walk_settle(s);
-  s->settle_fetches();
   if (src) s->cache.clear();  // the regions on disk may change
   const size_t slot_bytes = s->block * sizeof(float);
   float *bb = reinterpret_cast<float *>(s->buf[0]);

@@ -130,15 +130,6 @@ struct Nvme {
   off_t params_offset(size_t b) const {
     return block_offset(b) + static_cast<off_t>(state_bytes());
   }
-  // Every copy out of the buffers (fetches) has landed: before they are reused.
-  void settle_fetches() {
-#if TSR_PLUGIN_CUDA
-    if (cuda && on_disk())
-      for (cudaEvent_t e : fetch_ev)
-        if (e) cuda_check(cudaEventSynchronize(e), kWho, "parameters' copy");
-#endif
-  }
-
   ~Nvme() {
     if (walker.joinable()) walker.join();
     io.drain();

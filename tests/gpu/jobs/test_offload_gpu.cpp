@@ -58,6 +58,26 @@ std::vector<Job> offload_jobs(double clip) {
   return jobs;
 }
 
+// Stage 3 with the parameters offloaded to `params` by backend `offload`,
+// two micro-batches a step and clipping on, against one micro-batch with no
+// offload at stage 0; the start-up report names where the parameters live.
+void stage3_params_match_none(const std::string &offload, const std::string &params,
+                              const std::string &where) {
+  Job j = gpu_job(3, 64, 0.5);
+  j.offload = offload;
+  j.params = params;
+  Job r = j;
+  r.stage = 0;
+  r.micro = 128;
+  r.offload = "none";
+  r.params.clear();
+  const Trained ref = train_job(r), t = train_job(j);
+  INFO(describe(t.run));
+  CHECK_THAT(t.run.all(), Catch::Contains("parameters of rank 0 live in " + where) &&
+                              Catch::Contains("gradients of rank 0 leave the GPU"));
+  check_equivalent(ref, t, kAdamBf16);
+}
+
 }  // namespace
 
 TEST_CASE("one GPU, bf16: offload cpu, overlapped and with a GPU share, matches offload none",
@@ -71,18 +91,7 @@ TEST_CASE("one GPU, bf16, clipping on: offload cpu matches offload none", "[gpu]
 
 TEST_CASE("one GPU, bf16, stage 3: parameters and gradients offloaded match offload none",
           "[gpu][jobs][offload]") {
-  Job j = gpu_job(3, 64, 0.5);
-  j.params = "cpu";
-  Job r = j;  // the reference: one micro-batch, no offload, stage 0
-  r.stage = 0;
-  r.micro = 128;
-  r.offload = "none";
-  r.params.clear();
-  const Trained ref = train_job(r), t = train_job(j);
-  INFO(describe(t.run));
-  CHECK_THAT(t.run.all(), Catch::Contains("parameters of rank 0 live in host memory") &&
-                              Catch::Contains("gradients of rank 0 leave the GPU"));
-  check_equivalent(ref, t, kAdamBf16);
+  stage3_params_match_none("cpu", "cpu", "host memory");
 }
 
 TEST_CASE("one GPU, bf16: offload nvme, its walk beside the next forward, matches offload none",
@@ -94,17 +103,5 @@ TEST_CASE("one GPU, bf16: offload nvme, its walk beside the next forward, matche
 
 TEST_CASE("one GPU, bf16, stage 3: parameters in nvme's state file match offload none",
           "[gpu][jobs][offload]") {
-  Job j = gpu_job(3, 64, 0.5);
-  j.offload = "nvme";
-  j.params = "nvme";
-  Job r = j;  // the reference: one micro-batch, no offload, stage 0
-  r.stage = 0;
-  r.micro = 128;
-  r.offload = "none";
-  r.params.clear();
-  const Trained ref = train_job(r), t = train_job(j);
-  INFO(describe(t.run));
-  CHECK_THAT(t.run.all(), Catch::Contains("parameters of rank 0 live in") &&
-                              Catch::Contains("gradients of rank 0 leave the GPU"));
-  check_equivalent(ref, t, kAdamBf16);
+  stage3_params_match_none("nvme", "nvme", "a file");
 }
