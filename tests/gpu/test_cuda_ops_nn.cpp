@@ -194,7 +194,8 @@ TEST_CASE("cuda cross_entropy without dlogits, and a bad target writes nothing",
 TEST_CASE("cuda layernorm forward and backward", "[cuda][ops]") {
   const float eps = 1e-5f;
   for (Dt d : kFloatDts) {
-    for (std::vector<int64_t> shape : {std::vector<int64_t>{37, 96}, {2, 5, 50}, {3, 768}}) {
+    for (std::vector<int64_t> shape :
+         {std::vector<int64_t>{37, 96}, {2, 5, 50}, {3, 768}, {2050, 768}}) {
       const int64_t C = shape.back(), rows = numel_of(shape) / C, n = rows * C;
       for (int alias = 0; alias < 2; alias++) {
         Gpu x(shape, d, randn(n, 101, -3, 3)), w({C}, d, randn(C, 102)), b({C}, d, randn(C, 103));
@@ -256,9 +257,10 @@ TEST_CASE("cuda layernorm forward and backward", "[cuda][ops]") {
 }
 
 // ABI 1.4's layernorm_backward_sum against the CPU op, at GPT-2's widths
-// (768, 1600, 2560: vectorized rows), a width not in 8-element packs and a
-// wide one, with dx its own buffer or dy's; and again from the same
-// inputs, bit for bit.
+// (768, 1600, 2560: vectorized rows, the one-pass form), with few rows and
+// with many rows a block, a width not in 8-element packs and one wider than
+// the one-pass form holds (both the multi-pass form), with dx its own buffer or dy's; and again
+// from the same inputs, bit for bit.
 TEST_CASE("cuda layernorm_backward_sum matches the CPU and repeats bit for bit", "[cuda][ops]") {
   const float eps = 1e-5f;
   for (Dt d : kFloatDts) {
@@ -267,7 +269,12 @@ TEST_CASE("cuda layernorm_backward_sum matches the CPU and repeats bit for bit",
                                        {17, 2560},
                                        {4, 2, 36},
                                        {3, 8200},
-                                       {300, 64}}) {
+                                       {300, 64},
+                                       // Many rows a block: every row group of
+                                       // the one-pass form, and its partials.
+                                       {4099, 768},
+                                       {1500, 1600},
+                                       {700, 2560}}) {
       const int64_t C = shape.back(), rows = numel_of(shape) / C, n = rows * C;
       for (int alias = 0; alias < 2; alias++) {
         const std::string what =

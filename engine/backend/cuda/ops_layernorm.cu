@@ -6,12 +6,15 @@
 //
 // Deterministic: the row statistics are warp sums in a fixed order, and
 // dweight / dbias are partial column sums over fixed partitions, added up in
-// a fixed order by a second pass (col_sums.cuh).
+// a fixed order by a second pass (col_sums.cuh). The backward of rows in
+// 8-element packs is one pass over dy, x and dx
+// (layernorm_backward_rows.cuh); other rows take three.
 #include <tuple>
 
 #include "backend/cpu/cpu_ops.hpp"
 #include "backend/cuda/col_sums.cuh"
 #include "backend/cuda/cuda_ops_internal.hpp"
+#include "backend/cuda/layernorm_backward_rows.cuh"
 
 namespace tessera::cuda {
 
@@ -345,7 +348,30 @@ void layernorm_backward_impl(const char *op, tsr_host_ctx *ctx, const DLTensor *
   const unsigned grid = static_cast<unsigned>((X.rows + kRowsPerBlock - 1) / kRowsPerBlock);
   dispatch_float(X.dt, [&](auto xtag) {
     using T = decltype(xtag);
-    // Parameter gradients first: they read dy, which dx may alias. Their
+    // Rows of whole packs: one pass (layernorm_backward_rows.cuh), then one
+    // finalize of its partials where the outputs share a dtype.
+    int64_t blocks = 0;
+    float *rows_partial = nullptr;
+    dispatch_float(W.dt, [&](auto wtag) {
+      using TW = decltype(wtag);
+      blocks = launch_layernorm_backward_rows<T, TW>(
+          DY.as<T>(), X.as<T>(), W.as<TW>(), M.as<float>(), R.as<float>(), DX.as<T>(), X.rows,
+          X.cols, vec, dsum != nullptr, &rows_partial);
+    });
+    if (blocks > 0) {
+      const int64_t blk = blocks * X.cols;
+      if (dbias && DB.dt == DW.dt && (!dsum || DS.dt == DW.dt)) {
+        const View outs[3] = {DW, DB, DS};
+        launch_col_finalize(rows_partial, blocks, outs, dsum ? 3 : 2);
+      } else {
+        launch_col_finalize(rows_partial, blocks, DW);
+        if (dbias) launch_col_finalize(rows_partial + blk, blocks, DB);
+        if (dsum) launch_col_finalize(rows_partial + 2 * blk, blocks, DS);
+      }
+      return;
+    }
+    // Otherwise (rows not in packs, or wider than one pass holds): the
+    // parameter gradients first: they read dy, which dx may alias. Their
     // partials, and dsum's (below) where it shares their dtype and chunks,
     // go into one buffer that one finalize launch finishes.
     int64_t rpc = 0;
@@ -371,13 +397,10 @@ void layernorm_backward_impl(const char *op, tsr_host_ctx *ctx, const DLTensor *
           X.cols, vec);
       check_launch();
     });
-    // dsum: the column sums of dx as stored. A separate pass over dx, in our
-    // column-sum kernels (~12 us for GPT-2 small's [16384, 768] on the
-    // H200), replacing cuBLASLt's BGRADA bias-gradient kernel and its
-    // add (~22 us). Two one-pass forms were measured and dropped
-    // (bench/results/gpt2_gpu-2026-12-02-third.md): the three column
-    // partials in registers, 77 us a call (one block an SM: latency-bound);
-    // in shared memory, 52 us, the same as the passes it replaces.
+    // dsum: the column sums of dx as stored, a separate pass over dx here.
+    // (Rows of packs take the one-pass form above; two earlier one-pass
+    // forms, a warp a row with all the partials of its 24 columns a lane,
+    // were slower: bench/results/gpt2_gpu-2026-12-02-third.md.)
     if (one_finish) {
       if (dsum)
         launch_col_partials<T, false>(DX.as<T>(), nullptr, nullptr, nullptr, X.rows, X.cols, &got,
