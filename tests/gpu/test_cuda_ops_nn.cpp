@@ -258,9 +258,10 @@ TEST_CASE("cuda layernorm forward and backward", "[cuda][ops]") {
 
 // ABI 1.4's layernorm_backward_sum against the CPU op, at GPT-2's widths
 // (768, 1600, 2560: vectorized rows, the one-pass form), with few rows and
-// with many rows a block, a width not in 8-element packs and one wider than
-// the one-pass form holds (both the multi-pass form), with dx its own buffer or dy's; and again
-// from the same inputs, bit for bit.
+// with many rows a block, a width not in 8-element packs and two wider than
+// the one-pass form's shared memory holds (4096, 8200: the multi-pass
+// form), with dx its own buffer or dy's; and again from the same inputs,
+// bit for bit.
 TEST_CASE("cuda layernorm_backward_sum matches the CPU and repeats bit for bit", "[cuda][ops]") {
   const float eps = 1e-5f;
   for (Dt d : kFloatDts) {
@@ -269,6 +270,7 @@ TEST_CASE("cuda layernorm_backward_sum matches the CPU and repeats bit for bit",
                                        {17, 2560},
                                        {4, 2, 36},
                                        {3, 8200},
+                                       {5, 4096},
                                        {300, 64},
                                        // Many rows a block: every row group of
                                        // the one-pass form, and its partials.

@@ -36,7 +36,10 @@ namespace tessera::cuda {
 
 inline constexpr int kLnbThreads = 512;
 inline constexpr int kLnbWarps = kLnbThreads / 32;
-inline constexpr int kLnbMaxCols = 4096;  // 3 partial rows fit 48 KiB of shared memory
+// The widest row: its three rows of partials (dynamic) and the row sums'
+// slots (static, 256 bytes) within the 48 KiB a block may use without
+// opting in to more. Wider rows, 4096 among them, take the multi-pass form.
+inline constexpr int kLnbMaxCols = 4072;
 
 // The named barrier of group g's n threads (barrier 0 is __syncthreads').
 __device__ __forceinline__ void group_barrier(int g, int n) {
@@ -77,6 +80,8 @@ __global__ void __launch_bounds__(kLnbThreads, kLnbMinBlocks<T, P>)
                             int64_t rows_per_block, float *partial) {
   extern __shared__ float sh_cols[];         // [3][C]: the block's partials
   __shared__ float sh_red[2][kLnbWarps][2];  // the warps' row sums, two rows' worth
+  static_assert(sizeof(float) * (3 * kLnbMaxCols + 2 * kLnbWarps * 2) <= 48 * 1024,
+                "layernorm_backward_rows: shared memory past 48 KiB needs an opt-in");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int R = kLnbWarps / W, g = warp / W;
   const int t = (warp % W) * 32 + lane;  // thread within the group
@@ -184,7 +189,7 @@ __global__ void __launch_bounds__(kLnbThreads, kLnbMinBlocks<T, P>)
 }
 
 // Launches the one-pass backward when the rows suit it: whole packs
-// (`vec`: C % 8 == 0, every pointer 16-byte aligned) and C <= 4096. Writes
+// (`vec`: C % 8 == 0, every pointer 16-byte aligned) and C <= 4072. Writes
 // dx and the partials of dweight, dbias and (`sum`) dsum into scratch
 // ([3][blocks][C] floats, returned in *partial_out) and returns the block
 // count (the finalize's chunks), or 0 when the rows do not suit it.
