@@ -95,7 +95,7 @@ size_t elem_bytes(DLDataType dt) {
 // The job's NCCL unique id: rank 0 makes it and posts it under `key`; the
 // others wait for it there.
 ncclUniqueId share_unique_id(StoreClient &store, uint32_t rank, const std::string &key,
-                             std::chrono::seconds timeout, const std::string &who) {
+                             std::chrono::milliseconds timeout, const std::string &who) {
   ncclUniqueId id{};
   if (rank == 0) {
     ncclResult_t r = ncclGetUniqueId(&id);
