@@ -87,6 +87,160 @@ nlohmann::json param_table(const Layout &L) {
   return t;
 }
 
+// This rank's pieces of a checkpoint: its owned ranges, in canonical
+// coordinates, one tensor per slot, with where each reads its bytes from
+// the offload backend and its entry in the shard's index.
+struct RankShard {
+  struct Source {
+    uint32_t slot;
+    size_t owned_offset;
+  };
+  std::vector<Source> sources;
+  std::vector<StTensor> tensors;
+  nlohmann::json index = nlohmann::json::array();
+};
+
+RankShard rank_shard(const CheckpointParts &s, const std::vector<std::string> &slots) {
+  RankShard out;
+  for (const auto &r : write_share(s)) {
+    size_t c0, n;
+    s.layout.to_canonical(r.flat_offset, r.count, &c0, &n);
+    if (n == 0) continue;
+    for (uint32_t slot = 0; slot < slots.size(); ++slot) {
+      std::string name = slots[slot] + "@" + std::to_string(c0);
+      out.sources.push_back({slot, r.owned_offset});
+      out.tensors.push_back(StTensor{name, "F32", {static_cast<int64_t>(n)}, nullptr, n * 4});
+      out.index.push_back({{"name", name}, {"slot", slots[slot]}, {"start", c0}, {"count", n}});
+    }
+  }
+  return out;
+}
+
+// How the shard is written: 1 MiB checksum blocks, and in CUDA runs pinned
+// buffers, so the device-to-host copies run at full speed.
+ShardWriteOptions shard_options(const CheckpointParts &s) {
+  ShardWriteOptions wo;
+  wo.block = kCheckpointBlock;
+  if (s.host.facts().device.device_type == kDLCUDA) {
+    const tsr_host *h = s.host.table();
+    tsr_host_ctx *ctx = s.host.ctx();
+    wo.memory.alloc = [h, ctx](size_t bytes) -> void * {
+      void *p = nullptr;
+      if (h->alloc(ctx, DLDevice{kDLCUDAHost, 0}, bytes, TSR_MEM_OTHER, &p) != TSR_OK)
+        return nullptr;
+      return p;
+    };
+    wo.memory.release = [h, ctx](void *p) { h->free(ctx, p); };
+  }
+  return wo;
+}
+
+// Writes this rank's shard into tmp_dir and, beside it, its index (the
+// manifest's entry for the file). The shard writer pulls the bytes from
+// the offload backend chunk by chunk (read_state), so no copy of the whole
+// state is ever held in host memory.
+void write_rank_shard(const CheckpointParts &s, RankShard &shard, const fs::path &tmp_dir) {
+  const std::string file = rank_file(s.host.facts().rank);
+  const ShardWritten written = write_shard(
+      (tmp_dir / file).string(), shard.tensors, {{"format", "tessera-shard"}},
+      [&](size_t t, size_t offset, size_t bytes, void *dst) {
+        const auto &src = shard.sources[t];
+        plugin_ok(s.host,
+                  s.offload.vt->read_state(s.offload.self, src.slot, src.owned_offset + offset / 4,
+                                           bytes / 4, static_cast<float *>(dst)),
+                  "offload", s.offload.name, "read_state for a checkpoint");
+      },
+      shard_options(s));
+  size_t off = written.data_start;
+  for (size_t i = 0; i < shard.tensors.size(); ++i) {
+    shard.index[i]["offset"] = off;
+    shard.index[i]["block_crc32"] = written.blocks[i];
+    off += shard.tensors[i].bytes;
+  }
+  nlohmann::json meta = {{"name", file},
+                         {"rank", s.host.facts().rank},
+                         {"bytes", written.bytes},
+                         {"crc32", written.crc},
+                         {"tensors", shard.index}};
+  write_file_synced(tmp_dir / (file + ".json"), meta.dump());
+}
+
+// Every rank's shard index, read (and removed) from tmp_dir: the
+// manifest's "files".
+nlohmann::json gather_shard_indexes(const fs::path &tmp_dir, uint32_t world) {
+  std::error_code ec;
+  nlohmann::json files = nlohmann::json::array();
+  for (uint32_t r = 0; r < world; ++r) {
+    fs::path mp = tmp_dir / (rank_file(r) + ".json");
+    files.push_back(nlohmann::json::parse(read_regular(mp.string(), "checkpoint shard index")));
+    fs::remove(mp, ec);
+  }
+  return files;
+}
+
+nlohmann::json checkpoint_manifest(const CheckpointParts &s, const RunPosition &st,
+                                   const std::vector<std::string> &slots,
+                                   const std::string &config_toml, nlohmann::json files) {
+  nlohmann::json manifest = {
+      {"format", "tessera-checkpoint"},
+      {"version", 3},
+      {"step", st.step},
+      {"epoch", st.epoch},
+      {"batch_in_epoch", st.batch_in_epoch},
+      {"samples", st.samples},
+      {"global_batch", st.global_batch},
+      {"seed", st.seed},
+      {"world_size", s.host.facts().world_size},
+      {"zero", s.zero.name},
+      {"optimizer", s.optimizer.name},
+      {"slots", slots},
+      {"model", s.model_name},
+      {"params", param_table(s.layout)},
+      {"partition_rule",
+       "canonical: parameters in declaration order, unpadded; each rank stores its owned ranges"},
+      {"loss_scaler", st.loss_scale < 0 ? nlohmann::json(nullptr)
+                                        : nlohmann::json{{"cur_scale", st.loss_scale},
+                                                         {"good_steps", st.scale_good_steps},
+                                                         {"cur_hysteresis", st.scale_hysteresis},
+                                                         {"skipped_steps", st.scale_skipped}}},
+      {"config", config_toml},
+      {"files", std::move(files)},
+  };
+  // Its own checksum last: an edited manifest is refused on resume and
+  // by `ckpt verify`, as an edited shard is.
+  manifest["checksum"] = manifest_checksum(manifest);
+  return manifest;
+}
+
+// Commit: the directory gets its final name, then `latest` moves.
+void commit_checkpoint(const fs::path &root, const fs::path &tmp_dir, const fs::path &final_dir,
+                       int64_t step) {
+  std::error_code ec;
+  fsync_path(tmp_dir, true);
+  fs::remove_all(final_dir, ec);
+  fs::rename(tmp_dir, final_dir);
+  fsync_path(root, true);
+  write_file_synced(root / "latest", step_name(step) + "\n");
+  fsync_path(root, true);
+}
+
+// Older checkpoints beyond `keep` (0: all kept), removed only once the new
+// one is complete.
+void prune_checkpoints(const fs::path &root, int64_t keep) {
+  std::error_code ec;
+  std::vector<fs::path> steps;
+  for (const auto &e : fs::directory_iterator(root, ec)) {
+    std::string n = e.path().filename().string();
+    if (e.is_directory() && n.rfind("step_", 0) == 0 && n.find(".tmp") == std::string::npos)
+      steps.push_back(e.path());
+  }
+  std::sort(steps.begin(), steps.end());
+  while (keep > 0 && static_cast<int64_t>(steps.size()) > keep) {
+    fs::remove_all(steps.front(), ec);
+    steps.erase(steps.begin());
+  }
+}
+
 }  // namespace
 
 std::string save_checkpoint(const CheckpointParts &s, const RunPosition &st, const std::string &dir,
@@ -105,128 +259,21 @@ std::string save_checkpoint(const CheckpointParts &s, const RunPosition &st, con
   }
   barrier(s, "checkpoint: directory ready");
 
-  // This rank's pieces: its owned ranges, in canonical coordinates, one
-  // tensor per slot. The shard writer pulls their bytes from the offload
-  // backend chunk by chunk (read_state), so no copy of the whole state is
-  // ever held in host memory.
-  std::vector<std::string> slots = slot_names(s);
-  struct Source {
-    uint32_t slot;
-    size_t owned_offset;
-  };
-  std::vector<Source> sources;
-  std::vector<StTensor> tensors;
-  nlohmann::json index = nlohmann::json::array();
-  for (const auto &r : write_share(s)) {
-    size_t c0, n;
-    s.layout.to_canonical(r.flat_offset, r.count, &c0, &n);
-    if (n == 0) continue;
-    for (uint32_t slot = 0; slot < slots.size(); ++slot) {
-      std::string name = slots[slot] + "@" + std::to_string(c0);
-      sources.push_back({slot, r.owned_offset});
-      tensors.push_back(StTensor{name, "F32", {static_cast<int64_t>(n)}, nullptr, n * 4});
-      index.push_back({{"name", name}, {"slot", slots[slot]}, {"start", c0}, {"count", n}});
-    }
-  }
-  const std::string file = rank_file(f.rank);
-  ShardWriteOptions wo;
-  wo.block = kCheckpointBlock;
-  if (f.device.device_type == kDLCUDA) {
-    // Pinned buffers: the device-to-host copies run at full speed.
-    const tsr_host *h = s.host.table();
-    tsr_host_ctx *ctx = s.host.ctx();
-    wo.memory.alloc = [h, ctx](size_t bytes) -> void * {
-      void *p = nullptr;
-      if (h->alloc(ctx, DLDevice{kDLCUDAHost, 0}, bytes, TSR_MEM_OTHER, &p) != TSR_OK)
-        return nullptr;
-      return p;
-    };
-    wo.memory.release = [h, ctx](void *p) { h->free(ctx, p); };
-  }
-  const ShardWritten written =
-      write_shard((tmp_dir / file).string(), tensors, {{"format", "tessera-shard"}},
-                  [&](size_t t, size_t offset, size_t bytes, void *dst) {
-                    plugin_ok(s.host,
-                              s.offload.vt->read_state(s.offload.self, sources[t].slot,
-                                                       sources[t].owned_offset + offset / 4,
-                                                       bytes / 4, static_cast<float *>(dst)),
-                              "offload", s.offload.name, "read_state for a checkpoint");
-                  },
-                  wo);
-  size_t off = written.data_start;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    index[i]["offset"] = off;
-    index[i]["block_crc32"] = written.blocks[i];
-    off += tensors[i].bytes;
-  }
-  nlohmann::json meta = {{"name", file},
-                         {"rank", f.rank},
-                         {"bytes", written.bytes},
-                         {"crc32", written.crc},
-                         {"tensors", index}};
-  write_file_synced(tmp_dir / (file + ".json"), meta.dump());
+  const std::vector<std::string> slots = slot_names(s);
+  RankShard shard = rank_shard(s, slots);
+  write_rank_shard(s, shard, tmp_dir);
   maybe_crash(f.rank, st.step, FaultPoint::shard_written);
   barrier(s, "checkpoint: every rank written");
 
-  std::string out = final_dir.string();
   if (f.rank == 0) {
-    nlohmann::json files = nlohmann::json::array();
-    for (uint32_t r = 0; r < f.world_size; ++r) {
-      fs::path mp = tmp_dir / (rank_file(r) + ".json");
-      files.push_back(nlohmann::json::parse(read_regular(mp.string(), "checkpoint shard index")));
-      fs::remove(mp, ec);
-    }
-    nlohmann::json manifest = {
-        {"format", "tessera-checkpoint"},
-        {"version", 3},
-        {"step", st.step},
-        {"epoch", st.epoch},
-        {"batch_in_epoch", st.batch_in_epoch},
-        {"samples", st.samples},
-        {"global_batch", st.global_batch},
-        {"seed", st.seed},
-        {"world_size", f.world_size},
-        {"zero", s.zero.name},
-        {"optimizer", s.optimizer.name},
-        {"slots", slots},
-        {"model", s.model_name},
-        {"params", param_table(s.layout)},
-        {"partition_rule",
-         "canonical: parameters in declaration order, unpadded; each rank stores its owned ranges"},
-        {"loss_scaler", st.loss_scale < 0 ? nlohmann::json(nullptr)
-                                          : nlohmann::json{{"cur_scale", st.loss_scale},
-                                                           {"good_steps", st.scale_good_steps},
-                                                           {"cur_hysteresis", st.scale_hysteresis},
-                                                           {"skipped_steps", st.scale_skipped}}},
-        {"config", config_toml},
-        {"files", files},
-    };
-    // Its own checksum last: an edited manifest is refused on resume and
-    // by `ckpt verify`, as an edited shard is.
-    manifest["checksum"] = manifest_checksum(manifest);
+    const nlohmann::json manifest =
+        checkpoint_manifest(s, st, slots, config_toml, gather_shard_indexes(tmp_dir, f.world_size));
     write_file_synced(tmp_dir / "manifest.json", manifest.dump(1));
-    fsync_path(tmp_dir, true);
-    // Commit: the directory gets its final name, then `latest` moves.
-    fs::remove_all(final_dir, ec);
-    fs::rename(tmp_dir, final_dir);
-    fsync_path(root, true);
-    write_file_synced(root / "latest", step_name(st.step) + "\n");
-    fsync_path(root, true);
-    // Older checkpoints beyond `keep` go only now that the new one is complete.
-    std::vector<fs::path> steps;
-    for (const auto &e : fs::directory_iterator(root, ec)) {
-      std::string n = e.path().filename().string();
-      if (e.is_directory() && n.rfind("step_", 0) == 0 && n.find(".tmp") == std::string::npos)
-        steps.push_back(e.path());
-    }
-    std::sort(steps.begin(), steps.end());
-    while (keep > 0 && static_cast<int64_t>(steps.size()) > keep) {
-      fs::remove_all(steps.front(), ec);
-      steps.erase(steps.begin());
-    }
+    commit_checkpoint(root, tmp_dir, final_dir, st.step);
+    prune_checkpoints(root, keep);
   }
   barrier(s, "checkpoint: committed");
-  return out;
+  return final_dir.string();
 }
 
 std::string shape_text(const std::vector<int64_t> &shape) {

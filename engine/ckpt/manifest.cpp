@@ -49,14 +49,10 @@ struct Check {
   }
 };
 
-}  // namespace
-
-void check_manifest(const nlohmann::json &m, const std::string &where) {
-  Check c{where};
-  if (!m.is_object()) c.fail("the manifest is not a JSON object");
-  // Where training stands: each number inside what a run can reach, and
-  // consistent with the others (an epoch takes at least one step, a step at
-  // least one sample).
+// Where training stands: each number inside what a run can reach, and
+// consistent with the others (an epoch takes at least one step, a step at
+// least one sample).
+void check_position(const Check &c, const nlohmann::json &m) {
   const uint64_t step = c.uint(m, "step", "the manifest", kMaxSteps);
   const uint64_t global_batch = c.uint(m, "global_batch", "the manifest", kMaxGlobalBatch);
   if (global_batch == 0) c.fail("'global_batch' is 0");
@@ -83,8 +79,11 @@ void check_manifest(const nlohmann::json &m, const std::string &where) {
     for (const char *k : {"good_steps", "cur_hysteresis", "skipped_steps"})
       if (ls.contains(k)) c.uint(ls, k, "'loss_scaler'", kMaxSteps);
   }
+}
 
-  // The parameter table: the canonical index space every tensor lies in.
+// The parameter table: the canonical index space every tensor lies in.
+// Returns its size in elements.
+uint64_t check_params(const Check &c, const nlohmann::json &m) {
   const auto &params = c.field(m, "params", "the manifest");
   if (!params.is_array()) c.fail("'params' is not an array");
   uint64_t canonical = 0;
@@ -105,7 +104,11 @@ void check_manifest(const nlohmann::json &m, const std::string &where) {
     canonical += n;
     if (canonical > kMaxElements) c.fail("the parameters hold more than 2^50 elements");
   }
+  return canonical;
+}
 
+// The slot names: strings, each once.
+const nlohmann::json &check_slots(const Check &c, const nlohmann::json &m) {
   const auto &slots = c.field(m, "slots", "the manifest");
   if (!slots.is_array()) c.fail("'slots' is not an array");
   for (size_t i = 0; i < slots.size(); ++i) {
@@ -113,77 +116,93 @@ void check_manifest(const nlohmann::json &m, const std::string &where) {
     for (size_t k = 0; k < i; ++k)
       if (slots[k] == slots[i]) c.fail("'slots' names '" + slots[i].get<std::string>() + "' twice");
   }
+  return slots;
+}
 
-  const auto &files = c.field(m, "files", "the manifest");
-  if (!files.is_array()) c.fail("'files' is not an array");
-  struct Run {
-    uint64_t begin, count;
-    std::string what;
-  };
-  std::map<std::string, std::vector<Run>> pieces;  // per slot, in elements
-  std::vector<Run> layout;                         // per file, in bytes
-  for (size_t i = 0; i < files.size(); ++i) {
-    const auto &f = files[i];
-    const std::string &name = c.str(f, "name", "files[" + std::to_string(i) + "]");
-    const std::string ctx = "file '" + name + "'";
-    // Inside the checkpoint directory: a plain name, never a path.
-    if (name.empty() || name == "." || name == ".." ||
-        name.find_first_of(std::string("/\\0", 2)) != std::string::npos)
-      c.fail("files[" + std::to_string(i) + "]: '" + name + "' is not a plain file name");
-    const uint64_t bytes = c.uint(f, "bytes", ctx, kMaxFileBytes);
-    c.uint(f, "crc32", ctx, 0xFFFFFFFFu);
-    const auto &tensors = c.field(f, "tensors", ctx);
-    if (!tensors.is_array()) c.fail(ctx + ": 'tensors' is not an array");
-    for (size_t k = 0; k < tensors.size(); ++k) {
-      const auto &t = tensors[k];
-      const std::string tctx = ctx + " tensor #" + std::to_string(k);
-      c.str(t, "name", tctx);
-      c.str(t, "slot", tctx);
-      const uint64_t start = c.uint(t, "start", tctx, kMaxElements);
-      const uint64_t count = c.uint(t, "count", tctx, kMaxElements);
-      const uint64_t offset = c.uint(t, "offset", tctx, kMaxFileBytes);
-      if (start + count > canonical)
-        c.fail(tctx + ": elements [" + std::to_string(start) + ", " +
-               std::to_string(start + count) + ") lie outside the " + std::to_string(canonical) +
-               " parameter elements");
-      if (offset > bytes || count * 4 > bytes - offset)
-        c.fail(tctx + ": bytes [" + std::to_string(offset) + ", " +
-               std::to_string(offset + count * 4) + ") lie outside the file's " +
-               std::to_string(bytes));
-      const auto &blocks = c.field(t, "block_crc32", tctx);
-      const uint64_t want = (count * 4 + kCheckpointBlock - 1) / kCheckpointBlock;
-      if (!blocks.is_array() || blocks.size() != want)
-        c.fail(tctx + ": 'block_crc32' does not hold one checksum per MiB (" +
-               std::to_string(want) + ")");
-      for (const auto &b : blocks)
-        if (!b.is_number_unsigned() || b.get<uint64_t>() > 0xFFFFFFFFu)
-          c.fail(tctx + ": a block checksum is not a 32-bit unsigned integer");
-      if (std::find(slots.begin(), slots.end(), t["slot"]) == slots.end())
-        c.fail(tctx + ": slot '" + t["slot"].get<std::string>() + "' is not in 'slots'");
-      pieces[t["slot"].get<std::string>()].push_back({start, count, tctx});
-      layout.push_back({offset, count * 4, tctx});
-    }
-    // The writer puts a file's tensors one after another up to its end: a
-    // byte read for two tensors, or one read for none, is an edit.
-    std::sort(layout.begin(), layout.end(),
-              [](const Run &a, const Run &b) { return a.begin < b.begin; });
-    for (size_t k = 1; k < layout.size(); ++k)
-      if (layout[k].begin != layout[k - 1].begin + layout[k - 1].count)
-        c.fail(layout[k].what + ": its bytes start at " + std::to_string(layout[k].begin) +
-               ", not where " + layout[k - 1].what + "'s end (" +
-               std::to_string(layout[k - 1].begin + layout[k - 1].count) + ")");
-    if (!layout.empty() && layout.back().begin + layout.back().count != bytes)
-      c.fail(ctx + ": its tensors end at byte " +
-             std::to_string(layout.back().begin + layout.back().count) + ", the file at " +
-             std::to_string(bytes));
-    layout.clear();
-  }
-  // Coverage, per slot: the pieces tile [0, parameters) exactly. An overlap
-  // would count elements twice and leave others at their initial values.
+// A range [begin, begin + count) of elements or bytes, and what holds it.
+struct Extent {
+  uint64_t begin, count;
+  std::string what;
+};
+using SlotPieces = std::map<std::string, std::vector<Extent>>;  // per slot, in elements
+
+// One tensor of a file of `bytes` bytes: its elements inside the parameter
+// table, its bytes inside the file, one checksum per block, a known slot.
+// Adds its elements to `pieces` and its bytes to `layout`.
+void check_tensor(const Check &c, const nlohmann::json &t, const std::string &tctx, uint64_t bytes,
+                  uint64_t canonical, const nlohmann::json &slots, SlotPieces &pieces,
+                  std::vector<Extent> &layout) {
+  c.str(t, "name", tctx);
+  c.str(t, "slot", tctx);
+  const uint64_t start = c.uint(t, "start", tctx, kMaxElements);
+  const uint64_t count = c.uint(t, "count", tctx, kMaxElements);
+  const uint64_t offset = c.uint(t, "offset", tctx, kMaxFileBytes);
+  if (start + count > canonical)
+    c.fail(tctx + ": elements [" + std::to_string(start) + ", " + std::to_string(start + count) +
+           ") lie outside the " + std::to_string(canonical) + " parameter elements");
+  if (offset > bytes || count * 4 > bytes - offset)
+    c.fail(tctx + ": bytes [" + std::to_string(offset) + ", " + std::to_string(offset + count * 4) +
+           ") lie outside the file's " + std::to_string(bytes));
+  const auto &blocks = c.field(t, "block_crc32", tctx);
+  const uint64_t want = (count * 4 + kCheckpointBlock - 1) / kCheckpointBlock;
+  if (!blocks.is_array() || blocks.size() != want)
+    c.fail(tctx + ": 'block_crc32' does not hold one checksum per MiB (" + std::to_string(want) +
+           ")");
+  for (const auto &b : blocks)
+    if (!b.is_number_unsigned() || b.get<uint64_t>() > 0xFFFFFFFFu)
+      c.fail(tctx + ": a block checksum is not a 32-bit unsigned integer");
+  if (std::find(slots.begin(), slots.end(), t["slot"]) == slots.end())
+    c.fail(tctx + ": slot '" + t["slot"].get<std::string>() + "' is not in 'slots'");
+  pieces[t["slot"].get<std::string>()].push_back({start, count, tctx});
+  layout.push_back({offset, count * 4, tctx});
+}
+
+// The writer puts a file's tensors one after another up to its end: a byte
+// read for two tensors, or one read for none, is an edit.
+void check_file_layout(const Check &c, std::vector<Extent> &layout, const std::string &ctx,
+                       uint64_t bytes) {
+  std::sort(layout.begin(), layout.end(),
+            [](const Extent &a, const Extent &b) { return a.begin < b.begin; });
+  for (size_t k = 1; k < layout.size(); ++k)
+    if (layout[k].begin != layout[k - 1].begin + layout[k - 1].count)
+      c.fail(layout[k].what + ": its bytes start at " + std::to_string(layout[k].begin) +
+             ", not where " + layout[k - 1].what + "'s end (" +
+             std::to_string(layout[k - 1].begin + layout[k - 1].count) + ")");
+  if (!layout.empty() && layout.back().begin + layout.back().count != bytes)
+    c.fail(ctx + ": its tensors end at byte " +
+           std::to_string(layout.back().begin + layout.back().count) + ", the file at " +
+           std::to_string(bytes));
+}
+
+// files[i]: a plain name inside the checkpoint directory, its size and
+// checksum, its tensors laid end to end. Adds its tensors to `pieces`.
+void check_file(const Check &c, const nlohmann::json &f, size_t i, uint64_t canonical,
+                const nlohmann::json &slots, SlotPieces &pieces) {
+  const std::string &name = c.str(f, "name", "files[" + std::to_string(i) + "]");
+  const std::string ctx = "file '" + name + "'";
+  // Inside the checkpoint directory: a plain name, never a path.
+  if (name.empty() || name == "." || name == ".." ||
+      name.find_first_of(std::string("/\\0", 2)) != std::string::npos)
+    c.fail("files[" + std::to_string(i) + "]: '" + name + "' is not a plain file name");
+  const uint64_t bytes = c.uint(f, "bytes", ctx, kMaxFileBytes);
+  c.uint(f, "crc32", ctx, 0xFFFFFFFFu);
+  const auto &tensors = c.field(f, "tensors", ctx);
+  if (!tensors.is_array()) c.fail(ctx + ": 'tensors' is not an array");
+  std::vector<Extent> layout;  // in bytes
+  for (size_t k = 0; k < tensors.size(); ++k)
+    check_tensor(c, tensors[k], ctx + " tensor #" + std::to_string(k), bytes, canonical, slots,
+                 pieces, layout);
+  check_file_layout(c, layout, ctx, bytes);
+}
+
+// Coverage, per slot: the pieces tile [0, parameters) exactly. An overlap
+// would count elements twice and leave others at their initial values.
+void check_coverage(const Check &c, const nlohmann::json &slots, SlotPieces &pieces,
+                    uint64_t canonical) {
   for (const auto &s : slots) {
     auto &runs = pieces[s.get<std::string>()];
     std::sort(runs.begin(), runs.end(),
-              [](const Run &a, const Run &b) { return a.begin < b.begin; });
+              [](const Extent &a, const Extent &b) { return a.begin < b.begin; });
     uint64_t covered = 0;
     for (const auto &r : runs) {
       if (r.begin < covered)
@@ -199,6 +218,21 @@ void check_manifest(const nlohmann::json &m, const std::string &where) {
       c.fail("slot '" + s.get<std::string>() + "': elements [" + std::to_string(covered) + ", " +
              std::to_string(canonical) + ") are in no tensor");
   }
+}
+
+}  // namespace
+
+void check_manifest(const nlohmann::json &m, const std::string &where) {
+  Check c{where};
+  if (!m.is_object()) c.fail("the manifest is not a JSON object");
+  check_position(c, m);
+  const uint64_t canonical = check_params(c, m);
+  const nlohmann::json &slots = check_slots(c, m);
+  const auto &files = c.field(m, "files", "the manifest");
+  if (!files.is_array()) c.fail("'files' is not an array");
+  SlotPieces pieces;
+  for (size_t i = 0; i < files.size(); ++i) check_file(c, files[i], i, canonical, slots, pieces);
+  check_coverage(c, slots, pieces, canonical);
 }
 
 std::string manifest_checksum(const nlohmann::json &m) {

@@ -160,6 +160,161 @@ struct ShardFile {
   }
 };
 
+// Where each tensor's bytes start in the file, after the safetensors prefix.
+std::vector<size_t> tensor_starts(const std::vector<StTensor> &tensors, size_t prefix_bytes,
+                                  size_t *total) {
+  std::vector<size_t> start(tensors.size());
+  *total = prefix_bytes;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    start[i] = *total;
+    *total += tensors[i].bytes;
+  }
+  return start;
+}
+
+// The ring's buffers, `chunk` bytes each, from opts.memory (else aligned
+// heap memory); released when the writer is done with them.
+struct ChunkBuffers {
+  const ShardBuffers &memory;
+  std::vector<char *> bufs;
+  ChunkBuffers(const ShardBuffers &m, const std::string &path, int n, size_t chunk) : memory(m) {
+    for (int i = 0; i < n; ++i) {
+      void *p = nullptr;
+      if (memory.alloc) {
+        p = memory.alloc(chunk);
+      } else if (::posix_memalign(&p, kAlign, chunk) != 0) {
+        p = nullptr;
+      }
+      if (!p) {
+        release();
+        throw Error(TSR_ERR_NO_MEMORY, path + ": cannot allocate the checkpoint writer's " +
+                                           std::to_string(n) + " buffers of " +
+                                           std::to_string(chunk >> 20) + " MiB");
+      }
+      bufs.push_back(static_cast<char *>(p));
+    }
+  }
+  ChunkBuffers(const ChunkBuffers &) = delete;
+  ChunkBuffers &operator=(const ChunkBuffers &) = delete;
+  ~ChunkBuffers() { release(); }
+  void release() {
+    for (char *b : bufs) {
+      if (memory.release)
+        memory.release(b);
+      else
+        std::free(b);
+    }
+    bufs.clear();
+  }
+};
+
+// One shard on its way to disk: the file's tensors and where they start,
+// the chunks the file is cut into, and the ring that passes each chunk's
+// buffer from the filler to the checksum and write threads.
+struct ShardPipe {
+  const std::string &path;
+  const std::vector<StTensor> &tensors;
+  const std::vector<size_t> &start;
+  size_t total, chunk, block;
+  ChunkBuffers &buffers;
+  Ring &ring;
+};
+
+// The checksum thread: each chunk's pieces of blocks in parallel, then
+// folded into the blocks in file order (chunks leave the queue in order).
+void checksum_chunks(ShardPipe &pipe, std::vector<std::vector<uint32_t>> &blocks) {
+  WriteJob j;
+  std::vector<Piece> pieces;
+  while (pipe.ring.next(true, &j)) {
+    pieces.clear();
+    const size_t a = j.chunk * pipe.chunk, b = a + j.len;
+    for (size_t i = 0; i < pipe.tensors.size(); ++i) {
+      const size_t start = pipe.start[i];
+      const size_t lo = std::max(a, start), hi = std::min(b, start + pipe.tensors[i].bytes);
+      for (size_t p = lo; p < hi;) {
+        const size_t in_tensor = p - start, blk = in_tensor / pipe.block;
+        const size_t end = std::min(hi, start + (blk + 1) * pipe.block);
+        pieces.push_back(
+            Piece{i, blk, pipe.buffers.bufs[static_cast<size_t>(j.buf)] + (p - a), end - p, 0});
+        p = end;
+      }
+    }
+    cpu::parallel_for(static_cast<int64_t>(pieces.size()), 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t k = lo; k < hi; ++k) {
+        Piece &pc = pieces[static_cast<size_t>(k)];
+        pc.crc = crc32_of(pc.data, pc.len);
+      }
+    });
+    for (const Piece &pc : pieces) {
+      uint32_t &c = blocks[pc.tensor][pc.block];
+      c = static_cast<uint32_t>(crc32_combine(c, pc.crc, static_cast<z_off_t>(pc.len)));
+    }
+    pipe.ring.done(j.buf);
+  }
+}
+
+// The write thread: each chunk to its place in the file.
+void write_chunks(ShardPipe &pipe, ShardFile &file) {
+  WriteJob j;
+  while (pipe.ring.next(false, &j)) {
+    if (!pipe.ring.failed()) {
+      // Direct writes go out in whole 4 KiB units; the last chunk's tail
+      // past the data is zero and cut off by the ftruncate in write_shard.
+      const size_t len = file.direct ? round_up(j.len, kAlign) : j.len;
+      if (int err = file.write_at(pipe.buffers.bufs[static_cast<size_t>(j.buf)], len,
+                                  j.chunk * pipe.chunk))
+        pipe.ring.fail(err == ENOSPC ? pipe.path + ": no space left on the device"
+                                     : sys_error(pipe.path, "write", err));
+    }
+    pipe.ring.done(j.buf);
+  }
+}
+
+// The calling thread fills each chunk: the prefix, then each tensor's bytes
+// from `fill`. Returns fill's exception, passed on as it is (a plugin's
+// status and message) once the other threads have stopped.
+std::exception_ptr fill_chunks(ShardPipe &pipe, const std::string &prefix, const ShardFill &fill) {
+  const std::vector<StTensor> &tensors = pipe.tensors;
+  const size_t chunks = (pipe.total + pipe.chunk - 1) / pipe.chunk;
+  size_t first = 0;  // the first tensor not wholly before this chunk
+  for (size_t k = 0; k < chunks; ++k) {
+    const int b = pipe.ring.take();
+    if (b < 0) break;
+    char *buf = pipe.buffers.bufs[static_cast<size_t>(b)];
+    const size_t a = k * pipe.chunk, len = std::min(pipe.chunk, pipe.total - a);
+    try {
+      if (a < prefix.size()) std::memcpy(buf, prefix.data() + a, std::min(len, prefix.size() - a));
+      while (first < tensors.size() && pipe.start[first] + tensors[first].bytes <= a) ++first;
+      for (size_t i = first; i < tensors.size() && pipe.start[i] < a + len; ++i) {
+        const size_t lo = std::max(a, pipe.start[i]),
+                     hi = std::min(a + len, pipe.start[i] + tensors[i].bytes);
+        if (lo < hi) fill(i, lo - pipe.start[i], hi - lo, buf + (lo - a));
+      }
+      if (len < pipe.chunk) std::memset(buf + len, 0, round_up(len, kAlign) - len);
+    } catch (...) {
+      pipe.ring.fail(pipe.path + ": filling the checkpoint buffer failed");
+      return std::current_exception();
+    }
+    pipe.ring.submit(WriteJob{b, k, len});
+  }
+  return nullptr;
+}
+
+// The CRC-32 of the whole file, from the prefix's and the blocks' own.
+uint32_t file_crc(const std::string &prefix, const std::vector<StTensor> &tensors,
+                  const std::vector<std::vector<uint32_t>> &blocks, size_t block) {
+  uLong c = crc32_of(prefix.data(), prefix.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    uLong t = crc32(0L, Z_NULL, 0);
+    for (size_t blk = 0; blk < blocks[i].size(); ++blk) {
+      const size_t len = std::min(block, tensors[i].bytes - blk * block);
+      t = crc32_combine(t, blocks[i][blk], static_cast<z_off_t>(len));
+    }
+    c = crc32_combine(c, t, static_cast<z_off_t>(tensors[i].bytes));
+  }
+  return static_cast<uint32_t>(c);
+}
+
 }  // namespace
 
 uint32_t crc32_of(const void *data, size_t n) {
@@ -182,13 +337,10 @@ ShardWritten write_shard(const std::string &path, const std::vector<StTensor> &t
   const std::string prefix = safetensors_prefix(tensors, metadata, kAlign);
   ShardWritten w;
   w.data_start = prefix.size();
-  std::vector<size_t> start(tensors.size());
-  size_t total = prefix.size();
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    start[i] = total;
-    total += tensors[i].bytes;
-    w.blocks.emplace_back((tensors[i].bytes + opts.block - 1) / opts.block, 0u);
-  }
+  size_t total = 0;
+  const std::vector<size_t> start = tensor_starts(tensors, prefix.size(), &total);
+  for (const StTensor &t : tensors)
+    w.blocks.emplace_back((t.bytes + opts.block - 1) / opts.block, 0u);
   w.bytes = total;
 
   ShardFile file(path, opts.direct);
@@ -201,107 +353,16 @@ ShardWritten write_shard(const std::string &path, const std::vector<StTensor> &t
       std::min(round_up(std::max(opts.chunk, kAlign), kAlign), round_up(total, kAlign));
   const size_t chunks = (total + chunk - 1) / chunk;
   const int nbuf = static_cast<int>(std::min<size_t>(static_cast<size_t>(opts.buffers), chunks));
-  std::vector<char *> bufs;
-  auto release = [&] {
-    for (char *b : bufs) {
-      if (opts.memory.release)
-        opts.memory.release(b);
-      else
-        std::free(b);
-    }
-  };
-  for (int i = 0; i < nbuf; ++i) {
-    void *p = nullptr;
-    if (opts.memory.alloc) {
-      p = opts.memory.alloc(chunk);
-    } else if (::posix_memalign(&p, kAlign, chunk) != 0) {
-      p = nullptr;
-    }
-    if (!p) {
-      release();
-      throw Error(TSR_ERR_NO_MEMORY, path + ": cannot allocate the checkpoint writer's " +
-                                         std::to_string(nbuf) + " buffers of " +
-                                         std::to_string(chunk >> 20) + " MiB");
-    }
-    bufs.push_back(static_cast<char *>(p));
-  }
-
+  ChunkBuffers buffers(opts.memory, path, nbuf, chunk);
   Ring ring(nbuf);
-  // Checksums: each chunk's pieces of blocks in parallel, then folded into
-  // the blocks in file order (chunks leave the queue in order).
-  std::thread crc_thread([&] {
-    WriteJob j;
-    std::vector<Piece> pieces;
-    while (ring.next(true, &j)) {
-      pieces.clear();
-      const size_t a = j.chunk * chunk, b = a + j.len;
-      for (size_t i = 0; i < tensors.size(); ++i) {
-        const size_t lo = std::max(a, start[i]), hi = std::min(b, start[i] + tensors[i].bytes);
-        for (size_t p = lo; p < hi;) {
-          const size_t in_tensor = p - start[i], blk = in_tensor / opts.block;
-          const size_t end = std::min(hi, start[i] + (blk + 1) * opts.block);
-          pieces.push_back(Piece{i, blk, bufs[static_cast<size_t>(j.buf)] + (p - a), end - p, 0});
-          p = end;
-        }
-      }
-      cpu::parallel_for(static_cast<int64_t>(pieces.size()), 1, [&](int64_t lo, int64_t hi) {
-        for (int64_t k = lo; k < hi; ++k) {
-          Piece &pc = pieces[static_cast<size_t>(k)];
-          pc.crc = crc32_of(pc.data, pc.len);
-        }
-      });
-      for (const Piece &pc : pieces) {
-        uint32_t &c = w.blocks[pc.tensor][pc.block];
-        c = static_cast<uint32_t>(crc32_combine(c, pc.crc, static_cast<z_off_t>(pc.len)));
-      }
-      ring.done(j.buf);
-    }
-  });
-  std::thread write_thread([&] {
-    WriteJob j;
-    while (ring.next(false, &j)) {
-      if (!ring.failed()) {
-        // Direct writes go out in whole 4 KiB units; the last chunk's tail
-        // past the data is zero and cut off by the ftruncate below.
-        const size_t len = file.direct ? round_up(j.len, kAlign) : j.len;
-        if (int err = file.write_at(bufs[static_cast<size_t>(j.buf)], len, j.chunk * chunk))
-          ring.fail(err == ENOSPC ? path + ": no space left on the device"
-                                  : sys_error(path, "write", err));
-      }
-      ring.done(j.buf);
-    }
-  });
-
-  // This thread fills: the prefix, then each tensor's bytes from `fill`.
-  size_t first = 0;  // the first tensor not wholly before this chunk
-  std::exception_ptr fill_error;
-  for (size_t k = 0; k < chunks; ++k) {
-    const int b = ring.take();
-    if (b < 0) break;
-    char *buf = bufs[static_cast<size_t>(b)];
-    const size_t a = k * chunk, len = std::min(chunk, total - a);
-    try {
-      if (a < prefix.size()) std::memcpy(buf, prefix.data() + a, std::min(len, prefix.size() - a));
-      while (first < tensors.size() && start[first] + tensors[first].bytes <= a) ++first;
-      for (size_t i = first; i < tensors.size() && start[i] < a + len; ++i) {
-        const size_t lo = std::max(a, start[i]),
-                     hi = std::min(a + len, start[i] + tensors[i].bytes);
-        if (lo < hi) fill(i, lo - start[i], hi - lo, buf + (lo - a));
-      }
-      if (len < chunk) std::memset(buf + len, 0, round_up(len, kAlign) - len);
-    } catch (...) {
-      // Passed on as it is (a plugin's status and message) once the
-      // threads have stopped.
-      fill_error = std::current_exception();
-      ring.fail(path + ": filling the checkpoint buffer failed");
-      break;
-    }
-    ring.submit(WriteJob{b, k, len});
-  }
+  ShardPipe pipe{path, tensors, start, total, chunk, opts.block, buffers, ring};
+  std::thread crc_thread([&] { checksum_chunks(pipe, w.blocks); });
+  std::thread write_thread([&] { write_chunks(pipe, file); });
+  const std::exception_ptr fill_error = fill_chunks(pipe, prefix, fill);
   ring.close();
   crc_thread.join();
   write_thread.join();
-  release();
+  buffers.release();
   if (fill_error) std::rethrow_exception(fill_error);
   if (std::string why = ring.error(); !why.empty()) throw Error(TSR_ERR_IO, why);
 
@@ -309,17 +370,7 @@ ShardWritten write_shard(const std::string &path, const std::vector<StTensor> &t
     throw Error(TSR_ERR_IO, sys_error(path, "ftruncate", errno));
   if (::fsync(file.fd) != 0) throw Error(TSR_ERR_IO, sys_error(path, "fsync", errno));
   w.direct = file.direct;
-
-  uLong c = crc32_of(prefix.data(), prefix.size());
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    uLong t = crc32(0L, Z_NULL, 0);
-    for (size_t blk = 0; blk < w.blocks[i].size(); ++blk) {
-      const size_t len = std::min(opts.block, tensors[i].bytes - blk * opts.block);
-      t = crc32_combine(t, w.blocks[i][blk], static_cast<z_off_t>(len));
-    }
-    c = crc32_combine(c, t, static_cast<z_off_t>(tensors[i].bytes));
-  }
-  w.crc = static_cast<uint32_t>(c);
+  w.crc = file_crc(prefix, tensors, w.blocks, opts.block);
   return w;
 }
 

@@ -80,10 +80,10 @@ int run_command(const std::string &command, const char *usage, int (*body)(const
     if (p.has("--verbose")) spdlog::set_level(spdlog::level::debug);
     return body(p);
   } catch (const UsageError &e) {
-    std::fprintf(stderr, "%s\n\n%s", e.what(), usage);
+    std::fprintf(stderr, "%s\n\n%s", error_for_user(e).c_str(), usage);
     return 2;
   } catch (const std::exception &e) {
-    std::fprintf(stderr, "tessera %s: error: %s\n", command.c_str(), e.what());
+    std::fprintf(stderr, "tessera %s: error: %s\n", command.c_str(), error_for_user(e).c_str());
     return 1;
   }
 }

@@ -15,6 +15,7 @@
 #include "train/frozen_model.hpp"
 #include "util/error.hpp"
 #include "util/safetensors.hpp"
+#include "util/text.hpp"
 
 namespace fs = std::filesystem;
 
@@ -56,18 +57,6 @@ std::string resolve(const std::string &path) {
   return p;
 }
 
-std::string human_bytes(double b) {
-  const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024 && u < 4) {
-    b /= 1024;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f %s", b, units[u]);
-  return buf;
-}
-
 int inspect(const std::string &path) {
   std::string dir = resolve(path);
   nlohmann::json m = read_manifest(dir);
@@ -91,7 +80,7 @@ int inspect(const std::string &path) {
   std::printf("  %zu parameters in all\n  files:\n", total);
   for (const auto &f : m["files"])
     std::printf("    %-28s %10s  %zu tensors\n", f["name"].get<std::string>().c_str(),
-                human_bytes(f["bytes"].get<double>()).c_str(), f["tensors"].size());
+                format_bytes(f["bytes"].get<double>()).c_str(), f["tensors"].size());
   std::vector<std::string> problems = verify_checkpoint(dir);
   std::printf("  checksums: %s\n",
               problems.empty() ? "all sound" : "DAMAGED (run tessera ckpt verify)");
@@ -130,7 +119,7 @@ bool export_by_model(const std::string &dir, const nlohmann::json &m,
     spdlog::warn(
         "the checkpoint's model cannot be built here ({}): writing the tessera format "
         "(--format hf says what to fix)",
-        e.what());
+        error_for_user(e));
     return false;
   }
   FrozenModel &model = *built;

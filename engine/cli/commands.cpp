@@ -265,15 +265,17 @@ int train_here(const Parsed &p) {
           std::vector<std::string>{"run.dir", "checkpoint.dir"});
     train(job, proc);
   } catch (const std::exception &e) {
+    // What the user reads, here, in the summary and from the launcher.
+    const std::string why = error_for_user(e);
     // A failed run's summary says so. Under our launcher the launcher
     // writes it (it knows which rank failed first); alone, this process.
     if (!dist) {
-      write_failed_summary(job.settings.dir, job.settings.name, e.what(), 0, 1);
+      write_failed_summary(job.settings.dir, job.settings.name, why, 0, 1);
       throw;
     }
     // Say why first (the launcher may stop us soon after), then tell the
     // other ranks at once instead of leaving them in a collective.
-    std::fprintf(stderr, "tessera run: error on rank %u: %s\n", proc.rank, e.what());
+    std::fprintf(stderr, "tessera run: error on rank %u: %s\n", proc.rank, why.c_str());
     std::fflush(stderr);
     // A collective failing under us usually means a peer died first: say so,
     // so the launcher names that peer rather than us.
@@ -283,9 +285,9 @@ int train_here(const Parsed &p) {
     // rank that failed on its own does.
     if (!lost_peer && !std::getenv("TESSERA_LAUNCHED"))
       write_failed_summary(job.settings.dir, job.settings.name,
-                           "rank " + std::to_string(proc.rank) + " failed: " + e.what(),
+                           "rank " + std::to_string(proc.rank) + " failed: " + why,
                            static_cast<int>(proc.rank), proc.world_size);
-    dist->post_abort(std::string(lost_peer ? "[comm] " : "") + e.what());
+    dist->post_abort(std::string(lost_peer ? "[comm] " : "") + why);
     return lost_peer ? kStoppedByPeerStatus : 1;
   }
   return 0;

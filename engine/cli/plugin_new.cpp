@@ -117,7 +117,9 @@ std::string sh_quote(const std::string &s) {
   return q + "'";
 }
 
-int plugin_new_body(const Parsed &p) {
+// KIND and NAME of `plugin new KIND NAME [DIR]`, checked: a kind the
+// templates have, a valid plugin name.
+const Kind &parse_kind_and_name(const Parsed &p) {
   if (p.positional.empty() || p.positional[0] != "new")
     throw UsageError(p.positional.empty()
                          ? "tessera plugin: expected 'new KIND NAME [DIR]' or 'check CONFIG'"
@@ -140,27 +142,31 @@ int plugin_new_body(const Parsed &p) {
     throw UsageError("tessera plugin new: '" + name +
                      "' is not a plugin name: a lower-case letter, then up to 63 lower-case "
                      "letters, digits, '_' or '-'");
+  return *kind;
+}
 
-  // A name tessera already has for this kind would make one of the two
-  // libraries be refused at every start.
-  {
-    Registry reg;
-    reg.scan(Registry::search_dirs({}));
-    for (const auto &e : reg.plugins())
-      if (e.kind == kind_name && name == e.desc->name)
-        throw std::runtime_error(
-            std::string("tessera already has ") +
-            (kind_name == "optimizer" || kind_name == "offload" ? "an " : "a ") + kind_name +
-            " plugin named '" + name + "' (" + e.file + "); pick another name");
-  }
+// A name tessera already has for this kind would make one of the two
+// libraries be refused at every start.
+void check_name_free(const std::string &kind_name, const std::string &name) {
+  Registry reg;
+  reg.scan(Registry::search_dirs({}));
+  for (const auto &e : reg.plugins())
+    if (e.kind == kind_name && name == e.desc->name)
+      throw std::runtime_error(std::string("tessera already has ") +
+                               (kind_name == "optimizer" || kind_name == "offload" ? "an " : "a ") +
+                               kind_name + " plugin named '" + name + "' (" + e.file +
+                               "); pick another name");
+}
 
-  const fs::path dir = p.positional.size() == 4 ? fs::path(p.positional[3]) : fs::path(name);
+// The templates' @KEY@ values for plugin `name` of `kind`.
+std::map<std::string, std::string> template_vars(const Kind &kind, const std::string &name,
+                                                 const std::string &prefix) {
+  const std::string kind_name = kind.name;
   std::string target = "tsr_" + kind_name + "_" + name;
   for (char &c : target)
     if (c == '-') c = '_';
   const std::string version = TESSERA_VERSION;
-  const std::string prefix = install_prefix();
-  const std::map<std::string, std::string> vars = {
+  return {
       {"NAME", name},
       {"KIND", kind_name},
       {"TARGET", target},
@@ -168,21 +174,21 @@ int plugin_new_body(const Parsed &p) {
       {"TESSERA_VERSION_MAJOR_MINOR", version.substr(0, version.rfind('.'))},
       {"ABI_VERSION", std::to_string(TSR_ABI_MAJOR) + "." + std::to_string(TSR_ABI_MINOR)},
       {"ABOUT", trim_trailing_newlines(template_text(kind_name + "/about.md.in"))},
-      {"GUIDE", kind->guide},
+      {"GUIDE", kind.guide},
       {"PREFIX", prefix.empty() ? "PREFIX" : prefix},
   };
-  const std::vector<std::pair<std::string, std::string>> files = {
-      {"CMakeLists.txt", "common/CMakeLists.txt.in"},
-      {name + ".cpp", kind_name + "/plugin.cpp.in"},
-      {name + ".toml", kind_name + "/config.toml.in"},
-      {"README.md", "common/README.md.in"},
-      {".gitignore", "common/gitignore.in"},
-  };
+}
 
+using FileList = std::vector<std::pair<std::string, std::string>>;  // out, template
+
+// Writes each file of `files` into `dir` from its template; refuses to
+// overwrite without --force.
+void write_project(const fs::path &dir, const FileList &files,
+                   const std::map<std::string, std::string> &vars, bool force) {
   std::error_code ec;
   if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
     throw std::runtime_error(dir.string() + " exists and is not a directory");
-  if (!p.has("--force"))
+  if (!force)
     for (const auto &[out, tpl] : files)
       if (fs::exists(dir / out, ec))
         throw std::runtime_error((dir / out).string() +
@@ -196,6 +202,22 @@ int plugin_new_body(const Parsed &p) {
     f.close();
     if (!f) throw std::runtime_error("cannot write " + path.string());
   }
+}
+
+int plugin_new_body(const Parsed &p) {
+  const Kind &kind = parse_kind_and_name(p);
+  const std::string kind_name = kind.name, name = p.positional[2];
+  check_name_free(kind_name, name);
+  const fs::path dir = p.positional.size() == 4 ? fs::path(p.positional[3]) : fs::path(name);
+  const std::string prefix = install_prefix();
+  const FileList files = {
+      {"CMakeLists.txt", "common/CMakeLists.txt.in"},
+      {name + ".cpp", kind_name + "/plugin.cpp.in"},
+      {name + ".toml", kind_name + "/config.toml.in"},
+      {"README.md", "common/README.md.in"},
+      {".gitignore", "common/gitignore.in"},
+  };
+  write_project(dir, files, template_vars(kind, name, prefix), p.has("--force"));
 
   std::printf("created %s plugin '%s' in %s:\n", kind_name.c_str(), name.c_str(),
               dir.string().c_str());

@@ -3,7 +3,9 @@
 #include <cstdint>
 #include <string>
 
+#include "backend/cuda/device.hpp"
 #include "comm/gloo_comm.hpp"
+#include "comm/local_comm.hpp"
 #include "comm/nccl_comm.hpp"
 #include "util/error.hpp"
 
@@ -27,6 +29,10 @@ tsr_status missing(tsr_host_ctx *ctx, const char *op, const char *what) {
 }
 
 }  // namespace
+
+void copy_with_gpu(void *dst, const void *src, size_t bytes) {
+  TSR_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cuda::compute_stream()));
+}
 
 tsr_status CudaComm::all_reduce(tsr_host_ctx *ctx, DLTensor *t, tsr_reduce_op op,
                                 tsr_comm_work **work) {

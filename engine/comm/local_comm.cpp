@@ -3,9 +3,6 @@
 #include <cstring>
 
 #include "util/error.hpp"
-#ifdef TESSERA_HAVE_CUDA
-#include "backend/cuda/device.hpp"
-#endif
 
 namespace tessera {
 
@@ -29,8 +26,7 @@ tsr_status copy_through(tsr_host_ctx *ctx, const DLTensor *in, DLTensor *out, ts
 #ifdef TESSERA_HAVE_CUDA
     // A CUDA run of one rank: device buffers, copied in compute-stream order.
     if (in->device.device_type == kDLCUDA || out->device.device_type == kDLCUDA) {
-      TSR_CUDA_CHECK(
-          cudaMemcpyAsync(dst, src, bytes_of(in), cudaMemcpyDefault, cuda::compute_stream()));
+      copy_with_gpu(dst, src, bytes_of(in));
       return;
     }
 #endif

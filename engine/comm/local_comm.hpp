@@ -2,6 +2,8 @@
 // a no-op. The run's Comm when no other is set (host/comm_table.cpp).
 #pragma once
 
+#include <cstddef>
+
 #include "comm/comm.hpp"
 
 namespace tessera {
@@ -22,5 +24,13 @@ class LocalComm final : public Comm {
 
 // The one LocalComm (it holds no state).
 Comm &local_comm();
+
+#ifdef TESSERA_HAVE_CUDA
+// Copies `bytes` from src to dst where either may be GPU memory, in the
+// compute stream's order: a CUDA run of one rank. It lives with the CUDA
+// collectives (comm/cuda_comm.cpp, built only with the toolkit), so this
+// world of one, built everywhere, needs none of the device runtime.
+void copy_with_gpu(void *dst, const void *src, size_t bytes);
+#endif
 
 }  // namespace tessera

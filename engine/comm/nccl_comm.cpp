@@ -92,6 +92,43 @@ size_t elem_bytes(DLDataType dt) {
   return static_cast<size_t>(dt.bits) * dt.lanes / 8;
 }
 
+// The job's NCCL unique id: rank 0 makes it and posts it under `key`; the
+// others wait for it there.
+ncclUniqueId share_unique_id(StoreClient &store, uint32_t rank, const std::string &key,
+                             std::chrono::milliseconds timeout, const std::string &who) {
+  ncclUniqueId id{};
+  if (rank == 0) {
+    ncclResult_t r = ncclGetUniqueId(&id);
+    if (r != ncclSuccess)
+      throw Error(TSR_ERR_COMM, who + "NCCL could not make its unique id: " +
+                                    ncclGetErrorString(r) + " (" + ncclGetLastError(nullptr) + ")");
+    store.set(key, std::string(id.internal, sizeof id.internal));
+    return id;
+  }
+  if (!store.wait({key}, timeout))
+    throw Error(TSR_ERR_COMM, who + "rank 0 did not publish the NCCL unique id within " +
+                                  seconds(timeout) + " (comm.timeout_s)");
+  const std::string v = store.get(key, timeout);
+  if (v.size() != sizeof id.internal)
+    throw Error(TSR_ERR_COMM, who + "the NCCL unique id in the store has " +
+                                  std::to_string(v.size()) + " bytes, not " +
+                                  std::to_string(sizeof id.internal));
+  std::memcpy(id.internal, v.data(), v.size());
+  return id;
+}
+
+// The ranks that never said they had started joining ("1, 3"), for a
+// set-up that timed out.
+std::string ranks_not_joined(StoreClient &store, const std::string &prefix, uint32_t world) {
+  std::string missing;
+  for (uint32_t q = 0; q < world; ++q) {
+    std::string v;
+    if (!store.check(prefix + "/nccl_join/" + std::to_string(q), &v))
+      missing += (missing.empty() ? "" : ", ") + std::to_string(q);
+  }
+  return missing;
+}
+
 }  // namespace
 
 NcclComm::NcclComm(StoreClient &store, uint32_t rank, uint32_t world, std::chrono::seconds timeout,
@@ -111,25 +148,7 @@ NcclComm::NcclComm(StoreClient &store, uint32_t rank, uint32_t world, std::chron
       ep.substr(0, colon), static_cast<uint16_t>(std::stoi(ep.substr(colon + 1))), timeout_);
 
   // The unique id: rank 0 makes it, the others read it from the store.
-  const std::string id_key = prefix_ + "/nccl_id";
-  ncclUniqueId id{};
-  if (rank_ == 0) {
-    ncclResult_t r = ncclGetUniqueId(&id);
-    if (r != ncclSuccess)
-      throw Error(TSR_ERR_COMM, who + "NCCL could not make its unique id: " +
-                                    ncclGetErrorString(r) + " (" + ncclGetLastError(nullptr) + ")");
-    store_.set(id_key, std::string(id.internal, sizeof id.internal));
-  } else {
-    if (!store_.wait({id_key}, timeout_))
-      throw Error(TSR_ERR_COMM, who + "rank 0 did not publish the NCCL unique id within " +
-                                    seconds(timeout_) + " (comm.timeout_s)");
-    const std::string v = store_.get(id_key, timeout_);
-    if (v.size() != sizeof id.internal)
-      throw Error(TSR_ERR_COMM, who + "the NCCL unique id in the store has " +
-                                    std::to_string(v.size()) + " bytes, not " +
-                                    std::to_string(sizeof id.internal));
-    std::memcpy(id.internal, v.data(), v.size());
-  }
+  const ncclUniqueId id = share_unique_id(store_, rank_, prefix_ + "/nccl_id", timeout_, who);
   // Each rank says it has started joining, so a timeout can name the rest.
   store_.set(prefix_ + "/nccl_join/" + std::to_string(rank_), "1");
 
@@ -154,12 +173,7 @@ NcclComm::NcclComm(StoreClient &store, uint32_t rank, uint32_t world, std::chron
     }
     if (Clock::now() >= deadline) {
       abort_comm();
-      std::string missing;
-      for (uint32_t q = 0; q < world_; ++q) {
-        std::string v;
-        if (!store_.check(prefix_ + "/nccl_join/" + std::to_string(q), &v))
-          missing += (missing.empty() ? "" : ", ") + std::to_string(q);
-      }
+      const std::string missing = ranks_not_joined(store_, prefix_, world_);
       throw Error(
           TSR_ERR_COMM,
           who + "[comm] NCCL set-up did not complete within " + seconds(timeout_) +

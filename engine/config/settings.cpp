@@ -197,9 +197,10 @@ void resolve_batch(int64_t &global, int64_t &micro, int64_t &accum, uint32_t wor
   if (micro <= 0 || accum <= 0) mismatch("micro and accumulation must be at least 1");
 }
 
-Settings resolve_settings(const Document &doc, uint32_t world, toml::table *resolved_out,
-                          bool training) {
-  // Top-level names must be engine sections or plugin slots.
+namespace {
+
+// Top-level names must be engine sections or plugin slots.
+void check_top_level(const Document &doc) {
   std::vector<std::string> known;
   for (const auto &s : engine_sections()) known.push_back(s.name);
   for (const auto &p : plugin_slots())
@@ -216,39 +217,46 @@ Settings resolve_settings(const Document &doc, uint32_t world, toml::table *reso
       throw ConfigError(msg);
     }
   }
-  Settings s;
+}
+
+// The engine's sections, validated (defaults filled in), and typed reads
+// of their keys.
+struct EngineSections {
   toml::table all;
-  for (const auto &sec : engine_sections()) {
-    toml::table t = validate_section(doc, sec.name, sec.decls, sec.passthrough);
-    for (const auto &p : sec.passthrough) t.erase(p);
-    all.insert_or_assign(sec.name, t);
-  }
-  auto str = [&](const char *sec, const char *key) {
+  std::string str(const char *sec, const char *key) {
     return std::string(all[sec][key].value_or(std::string()));
-  };
-  auto i64 = [&](const char *sec, const char *key) { return all[sec][key].value_or(int64_t{0}); };
-  auto f64 = [&](const char *sec, const char *key) { return all[sec][key].value_or(0.0); };
-  s.name = str("run", "name");
-  s.device = str("run", "device");
-  s.precision = str("run", "precision");
-  s.dir = str("run", "dir");
+  }
+  int64_t i64(const char *sec, const char *key) { return all[sec][key].value_or(int64_t{0}); }
+  double f64(const char *sec, const char *key) { return all[sec][key].value_or(0.0); }
+};
+
+void read_run(EngineSections &c, const Document &doc, Settings &s) {
+  s.name = c.str("run", "name");
+  s.device = c.str("run", "device");
+  s.precision = c.str("run", "precision");
+  s.dir = c.str("run", "dir");
   if (s.dir.empty()) s.dir = "runs/" + s.name;
-  if (auto *arr = all["run"]["plugin_path"].as_array())
+  if (auto *arr = c.all["run"]["plugin_path"].as_array())
     for (const auto &e : *arr) s.plugin_path.push_back(e.value_or(std::string()));
-  s.seed = i64("run", "seed");
-  s.epochs = i64("run", "epochs");
-  s.steps = i64("run", "steps");
-  s.log_every = i64("run", "log_every");
-  s.eval_every = i64("run", "eval_every");
-  s.threads = i64("run", "threads");
-  s.gradient_clipping = f64("run", "gradient_clipping");
+  s.seed = c.i64("run", "seed");
+  s.epochs = c.i64("run", "epochs");
+  s.steps = c.i64("run", "steps");
+  s.log_every = c.i64("run", "log_every");
+  s.eval_every = c.i64("run", "eval_every");
+  s.threads = c.i64("run", "threads");
+  s.gradient_clipping = c.f64("run", "gradient_clipping");
   s.max_gpu_memory =
-      parse_bytes(str("run", "max_gpu_memory"),
+      parse_bytes(c.str("run", "max_gpu_memory"),
                   doc.where("run.max_gpu_memory", find(doc.root(), "run.max_gpu_memory")) +
                       ": run.max_gpu_memory");
-  s.global_batch = i64("batch", "global");
-  s.micro_batch = i64("batch", "micro");
-  s.accumulation = i64("batch", "accumulation");
+}
+
+// [batch], fitted to the world size; the resolved config gets all three.
+void read_batch(EngineSections &c, const Document &doc, Settings &s, uint32_t world,
+                bool training) {
+  s.global_batch = c.i64("batch", "global");
+  s.micro_batch = c.i64("batch", "micro");
+  s.accumulation = c.i64("batch", "accumulation");
   if (!training && s.micro_batch > 0) {
     // Evaluation reads batches of micro and nothing else, so a run's own
     // config.toml (resolved for its world size) evaluates at any.
@@ -258,52 +266,79 @@ Settings resolve_settings(const Document &doc, uint32_t world, toml::table *reso
     resolve_batch(s.global_batch, s.micro_batch, s.accumulation, world,
                   doc.where("batch", find(doc.root(), "batch")));
   }
-  all["batch"].as_table()->insert_or_assign("global", s.global_batch);
-  all["batch"].as_table()->insert_or_assign("micro", s.micro_batch);
-  all["batch"].as_table()->insert_or_assign("accumulation", s.accumulation);
-  s.workers = i64("data", "workers");
-  s.prefetch = i64("data", "prefetch");
-  auto &sc = s.schedule;
-  sc.type = str("schedule", "type");
-  sc.warmup_steps = i64("schedule", "warmup_steps");
-  sc.warmup_type = str("schedule", "warmup_type");
-  sc.warmup_min_lr = f64("schedule", "warmup_min_lr");
-  sc.warmup_min_ratio = f64("schedule", "warmup_min_ratio");
-  sc.cos_min_ratio = f64("schedule", "cos_min_ratio");
-  sc.total_steps = i64("schedule", "total_steps");
-  sc.cycle_min_lr = f64("schedule", "cycle_min_lr");
-  sc.cycle_max_lr = f64("schedule", "cycle_max_lr");
-  sc.cycle_first_step_size = i64("schedule", "cycle_first_step_size");
-  sc.cycle_second_step_size = i64("schedule", "cycle_second_step_size");
-  sc.decay_lr_rate = f64("schedule", "decay_lr_rate");
-  sc.decay_step_size = i64("schedule", "decay_step_size");
-  s.fp16.initial_scale_power = f64("fp16", "initial_scale_power");
-  s.fp16.loss_scale_window = i64("fp16", "loss_scale_window");
-  s.fp16.hysteresis = i64("fp16", "hysteresis");
-  s.fp16.min_loss_scale = f64("fp16", "min_loss_scale");
-  s.fp16.loss_scale = f64("fp16", "loss_scale");
-  s.comm_timeout_s = i64("comm", "timeout_s");
-  s.comm_heartbeat_timeout_s = i64("comm", "heartbeat_timeout_s");
-  s.comm_interface = str("comm", "interface");
-  s.comm_shm = all["comm"]["shm"].value_or(true);
+  c.all["batch"].as_table()->insert_or_assign("global", s.global_batch);
+  c.all["batch"].as_table()->insert_or_assign("micro", s.micro_batch);
+  c.all["batch"].as_table()->insert_or_assign("accumulation", s.accumulation);
+}
+
+void read_schedule(EngineSections &c, ScheduleSettings &sc) {
+  sc.type = c.str("schedule", "type");
+  sc.warmup_steps = c.i64("schedule", "warmup_steps");
+  sc.warmup_type = c.str("schedule", "warmup_type");
+  sc.warmup_min_lr = c.f64("schedule", "warmup_min_lr");
+  sc.warmup_min_ratio = c.f64("schedule", "warmup_min_ratio");
+  sc.cos_min_ratio = c.f64("schedule", "cos_min_ratio");
+  sc.total_steps = c.i64("schedule", "total_steps");
+  sc.cycle_min_lr = c.f64("schedule", "cycle_min_lr");
+  sc.cycle_max_lr = c.f64("schedule", "cycle_max_lr");
+  sc.cycle_first_step_size = c.i64("schedule", "cycle_first_step_size");
+  sc.cycle_second_step_size = c.i64("schedule", "cycle_second_step_size");
+  sc.decay_lr_rate = c.f64("schedule", "decay_lr_rate");
+  sc.decay_step_size = c.i64("schedule", "decay_step_size");
+}
+
+void read_fp16_and_comm(EngineSections &c, Settings &s) {
+  s.fp16.initial_scale_power = c.f64("fp16", "initial_scale_power");
+  s.fp16.loss_scale_window = c.i64("fp16", "loss_scale_window");
+  s.fp16.hysteresis = c.i64("fp16", "hysteresis");
+  s.fp16.min_loss_scale = c.f64("fp16", "min_loss_scale");
+  s.fp16.loss_scale = c.f64("fp16", "loss_scale");
+  s.comm_timeout_s = c.i64("comm", "timeout_s");
+  s.comm_heartbeat_timeout_s = c.i64("comm", "heartbeat_timeout_s");
+  s.comm_interface = c.str("comm", "interface");
+  s.comm_shm = c.all["comm"]["shm"].value_or(true);
   if (s.comm_interface.empty())
     if (const char *e = std::getenv("GLOO_SOCKET_IFNAME")) s.comm_interface = e;
-  s.ckpt_dir = str("checkpoint", "dir");
+}
+
+void read_checkpoint(EngineSections &c, Settings &s) {
+  s.ckpt_dir = c.str("checkpoint", "dir");
   if (s.ckpt_dir.empty()) s.ckpt_dir = s.dir + "/ckpt";
   // The resolved config shows where things actually go. Its DeepSpeed JSON
   // is merged in already: naming it again would apply it twice, from a
   // path relative to another directory.
-  all["run"].as_table()->insert_or_assign("dir", s.dir);
-  all["run"].as_table()->insert_or_assign("deepspeed", std::string());
-  all["checkpoint"].as_table()->insert_or_assign("dir", s.ckpt_dir);
-  s.ckpt_every = i64("checkpoint", "every");
-  s.resume = str("checkpoint", "resume");
-  s.ckpt_keep = i64("checkpoint", "keep");
-  s.ckpt_final = all["checkpoint"]["final"].value_or(true);
-  resolve_log(*all["log"].as_table(), s,
+  c.all["run"].as_table()->insert_or_assign("dir", s.dir);
+  c.all["run"].as_table()->insert_or_assign("deepspeed", std::string());
+  c.all["checkpoint"].as_table()->insert_or_assign("dir", s.ckpt_dir);
+  s.ckpt_every = c.i64("checkpoint", "every");
+  s.resume = c.str("checkpoint", "resume");
+  s.ckpt_keep = c.i64("checkpoint", "keep");
+  s.ckpt_final = c.all["checkpoint"]["final"].value_or(true);
+}
+
+}  // namespace
+
+Settings resolve_settings(const Document &doc, uint32_t world, toml::table *resolved_out,
+                          bool training) {
+  check_top_level(doc);
+  EngineSections c;
+  for (const auto &sec : engine_sections()) {
+    toml::table t = validate_section(doc, sec.name, sec.decls, sec.passthrough);
+    for (const auto &p : sec.passthrough) t.erase(p);
+    c.all.insert_or_assign(sec.name, t);
+  }
+  Settings s;
+  read_run(c, doc, s);
+  read_batch(c, doc, s, world, training);
+  s.workers = c.i64("data", "workers");
+  s.prefetch = c.i64("data", "prefetch");
+  read_schedule(c, s.schedule);
+  read_fp16_and_comm(c, s);
+  read_checkpoint(c, s);
+  resolve_log(*c.all["log"].as_table(), s,
               doc.where("log.trace_steps", find(doc.root(), "log.trace_steps")));
-  resolve_monitor(doc, s, *all["monitor"].as_table());
-  if (resolved_out) *resolved_out = std::move(all);
+  resolve_monitor(doc, s, *c.all["monitor"].as_table());
+  if (resolved_out) *resolved_out = std::move(c.all);
   return s;
 }
 

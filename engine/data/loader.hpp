@@ -34,7 +34,6 @@ class Loader {
   Loader(const Loader &) = delete;
   Loader &operator=(const Loader &) = delete;
 
-  int64_t num_batches() const { return num_batches_; }
   // The next batch, valid until the following call; nullptr at the end.
   // Throws the dataset's error if reading failed.
   const tsr_batch *next();

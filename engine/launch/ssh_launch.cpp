@@ -203,7 +203,12 @@ std::vector<std::string> ssh_command(const SshLaunchOptions &opt, size_t node,
   return argv;
 }
 
-int launch_over_ssh(const SshLaunchOptions &opt, const std::vector<std::string> &node_args) {
+namespace {
+
+// The job's nodes, one per host with the same number of slots each, and
+// the ssh command line that starts each one's launcher.
+std::vector<Node> plan_nodes(const SshLaunchOptions &opt, const std::vector<std::string> &node_args,
+                             std::vector<std::vector<std::string>> *commands) {
   if (opt.hosts.empty()) throw Error(TSR_ERR_CONFIG, "--hostfile: no hosts to run on");
   const int slots = static_cast<int>(opt.hosts.front().slots.size());
   for (const auto &h : opt.hosts)
@@ -213,36 +218,37 @@ int launch_over_ssh(const SshLaunchOptions &opt, const std::vector<std::string> 
                                       ", " + h.host + " has " + std::to_string(h.slots.size()) +
                                       " (even them with --num_gpus, --include or --exclude)");
   std::vector<Node> nodes(opt.hosts.size());
-  std::vector<std::vector<std::string>> commands;
   for (size_t i = 0; i < nodes.size(); ++i) {
     nodes[i].index = i;
     nodes[i].host = opt.hosts[i].host;
     nodes[i].first_rank = static_cast<int>(i) * slots;
     nodes[i].nranks = slots;
-    commands.push_back(ssh_command(opt, i, node_args));
+    commands->push_back(ssh_command(opt, i, node_args));
   }
-  if (opt.dry_run) {
-    for (size_t i = 0; i < nodes.size(); ++i)
-      std::printf("# node %zu: %s, %s\n%s\n", i, nodes[i].host.c_str(), ranks_of(nodes[i]).c_str(),
-                  join(commands[i]).c_str());
-    return 0;
-  }
+  return nodes;
+}
 
-  install_stop_signals(on_ssh_signal);
-
+// Starts each node's launcher over ssh and hands it the job's secret as its
+// first line of input (docs/security.md): ssh encrypts it, and no command
+// line shows it.
+void start_nodes(const SshLaunchOptions &opt, std::vector<Node> &nodes,
+                 const std::vector<std::vector<std::string>> &commands) {
   std::fprintf(stderr, "tessera run: %zu nodes x %d ranks, rendezvous store at %s\n", nodes.size(),
-               slots, opt.master.c_str());
+               nodes.front().nranks, opt.master.c_str());
   for (size_t i = 0; i < nodes.size(); ++i) {
     std::fprintf(stderr, "tessera run: node %zu: %s (%s) over ssh\n", i, nodes[i].host.c_str(),
                  ranks_of(nodes[i]).c_str());
     nodes[i].pid = spawn_ssh(nodes[i], commands[i]);
-    // The node launcher's first line of input: the job's secret
-    // (docs/security.md); ssh encrypts it, and no command line shows it.
     const std::string line = "secret " + opt.job_secret + "\n";
     if (nodes[i].in_fd >= 0) (void)!::write(nodes[i].in_fd, line.data(), line.size());
   }
   std::fflush(stderr);
+}
 
+// The head launcher's watch over the node launchers.
+struct NodeWatch {
+  std::vector<Node> &nodes;
+  double grace_s;
   // 0: running; 1: a node failed, the others get a moment to stop on their
   // own (the abort key reaches their workers); 2: "stop" sent to the rest;
   // 3: ssh killed. Ctrl-C or SIGTERM: 2 with the grace period (the node
@@ -250,103 +256,110 @@ int launch_over_ssh(const SshLaunchOptions &opt, const std::vector<std::string> 
   int phase = 0;
   const Node *culprit = nullptr;
   std::chrono::steady_clock::time_point deadline{}, failed_at{};
-  auto close_input = [&](bool stop) {
-    for (auto &n : nodes) {
-      if (n.in_fd < 0) continue;
-      if (stop && !n.exited) (void)!::write(n.in_fd, "stop\n", 5);
-      ::close(n.in_fd);
-      n.in_fd = -1;
-    }
-  };
-  for (;;) {
-    poll_child_pipes(
-        nodes, -1, [] {},
-        [&](Node &n, bool is_err) {
-          if (is_err)
-            pump(n, n.err_fd, n.err_buf, stderr, false, true);
-          else
-            pump(n, n.out_fd, n.out_buf, stdout, false, false);
-        });
-    bool all_done = true;
-    bool newly_failed = false;
-    for (auto &n : nodes) {
-      if (n.exited) continue;
-      int st = 0;
-      if (::waitpid(n.pid, &st, WNOHANG) != n.pid) {
-        all_done = false;
-        continue;
-      }
-      n.exited = true;
-      n.status = st;
-      // Its last words, for the verdict.
-      while (n.err_fd >= 0) pump(n, n.err_fd, n.err_buf, stderr, true, true);
-      while (n.out_fd >= 0) pump(n, n.out_fd, n.out_buf, stdout, true, false);
-      if (exit_failed(st) && phase == 0 && !g_ssh_signal) newly_failed = true;
-    }
-    if (newly_failed) {
-      // Let the other nodes' verdicts arrive: the node whose own rank failed
-      // is the cause, not one whose ranks stopped because of it.
-      failed_at = std::chrono::steady_clock::now();
-      deadline = failed_at + std::chrono::seconds(2);
-      phase = 1;
-    }
-    if (phase == 1 && !culprit) {
-      const Node *first = nullptr, *own = nullptr, *signaled = nullptr, *other = nullptr;
-      for (const auto &n : nodes) {
-        // A node still stopping its ranks counts once it has named a cause.
-        if (n.exited ? !exit_failed(n.status) : n.cause.empty()) continue;
-        if (!first) first = &n;
-        if (names_own_rank(n)) {
-          if (!own) own = &n;
-          if (!signaled && what_failed(n).find("killed by signal") != std::string::npos)
-            signaled = &n;
-        }
-        if (!other && n.exited && what_failed(n).empty()) other = &n;  // ssh or its launcher
-      }
-      const auto now = std::chrono::steady_clock::now();
-      // Without a node that names one of its own ranks, wait longer for one
-      // (the abort key is already stopping every rank meanwhile).
-      const bool decide = all_done || signaled || (own && now > deadline) ||
-                          now > failed_at + std::chrono::seconds(6);
-      if (decide) {
-        culprit = signaled ? signaled : own ? own : other ? other : first;
-        if (!all_done)
-          std::fprintf(stderr, "tessera run: %s; stopping the other nodes\n",
-                       describe_node_failure(*culprit).c_str());
-        close_input(true);
-        phase = 2;
-        deadline = std::chrono::steady_clock::now() + std::chrono::seconds(8);
-      }
-    }
-    if (g_ssh_signal && phase == 0) {
-      std::fprintf(stderr,
-                   "tessera run: %s received; stopping every node (their workers save a "
-                   "checkpoint first)\n",
-                   g_ssh_signal == SIGINT ? "SIGINT" : "SIGTERM");
-      close_input(false);
-      phase = 2;
-      deadline = std::chrono::steady_clock::now() +
-                 std::chrono::milliseconds(static_cast<int>(opt.grace_s * 1000) + 10000);
-    }
-    if (!all_done && phase == 2 && std::chrono::steady_clock::now() > deadline) {
-      for (auto &n : nodes)
-        if (!n.exited) {
-          std::fprintf(stderr, "tessera run: node %zu (%s) did not stop; killing its ssh\n",
-                       n.index, n.host.c_str());
-          ::kill(n.pid, SIGKILL);
-        }
-      phase = 3;
-    }
-    if (all_done) break;
+};
+
+// Ends every node launcher's input; with `stop`, a "stop" line first to
+// those still running.
+void close_node_input(std::vector<Node> &nodes, bool stop) {
+  for (auto &n : nodes) {
+    if (n.in_fd < 0) continue;
+    if (stop && !n.exited) (void)!::write(n.in_fd, "stop\n", 5);
+    ::close(n.in_fd);
+    n.in_fd = -1;
   }
-  close_input(false);
-  std::fflush(stdout);
-  if (culprit) {
-    std::fprintf(stderr, "tessera run: failed: %s\n", describe_node_failure(*culprit).c_str());
+}
+
+// Reaps the node launchers that have exited, with their last words (for
+// the verdict); a first failure starts phase 1. Returns whether all have.
+bool reap_nodes(NodeWatch &nw) {
+  bool all_done = true;
+  bool newly_failed = false;
+  for (auto &n : nw.nodes) {
+    if (n.exited) continue;
+    int st = 0;
+    if (::waitpid(n.pid, &st, WNOHANG) != n.pid) {
+      all_done = false;
+      continue;
+    }
+    n.exited = true;
+    n.status = st;
+    while (n.err_fd >= 0) pump(n, n.err_fd, n.err_buf, stderr, true, true);
+    while (n.out_fd >= 0) pump(n, n.out_fd, n.out_buf, stdout, true, false);
+    if (exit_failed(st) && nw.phase == 0 && !g_ssh_signal) newly_failed = true;
+  }
+  if (newly_failed) {
+    // Let the other nodes' verdicts arrive: the node whose own rank failed
+    // is the cause, not one whose ranks stopped because of it.
+    nw.failed_at = std::chrono::steady_clock::now();
+    nw.deadline = nw.failed_at + std::chrono::seconds(2);
+    nw.phase = 1;
+  }
+  return all_done;
+}
+
+// In phase 1: names the node that caused the failure once it is clear, in
+// order of preference a node whose own rank was killed by a signal, one
+// whose own rank failed, one whose ssh or launcher failed, then the first
+// to fail; then tells the others to stop.
+void choose_failed_node(NodeWatch &nw, bool all_done) {
+  const Node *first = nullptr, *own = nullptr, *signaled = nullptr, *other = nullptr;
+  for (const auto &n : nw.nodes) {
+    // A node still stopping its ranks counts once it has named a cause.
+    if (n.exited ? !exit_failed(n.status) : n.cause.empty()) continue;
+    if (!first) first = &n;
+    if (names_own_rank(n)) {
+      if (!own) own = &n;
+      if (!signaled && what_failed(n).find("killed by signal") != std::string::npos) signaled = &n;
+    }
+    if (!other && n.exited && what_failed(n).empty()) other = &n;  // ssh or its launcher
+  }
+  const auto now = std::chrono::steady_clock::now();
+  // Without a node that names one of its own ranks, wait longer for one
+  // (the abort key is already stopping every rank meanwhile).
+  const bool decide = all_done || signaled || (own && now > nw.deadline) ||
+                      now > nw.failed_at + std::chrono::seconds(6);
+  if (!decide) return;
+  nw.culprit = signaled ? signaled : own ? own : other ? other : first;
+  if (!all_done)
+    std::fprintf(stderr, "tessera run: %s; stopping the other nodes\n",
+                 describe_node_failure(*nw.culprit).c_str());
+  close_node_input(nw.nodes, true);
+  nw.phase = 2;
+  nw.deadline = std::chrono::steady_clock::now() + std::chrono::seconds(8);
+}
+
+// A signal to the head launcher stops every node; a node that has not
+// stopped by the deadline has its ssh killed.
+void escalate_nodes(NodeWatch &nw, bool all_done) {
+  if (g_ssh_signal && nw.phase == 0) {
+    std::fprintf(stderr,
+                 "tessera run: %s received; stopping every node (their workers save a "
+                 "checkpoint first)\n",
+                 g_ssh_signal == SIGINT ? "SIGINT" : "SIGTERM");
+    close_node_input(nw.nodes, false);
+    nw.phase = 2;
+    nw.deadline = std::chrono::steady_clock::now() +
+                  std::chrono::milliseconds(static_cast<int>(nw.grace_s * 1000) + 10000);
+  }
+  if (!all_done && nw.phase == 2 && std::chrono::steady_clock::now() > nw.deadline) {
+    for (auto &n : nw.nodes)
+      if (!n.exited) {
+        std::fprintf(stderr, "tessera run: node %zu (%s) did not stop; killing its ssh\n", n.index,
+                     n.host.c_str());
+        ::kill(n.pid, SIGKILL);
+      }
+    nw.phase = 3;
+  }
+}
+
+// The head launcher's exit status once every node launcher has exited.
+int ssh_job_status(const NodeWatch &nw) {
+  if (nw.culprit) {
+    std::fprintf(stderr, "tessera run: failed: %s\n", describe_node_failure(*nw.culprit).c_str());
     return 1;
   }
   bool clean = true;
-  for (const auto &n : nodes) clean &= !exit_failed(n.status);
+  for (const auto &n : nw.nodes) clean &= !exit_failed(n.status);
   if (g_ssh_signal) {
     if (clean) {
       std::fprintf(stderr, "tessera run: stopped by %s after every node saved and exited\n",
@@ -356,6 +369,39 @@ int launch_over_ssh(const SshLaunchOptions &opt, const std::vector<std::string> 
     return 128 + g_ssh_signal;
   }
   return clean ? 0 : 1;
+}
+
+}  // namespace
+
+int launch_over_ssh(const SshLaunchOptions &opt, const std::vector<std::string> &node_args) {
+  std::vector<std::vector<std::string>> commands;
+  std::vector<Node> nodes = plan_nodes(opt, node_args, &commands);
+  if (opt.dry_run) {
+    for (size_t i = 0; i < nodes.size(); ++i)
+      std::printf("# node %zu: %s, %s\n%s\n", i, nodes[i].host.c_str(), ranks_of(nodes[i]).c_str(),
+                  join(commands[i]).c_str());
+    return 0;
+  }
+  install_stop_signals(on_ssh_signal);
+  start_nodes(opt, nodes, commands);
+  NodeWatch nw{nodes, opt.grace_s};
+  for (;;) {
+    poll_child_pipes(
+        nodes, -1, [] {},
+        [&](Node &n, bool is_err) {
+          if (is_err)
+            pump(n, n.err_fd, n.err_buf, stderr, false, true);
+          else
+            pump(n, n.out_fd, n.out_buf, stdout, false, false);
+        });
+    const bool all_done = reap_nodes(nw);
+    if (nw.phase == 1 && !nw.culprit) choose_failed_node(nw, all_done);
+    escalate_nodes(nw, all_done);
+    if (all_done) break;
+  }
+  close_node_input(nodes, false);
+  std::fflush(stdout);
+  return ssh_job_status(nw);
 }
 
 }  // namespace tessera

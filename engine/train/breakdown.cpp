@@ -16,11 +16,6 @@ const char *part_key(Part p) {
   return keys[static_cast<int>(p)];
 }
 
-const char *part_label(Part p) {
-  static const char *labels[kParts] = {"data", "fwd", "bwd", "comm", "opt", "ckpt", "eval"};
-  return labels[static_cast<int>(p)];
-}
-
 Breakdown::Breakdown()
     : start_ns_(trace::now_ns()),
       interval_start_ns_(start_ns_),

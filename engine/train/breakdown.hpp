@@ -18,8 +18,6 @@ enum class Part : int { data, forward, backward, comm_wait, optimizer, checkpoin
 constexpr int kParts = 7;
 // Key in metrics.jsonl and summary.json ("comm_wait", ...).
 const char *part_key(Part p);
-// Short label for the progress line ("comm", "opt", ...).
-const char *part_label(Part p);
 
 class Breakdown {
  public:

@@ -6,8 +6,12 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <memory>
 #include <numeric>
+#include <optional>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "ckpt/checkpoint.hpp"
 #include "data/tokenizer_bpe.hpp"
@@ -70,10 +74,7 @@ struct DeviceBuffer {
   ~DeviceBuffer() { host.free(ptr); }
 };
 
-}  // namespace
-
-GenerateResult generate(const GenerateOptions &o, std::FILE *out) {
-  GenerateResult r;
+void check_options(const GenerateOptions &o) {
   TSR_CHECK(o.max_tokens >= 0, TSR_ERR_CONFIG, "--max-tokens must be >= 0");
   TSR_CHECK(o.top_k >= 0, TSR_ERR_CONFIG, "--top-k must be >= 0 (0: greedy)");
   TSR_CHECK(o.top_k == 0 || (o.temperature > 0 && std::isfinite(o.temperature)), TSR_ERR_CONFIG,
@@ -81,20 +82,25 @@ GenerateResult generate(const GenerateOptions &o, std::FILE *out) {
   TSR_CHECK(o.encoder.empty() == o.bpe.empty(), TSR_ERR_CONFIG,
             o.encoder.empty() ? "--bpe needs --encoder (GPT-2's encoder.json) too"
                               : "--encoder needs --bpe (GPT-2's vocab.bpe) too");
+}
 
-  // The checkpoint, and the config it was trained with (in its manifest).
+// The job the checkpoint was trained with (the config in its manifest),
+// for one process and one sequence. Sets *checkpoint to the step_ directory
+// and *manifest_path to its manifest.
+Job load_checkpoint_job(const GenerateOptions &o, std::string *checkpoint,
+                        std::string *manifest_path) {
   try {
-    r.checkpoint = resolve_checkpoint(o.ckpt, o.ckpt);
+    *checkpoint = resolve_checkpoint(o.ckpt, o.ckpt);
   } catch (const Error &e) {
     throw Error(e.code(), std::string("--ckpt ") + e.what());
   }
-  const std::string manifest_path = (fs::path(r.checkpoint) / "manifest.json").string();
-  const nlohmann::json manifest = read_manifest(r.checkpoint);
+  *manifest_path = (fs::path(*checkpoint) / "manifest.json").string();
+  const nlohmann::json manifest = read_manifest(*checkpoint);
   if (!manifest.contains("config") || !manifest["config"].is_string() ||
       manifest["config"].get<std::string>().empty())
-    throw Error(TSR_ERR_INVALID, "--ckpt: " + manifest_path + " holds no config");
+    throw Error(TSR_ERR_INVALID, "--ckpt: " + *manifest_path + " holds no config");
   JobOptions jo;
-  jo.config_path = manifest_path;
+  jo.config_path = *manifest_path;
   jo.config_text = manifest["config"].get<std::string>();
   // One process, one sequence: the run's batch sizes (fitted to its world
   // size) and its DeepSpeed file (already folded into the config) go.
@@ -110,9 +116,133 @@ GenerateResult generate(const GenerateOptions &o, std::FILE *out) {
   Job job = load_job(jo, 1, false);
   for (const auto &w : job.doc.warnings()) spdlog::warn("{}", w);
   for (const auto &w : job.registry->refusals()) spdlog::warn("plugin refused: {}", w);
+  return job;
+}
+
+// The model's vocabulary: predict's size query (no batch).
+int64_t model_vocabulary(Session &s, tsr_step *step) {
+  int64_t qshape[2] = {1, 0};
+  DLTensor query{nullptr, DLDevice{kDLCPU, 0}, 2, DLDataType{kDLFloat, 32, 1}, qshape, nullptr, 0};
+  plugin_ok(s.host, s.model.vt->predict(s.model.self, step, nullptr, &query), "model", s.model.name,
+            "predict (classes)");
+  const int64_t V = qshape[1];
+  TSR_CHECK(V >= 1, TSR_ERR_INVALID,
+            "[model] plugin '" + s.model.name + "' reports " + std::to_string(V) + " classes");
+  return V;
+}
+
+// Text to token ids and back: GPT-2's BPE when given and the vocabulary is
+// more than bytes, else bytes (id = byte value).
+struct Tokenizer {
+  std::optional<data::Gpt2Bpe> bpe;
+  int64_t vocabulary = 0;
+};
+
+Tokenizer tokenizer_choose(const GenerateOptions &o, int64_t V) {
+  Tokenizer t;
+  t.vocabulary = V;
+  if (!o.encoder.empty() && V <= 256) {
+    spdlog::warn("--encoder/--bpe ignored: the model's vocabulary is {} tokens, bytes", V);
+  } else if (!o.encoder.empty()) {
+    t.bpe.emplace(data::Gpt2Bpe::load(o.encoder, o.bpe));
+    if (t.bpe->vocab_size() > V)
+      throw Error(TSR_ERR_INVALID, "--encoder '" + o.encoder + "' has " +
+                                       std::to_string(t.bpe->vocab_size()) +
+                                       " tokens; the model's vocabulary is " + std::to_string(V));
+  } else if (V > 256) {
+    spdlog::warn(
+        "the model's vocabulary is {} tokens but no --encoder/--bpe were given: the prompt is "
+        "read as bytes (ids 0-255) and ids above 255 print as nothing; for GPT-2's vocabulary "
+        "give --encoder encoder.json --bpe vocab.bpe (tools/fetch-gpt2-vocab)",
+        V);
+  }
+  return t;
+}
+
+std::vector<int32_t> tokenizer_encode(Tokenizer &t, const std::string &prompt) {
+  std::vector<int32_t> tokens;
+  if (t.bpe) {
+    for (uint32_t id : t.bpe->encode(prompt)) tokens.push_back(static_cast<int32_t>(id));
+    if (tokens.empty() && t.bpe->end_of_text()) tokens.push_back(*t.bpe->end_of_text());
+  } else {
+    for (unsigned char c : prompt) {
+      if (c >= t.vocabulary)
+        throw Error(TSR_ERR_INVALID, "--prompt: byte " + std::to_string(c) +
+                                         " is not below the model's vocabulary of " +
+                                         std::to_string(t.vocabulary));
+      tokens.push_back(c);
+    }
+  }
+  TSR_CHECK(!tokens.empty(), TSR_ERR_CONFIG, "--prompt is empty: give at least one character");
+  return tokens;
+}
+
+std::string tokenizer_decode(const Tokenizer &t, int32_t id) {
+  if (t.bpe) return std::string(t.bpe->decode(static_cast<uint32_t>(id)));
+  return id < 256 ? std::string(1, static_cast<char>(id)) : std::string();
+}
+
+// The model's input window and its logits for the next token. The window
+// is copied to the run's device when that is not the host.
+struct Predictor {
+  Session &s;
+  tsr_step *step;
+  int64_t window, vocabulary;
+  std::vector<int32_t> ids;
+  std::unique_ptr<DeviceBuffer> dev_ids;
+  std::vector<float> logits;
+};
+
+Predictor predictor_make(Session &s, tsr_step *step, int64_t window, int64_t V) {
+  Predictor p{s,
+              step,
+              window,
+              V,
+              std::vector<int32_t>(static_cast<size_t>(window)),
+              nullptr,
+              std::vector<float>(static_cast<size_t>(V))};
+  const DLDevice dev = s.host.facts().device;
+  if (dev.device_type == kDLCUDA)
+    p.dev_ids = std::make_unique<DeviceBuffer>(s.host, dev, static_cast<size_t>(window) * 4);
+  return p;
+}
+
+// Fills p.logits for the token after `tokens`, from the last `window` of
+// them (the model's positions are absolute).
+void predictor_run(Predictor &p, const std::vector<int32_t> &tokens) {
+  Session &s = p.s;
+  const int64_t n = std::min<int64_t>(p.window, static_cast<int64_t>(tokens.size()));
+  std::copy(tokens.end() - n, tokens.end(), p.ids.begin());
+  int64_t shape[2] = {1, n};
+  DLTensor host_ids{
+      p.ids.data(), DLDevice{kDLCPU, 0}, 2, DLDataType{kDLInt, 32, 1}, shape, nullptr, 0};
+  tsr_batch batch{};
+  batch.struct_size = tsr_batch_STRUCT_SIZE;
+  batch.size = 1;
+  batch.inputs = host_ids;
+  if (p.dev_ids) {
+    batch.inputs.data = p.dev_ids->ptr;
+    batch.inputs.device = s.host.facts().device;
+    plugin_ok(s.host, s.host.table()->ops->copy(s.host.ctx(), &host_ids, &batch.inputs),
+              "copy the prompt window to the device");
+  }
+  int64_t lshape[2] = {1, p.vocabulary};
+  DLTensor z{
+      p.logits.data(), DLDevice{kDLCPU, 0}, 2, DLDataType{kDLFloat, 32, 1}, lshape, nullptr, 0};
+  plugin_ok(s.host, s.model.vt->predict(s.model.self, p.step, &batch, &z), "model", s.model.name,
+            "predict");
+  plugin_ok(s.host, s.zero.vt->end_pass(s.zero.self), "zero", s.zero.name, "end_pass");
+}
+
+}  // namespace
+
+GenerateResult generate(const GenerateOptions &o, std::FILE *out) {
+  GenerateResult r;
+  check_options(o);
+  std::string manifest_path;
+  Job job = load_checkpoint_job(o, &r.checkpoint, &manifest_path);
 
   const tsr_data_info info = model_data_info(job, manifest_path, "tessera generate");
-  const int64_t window = info.input_shape[0];
   ProcessInfo proc;
   proc.device = choose_device(job.settings, 0, 1);
   proc.device_chosen = true;
@@ -129,97 +259,24 @@ GenerateResult generate(const GenerateOptions &o, std::FILE *out) {
   s.backward = false;
   tsr_step *step = s.step_handle();
 
-  // The vocabulary: the model's size query.
-  int64_t qshape[2] = {1, 0};
-  DLTensor query{nullptr, DLDevice{kDLCPU, 0}, 2, DLDataType{kDLFloat, 32, 1}, qshape, nullptr, 0};
-  plugin_ok(s.host, vt->predict(s.model.self, step, nullptr, &query), "model", s.model.name,
-            "predict (classes)");
-  const int64_t V = qshape[1];
-  TSR_CHECK(V >= 1, TSR_ERR_INVALID,
-            "[model] plugin '" + s.model.name + "' reports " + std::to_string(V) + " classes");
-
-  // The tokenizer: GPT-2's BPE when given and the vocabulary is more than
-  // bytes, else bytes (id = byte value).
-  std::optional<data::Gpt2Bpe> bpe;
-  if (!o.encoder.empty() && V <= 256) {
-    spdlog::warn("--encoder/--bpe ignored: the model's vocabulary is {} tokens, bytes", V);
-  } else if (!o.encoder.empty()) {
-    bpe.emplace(data::Gpt2Bpe::load(o.encoder, o.bpe));
-    if (bpe->vocab_size() > V)
-      throw Error(TSR_ERR_INVALID, "--encoder '" + o.encoder + "' has " +
-                                       std::to_string(bpe->vocab_size()) +
-                                       " tokens; the model's vocabulary is " + std::to_string(V));
-  } else if (V > 256) {
-    spdlog::warn(
-        "the model's vocabulary is {} tokens but no --encoder/--bpe were given: the prompt is "
-        "read as bytes (ids 0-255) and ids above 255 print as nothing; for GPT-2's vocabulary "
-        "give --encoder encoder.json --bpe vocab.bpe (tools/fetch-gpt2-vocab)",
-        V);
-  }
-  std::vector<int32_t> tokens;
-  if (bpe) {
-    for (uint32_t id : bpe->encode(o.prompt)) tokens.push_back(static_cast<int32_t>(id));
-    if (tokens.empty() && bpe->end_of_text()) tokens.push_back(*bpe->end_of_text());
-  } else {
-    for (unsigned char c : o.prompt) {
-      if (c >= V)
-        throw Error(TSR_ERR_INVALID, "--prompt: byte " + std::to_string(c) +
-                                         " is not below the model's vocabulary of " +
-                                         std::to_string(V));
-      tokens.push_back(c);
-    }
-  }
-  TSR_CHECK(!tokens.empty(), TSR_ERR_CONFIG, "--prompt is empty: give at least one character");
+  const int64_t V = model_vocabulary(s, step);
+  Tokenizer tok = tokenizer_choose(o, V);
+  std::vector<int32_t> tokens = tokenizer_encode(tok, o.prompt);
   r.prompt_tokens = static_cast<int64_t>(tokens.size());
-  auto text_of = [&](int32_t id) -> std::string {
-    if (bpe) return std::string(bpe->decode(static_cast<uint32_t>(id)));
-    return id < 256 ? std::string(1, static_cast<char>(id)) : std::string();
-  };
-  const std::optional<uint32_t> stop = bpe ? bpe->end_of_text() : std::nullopt;
+  const std::optional<uint32_t> stop = tok.bpe ? tok.bpe->end_of_text() : std::nullopt;
 
   std::fputs(o.prompt.c_str(), out);
   std::fflush(out);
-
-  // The input window, copied to the run's device when it is not the host.
-  const DLDevice dev = s.host.facts().device;
-  const bool on_device = dev.device_type == kDLCUDA;
-  std::vector<int32_t> ids(static_cast<size_t>(window));
-  std::unique_ptr<DeviceBuffer> dev_ids;
-  if (on_device)
-    dev_ids = std::make_unique<DeviceBuffer>(s.host, dev, static_cast<size_t>(window) * 4);
-  std::vector<float> logits(static_cast<size_t>(V));
+  Predictor predictor = predictor_make(s, step, info.input_shape[0], V);
   std::mt19937_64 rng(o.seed.value_or(static_cast<uint64_t>(job.settings.seed)));
-  const tsr_ops *ops = s.host.table()->ops;
-
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < o.max_tokens; ++i) {
-    // The last `window` tokens: the model's positions are absolute.
-    const int64_t n = std::min<int64_t>(window, static_cast<int64_t>(tokens.size()));
-    std::copy(tokens.end() - n, tokens.end(), ids.begin());
-    int64_t shape[2] = {1, n};
-    DLTensor host_ids{ids.data(), DLDevice{kDLCPU, 0}, 2, DLDataType{kDLInt, 32, 1}, shape, nullptr,
-                      0};
-    tsr_batch batch{};
-    batch.struct_size = tsr_batch_STRUCT_SIZE;
-    batch.size = 1;
-    batch.inputs = host_ids;
-    if (on_device) {
-      batch.inputs.data = dev_ids->ptr;
-      batch.inputs.device = dev;
-      plugin_ok(s.host, ops->copy(s.host.ctx(), &host_ids, &batch.inputs),
-                "copy the prompt window to the device");
-    }
-    int64_t lshape[2] = {1, V};
-    DLTensor z{
-        logits.data(), DLDevice{kDLCPU, 0}, 2, DLDataType{kDLFloat, 32, 1}, lshape, nullptr, 0};
-    plugin_ok(s.host, vt->predict(s.model.self, step, &batch, &z), "model", s.model.name,
-              "predict");
-    plugin_ok(s.host, s.zero.vt->end_pass(s.zero.self), "zero", s.zero.name, "end_pass");
-    const int32_t next = pick(logits, o.top_k, o.temperature, rng);
+    predictor_run(predictor, tokens);
+    const int32_t next = pick(predictor.logits, o.top_k, o.temperature, rng);
     if (stop && static_cast<uint32_t>(next) == *stop) break;
     tokens.push_back(next);
     ++r.tokens;
-    const std::string text = text_of(next);
+    const std::string text = tokenizer_decode(tok, next);
     std::fwrite(text.data(), 1, text.size(), out);
     std::fflush(out);
   }

@@ -4,8 +4,10 @@
 
 #include <tessera/abi.h>
 
+#include <exception>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <tessera/cpp/error.hpp>
 #include <utility>
 
@@ -44,6 +46,21 @@ constexpr const char *status_name(tsr_status s) {
       return "an unknown status";
   }
 }
+
+// What a user reads of an error: `what` without the notes made for the
+// engine's developers, the status name and the engine source line that
+// plugin_ok and TSR_CHECK append. "[optimizer] plugin 'x' update: diverged
+// (TSR_ERR_INVALID at step 12, engine/train/step.cpp:170)" reads
+// "[optimizer] plugin 'x' update: diverged (at step 12)"; a TSR_CHECK's
+// "(.../engine/ckpt/manifest.cpp:80)" goes. The message itself (what went
+// wrong, and what to do) is the thrower's to write.
+std::string user_message(std::string_view what);
+
+// The one way an error reaches the user (the CLI's last catch, a rank's
+// report of its failure, the reason the launcher and the run summary
+// give): user_message(e.what()), after logging the whole text at debug
+// level (--verbose shows it), where the notes help whoever debugs.
+std::string error_for_user(const std::exception &e);
 
 // Where report_error sends a message: the host (host/host.cpp) installs
 // its sink when its code is linked, since only it knows what a ctx is;

@@ -7,8 +7,14 @@
 #include <cctype>
 #include <climits>
 #include <string>
+#include <tessera/cpp/meminfo.hpp>
 
 namespace tessera {
+
+// Byte counts for people ("1.50 GiB", "12.00 MiB", "512 bytes"): the SDK's
+// one formatter, which plugins use too, so every size the engine and its
+// plugins print reads alike.
+using sdk::format_bytes;
 
 // s without leading and trailing white space (isspace: blanks, tabs, CR, LF).
 inline std::string trim(const std::string &s) {

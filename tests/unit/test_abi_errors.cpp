@@ -273,6 +273,9 @@ TEST_CASE("a plugin's own create error reaches the engine with its message", "[a
       // The plugin's message, then the status by name and the calling line.
       CHECK_THAT(e.what(), StartsWith(what + ": twin-turbo needs a positive warp factor (got 0) "
                                              "(TSR_ERR_CONFIG, "));
+      // The user reads the message without them (the debug log has them).
+      CHECK(tessera::user_message(e.what()) ==
+            what + ": twin-turbo needs a positive warp factor (got 0)");
     }
     CHECK(thrown);
     CHECK(f.host.last_error().empty());  // consumed by plugin_ok
@@ -397,3 +400,23 @@ TEST_CASE("exceptions thrown inside sdk::guard come back as a status and a messa
 }
 
 }  // namespace unit_test_abi_errors
+
+TEST_CASE("what the user reads of an error leaves out the status name and the engine line",
+          "[abi]") {
+  using tessera::user_message;
+  // plugin_ok's note: the step stays, the status and the line go.
+  CHECK(user_message("[optimizer] plugin 'sgd' update: diverged (TSR_ERR_INVALID at step 12, "
+                     "engine/train/step.cpp:170)") ==
+        "[optimizer] plugin 'sgd' update: diverged (at step 12)");
+  CHECK(user_message("[model] plugin 'mlp' create: no (TSR_ERR_CONFIG, engine/train/session.cpp:"
+                     "267)") == "[model] plugin 'mlp' create: no");
+  // TSR_CHECK's note, with the build machine's path, inside a longer text.
+  CHECK(user_message("--ckpt x: 3 parameters, model has 4 (/home/b/tessera/engine/ckpt/"
+                     "manifest.cpp:80); start from scratch") ==
+        "--ckpt x: 3 parameters, model has 4; start from scratch");
+  // Parentheses the message's author wrote stay.
+  const std::string own = "data.path (a directory): no shards (expected *.bin); see docs/data.md";
+  CHECK(user_message(own) == own);
+  CHECK(user_message("[zero] plugin 'z' (libz.so): bucket (TSR_ERR_X) too small") ==
+        "[zero] plugin 'z' (libz.so): bucket (TSR_ERR_X) too small");
+}

@@ -92,6 +92,11 @@ constexpr int bwd_smem_bytes() {
   return (2 * kBc + 4 * kBr) * (DP + 8) * 2 + kBc * (kBr + 8) * 2 + 4 * kBr * 4;
 }
 
+// Over 80 lines, and kept whole on purpose: one block's pass over its key
+// block (recompute P, then dV, dP, dS, dK and the dQ atomics) keeps the
+// dK/dV accumulators in registers from the first query block to the last;
+// split into device functions they would pass those fragments by
+// reference, and whether they stay in registers would rest on the inliner.
 template <typename T, int DP>
 __global__ void __launch_bounds__(kThreads) bwd_mma_kernel(const BwdParams<T> p) {
   constexpr int PITCH = DP + 8;
@@ -471,6 +476,93 @@ __global__ void __launch_bounds__(128) dkdv_f32_kernel(const BwdF32Params p) {
   }
 }
 
+// attention_backward's tensors, checked: one [B, T, H, D] view each, the
+// shared dims and dtype, and lse.
+struct BwdArgs {
+  Dims d;
+  Dt dt = Dt::F32;
+  Bthd q, k, v, out, dout, dq, dk, dv;
+  const float *lse = nullptr;
+};
+
+BwdArgs check_backward_args(const DLTensor *q, const DLTensor *k, const DLTensor *v,
+                            const DLTensor *out, const DLTensor *dout, const DLTensor *lse,
+                            float scale, DLTensor *dq, DLTensor *dk, DLTensor *dv) {
+  const char *op = "attention_backward";
+  BwdArgs a;
+  a.q = check_bthd(op, "q", q, a.d, a.dt, true);
+  a.k = check_bthd(op, "k", k, a.d, a.dt, false);
+  a.v = check_bthd(op, "v", v, a.d, a.dt, false);
+  a.out = check_bthd(op, "out", out, a.d, a.dt, false);
+  a.dout = check_bthd(op, "dout", dout, a.d, a.dt, false);
+  a.dq = check_bthd(op, "dq", dq, a.d, a.dt, false);
+  a.dk = check_bthd(op, "dk", dk, a.d, a.dt, false);
+  a.dv = check_bthd(op, "dv", dv, a.d, a.dt, false);
+  a.lse = check_lse(op, lse, a.d);
+  check_dims(op, a.d);
+  TSR_CHECK(std::isfinite(scale), TSR_ERR_INVALID, "attention_backward: scale is not finite");
+  return a;
+}
+
+// The float32 backward: dq and dk/dv by two kernels of their own, reading
+// Di (the rows' dout . out) from `di`.
+void backward_f32(const BwdArgs &a, float scale, float *di, cudaStream_t st) {
+  const Dims &d = a.d;
+  const int T_ = static_cast<int>(d.T), H = static_cast<int>(d.H), D = static_cast<int>(d.D);
+  BwdF32Params p{ten<float>(a.q, d.D),
+                 ten<float>(a.k, d.D),
+                 ten<float>(a.v, d.D),
+                 ten<float>(a.dout, d.D),
+                 ten<float>(a.dq, d.D),
+                 ten<float>(a.dk, d.D),
+                 ten<float>(a.dv, d.D),
+                 a.lse,
+                 di,
+                 T_,
+                 H,
+                 D,
+                 scale};
+  const int B = static_cast<int>(d.B);
+  const dim3 grid((T_ + kRows - 1) / kRows, B * H);
+  dq_f32_kernel<<<grid, 128, 0, st>>>(p);
+  check_launch();
+  dkdv_f32_kernel<<<grid, 128, 0, st>>>(p);
+  check_launch();
+}
+
+// The 16-bit backward: one tensor-core pass that writes dk and dv and
+// accumulates dq in float32 (dq_acc), then dq cast to T and scaled.
+template <typename T>
+void backward_mma(const BwdArgs &a, float scale, float *di, float *dq_acc, cudaStream_t st) {
+  const Dims &d = a.d;
+  const int T_ = static_cast<int>(d.T), H = static_cast<int>(d.H), D = static_cast<int>(d.D);
+  const int64_t rows = d.B * d.H * d.T;
+  TSR_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, static_cast<size_t>(rows * d.D) * sizeof(float), st));
+  BwdParams<T> p{ten<T>(a.q, d.D),
+                 ten<T>(a.k, d.D),
+                 ten<T>(a.v, d.D),
+                 ten<T>(a.dout, d.D),
+                 ten<T>(a.dk, d.D),
+                 ten<T>(a.dv, d.D),
+                 a.lse,
+                 di,
+                 dq_acc,
+                 T_,
+                 H,
+                 D,
+                 scale,
+                 scale * kLog2e};
+  if (D <= 64) {
+    launch_bwd_mma<T, 64>(p, static_cast<int>(d.B));
+  } else {
+    launch_bwd_mma<T, 128>(p, static_cast<int>(d.B));
+  }
+  const int64_t n = rows * d.D;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 65535));
+  dq_cast_kernel<T><<<blocks, 256, 0, st>>>(dq_acc, ten<T>(a.dq, d.D), T_, H, D, scale, n);
+  check_launch();
+}
+
 }  // namespace
 }  // namespace attn
 
@@ -480,25 +572,12 @@ tsr_status attention_backward_native(tsr_host_ctx *ctx, const DLTensor *q, const
                                      DLTensor *dv) noexcept {
   using namespace attn;
   return guarded(ctx, [&] {
-    const char *op = "attention_backward";
-    Dims d;
-    Dt dt = Dt::F32;
-    const Bthd vq = check_bthd(op, "q", q, d, dt, true);
-    const Bthd vk = check_bthd(op, "k", k, d, dt, false);
-    const Bthd vv = check_bthd(op, "v", v, d, dt, false);
-    const Bthd vo = check_bthd(op, "out", out, d, dt, false);
-    const Bthd vdo = check_bthd(op, "dout", dout, d, dt, false);
-    const Bthd vdq = check_bthd(op, "dq", dq, d, dt, false);
-    const Bthd vdk = check_bthd(op, "dk", dk, d, dt, false);
-    const Bthd vdv = check_bthd(op, "dv", dv, d, dt, false);
-    const float *plse = check_lse(op, lse, d);
-    check_dims(op, d);
-    TSR_CHECK(std::isfinite(scale), TSR_ERR_INVALID, "attention_backward: scale is not finite");
+    const BwdArgs a = check_backward_args(q, k, v, out, dout, lse, scale, dq, dk, dv);
+    const Dims &d = a.d;
     if (d.B * d.T * d.H == 0) return;
     const int T_ = static_cast<int>(d.T), H = static_cast<int>(d.H), D = static_cast<int>(d.D);
-    const int B = static_cast<int>(d.B);
     const int64_t rows = d.B * d.H * d.T;
-    const bool f32 = dt == Dt::F32;
+    const bool f32 = a.dt == Dt::F32;
     float *di = scratch_floats(static_cast<size_t>(rows) * (f32 ? 1 : 1 + d.D));
     float *dq_acc = di + rows;
     cudaStream_t st = compute_stream();
@@ -507,58 +586,16 @@ tsr_status attention_backward_native(tsr_host_ctx *ctx, const DLTensor *q, const
       using T = decltype(zero);
       const unsigned di_blocks = static_cast<unsigned>((rows * 32 + 255) / 256);
       di_kernel<T>
-          <<<di_blocks, 256, 0, st>>>(ten<T>(vo, d.D), ten<T>(vdo, d.D), di, T_, H, D, rows);
+          <<<di_blocks, 256, 0, st>>>(ten<T>(a.out, d.D), ten<T>(a.dout, d.D), di, T_, H, D, rows);
       check_launch();
-      if constexpr (std::is_same_v<T, float>) {
-        BwdF32Params p{ten<float>(vq, d.D),
-                       ten<float>(vk, d.D),
-                       ten<float>(vv, d.D),
-                       ten<float>(vdo, d.D),
-                       ten<float>(vdq, d.D),
-                       ten<float>(vdk, d.D),
-                       ten<float>(vdv, d.D),
-                       plse,
-                       di,
-                       T_,
-                       H,
-                       D,
-                       scale};
-        const dim3 grid((T_ + kRows - 1) / kRows, B * H);
-        dq_f32_kernel<<<grid, 128, 0, st>>>(p);
-        check_launch();
-        dkdv_f32_kernel<<<grid, 128, 0, st>>>(p);
-        check_launch();
-      } else {
-        TSR_CUDA_CHECK(
-            cudaMemsetAsync(dq_acc, 0, static_cast<size_t>(rows * d.D) * sizeof(float), st));
-        BwdParams<T> p{ten<T>(vq, d.D),
-                       ten<T>(vk, d.D),
-                       ten<T>(vv, d.D),
-                       ten<T>(vdo, d.D),
-                       ten<T>(vdk, d.D),
-                       ten<T>(vdv, d.D),
-                       plse,
-                       di,
-                       dq_acc,
-                       T_,
-                       H,
-                       D,
-                       scale,
-                       scale * kLog2e};
-        if (D <= 64) {
-          launch_bwd_mma<T, 64>(p, B);
-        } else {
-          launch_bwd_mma<T, 128>(p, B);
-        }
-        const int64_t n = rows * d.D;
-        const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 65535));
-        dq_cast_kernel<T><<<blocks, 256, 0, st>>>(dq_acc, ten<T>(vdq, d.D), T_, H, D, scale, n);
-        check_launch();
-      }
+      if constexpr (std::is_same_v<T, float>)
+        backward_f32(a, scale, di, st);
+      else
+        backward_mma<T>(a, scale, di, dq_acc, st);
     };
-    if (dt == Dt::F32) {
+    if (a.dt == Dt::F32) {
       run(float{});
-    } else if (dt == Dt::BF16) {
+    } else if (a.dt == Dt::BF16) {
       run(__nv_bfloat16{});
     } else {
       run(__half{});

@@ -34,6 +34,11 @@ constexpr int fwd_smem_bytes() {
   return (kBr + 4 * kBc) * (DP + 8) * 2;  // Q, then K[2] and V[2]
 }
 
+// Over 80 lines, and kept whole on purpose: its phases (load Q, then per
+// key block the scores, the online softmax and P.V) share the register
+// fragments that hold the scores and the output accumulator; split into
+// device functions they would pass those arrays by reference, and whether
+// they stay in registers would rest on the inliner.
 template <typename T, int DP>
 __global__ void __launch_bounds__(kThreads) fwd_mma_kernel(const FwdParams<T> p) {
   // Rows padded by 8 elements (16 bytes) so ldmatrix's 8 row addresses fall in

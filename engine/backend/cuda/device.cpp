@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "util/error.hpp"
+#include "util/text.hpp"
 
 namespace tessera::cuda {
 
@@ -38,20 +39,6 @@ constexpr size_t kSmallStep = 512, kLargeStep = 2 * kMiB, kSmallLimit = kMiB;
 size_t size_class(size_t bytes) {
   const size_t step = bytes < kSmallLimit ? kSmallStep : kLargeStep;
   return (bytes + step - 1) / step * step;
-}
-
-std::string human_bytes(size_t b) {
-  char buf[64];
-  const double v = static_cast<double>(b);
-  if (b >= kMiB * kKiB)
-    std::snprintf(buf, sizeof buf, "%.1f GiB", v / (kMiB * kKiB));
-  else if (b >= kMiB)
-    std::snprintf(buf, sizeof buf, "%.1f MiB", v / kMiB);
-  else if (b >= kKiB)
-    std::snprintf(buf, sizeof buf, "%.1f KiB", v / kKiB);
-  else
-    std::snprintf(buf, sizeof buf, "%zu B", b);
-  return buf;
 }
 
 struct Runtime {
@@ -176,8 +163,8 @@ std::string device_name() {
   cudaDeviceProp p{};
   TSR_CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
   char buf[384];
-  std::snprintf(buf, sizeof buf, "%s (sm_%d%d, %.1f GiB)", p.name, p.major, p.minor,
-                static_cast<double>(p.totalGlobalMem) / (kMiB * kKiB));
+  std::snprintf(buf, sizeof buf, "%s (sm_%d%d, %s)", p.name, p.major, p.minor,
+                format_bytes(static_cast<double>(p.totalGlobalMem)).c_str());
   return buf;
 }
 
@@ -217,10 +204,10 @@ void *device_alloc(size_t bytes) {
     size_t free_b = 0, total_b = 0;
     if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) (void)cudaGetLastError();
     throw Error(TSR_ERR_NO_MEMORY, "CUDA: cannot allocate " + std::to_string(bytes) + " bytes (" +
-                                       human_bytes(bytes) + "; " +
-                                       human_bytes(c.reserved - c.cached) + " in use, " +
-                                       human_bytes(c.cached) + " cached, " + human_bytes(free_b) +
-                                       " free on device of " + human_bytes(total_b) + ")");
+                                       format_bytes(bytes) + "; " +
+                                       format_bytes(c.reserved - c.cached) + " in use, " +
+                                       format_bytes(c.cached) + " cached, " + format_bytes(free_b) +
+                                       " free on device of " + format_bytes(total_b) + ")");
   }
   TSR_CUDA_CHECK(err);
   c.live.emplace(p, cls);
@@ -342,9 +329,9 @@ void *pinned_alloc(size_t bytes, bool *zeroed) {
   if (err == cudaErrorMemoryAllocation) {
     (void)cudaGetLastError();
     throw Error(TSR_ERR_NO_MEMORY, "CUDA: cannot allocate " + std::to_string(bytes) +
-                                       " bytes of pinned host memory (" + human_bytes(bytes) +
-                                       "; " + human_bytes(c.reserved - c.cached) + " in use, " +
-                                       human_bytes(c.cached) + " cached)");
+                                       " bytes of pinned host memory (" + format_bytes(bytes) +
+                                       "; " + format_bytes(c.reserved - c.cached) + " in use, " +
+                                       format_bytes(c.cached) + " cached)");
   }
   TSR_CUDA_CHECK(err);
   c.live.emplace(p, cls);

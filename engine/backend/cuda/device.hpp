@@ -30,7 +30,7 @@ int visible_devices();
 void select_device(int ordinal);
 // The selected device (-1 before select_device).
 int current_device();
-// "NVIDIA H200 (sm_90, 139.8 GiB)", for the start-up report.
+// "NVIDIA H200 (sm_90, 139.80 GiB)", for the start-up report.
 std::string device_name();
 
 cudaStream_t compute_stream();

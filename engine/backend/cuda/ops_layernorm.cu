@@ -286,11 +286,12 @@ tsr_status add_layernorm_forward(tsr_host_ctx *ctx, const DLTensor *x, const DLT
 
 namespace {
 
-// layernorm_backward, and with dsum layernorm_backward_sum (op names which).
-void layernorm_backward_impl(const char *op, tsr_host_ctx *ctx, const DLTensor *dy,
-                             const DLTensor *x, const DLTensor *weight, const DLTensor *mean,
-                             const DLTensor *rstd, DLTensor *dx, DLTensor *dweight, DLTensor *dbias,
-                             DLTensor *dsum) {
+// Arguments in host memory: the CPU ops do the work. Returns whether they
+// did.
+bool layernorm_backward_on_host(const char *op, tsr_host_ctx *ctx, const DLTensor *dy,
+                                const DLTensor *x, const DLTensor *weight, const DLTensor *mean,
+                                const DLTensor *rstd, DLTensor *dx, DLTensor *dweight,
+                                DLTensor *dbias, DLTensor *dsum) {
   if (side_of(op, {{"dy", dy},
                    {"x", x},
                    {"weight", weight},
@@ -299,117 +300,161 @@ void layernorm_backward_impl(const char *op, tsr_host_ctx *ctx, const DLTensor *
                    {"dx", dx},
                    {"dweight", dweight},
                    {"dbias", dbias},
-                   {"dsum", dsum}}) == Side::Host) {
-    AsCpu hdy(dy), hx(x), hw(weight), hm(mean), hr(rstd), hdx(dx), hdw(dweight), hdb(dbias),
-        hds(dsum);
-    if (dsum)
-      host_result(need_cpu(cpu_ops()->layernorm_backward_sum, op)(
-          ctx, hdy.p, hx.p, hw.p, hm.p, hr.p, hdx.mut(), hdw.mut(), hdb.mut(), hds.mut()));
-    else
-      host_result(need_cpu(cpu_ops()->layernorm_backward, op)(ctx, hdy.p, hx.p, hw.p, hm.p, hr.p,
-                                                              hdx.mut(), hdw.mut(), hdb.mut()));
-    return;
-  }
-  const View DY = floating(op, "dy", dy, 1), X = floating(op, "x", x, 1),
-             W = floating(op, "weight", weight), M = f32(op, "mean", mean),
-             R = f32(op, "rstd", rstd), DX = floating(op, "dx", dx, 1),
-             DW = floating(op, "dweight", dweight);
-  View DB{}, DS{};
+                   {"dsum", dsum}}) != Side::Host)
+    return false;
+  AsCpu hdy(dy), hx(x), hw(weight), hm(mean), hr(rstd), hdx(dx), hdw(dweight), hdb(dbias),
+      hds(dsum);
+  if (dsum)
+    host_result(need_cpu(cpu_ops()->layernorm_backward_sum, op)(
+        ctx, hdy.p, hx.p, hw.p, hm.p, hr.p, hdx.mut(), hdw.mut(), hdb.mut(), hds.mut()));
+  else
+    host_result(need_cpu(cpu_ops()->layernorm_backward, op)(ctx, hdy.p, hx.p, hw.p, hm.p, hr.p,
+                                                            hdx.mut(), hdw.mut(), hdb.mut()));
+  return true;
+}
+
+// layernorm_backward's device arguments, checked; DB and DS are empty
+// (p == nullptr) without dbias or dsum.
+struct LnbViews {
+  View DY, X, W, M, R, DX, DW, DB, DS;
+  bool bias, sum;
+};
+
+LnbViews layernorm_backward_views(const char *op, const DLTensor *dy, const DLTensor *x,
+                                  const DLTensor *weight, const DLTensor *mean,
+                                  const DLTensor *rstd, DLTensor *dx, DLTensor *dweight,
+                                  DLTensor *dbias, DLTensor *dsum) {
+  LnbViews v{floating(op, "dy", dy, 1),
+             floating(op, "x", x, 1),
+             floating(op, "weight", weight),
+             f32(op, "mean", mean),
+             f32(op, "rstd", rstd),
+             floating(op, "dx", dx, 1),
+             floating(op, "dweight", dweight),
+             View{},
+             View{},
+             dbias != nullptr,
+             dsum != nullptr};
+  const View &X = v.X;
   if (dbias) {
-    DB = floating(op, "dbias", dbias);
-    TSR_CHECK(DB.numel() == X.cols, TSR_ERR_INVALID,
+    v.DB = floating(op, "dbias", dbias);
+    TSR_CHECK(v.DB.numel() == X.cols, TSR_ERR_INVALID,
               std::string(op) + ": dbias " + describe(dbias) + " must have " +
                   std::to_string(X.cols) + " elements");
   }
   if (dsum) {
-    DS = floating(op, "dsum", dsum);
-    TSR_CHECK(DS.numel() == X.cols, TSR_ERR_INVALID,
+    v.DS = floating(op, "dsum", dsum);
+    TSR_CHECK(v.DS.numel() == X.cols, TSR_ERR_INVALID,
               std::string(op) + ": dsum " + describe(dsum) + " must have " +
                   std::to_string(X.cols) + " elements, the last dim of x " + describe(x));
-    TSR_CHECK(!overlaps_bytes(DS, DX) && !overlaps_bytes(DS, DY) && !overlaps_bytes(DS, X) &&
-                  !overlaps_bytes(DS, DW) && (!dbias || !overlaps_bytes(DS, DB)),
+    TSR_CHECK(!overlaps_bytes(v.DS, v.DX) && !overlaps_bytes(v.DS, v.DY) &&
+                  !overlaps_bytes(v.DS, X) && !overlaps_bytes(v.DS, v.DW) &&
+                  (!dbias || !overlaps_bytes(v.DS, v.DB)),
               TSR_ERR_INVALID, std::string(op) + ": dsum overlaps another argument in memory");
   }
-  TSR_CHECK(DY.rows == X.rows && DY.cols == X.cols && DX.rows == X.rows && DX.cols == X.cols,
-            TSR_ERR_INVALID,
-            std::string(op) + ": dy " + describe(dy) + " and dx " + describe(dx) +
-                " must match x " + describe(x));
-  check_same_dtype(op, "x", x, X, "dy", dy, DY);
-  check_same_dtype(op, "x", x, X, "dx", dx, DX);
-  TSR_CHECK(W.numel() == X.cols && DW.numel() == X.cols, TSR_ERR_INVALID,
+  TSR_CHECK(
+      v.DY.rows == X.rows && v.DY.cols == X.cols && v.DX.rows == X.rows && v.DX.cols == X.cols,
+      TSR_ERR_INVALID,
+      std::string(op) + ": dy " + describe(dy) + " and dx " + describe(dx) + " must match x " +
+          describe(x));
+  check_same_dtype(op, "x", x, X, "dy", dy, v.DY);
+  check_same_dtype(op, "x", x, X, "dx", dx, v.DX);
+  TSR_CHECK(v.W.numel() == X.cols && v.DW.numel() == X.cols, TSR_ERR_INVALID,
             std::string(op) + ": weight " + describe(weight) + " and dweight " + describe(dweight) +
                 " must have " + std::to_string(X.cols) + " elements");
-  TSR_CHECK(M.numel() == X.rows && R.numel() == X.rows, TSR_ERR_INVALID,
+  TSR_CHECK(v.M.numel() == X.rows && v.R.numel() == X.rows, TSR_ERR_INVALID,
             std::string(op) + ": mean " + describe(mean) + " and rstd " + describe(rstd) +
                 " must have one entry per row of x " + describe(x));
-  if (X.rows == 0 || X.cols == 0) return;
-  const bool vec =
-      X.cols % kPack == 0 && aligned16(X.p) && aligned16(DY.p) && aligned16(DX.p) && aligned16(W.p);
+  return v;
+}
+
+// Rows of whole packs: one pass (layernorm_backward_rows.cuh), then one
+// finalize of its partials where the outputs share a dtype. Returns false,
+// launching nothing, where the rows are not in packs or are wider than one
+// pass holds.
+template <typename T>
+bool layernorm_backward_one_pass(const LnbViews &v, bool vec) {
+  int64_t blocks = 0;
+  float *rows_partial = nullptr;
+  dispatch_float(v.W.dt, [&](auto wtag) {
+    using TW = decltype(wtag);
+    blocks = launch_layernorm_backward_rows<T, TW>(v.DY.as<T>(), v.X.as<T>(), v.W.as<TW>(),
+                                                   v.M.as<float>(), v.R.as<float>(), v.DX.as<T>(),
+                                                   v.X.rows, v.X.cols, vec, v.sum, &rows_partial);
+  });
+  if (blocks <= 0) return false;
+  const int64_t blk = blocks * v.X.cols;
+  if (v.bias && v.DB.dt == v.DW.dt && (!v.sum || v.DS.dt == v.DW.dt)) {
+    const View outs[3] = {v.DW, v.DB, v.DS};
+    launch_col_finalize(rows_partial, blocks, outs, v.sum ? 3 : 2);
+  } else {
+    launch_col_finalize(rows_partial, blocks, v.DW);
+    if (v.bias) launch_col_finalize(rows_partial + blk, blocks, v.DB);
+    if (v.sum) launch_col_finalize(rows_partial + 2 * blk, blocks, v.DS);
+  }
+  return true;
+}
+
+// The other rows: the parameter gradients first, since they read dy, which
+// dx may alias. Their partials, and dsum's (below) where it shares their
+// dtype and chunks, go into one buffer that one finalize launch finishes.
+template <typename T>
+void layernorm_backward_columns(const LnbViews &v, bool vec) {
+  const View &X = v.X, &DY = v.DY, &DX = v.DX, &DW = v.DW, &DB = v.DB, &DS = v.DS;
   const unsigned grid = static_cast<unsigned>((X.rows + kRowsPerBlock - 1) / kRowsPerBlock);
-  dispatch_float(X.dt, [&](auto xtag) {
+  int64_t rpc = 0;
+  const int64_t chunks = col_plan(X.rows, X.cols, col_vec(X.cols, DY.p, X.p), &rpc);
+  const bool one_finish =
+      (!v.bias || DB.dt == DW.dt) &&
+      (!v.sum || (v.bias && DS.dt == DW.dt &&
+                  col_plan(X.rows, X.cols, col_vec(X.cols, DX.p, nullptr), &rpc) == chunks));
+  const size_t block = static_cast<size_t>(chunks * X.cols);
+  float *partial = static_cast<float *>(
+      scratch(Slot::Partials, sizeof(float) * block * (one_finish && v.sum ? 3 : 2)));
+  int64_t got = 0;
+  launch_col_partials<T, true>(DY.as<T>(), X.as<T>(), v.M.as<float>(), v.R.as<float>(), X.rows,
+                               X.cols, &got, partial);
+  if (!one_finish) {
+    launch_col_finalize(partial, chunks, DW);
+    if (v.bias) launch_col_finalize(partial + block, chunks, DB);
+  }
+  dispatch_float(v.W.dt, [&](auto wtag) {
+    using TW = decltype(wtag);
+    layernorm_dx_kernel<T, TW><<<grid, kThreads, 0, compute_stream()>>>(
+        DY.as<T>(), X.as<T>(), v.W.as<TW>(), v.M.as<float>(), v.R.as<float>(), DX.as<T>(), X.rows,
+        X.cols, vec);
+    check_launch();
+  });
+  // dsum: the column sums of dx as stored, a separate pass over dx here.
+  // (Rows of packs take the one-pass form above; two earlier one-pass
+  // forms, a warp a row with all the partials of its 24 columns a lane,
+  // were slower: bench/results/gpt2_gpu-2026-12-02-third.md.)
+  if (one_finish) {
+    if (v.sum)
+      launch_col_partials<T, false>(DX.as<T>(), nullptr, nullptr, nullptr, X.rows, X.cols, &got,
+                                    partial + 2 * block);
+    const View outs[3] = {DW, DB, DS};
+    launch_col_finalize(partial, chunks, outs, v.bias ? (v.sum ? 3 : 2) : 1);
+  } else if (v.sum) {
+    launch_bias_grad(DX, DS, 1.0f);
+  }
+}
+
+// layernorm_backward, and with dsum layernorm_backward_sum (op names which).
+void layernorm_backward_impl(const char *op, tsr_host_ctx *ctx, const DLTensor *dy,
+                             const DLTensor *x, const DLTensor *weight, const DLTensor *mean,
+                             const DLTensor *rstd, DLTensor *dx, DLTensor *dweight, DLTensor *dbias,
+                             DLTensor *dsum) {
+  if (layernorm_backward_on_host(op, ctx, dy, x, weight, mean, rstd, dx, dweight, dbias, dsum))
+    return;
+  const LnbViews v =
+      layernorm_backward_views(op, dy, x, weight, mean, rstd, dx, dweight, dbias, dsum);
+  if (v.X.rows == 0 || v.X.cols == 0) return;
+  const bool vec = v.X.cols % kPack == 0 && aligned16(v.X.p) && aligned16(v.DY.p) &&
+                   aligned16(v.DX.p) && aligned16(v.W.p);
+  dispatch_float(v.X.dt, [&](auto xtag) {
     using T = decltype(xtag);
-    // Rows of whole packs: one pass (layernorm_backward_rows.cuh), then one
-    // finalize of its partials where the outputs share a dtype.
-    int64_t blocks = 0;
-    float *rows_partial = nullptr;
-    dispatch_float(W.dt, [&](auto wtag) {
-      using TW = decltype(wtag);
-      blocks = launch_layernorm_backward_rows<T, TW>(
-          DY.as<T>(), X.as<T>(), W.as<TW>(), M.as<float>(), R.as<float>(), DX.as<T>(), X.rows,
-          X.cols, vec, dsum != nullptr, &rows_partial);
-    });
-    if (blocks > 0) {
-      const int64_t blk = blocks * X.cols;
-      if (dbias && DB.dt == DW.dt && (!dsum || DS.dt == DW.dt)) {
-        const View outs[3] = {DW, DB, DS};
-        launch_col_finalize(rows_partial, blocks, outs, dsum ? 3 : 2);
-      } else {
-        launch_col_finalize(rows_partial, blocks, DW);
-        if (dbias) launch_col_finalize(rows_partial + blk, blocks, DB);
-        if (dsum) launch_col_finalize(rows_partial + 2 * blk, blocks, DS);
-      }
-      return;
-    }
-    // Otherwise (rows not in packs, or wider than one pass holds): the
-    // parameter gradients first: they read dy, which dx may alias. Their
-    // partials, and dsum's (below) where it shares their dtype and chunks,
-    // go into one buffer that one finalize launch finishes.
-    int64_t rpc = 0;
-    const int64_t chunks = col_plan(X.rows, X.cols, col_vec(X.cols, DY.p, X.p), &rpc);
-    const bool one_finish =
-        (!dbias || DB.dt == DW.dt) &&
-        (!dsum || (dbias && DS.dt == DW.dt &&
-                   col_plan(X.rows, X.cols, col_vec(X.cols, DX.p, nullptr), &rpc) == chunks));
-    const size_t block = static_cast<size_t>(chunks * X.cols);
-    float *partial = static_cast<float *>(
-        scratch(Slot::Partials, sizeof(float) * block * (one_finish && dsum ? 3 : 2)));
-    int64_t got = 0;
-    launch_col_partials<T, true>(DY.as<T>(), X.as<T>(), M.as<float>(), R.as<float>(), X.rows,
-                                 X.cols, &got, partial);
-    if (!one_finish) {
-      launch_col_finalize(partial, chunks, DW);
-      if (dbias) launch_col_finalize(partial + block, chunks, DB);
-    }
-    dispatch_float(W.dt, [&](auto wtag) {
-      using TW = decltype(wtag);
-      layernorm_dx_kernel<T, TW><<<grid, kThreads, 0, compute_stream()>>>(
-          DY.as<T>(), X.as<T>(), W.as<TW>(), M.as<float>(), R.as<float>(), DX.as<T>(), X.rows,
-          X.cols, vec);
-      check_launch();
-    });
-    // dsum: the column sums of dx as stored, a separate pass over dx here.
-    // (Rows of packs take the one-pass form above; two earlier one-pass
-    // forms, a warp a row with all the partials of its 24 columns a lane,
-    // were slower: bench/results/gpt2_gpu-2026-12-02-third.md.)
-    if (one_finish) {
-      if (dsum)
-        launch_col_partials<T, false>(DX.as<T>(), nullptr, nullptr, nullptr, X.rows, X.cols, &got,
-                                      partial + 2 * block);
-      const View outs[3] = {DW, DB, DS};
-      launch_col_finalize(partial, chunks, outs, dbias ? (dsum ? 3 : 2) : 1);
-    } else if (dsum) {
-      launch_bias_grad(DX, DS, 1.0f);
-    }
+    if (!layernorm_backward_one_pass<T>(v, vec)) layernorm_backward_columns<T>(v, vec);
   });
 }
 

@@ -36,12 +36,6 @@ inline int32_t parse_params_home(const std::string &v, const char *who, bool dis
                                         v.c_str(), disk_ok ? " or \"nvme\"" : ""));
 }
 
-inline const char *params_home_name(int32_t home) {
-  return home == TSR_PARAMS_ON_HOST   ? "host memory"
-         : home == TSR_PARAMS_ON_DISK ? "disk"
-                                      : "device";
-}
-
 // `n` fp32 values as the compute dtype (the rounding the optimizers use).
 inline void to_compute(const float *src, size_t n, DLDataType t, void *dst) {
   if (is_f32(t)) {
