@@ -3,7 +3,9 @@
 #include <utf8proc.h>
 
 #include <array>
+#include <functional>
 #include <limits>
+#include <queue>
 
 #include "util/error.hpp"
 
@@ -107,36 +109,61 @@ std::optional<uint8_t> BpeModel::missing_byte() const {
   return std::nullopt;
 }
 
+// The lowest-ranked pair first, the leftmost of equals, until none applies:
+// what GPT-2's encoder (all occurrences of the best pair, left to right) and
+// tokenizers (a priority queue) both compute for a trained vocabulary, where
+// a merge's result only pairs into merges of higher rank. The queue keeps a
+// long word (a megabyte without a space) at O(n log n) where rescanning the
+// word for every merge would be O(n^2).
 void BpeModel::merge_word(std::vector<uint32_t> &word) const {
-  while (word.size() > 1) {
-    const Rule *best = nullptr;
-    uint64_t best_key = 0;
-    for (size_t k = 0; k + 1 < word.size(); ++k) {
-      const uint64_t key = pair_key(word[k], word[k + 1]);
-      auto it = rules_.find(key);
-      if (it != rules_.end() && (!best || it->second.rank < best->rank)) {
-        best = &it->second;
-        best_key = key;
-      }
+  const int n = static_cast<int>(word.size());
+  if (n < 2) return;
+  std::vector<int> next(static_cast<size_t>(n)), prev(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    next[static_cast<size_t>(i)] = i + 1 < n ? i + 1 : -1;
+    prev[static_cast<size_t>(i)] = i - 1;
+  }
+  struct Candidate {
+    uint32_t rank;
+    int pos;  // the left symbol's index
+    uint32_t left, right;
+    bool operator>(const Candidate &o) const {
+      return rank != o.rank ? rank > o.rank : pos > o.pos;
     }
-    if (!best) return;
-    if (best->merged == kNoId)
-      throw Error(TSR_ERR_INVALID, "'" + vocab_name_ + "' has no token '" + unmade_.at(best_key) +
+  };
+  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> queue;
+  auto consider = [&](int i) {
+    const int j = i < 0 ? -1 : next[static_cast<size_t>(i)];
+    if (j < 0) return;
+    const uint32_t a = word[static_cast<size_t>(i)], b = word[static_cast<size_t>(j)];
+    if (auto it = rules_.find(pair_key(a, b)); it != rules_.end())
+      queue.push({it->second.rank, i, a, b});
+  };
+  for (int i = 0; i + 1 < n; ++i) consider(i);
+  while (!queue.empty()) {
+    const Candidate c = queue.top();
+    queue.pop();
+    const auto i = static_cast<size_t>(c.pos);
+    const int j = next[i];
+    // Stale: one of the two symbols has merged since the pair was queued.
+    if (word[i] != c.left || j < 0 || word[static_cast<size_t>(j)] != c.right) continue;
+    const Rule &rule = rules_.at(pair_key(c.left, c.right));
+    if (rule.merged == kNoId)
+      throw Error(TSR_ERR_INVALID, "'" + vocab_name_ + "' has no token '" +
+                                       unmade_.at(pair_key(c.left, c.right)) +
                                        "' that the merges make (vocabulary and merges do not "
                                        "belong together?)");
-    // All occurrences of the pair, left to right, as GPT-2's encoder does.
-    const uint32_t a = static_cast<uint32_t>(best_key >> 32), b = static_cast<uint32_t>(best_key);
-    size_t to = 0;
-    for (size_t k = 0; k < word.size();) {
-      if (k + 1 < word.size() && word[k] == a && word[k + 1] == b) {
-        word[to++] = best->merged;
-        k += 2;
-      } else {
-        word[to++] = word[k++];
-      }
-    }
-    word.resize(to);
+    word[i] = rule.merged;
+    word[static_cast<size_t>(j)] = kNoId;  // gone
+    next[i] = next[static_cast<size_t>(j)];
+    if (next[i] >= 0) prev[static_cast<size_t>(next[i])] = c.pos;
+    consider(prev[i]);
+    consider(c.pos);
   }
+  size_t to = 0;
+  for (int i = 0; i >= 0; i = next[static_cast<size_t>(i)])
+    word[to++] = word[static_cast<size_t>(i)];
+  word.resize(to);
 }
 
 void BpeModel::encode(std::string_view bytes, std::vector<uint32_t> &out) {

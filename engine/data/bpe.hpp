@@ -1,9 +1,9 @@
 // The byte-level BPE model shared by GPT-2's own files (tokenizer_bpe) and
 // Hugging Face's tokenizer.json (tokenizer_json): a word's UTF-8 bytes become
 // one symbol each (GPT-2's bytes_to_unicode form), then the lowest-ranked
-// merge that applies is applied to all its occurrences, left to right, until
-// none applies; the symbols are the ids. Results are cached per word, since
-// a corpus repeats its words.
+// pair that a merge applies to is merged, the leftmost of equals first,
+// until none applies; the symbols are the ids. Results are cached per word,
+// since a corpus repeats its words.
 #pragma once
 
 #include <cstdint>
