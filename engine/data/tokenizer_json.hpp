@@ -49,6 +49,10 @@ class TokenizerJson {
   // this keeps the bytes). Throws naming an id outside the vocabulary.
   std::string decode(const std::vector<uint32_t> &ids, bool skip_special_tokens = false) const;
 
+  // The bytes of token `id`; empty for an id no token has.
+  std::string_view token_bytes(uint32_t id) const {
+    return id < decoded_.size() ? std::string_view(decoded_[id]) : std::string_view();
+  }
   // The largest id (model or added token) plus one.
   int64_t vocab_size() const { return static_cast<int64_t>(decoded_.size()); }
   // The id of token `content` (an added token or a vocabulary symbol).

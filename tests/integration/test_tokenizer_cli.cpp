@@ -149,4 +149,45 @@ TEST_CASE("data encode/decode equal Hugging Face tokenizers (where importable)",
   CHECK(status == 0);
 }
 
+TEST_CASE("generate --tokenizer encodes the prompt and stops at the model's eos",
+          "[cli][tokenizer][generate]") {
+  // A tiny gpt2 over the golden tokenizer's 400 ids, trained two steps on
+  // shards that tokenize writes with it.
+  std::string text;
+  for (int i = 0; i < 40; ++i)
+    for (const auto &c : golden_cases()) text += c["text"].get<std::string>() + "\n";
+  write_text(scratch() / "corpus.txt", text);
+  RunResult r =
+      run_cli({"data", "tokenize", (scratch() / "corpus.txt").string(), "-o",
+               (scratch() / "data").string(), "--eval-fraction", "0", "--tokenizer", kGoldenDir});
+  INFO(describe(r));
+  REQUIRE(r.status == 0);
+  const fs::path run_dir = scratch() / "run", cfg = scratch() / "tiny.toml";
+  write_text(cfg, "[run]\nname = \"tiny\"\ndevice = \"cpu\"\nseed = 7\nsteps = 2\ndir = \"" +
+                      run_dir.string() +
+                      "\"\n\n[batch]\nmicro = 2\n\n[model]\nplugin = \"gpt2\"\nlayers = 1\n"
+                      "heads = 2\nwidth = 32\ncontext = 16\nvocab = 400\n\n[data.train]\n"
+                      "plugin = \"tokens\"\nfiles = \"" +
+                      (scratch() / "data" / "data_train_*.bin").string() +
+                      "\"\ncontext = 16\nvocab = 400\n\n[optimizer]\nplugin = \"adamw\"\n"
+                      "lr = 0.001\n\n[log]\nplot = false\n");
+  r = run_cli({"run", cfg.string()}, RunOptions{{}, {}, {}, 120});
+  INFO(describe(r));
+  REQUIRE(r.status == 0);
+  // The tokenizer's directory, with the eos id the model stops at.
+  write_text(scratch() / "tok" / "tokenizer.json", read_text(kGoldenDir + "/tokenizer.json"));
+  write_text(scratch() / "tok" / "generation_config.json", "{\"eos_token_id\": [1]}");
+  r = run_cli({"generate", "--ckpt", (run_dir / "ckpt").string(), "--prompt", "Hello world",
+               "--max-tokens", "12", "--seed", "3", "--tokenizer", (scratch() / "tok").string()});
+  INFO(describe(r));
+  REQUIRE(r.status == 0);
+  CHECK(r.out.rfind("Hello world", 0) == 0);
+  // "Hello world" is 10 tokens of this tokenizer (11 bytes).
+  CHECK(contains(r.err, "after a prompt of 10"));
+  r = run_cli({"generate", "--ckpt", (run_dir / "ckpt").string(), "--prompt", "x", "--tokenizer",
+               kGoldenDir, "--encoder", "e.json", "--bpe", "v.bpe"});
+  CHECK(r.status == 2);
+  CHECK(contains(r.err, "not both"));
+}
+
 }  // namespace itest_test_tokenizer_cli
