@@ -21,6 +21,8 @@ int cmd_ckpt(const Args &args);
 int cmd_plot(const Args &args);
 int cmd_runs(const Args &args);
 int cmd_data(const Args &args);
+int cmd_data_encode(const Args &args);  // `data encode` (data_codec_cmd.cpp)
+int cmd_data_decode(const Args &args);  // `data decode` (data_codec_cmd.cpp)
 int cmd_generate(const Args &args);
 
 }  // namespace tessera::cli

@@ -1,5 +1,6 @@
-// tessera data tokenize: text files to token shards (docs/data.md), byte-level
-// or with GPT-2's BPE, split into train and eval by document.
+// tessera data tokenize: text files to token shards (docs/data.md), byte-level,
+// with GPT-2's BPE files or a Hugging Face tokenizer.json, split into train
+// and eval by document.
 #include <unistd.h>
 
 #include <cerrno>
@@ -20,6 +21,7 @@
 #include "cli/args.hpp"
 #include "data/token_shard.hpp"
 #include "data/tokenizer_bpe.hpp"
+#include "data/tokenizer_json.hpp"
 #include "util/error.hpp"
 #include "util/regular_file.hpp"
 
@@ -33,8 +35,10 @@ const char *kDataUsage = R"(usage: tessera data <command> [options]
 
 commands:
   tokenize INPUT... -o OUTDIR   text files to token shards for the tokens dataset
+  encode --tokenizer F          text on stdin to token ids (JSON) on stdout
+  decode --tokenizer F          token ids (JSON) on stdin to text on stdout
 
-Run 'tessera data tokenize --help' for its options.
+Run 'tessera data <command> --help' for its options.
 )";
 
 const char *kTokenizeUsage = R"(usage: tessera data tokenize INPUT... -o OUTDIR [options]
@@ -49,8 +53,15 @@ tokenizer:
   --encoder FILE            GPT-2 BPE: GPT-2's encoder.json (token -> id) ...
   --bpe FILE                ... and vocab.bpe (the merges); both or neither.
                             Every document starts with <|endoftext|> (50256)
-                            when the encoder has it. Ids above 65535 are
-                            written as uint32 shards
+                            when the encoder has it
+  --tokenizer PATH          a Hugging Face tokenizer.json, or the directory
+                            holding one (byte-level BPE: GPT-2, Llama 3,
+                            Qwen2/3). Each document is encoded as
+                            tokenizer.encode(doc) does (Llama 3: with
+                            <|begin_of_text|> first); when that adds no
+                            token, <|endoftext|> goes first if the tokenizer
+                            has it
+  Vocabularies over 65536 ids are written as uint32 shards.
 
 documents and splits:
   --doc-separator LINE      a line equal to LINE ends a document (fortune
@@ -183,6 +194,11 @@ int tokenize_body(const Parsed &p) {
     throw UsageError(
         "tessera data tokenize: --encoder and --bpe go together (GPT-2's "
         "encoder.json and vocab.bpe)");
+  const std::string tokenizer_path = p.get("--tokenizer");
+  if (!tokenizer_path.empty() && !encoder_path.empty())
+    throw UsageError(
+        "tessera data tokenize: --tokenizer (a tokenizer.json) or --encoder/--bpe (GPT-2's "
+        "files), not both");
   const double fraction = fraction_option(p);
   const int64_t shard_tokens = positive_option(p, "--shard-tokens", 100'000'000);
   if (shard_tokens > data::kShardMaxTokens)
@@ -212,10 +228,20 @@ int tokenize_body(const Parsed &p) {
   }
 
   std::unique_ptr<data::Gpt2Bpe> bpe;
+  std::unique_ptr<data::TokenizerJson> hf;
+  std::optional<uint32_t> doc_token;  // a token before every document
   int64_t vocab = 256;
+  std::string tokenizer_name = "byte-level";
   if (!encoder_path.empty()) {
     bpe = std::make_unique<data::Gpt2Bpe>(data::Gpt2Bpe::load(encoder_path, bpe_path));
     vocab = bpe->vocab_size();
+    doc_token = bpe->end_of_text();
+    tokenizer_name = "GPT-2 BPE";
+  } else if (!tokenizer_path.empty()) {
+    hf = std::make_unique<data::TokenizerJson>(data::TokenizerJson::load(tokenizer_path));
+    vocab = hf->vocab_size();
+    if (hf->added_by_post_processor() == 0) doc_token = hf->token_id("<|endoftext|>");
+    tokenizer_name = hf->name() + ": " + hf->describe();
   }
   const int width = data::token_width_for_vocab(vocab);
 
@@ -255,10 +281,13 @@ int tokenize_body(const Parsed &p) {
       data::ShardWriter &w = to_eval ? eval : train;
       ++(to_eval ? eval_stats : train_stats).documents;
       ids.clear();
-      if (bpe) {
-        if (auto eot = bpe->end_of_text()) ids.push_back(*eot);
+      if (bpe || hf) {
+        if (doc_token) ids.push_back(*doc_token);
         try {
-          bpe->encode(doc, ids);
+          if (bpe)
+            bpe->encode(doc, ids);
+          else
+            hf->encode(doc, ids);
         } catch (const Error &e) {
           throw Error(e.code(), "input '" + in + "': " + e.what());
         }
@@ -293,7 +322,7 @@ int tokenize_body(const Parsed &p) {
               p.positional.size(), human_bytes(static_cast<double>(total_bytes)).c_str(),
               static_cast<long long>(doc_index), secs,
               human_bytes(secs > 0 ? static_cast<double>(total_bytes) / secs : 0).c_str());
-  std::printf("  tokenizer  %s, vocab %lld, uint%d tokens\n", bpe ? "GPT-2 BPE" : "byte-level",
+  std::printf("  tokenizer  %s, vocab %lld, uint%d tokens\n", tokenizer_name.c_str(),
               static_cast<long long>(vocab), width * 8);
   auto report = [&](const char *label, const SplitStats &s, const data::ShardWriter &w) {
     std::printf("  %-9s  %lld documents, %lld tokens, %zu shard(s)", label,
@@ -312,7 +341,8 @@ int tokenize_body(const Parsed &p) {
 }
 
 int data_body(const Parsed &p) {
-  if (p.positional.empty()) throw UsageError("tessera data: expected a command ('tokenize')");
+  if (p.positional.empty())
+    throw UsageError("tessera data: expected a command ('tokenize', 'encode' or 'decode')");
   throw UsageError("tessera data: unknown command '" + p.positional[0] + "'");
 }
 
@@ -326,6 +356,7 @@ int cmd_data(const Args &args) {
                         {"--output", true, false},
                         {"--encoder", true, false},
                         {"--bpe", true, false},
+                        {"--tokenizer", true, false},
                         {"--eval-fraction", true, false},
                         {"--shard-tokens", true, false},
                         {"--name", true, false},
@@ -333,6 +364,10 @@ int cmd_data(const Args &args) {
                         {"--help", false, false},
                         {"-h", false, false}});
   }
+  if (!args.empty() && args[0] == "encode")
+    return cmd_data_encode(Args(args.begin() + 1, args.end()));
+  if (!args.empty() && args[0] == "decode")
+    return cmd_data_decode(Args(args.begin() + 1, args.end()));
   return run_command("data", kDataUsage, data_body, args,
                      {{"--help", false, false}, {"-h", false, false}});
 }

@@ -32,14 +32,18 @@ model sees at most the last T tokens, T being the training windows' length.
   --bpe FILE                GPT-2's vocab.bpe (with --encoder; see
                             tools/fetch-gpt2-vocab). Without them, or when the
                             model's vocabulary is 256, text is bytes
+  --tokenizer PATH          a Hugging Face tokenizer.json or model directory
+                            (Llama 3, Qwen2/3, GPT-2; docs/data.md): the
+                            prompt is encoded as tokenizer.encode does
   --device D                cpu, cuda or auto (default: the run's run.device)
   --set KEY=VALUE           override a key of the checkpoint's config (repeatable)
   --plugin-path DIR         search DIR for plugins first (repeatable)
   --verbose                 debug logging
   -h, --help                this help
 
-Text goes to stdout, logs to stderr. With a GPT-2 vocabulary generation
-stops early at <|endoftext|>.
+Text goes to stdout, logs to stderr. Generation stops early at
+<|endoftext|> with GPT-2's files, and with --tokenizer at the eos_token_id
+of the generation_config.json or config.json beside the tokenizer.json.
 )";
 
 int64_t count_option(const Parsed &p, const std::string &name, int64_t fallback) {
@@ -75,6 +79,9 @@ int generate_body(const Parsed &p) {
   if (p.has("--encoder") != p.has("--bpe"))
     throw UsageError(p.has("--encoder") ? "--encoder needs --bpe (GPT-2's vocab.bpe) too"
                                         : "--bpe needs --encoder (GPT-2's encoder.json) too");
+  o.tokenizer = p.get("--tokenizer");
+  if (!o.tokenizer.empty() && p.has("--encoder"))
+    throw UsageError("--tokenizer (a tokenizer.json) or --encoder/--bpe (GPT-2's files), not both");
   o.device = p.get("--device");
   o.sets = p.all("--set");
   o.plugin_paths = p.all("--plugin-path");
@@ -88,13 +95,12 @@ int generate_body(const Parsed &p) {
 }  // namespace
 
 int cmd_generate(const Args &args) {
-  std::vector<OptionSpec> specs = {{"--ckpt", true, false},        {"--prompt", true, false},
-                                   {"--max-tokens", true, false},  {"--top-k", true, false},
-                                   {"--temperature", true, false}, {"--seed", true, false},
-                                   {"--encoder", true, false},     {"--bpe", true, false},
-                                   {"--device", true, false},      {"--set", true, true},
-                                   {"--plugin-path", true, true},  {"--verbose", false, false},
-                                   {"--help", false, false},       {"-h", false, false}};
+  std::vector<OptionSpec> specs = {
+      {"--ckpt", true, false},     {"--prompt", true, false},      {"--max-tokens", true, false},
+      {"--top-k", true, false},    {"--temperature", true, false}, {"--seed", true, false},
+      {"--encoder", true, false},  {"--bpe", true, false},         {"--tokenizer", true, false},
+      {"--device", true, false},   {"--set", true, true},          {"--plugin-path", true, true},
+      {"--verbose", false, false}, {"--help", false, false},       {"-h", false, false}};
   return run_command("generate", kGenerateUsage, generate_body, args, specs);
 }
 

@@ -31,6 +31,8 @@ commands:
   plot RUN_DIR...   draw runs' loss, lr, throughput and memory as SVG/PNG
   runs [DIR]        list past runs (default: runs/)
   data tokenize F.. text files to token shards (tessera data tokenize --help)
+  data encode|decode --tokenizer F
+                    text on stdin to ids as JSON, or JSON ids to text
   debug vscode [D]  write D/.vscode/launch.json to debug tessera in VS Code
   version           print version and ABI
 

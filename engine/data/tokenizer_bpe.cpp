@@ -221,21 +221,6 @@ std::vector<Char> decode_utf8(std::string_view s) {
   return out;
 }
 
-std::string encode_utf8(uint32_t cp) {
-  std::string s;
-  if (cp < 0x80) {
-    s += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    s += static_cast<char>(0xC0 | (cp >> 6));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    s += static_cast<char>(0xE0 | (cp >> 12));
-    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-  return s;
-}
-
 CharClass class_of(const Char &c) {
   return c.cp == kInvalid ? CharClass::kOther : char_class(c.cp);
 }
@@ -312,20 +297,6 @@ std::vector<std::string_view> gpt2_pretokenize(std::string_view text) {
   return out;
 }
 
-const std::string &byte_to_unicode(uint8_t b) {
-  static const std::array<std::string, 256> table = [] {
-    std::array<std::string, 256> t;
-    uint32_t next = 256;
-    for (uint32_t v = 0; v < 256; ++v) {
-      const bool printable =
-          (v >= '!' && v <= '~') || (v >= 0xA1 && v <= 0xAC) || (v >= 0xAE && v <= 0xFF);
-      t[v] = encode_utf8(printable ? v : next++);
-    }
-    return t;
-  }();
-  return table[b];
-}
-
 Gpt2Bpe Gpt2Bpe::load(const fs::path &encoder_json, const fs::path &vocab_bpe) {
   const std::string encoder = read_file(encoder_json, "encoder file");
   const std::string merges = read_file(vocab_bpe, "BPE merges file");
@@ -333,8 +304,7 @@ Gpt2Bpe Gpt2Bpe::load(const fs::path &encoder_json, const fs::path &vocab_bpe) {
 }
 
 Gpt2Bpe::Gpt2Bpe(const std::string &encoder_json_text, const std::string &encoder_name,
-                 const std::string &vocab_bpe_text, const std::string &bpe_name)
-    : encoder_name_(encoder_name) {
+                 const std::string &vocab_bpe_text, const std::string &bpe_name) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(encoder_json_text);
@@ -346,6 +316,7 @@ Gpt2Bpe::Gpt2Bpe(const std::string &encoder_json_text, const std::string &encode
     throw Error(TSR_ERR_INVALID, "encoder file '" + encoder_name +
                                      "' must be a JSON object of token -> id (GPT-2's "
                                      "encoder.json)");
+  std::unordered_map<std::string, uint32_t> encoder;
   for (const auto &[key, value] : j.items()) {
     if (!value.is_number_integer() || value.get<int64_t>() < 0 ||
         value.get<int64_t>() > std::numeric_limits<int32_t>::max())
@@ -353,43 +324,21 @@ Gpt2Bpe::Gpt2Bpe(const std::string &encoder_json_text, const std::string &encode
                                        "' has id " + value.dump() +
                                        ", expected an integer in [0, 2^31)");
     const auto id = value.get<uint32_t>();
-    encoder_.emplace(key, id);
+    encoder.emplace(key, id);
     vocab_size_ = std::max<int64_t>(vocab_size_, int64_t{id} + 1);
   }
   // The decoder below has one entry per id up to the largest: ids far
   // beyond the token count would size it by a number from the file alone.
-  if (static_cast<uint64_t>(vocab_size_) > 4 * uint64_t{encoder_.size()} + 1024)
+  if (static_cast<uint64_t>(vocab_size_) > 4 * uint64_t{encoder.size()} + 1024)
     throw Error(TSR_ERR_INVALID, "encoder file '" + encoder_name + "': the largest id is " +
                                      std::to_string(vocab_size_ - 1) + " for " +
-                                     std::to_string(encoder_.size()) +
+                                     std::to_string(encoder.size()) +
                                      " tokens; ids must be (nearly) dense");
-  if (auto it = encoder_.find("<|endoftext|>"); it != encoder_.end()) eot_ = it->second;
-  // The decoder: each symbol's characters back to the bytes they stand for.
-  // A character outside bytes_to_unicode's image (none in GPT-2's
-  // encoder.json but special tokens' ASCII) stands for its own UTF-8.
-  std::unordered_map<uint32_t, uint8_t> byte_of;
-  for (int b = 0; b < 256; ++b) {
-    const std::vector<Char> c = decode_utf8(byte_to_unicode(static_cast<uint8_t>(b)));
-    byte_of.emplace(c.front().cp, static_cast<uint8_t>(b));
-  }
+  if (auto it = encoder.find("<|endoftext|>"); it != encoder.end()) eot_ = it->second;
   decoded_.resize(static_cast<size_t>(vocab_size_));
-  for (const auto &[sym, id] : encoder_) {
-    std::string &bytes = decoded_[id];
-    for (const Char &c : decode_utf8(sym)) {
-      auto it = c.cp == kInvalid ? byte_of.end() : byte_of.find(c.cp);
-      if (it != byte_of.end())
-        bytes += static_cast<char>(it->second);
-      else
-        bytes.append(sym, c.start, c.len);
-    }
-  }
-  for (int b = 0; b < 256; ++b) {
-    if (!encoder_.count(byte_to_unicode(static_cast<uint8_t>(b))))
-      throw Error(TSR_ERR_INVALID, "encoder file '" + encoder_name + "' has no token for byte " +
-                                       std::to_string(b) +
-                                       " (a byte-level BPE vocabulary has all 256)");
-  }
+  for (const auto &[sym, id] : encoder) decoded_[id] = byte_level_decode(sym);
 
+  std::vector<BpeMerge> merges;
   std::istringstream in(vocab_bpe_text);
   std::string line;
   size_t line_no = 0;
@@ -403,67 +352,20 @@ Gpt2Bpe::Gpt2Bpe(const std::string &encoder_json_text, const std::string &encode
       throw Error(TSR_ERR_INVALID, "BPE merges file '" + bpe_name + "' line " +
                                        std::to_string(line_no) + ": expected 'A B', got '" + line +
                                        "'");
-    ranks_.emplace(line, static_cast<uint32_t>(ranks_.size()));
+    merges.push_back(BpeMerge{line.substr(0, sp), line.substr(sp + 1)});
   }
-  if (ranks_.empty())
+  if (merges.empty())
     throw Error(TSR_ERR_INVALID, "BPE merges file '" + bpe_name + "' holds no merges");
-}
-
-void Gpt2Bpe::bpe(const std::string &piece, std::vector<uint32_t> &out) {
-  if (auto it = cache_.find(piece); it != cache_.end()) {
-    out.insert(out.end(), it->second.begin(), it->second.end());
-    return;
-  }
-  std::vector<std::string> word;
-  word.reserve(piece.size());
-  for (unsigned char b : piece) word.push_back(byte_to_unicode(b));
-  std::string key;
-  while (word.size() > 1) {
-    uint32_t best = std::numeric_limits<uint32_t>::max();
-    size_t best_at = 0;
-    for (size_t k = 0; k + 1 < word.size(); ++k) {
-      key.assign(word[k]).append(" ").append(word[k + 1]);
-      auto it = ranks_.find(key);
-      if (it != ranks_.end() && it->second < best) {
-        best = it->second;
-        best_at = k;
-      }
-    }
-    if (best == std::numeric_limits<uint32_t>::max()) break;
-    const std::string first = word[best_at], second = word[best_at + 1];
-    std::vector<std::string> merged;
-    merged.reserve(word.size());
-    for (size_t k = 0; k < word.size();) {
-      if (k + 1 < word.size() && word[k] == first && word[k + 1] == second) {
-        merged.push_back(first + second);
-        k += 2;
-      } else {
-        merged.push_back(std::move(word[k]));
-        k += 1;
-      }
-    }
-    word = std::move(merged);
-  }
-  std::vector<uint32_t> ids;
-  ids.reserve(word.size());
-  for (const auto &sym : word) {
-    auto it = encoder_.find(sym);
-    if (it == encoder_.end())
-      throw Error(TSR_ERR_INVALID, "encoder file '" + encoder_name_ + "' has no token '" + sym +
-                                       "' that the merges make (encoder.json and vocab.bpe "
-                                       "do not belong together?)");
-    ids.push_back(it->second);
-  }
-  if (cache_.size() >= (size_t{1} << 18)) cache_.clear();
-  out.insert(out.end(), ids.begin(), ids.end());
-  cache_.emplace(piece, std::move(ids));
+  model_ = std::make_unique<BpeModel>(std::move(encoder), merges, encoder_name, false);
+  if (auto b = model_->missing_byte())
+    throw Error(TSR_ERR_INVALID, "encoder file '" + encoder_name + "' has no token for byte " +
+                                     std::to_string(*b) +
+                                     " (a byte-level BPE vocabulary has all 256)");
 }
 
 void Gpt2Bpe::encode(std::string_view text, std::vector<uint32_t> &out) {
-  std::string piece;
   for (std::string_view p : gpt2_pretokenize(text)) {
-    piece.assign(p);
-    bpe(piece, out);
+    model_->encode(p, out);
   }
 }
 

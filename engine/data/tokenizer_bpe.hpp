@@ -2,7 +2,8 @@
 // encoder.py): text is split by GPT-2's pre-tokenization regex, each piece's
 // UTF-8 bytes are mapped to printable characters (bytes_to_unicode), and the
 // merges of vocab.bpe are applied by rank until none applies; the resulting
-// symbols are looked up in encoder.json.
+// symbols are looked up in encoder.json. The merging is data/bpe.hpp's, which
+// Hugging Face's tokenizer.json (data/tokenizer_json.hpp) shares.
 //
 // The regex
 //   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
@@ -16,11 +17,14 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
+
+#include "data/bpe.hpp"
 
 namespace tessera::data {
 
@@ -32,10 +36,6 @@ CharClass char_class(uint32_t cp);
 // GPT-2's pre-tokenization of UTF-8 `text`: the pieces, in order, that
 // together are exactly `text`.
 std::vector<std::string_view> gpt2_pretokenize(std::string_view text);
-
-// GPT-2's bytes_to_unicode: the character (UTF-8) that stands for byte b in
-// encoder.json and vocab.bpe.
-const std::string &byte_to_unicode(uint8_t b);
 
 class Gpt2Bpe {
  public:
@@ -74,18 +74,13 @@ class Gpt2Bpe {
   int64_t vocab_size() const { return vocab_size_; }
   // The id of "<|endoftext|>" (50256 in GPT-2), if the encoder has one.
   std::optional<uint32_t> end_of_text() const { return eot_; }
-  size_t merges() const { return ranks_.size(); }
+  size_t merges() const { return model_->merges(); }
 
  private:
-  void bpe(const std::string &piece, std::vector<uint32_t> &out);
-
-  std::unordered_map<std::string, uint32_t> encoder_;  // symbol (unicode form) -> id
-  std::unordered_map<std::string, uint32_t> ranks_;    // "A B" -> rank
-  std::unordered_map<std::string, std::vector<uint32_t>> cache_;
+  std::unique_ptr<BpeModel> model_;   // encoder.json's symbols, vocab.bpe's merges
   std::vector<std::string> decoded_;  // id -> bytes
   int64_t vocab_size_ = 0;
   std::optional<uint32_t> eot_;
-  std::string encoder_name_;
 };
 
 }  // namespace tessera::data

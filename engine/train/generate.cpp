@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -15,11 +16,13 @@
 
 #include "ckpt/checkpoint.hpp"
 #include "data/tokenizer_bpe.hpp"
+#include "data/tokenizer_json.hpp"
 #include "train/device_select.hpp"
 #include "train/frozen_model.hpp"
 #include "train/model_file.hpp"
 #include "train/trainer.hpp"
 #include "util/error.hpp"
+#include "util/regular_file.hpp"
 
 namespace fs = std::filesystem;
 
@@ -131,55 +134,96 @@ int64_t model_vocabulary(Session &s, tsr_step *step) {
   return V;
 }
 
-// Text to token ids and back: GPT-2's BPE when given and the vocabulary is
-// more than bytes, else bytes (id = byte value).
-struct Tokenizer {
-  std::optional<data::Gpt2Bpe> bpe;
-  int64_t vocabulary = 0;
-};
-
-Tokenizer tokenizer_choose(const GenerateOptions &o, int64_t V) {
-  Tokenizer t;
-  t.vocabulary = V;
-  if (!o.encoder.empty() && V <= 256) {
-    spdlog::warn("--encoder/--bpe ignored: the model's vocabulary is {} tokens, bytes", V);
-  } else if (!o.encoder.empty()) {
-    t.bpe.emplace(data::Gpt2Bpe::load(o.encoder, o.bpe));
-    if (t.bpe->vocab_size() > V)
-      throw Error(TSR_ERR_INVALID, "--encoder '" + o.encoder + "' has " +
-                                       std::to_string(t.bpe->vocab_size()) +
-                                       " tokens; the model's vocabulary is " + std::to_string(V));
-  } else if (V > 256) {
-    spdlog::warn(
-        "the model's vocabulary is {} tokens but no --encoder/--bpe were given: the prompt is "
-        "read as bytes (ids 0-255) and ids above 255 print as nothing; for GPT-2's vocabulary "
-        "give --encoder encoder.json --bpe vocab.bpe (tools/fetch-gpt2-vocab)",
-        V);
+// The end-of-sequence ids of the model whose tokenizer.json is at `path`:
+// eos_token_id (an id or a list) of generation_config.json, else of
+// config.json, in the tokenizer's directory; none when neither says.
+std::vector<uint32_t> eos_beside(const fs::path &path) {
+  std::error_code ec;
+  const fs::path dir = fs::is_directory(path, ec) ? path : path.parent_path();
+  for (const char *name : {"generation_config.json", "config.json"}) {
+    const fs::path file = dir / name;
+    if (!fs::exists(file, ec)) continue;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(read_regular(file.string(), "model config"));
+    } catch (const nlohmann::json::exception &e) {
+      throw Error(TSR_ERR_INVALID, "'" + file.string() + "' is not valid JSON: " + e.what());
+    }
+    if (!j.is_object() || !j.contains("eos_token_id")) continue;
+    const nlohmann::json &e = j["eos_token_id"];
+    std::vector<uint32_t> ids;
+    for (const auto &v : e.is_array() ? e : nlohmann::json::array({e}))
+      if (v.is_number_unsigned() && v.get<uint64_t>() <= UINT32_MAX)
+        ids.push_back(v.get<uint32_t>());
+    return ids;
   }
-  return t;
+  return {};
 }
 
-std::vector<int32_t> tokenizer_encode(Tokenizer &t, const std::string &prompt) {
-  std::vector<int32_t> tokens;
-  if (t.bpe) {
-    for (uint32_t id : t.bpe->encode(prompt)) tokens.push_back(static_cast<int32_t>(id));
-    if (tokens.empty() && t.bpe->end_of_text()) tokens.push_back(*t.bpe->end_of_text());
-  } else {
+// How the prompt becomes ids and ids become text: GPT-2's files, a
+// tokenizer.json, or bytes (id = byte value).
+struct TextCodec {
+  std::optional<data::Gpt2Bpe> gpt2;
+  std::optional<data::TokenizerJson> hf;
+  std::vector<uint32_t> stops;  // generation ends at any of these
+
+  std::vector<int32_t> encode(const std::string &prompt, int64_t V) {
+    std::vector<int32_t> tokens;
+    if (gpt2 || hf) {
+      for (uint32_t id : gpt2 ? gpt2->encode(prompt) : hf->encode(prompt))
+        tokens.push_back(static_cast<int32_t>(id));
+      if (tokens.empty() && gpt2 && gpt2->end_of_text()) tokens.push_back(*gpt2->end_of_text());
+      return tokens;
+    }
     for (unsigned char c : prompt) {
-      if (c >= t.vocabulary)
+      if (c >= V)
         throw Error(TSR_ERR_INVALID, "--prompt: byte " + std::to_string(c) +
                                          " is not below the model's vocabulary of " +
-                                         std::to_string(t.vocabulary));
+                                         std::to_string(V));
       tokens.push_back(c);
     }
+    return tokens;
   }
-  TSR_CHECK(!tokens.empty(), TSR_ERR_CONFIG, "--prompt is empty: give at least one character");
-  return tokens;
-}
+  std::string text_of(int32_t id) const {
+    if (gpt2) return std::string(gpt2->decode(static_cast<uint32_t>(id)));
+    if (hf) return std::string(hf->token_bytes(static_cast<uint32_t>(id)));
+    return id < 256 ? std::string(1, static_cast<char>(id)) : std::string();
+  }
+};
 
-std::string tokenizer_decode(const Tokenizer &t, int32_t id) {
-  if (t.bpe) return std::string(t.bpe->decode(static_cast<uint32_t>(id)));
-  return id < 256 ? std::string(1, static_cast<char>(id)) : std::string();
+// The tokenizer the options name for a model of V classes: GPT-2's BPE or
+// a tokenizer.json when given and the vocabulary is more than bytes.
+TextCodec make_codec(const GenerateOptions &o, int64_t V) {
+  TextCodec c;
+  TSR_CHECK(o.tokenizer.empty() || o.encoder.empty(), TSR_ERR_CONFIG,
+            "--tokenizer (a tokenizer.json) or --encoder/--bpe (GPT-2's files), not both");
+  const bool given = !o.encoder.empty() || !o.tokenizer.empty();
+  if (given && V <= 256) {
+    spdlog::warn("{} ignored: the model's vocabulary is {} tokens, bytes",
+                 o.tokenizer.empty() ? "--encoder/--bpe" : "--tokenizer", V);
+  } else if (!o.encoder.empty()) {
+    c.gpt2.emplace(data::Gpt2Bpe::load(o.encoder, o.bpe));
+    if (c.gpt2->vocab_size() > V)
+      throw Error(TSR_ERR_INVALID, "--encoder '" + o.encoder + "' has " +
+                                       std::to_string(c.gpt2->vocab_size()) +
+                                       " tokens; the model's vocabulary is " + std::to_string(V));
+    if (auto eot = c.gpt2->end_of_text()) c.stops.push_back(*eot);
+  } else if (!o.tokenizer.empty()) {
+    c.hf.emplace(data::TokenizerJson::load(o.tokenizer));
+    if (c.hf->vocab_size() > V)
+      throw Error(TSR_ERR_INVALID, "--tokenizer '" + c.hf->name() + "' has " +
+                                       std::to_string(c.hf->vocab_size()) +
+                                       " ids; the model's vocabulary is " + std::to_string(V));
+    c.stops = eos_beside(o.tokenizer);
+  } else if (V > 256) {
+    spdlog::warn(
+        "the model's vocabulary is {} tokens but no tokenizer was given: the prompt is read as "
+        "bytes (ids 0-255) and ids above 255 print as nothing; give --tokenizer (a Hugging Face "
+        "tokenizer.json or model directory), or for GPT-2's vocabulary --encoder encoder.json "
+        "--bpe vocab.bpe (tools/fetch-gpt2-vocab)",
+        V);
+  }
+  return c;
 }
 
 // The model's input window and its logits for the next token. The window
@@ -260,10 +304,10 @@ GenerateResult generate(const GenerateOptions &o, std::FILE *out) {
   tsr_step *step = s.step_handle();
 
   const int64_t V = model_vocabulary(s, step);
-  Tokenizer tok = tokenizer_choose(o, V);
-  std::vector<int32_t> tokens = tokenizer_encode(tok, o.prompt);
+  TextCodec codec = make_codec(o, V);
+  std::vector<int32_t> tokens = codec.encode(o.prompt, V);
+  TSR_CHECK(!tokens.empty(), TSR_ERR_CONFIG, "--prompt is empty: give at least one character");
   r.prompt_tokens = static_cast<int64_t>(tokens.size());
-  const std::optional<uint32_t> stop = tok.bpe ? tok.bpe->end_of_text() : std::nullopt;
 
   std::fputs(o.prompt.c_str(), out);
   std::fflush(out);
@@ -273,10 +317,10 @@ GenerateResult generate(const GenerateOptions &o, std::FILE *out) {
   for (int64_t i = 0; i < o.max_tokens; ++i) {
     predictor_run(predictor, tokens);
     const int32_t next = pick(predictor.logits, o.top_k, o.temperature, rng);
-    if (stop && static_cast<uint32_t>(next) == *stop) break;
+    if (std::count(codec.stops.begin(), codec.stops.end(), static_cast<uint32_t>(next))) break;
     tokens.push_back(next);
     ++r.tokens;
-    const std::string text = tokenizer_decode(tok, next);
+    const std::string text = codec.text_of(next);
     std::fwrite(text.data(), 1, text.size(), out);
     std::fflush(out);
   }

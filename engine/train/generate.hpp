@@ -20,6 +20,7 @@ struct GenerateOptions {
   double temperature = 1.0;       // > 0; divides the logits before sampling
   std::optional<uint64_t> seed;   // default: the run's run.seed
   std::string encoder, bpe;       // GPT-2's encoder.json and vocab.bpe; empty: bytes
+  std::string tokenizer;          // a Hugging Face tokenizer.json or its directory
   std::string device;             // cpu | cuda | auto; empty: the checkpoint's run.device
   std::vector<std::string> sets;  // --set overrides of the checkpoint's config
   std::vector<std::string> plugin_paths;
@@ -32,9 +33,10 @@ struct GenerateResult {
 };
 
 // Streams the prompt and then each generated token's text to `out` as it
-// comes (flushed per token). Stops after max_tokens, or at GPT-2's
-// <|endoftext|> with a BPE vocabulary. Throws Error naming the flag or file
-// on bad input.
+// comes (flushed per token). Stops after max_tokens, at GPT-2's
+// <|endoftext|> with its BPE files, or with a tokenizer.json at the
+// eos_token_id of the generation_config.json or config.json beside it. Throws Error naming the flag
+// or file on bad input.
 GenerateResult generate(const GenerateOptions &opts, std::FILE *out);
 
 }  // namespace tessera

@@ -17,6 +17,7 @@
 #include "config/settings.hpp"
 #include "config/validate.hpp"
 #include "data/tokenizer_bpe.hpp"
+#include "data/tokenizer_json.hpp"
 #include "idx_file.hpp"
 #include "plugin/registry.hpp"
 #include "token_file.hpp"
@@ -241,12 +242,26 @@ int tokenizer(const uint8_t *data, size_t size) {
   });
 }
 
+int tokenizer_json(const uint8_t *data, size_t size) {
+  return guarded([&] {
+    const std::string all(reinterpret_cast<const char *>(data), size);
+    data::TokenizerJson t(all, "fuzz/tokenizer.json");
+    // Encode a fixed text (special tokens, NFC candidates, invalid UTF-8)
+    // and a slice of the input, and decode them back.
+    std::vector<uint32_t> ids =
+        t.encode("Hello world's 12 tokens,  new\nlines\xff\xc3\xa9 cafe\xcc\x81<|endoftext|>!");
+    t.encode(std::string_view(all).substr(0, 128), ids);
+    (void)t.decode(ids);
+  });
+}
+
 const std::vector<Target> &targets() {
   static const std::vector<Target> all = {
-      {"toml_config", toml_config},     {"deepspeed_json", deepspeed_json},
-      {"safetensors", safetensors},     {"ckpt_manifest", ckpt_manifest},
-      {"ckpt_coverage", ckpt_coverage}, {"idx", idx},
-      {"token_shard", token_shard},     {"tokenizer", tokenizer},
+      {"toml_config", toml_config},       {"deepspeed_json", deepspeed_json},
+      {"safetensors", safetensors},       {"ckpt_manifest", ckpt_manifest},
+      {"ckpt_coverage", ckpt_coverage},   {"idx", idx},
+      {"token_shard", token_shard},       {"tokenizer", tokenizer},
+      {"tokenizer_json", tokenizer_json},
   };
   return all;
 }

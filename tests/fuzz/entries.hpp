@@ -36,5 +36,6 @@ int token_shard(const uint8_t *data, size_t size);  // token shards
 // encoder.json and vocab.bpe: the input is encoder.json's text, a line
 // "#----vocab.bpe----", then vocab.bpe's text.
 int tokenizer(const uint8_t *data, size_t size);
+int tokenizer_json(const uint8_t *data, size_t size);  // Hugging Face tokenizer.json
 
 }  // namespace tessera::fuzz

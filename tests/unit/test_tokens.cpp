@@ -1,8 +1,9 @@
 // Token shards: the engine's writer (data/token_shard) read back by the
 // "tokens" dataset plugin, both token widths, header validation, windows
 // and targets, several shards by glob, the vocab check, concurrent reads,
-// and what `tessera data tokenize` writes. GPT-2's pre-tokenizer and BPE
-// are in test_tokens_bpe.cpp.
+// and what `tessera data tokenize` writes (byte-level, and uint32 shards from
+// a tokenizer.json of over 65536 ids). GPT-2's pre-tokenizer and BPE are in
+// test_tokens_bpe.cpp, tokenizer.json in test_tokenizer_json.cpp.
 #include <stdlib.h>
 #include <tessera/dataset.h>
 
@@ -12,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <tessera/cpp/plugin.hpp>
 #include <thread>
@@ -440,6 +442,46 @@ TEST_CASE("tokens reads what tessera data tokenize writes", "[tokens]") {
     CHECK(got.rfind(split == std::string("train") ? "fortune 0\n%\nfortune 1\n" : "fortune 4\n%\n",
                     0) == 0);
   }
+}
+
+TEST_CASE("tokens reads the uint32 shards tokenize writes for a large vocabulary", "[tokens]") {
+  // The golden tokenizer.json grown past 65536 ids: filler symbols no merge
+  // makes, then an added token with id 70400.
+  nlohmann::json j;
+  {
+    std::ifstream in(tessera::test::data_path("bpe_tokenizer/tokenizer.json"));
+    REQUIRE(in);
+    j = nlohmann::json::parse(in);
+  }
+  for (uint32_t id = 400; id < 70400; ++id) j["model"]["vocab"]["zzfill" + std::to_string(id)] = id;
+  j["added_tokens"].push_back({{"id", 70400}, {"content", "<|big|>"}, {"special", true}});
+  TempDir dir;
+  {
+    std::ofstream out(dir.file("tokenizer.json"), std::ios::binary);
+    out << j.dump();
+    std::ofstream text(dir.file("in.txt"), std::ios::binary);
+    text << "Hello world<|big|>Hello world<|big|>";
+  }
+  const std::string cmd = std::string("'") + TESSERA_BINARY + "' data tokenize '" +
+                          dir.file("in.txt") + "' -o '" + dir.file("out") + "' --tokenizer '" +
+                          dir.file("tokenizer.json") + "' --eval-fraction 0 > /dev/null";
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  const auto b = read_bytes(dir.file("out/out_train_000000.bin"));
+  REQUIRE(b.size() >= 1024);
+  CHECK(header_int(b, 0) == 20240801);  // uint32 tokens
+  Fixture f;
+  Dataset d(f, std::string("files = '") + dir.file("out/out_train_*.bin") +
+                   "'\ncontext = 10\nvocab = 70401");
+  INFO(f.host.last_error());
+  REQUIRE(d.status == TSR_OK);
+  REQUIRE(d.info().length == 2);  // 22 tokens: two windows of 10 + 1
+  Batch batch(2, 10);
+  REQUIRE(read(d, {0, 1}, batch) == TSR_OK);
+  // "Hello world" is the golden ids 41 70 77 328 222 88 80 83 77 69.
+  CHECK(batch.input(0) == std::vector<int32_t>{41, 70, 77, 328, 222, 88, 80, 83, 77, 69});
+  CHECK(batch.target(0).back() == 70400);
+  CHECK(batch.input(1).front() == 70400);
+  CHECK(batch.target(1) == std::vector<int32_t>{41, 70, 77, 328, 222, 88, 80, 83, 77, 69});
 }
 
 }  // namespace unit_test_tokens
