@@ -17,7 +17,7 @@ const T *table_with(const tsr_plugin_descriptor *desc, const char *id, size_t fi
 }
 
 // Extension `id`'s table when it holds `field` and that function is set.
-#define TSR_CAPS_EXT(desc, type, id, field)                                                  \
+#define CAPS_EXT(desc, type, id, field)                                                      \
   [&]() -> const type * {                                                                    \
     const type *t = table_with<type>(desc, id, offsetof(type, field) + sizeof(type::field)); \
     return t && t->field ? t : nullptr;                                                      \
@@ -27,8 +27,8 @@ ModelCaps model_caps(const tsr_plugin_descriptor *d) {
   ModelCaps c;
   const auto *vt = static_cast<const tsr_model_vtable *>(d->vtable);
   c.predict = TSR_HAS_FIELD(vt, tsr_model_vtable, predict) && vt->predict;
-  c.init_from = TSR_CAPS_EXT(d, tsr_ext_model_init_from, TSR_EXT_MODEL_INIT_FROM, weights_file);
-  c.export_hf = TSR_CAPS_EXT(d, tsr_ext_model_export_hf, TSR_EXT_MODEL_EXPORT_HF, write);
+  c.init_from = CAPS_EXT(d, tsr_ext_model_init_from, TSR_EXT_MODEL_INIT_FROM, weights_file);
+  c.export_hf = CAPS_EXT(d, tsr_ext_model_export_hf, TSR_EXT_MODEL_EXPORT_HF, write);
   return c;
 }
 
@@ -36,8 +36,8 @@ ZeroCaps zero_caps(const tsr_plugin_descriptor *d) {
   ZeroCaps c;
   const auto *vt = static_cast<const tsr_zero_vtable *>(d->vtable);
   c.split_step = TSR_HAS_FIELD(vt, tsr_zero_vtable, clear_grads) && vt->reshare && vt->clear_grads;
-  c.param_source = TSR_CAPS_EXT(d, tsr_ext_zero_param_source, TSR_EXT_ZERO_PARAM_SOURCE, use);
-  c.grad_sink = TSR_CAPS_EXT(d, tsr_ext_zero_grad_sink, TSR_EXT_ZERO_GRAD_SINK, use);
+  c.param_source = CAPS_EXT(d, tsr_ext_zero_param_source, TSR_EXT_ZERO_PARAM_SOURCE, use);
+  c.grad_sink = CAPS_EXT(d, tsr_ext_zero_grad_sink, TSR_EXT_ZERO_GRAD_SINK, use);
   return c;
 }
 
@@ -49,9 +49,9 @@ OffloadCaps offload_caps(const tsr_plugin_descriptor *d) {
   c.stats = TSR_HAS_FIELD(vt, tsr_offload_vtable, stats) && vt->stats;
   // bytes is the last field (the start-up report calls it); the other
   // three must be set too.
-  c.params = TSR_CAPS_EXT(d, tsr_ext_offload_params, TSR_EXT_OFFLOAD_PARAMS, bytes);
+  c.params = CAPS_EXT(d, tsr_ext_offload_params, TSR_EXT_OFFLOAD_PARAMS, bytes);
   if (c.params && !(c.params->home && c.params->fetch && c.params->ready)) c.params = nullptr;
-  c.grads = TSR_CAPS_EXT(d, tsr_ext_offload_grads, TSR_EXT_OFFLOAD_GRADS, norm_sq);
+  c.grads = CAPS_EXT(d, tsr_ext_offload_grads, TSR_EXT_OFFLOAD_GRADS, norm_sq);
   if (c.grads && !(c.grads->put && c.grads->release)) c.grads = nullptr;
   return c;
 }
@@ -69,9 +69,9 @@ PluginCaps caps_resolve(const std::string &kind, const tsr_plugin_descriptor *de
   if (kind == "model") {
     c.model = model_caps(desc);
   } else if (kind == "dataset") {
-    c.dataset.shape = TSR_CAPS_EXT(desc, tsr_ext_dataset_shape, TSR_EXT_DATASET_SHAPE, shape);
+    c.dataset.shape = CAPS_EXT(desc, tsr_ext_dataset_shape, TSR_EXT_DATASET_SHAPE, shape);
   } else if (kind == "optimizer") {
-    c.optimizer.lr = TSR_CAPS_EXT(desc, tsr_ext_optimizer_lr, TSR_EXT_OPTIMIZER_LR, base_lr);
+    c.optimizer.lr = CAPS_EXT(desc, tsr_ext_optimizer_lr, TSR_EXT_OPTIMIZER_LR, base_lr);
   } else if (kind == "zero") {
     c.zero = zero_caps(desc);
   } else if (kind == "offload") {
@@ -80,7 +80,7 @@ PluginCaps caps_resolve(const std::string &kind, const tsr_plugin_descriptor *de
   return c;
 }
 
-#undef TSR_CAPS_EXT
+#undef CAPS_EXT
 
 std::string caps_zero_refusal(const tsr_plugin_descriptor *desc) {
   if (zero_caps(desc).split_step) return "";

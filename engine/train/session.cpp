@@ -2,8 +2,6 @@
 
 #include <spdlog/spdlog.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <optional>
 #include <tessera/cpp/optimizer.hpp>
