@@ -12,48 +12,43 @@ namespace tessera {
 
 namespace {
 
-// What the model does through the step hooks: which parameters it reads
+// What the model does through the step handle: which parameters it reads
 // (in forward and in backward), which gradients it takes, and how often it
-// declares each group's gradients final. Installed over the session's
-// hooks for the life of the check.
+// declares each group's gradients final. Watches the passes of the
+// analytic gradient (watch wraps a pass's hooks).
 struct Probe {
-  Session &s;
-  StepHooks saved;
+  const Layout &layout;
   std::vector<int> read_fwd, read_bwd, grad_taken;  // per parameter
   std::vector<int> done;                            // per layout group
   std::vector<std::string> late;                    // gradients taken after grads_done
 
-  explicit Probe(Session &session) : s(session), saved(session.hooks) {
-    reset();
-    s.hooks.param = [this](uint32_t i, DLTensor *out) {
-      if (i < read_fwd.size()) ++(s.backward ? read_bwd : read_fwd)[i];
-      return saved.param(i, out);
-    };
-    s.hooks.grad = [this](uint32_t i, DLTensor *out) {
-      if (i < grad_taken.size()) {
-        ++grad_taken[i];
-        const ParamSlot &p = s.layout.params[i];
-        if (done[p.group] > 0) late.push_back(p.name);
-      }
-      return saved.grad(i, out);
-    };
-    s.hooks.grads_done = [this](uint32_t model_group) {
-      uint32_t g = 0;
-      if (s.layout.group_index(model_group, &g)) ++done[g];
-      return saved.grads_done(model_group);
-    };
-  }
-  ~Probe() { s.hooks = saved; }
+  explicit Probe(const Layout &l)
+      : layout(l),
+        read_fwd(l.params.size(), 0),
+        read_bwd(l.params.size(), 0),
+        grad_taken(l.params.size(), 0),
+        done(l.group_offset.size(), 0) {}
   Probe(const Probe &) = delete;
   Probe &operator=(const Probe &) = delete;
 
-  void reset() {
-    const size_t n = s.layout.params.size();
-    read_fwd.assign(n, 0);
-    read_bwd.assign(n, 0);
-    grad_taken.assign(n, 0);
-    done.assign(s.layout.group_offset.size(), 0);
-    late.clear();
+  void watch(StepHooks &h, bool backward) {
+    h.param = [this, backward, base = h.param](uint32_t i, DLTensor *out) {
+      if (i < read_fwd.size()) ++(backward ? read_bwd : read_fwd)[i];
+      return base(i, out);
+    };
+    h.grad = [this, base = h.grad](uint32_t i, DLTensor *out) {
+      if (i < grad_taken.size()) {
+        ++grad_taken[i];
+        const ParamSlot &p = layout.params[i];
+        if (done[p.group] > 0) late.push_back(p.name);
+      }
+      return base(i, out);
+    };
+    h.grads_done = [this, base = h.grads_done](uint32_t model_group) {
+      uint32_t g = 0;
+      if (layout.group_index(model_group, &g)) ++done[g];
+      return base(model_group);
+    };
   }
 };
 
@@ -70,12 +65,13 @@ float *param_data(Session &s, const ParamSlot &p) {
   return group_base(s, p.group, false) + (p.offset - s.layout.group_offset[p.group]);
 }
 
-tsr_forward_result forward(Session &s, const tsr_batch &batch) {
+tsr_forward_result forward(Session &s, const tsr_batch &batch, Probe *probe = nullptr) {
   tsr_forward_result r{};
   r.struct_size = tsr_forward_result_STRUCT_SIZE;
   r.correct = -2;
-  s.backward = false;
-  plugin_ok(s.host, s.model.vt->forward(s.model.self, s.step_handle(), &batch, 1, &r),
+  ModelPass pass(s, forward_phase());
+  if (probe) probe->watch(pass.hooks, false);
+  plugin_ok(s.host, s.model.vt->forward(s.model.self, pass.handle(), &batch, 1, &r),
             "[model] forward");
   plugin_ok(s.host, s.zero.vt->end_pass(s.zero.self), "[zero] end_pass");
   if (r.count <= 0)
@@ -93,17 +89,17 @@ double mean_loss(Session &s, const tsr_batch &batch) {
 
 // d(mean loss)/d(parameters), flat: gradients zeroed, one forward and one
 // backward with loss_scale 1/count, the zero plugin's reduction finished.
-std::vector<float> analytic_gradients(Session &s, const tsr_batch &batch, tsr_forward_result *fwd) {
+std::vector<float> analytic_gradients(Session &s, const tsr_batch &batch, tsr_forward_result *fwd,
+                                      Probe &probe) {
   for (uint32_t g = 0; g < s.layout.group_offset.size(); ++g)
     std::memset(group_base(s, g, true), 0, s.layout.group_size[g] * sizeof(float));
-  *fwd = forward(s, batch);
-  s.backward = true;
-  s.last_micro = 1;
+  *fwd = forward(s, batch, &probe);
+  ModelPass pass(s, backward_phase(true));
+  probe.watch(pass.hooks, true);
   const float scale = static_cast<float>(1.0 / static_cast<double>(fwd->count));
-  plugin_ok(s.host, s.model.vt->backward(s.model.self, s.step_handle(), &batch, scale),
+  plugin_ok(s.host, s.model.vt->backward(s.model.self, pass.handle(), &batch, scale),
             "[model] backward");
   plugin_ok(s.host, s.zero.vt->end_pass(s.zero.self), "[zero] end_pass");
-  s.backward = false;
   plugin_ok(s.host, s.zero.vt->finish_grads(s.zero.self), "[zero] finish_grads");
   std::vector<float> flat(s.layout.total, 0.f);
   for (uint32_t g = 0; g < s.layout.group_offset.size(); ++g)
@@ -368,9 +364,9 @@ GradCheckReport check_model(Session &s, const tsr_batch &batch, const GradCheckO
                 s.host.facts().device.device_type == kDLCPU && s.compute_bytes() == 4,
             TSR_ERR_INTERNAL, "the gradient check needs a one-rank fp32 CPU training session");
   GradCheckReport rep;
-  Probe probe(s);
+  Probe probe(s.layout);
   tsr_forward_result fwd{};
-  const std::vector<float> grads = analytic_gradients(s, batch, &fwd);
+  const std::vector<float> grads = analytic_gradients(s, batch, &fwd, probe);
   rep.loss = fwd.loss_sum / static_cast<double>(fwd.count);
   rep.conventions.push_back(check_struct_sizes(s, fwd));
   rep.conventions.push_back(check_groups(s, probe));

@@ -343,8 +343,7 @@ void compute_from_masters(const CheckpointParts &s, const std::vector<tsr_owned_
   w.handed_over = [] {};  // each copy is complete when `each` returns
   w.settle = s.settle_update;
   w.reshare = s.needs_reshare;
-  walk_owned_ranges(zero_calls(s), ranges, w,
-                    "[zero] plugin '" + s.zero.name + "' load parameters from the checkpoint");
+  walk_owned_ranges(zero_calls(s), ranges, w);
 }
 
 // Where training stood when the checkpoint was written, from its manifest.

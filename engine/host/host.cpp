@@ -390,23 +390,24 @@ MemoryStats Host::host_memory() const {
   return facts_.device.device_type == kDLCUDA ? impl_->host_stats : impl_->stats;
 }
 
-void *Host::alloc(DLDevice device, size_t bytes, tsr_mem_purpose purpose) {
-  if (bytes == 0) return nullptr;
-  if (purpose < 0 || purpose >= TSR_MEM_PURPOSE_COUNT)
-    throw Error(TSR_ERR_INVALID, "alloc: unknown purpose " + std::to_string(purpose));
-  const bool cuda_run = facts_.device.device_type == kDLCUDA;
-  Impl::Kind kind = Impl::Kind::host;
+namespace {
+
+// Which memory `device` asks for in a run whose compute device is a GPU
+// (`cuda_run`) or not.
+Host::Impl::Kind alloc_kind(DLDevice device, bool cuda_run) {
+  using Kind = Host::Impl::Kind;
+  Kind kind = Kind::host;
   if (device.device_type == kDLCUDA) {
-    kind = Impl::Kind::cuda;
+    kind = Kind::cuda;
   } else if (device.device_type == kDLCUDAHost) {
     // Pinned memory where there is a GPU; plain memory otherwise (a CPU run
     // asks for it where it would overlap copies on a GPU).
-    kind = cuda_run ? Impl::Kind::pinned : Impl::Kind::host;
+    kind = cuda_run ? Kind::pinned : Kind::host;
   } else if (device.device_type != kDLCPU) {
     throw Error(TSR_ERR_UNSUPPORTED,
                 "alloc: device type " + std::to_string(device.device_type) + " is not supported");
   }
-  if (kind == Impl::Kind::cuda && !cuda_run)
+  if (kind == Kind::cuda && !cuda_run)
     throw Error(TSR_ERR_UNSUPPORTED,
                 "alloc: CUDA memory asked for in a run on the CPU (run.device); this build " +
                     std::string(
@@ -416,31 +417,61 @@ void *Host::alloc(DLDevice device, size_t bytes, tsr_mem_purpose purpose) {
                         "has no CUDA support"
 #endif
                         ));
+  return kind;
+}
+
+// run.max_gpu_memory: `bytes` more of `purpose` must fit under the cap.
+[[maybe_unused]] void check_gpu_cap(const Host &h, size_t bytes, tsr_mem_purpose purpose) {
+  const Host::RunFacts &f = h.facts();
+  if (f.max_gpu_memory == 0) return;
+  const MemoryStats now = h.memory();
+  if (now.current_total + bytes <= f.max_gpu_memory) return;
+  std::string use;
+  for (int i = 0; i < TSR_MEM_PURPOSE_COUNT; ++i) {
+    if (now.current[static_cast<size_t>(i)] == 0) continue;
+    if (!use.empty()) use += ", ";
+    use += std::string(purpose_name(i)) + " " + mib_str(now.current[static_cast<size_t>(i)]);
+  }
+  throw Error(TSR_ERR_NO_MEMORY,
+              "run.max_gpu_memory = " + mib_str(f.max_gpu_memory) + " on rank " +
+                  std::to_string(f.rank) + ": " + mib_str(bytes) + " of " + purpose_name(purpose) +
+                  " do not fit (in use: " + (use.empty() ? std::string("nothing") : use) +
+                  "); raise the cap, use a higher ZeRO stage or offload");
+}
+
+// A buffer larger than what the host has free fails here, at once and
+// naming what asked for it, not after minutes of swapping or at the OOM
+// killer's hand (the memset of a heap block touches every page): the CPU's
+// counterpart of run.max_gpu_memory. Small buffers are not worth reading
+// /proc/meminfo and the cgroup files for.
+void check_host_room(const Host &h, size_t bytes, tsr_mem_purpose purpose) {
+  if (bytes < (size_t{64} << 20)) return;
+  const sdk::HostMemory host_mem = sdk::host_memory_available();
+  const uint64_t avail = host_mem.bytes;
+  if (avail == 0 || bytes <= avail) return;
+  const MemoryStats now = h.memory();
+  throw Error(TSR_ERR_NO_MEMORY,
+              "rank " + std::to_string(h.facts().rank) + ": " + mib_str(bytes) + " of " +
+                  purpose_name(purpose) + " do not fit in the " + mib_str(avail) +
+                  " of memory this host has available (" + host_mem.source + "; this rank holds " +
+                  mib_str(now.current_total) +
+                  " already); use a smaller model, more ranks with a higher ZeRO stage, "
+                  "or offload to NVMe");
+}
+
+// `bytes` of zeroed memory of `kind` (host memory may come back mapped:
+// `kind` says so), or nullptr.
+void *zeroed_block(const Host &h, size_t bytes, tsr_mem_purpose purpose, Host::Impl::Kind *kind) {
+  using Kind = Host::Impl::Kind;
   void *p = nullptr;
-  if (kind == Impl::Kind::cuda) {
+  if (*kind == Kind::cuda) {
 #ifdef TESSERA_HAVE_CUDA
-    if (facts_.max_gpu_memory > 0) {
-      MemoryStats now = memory();
-      if (now.current_total + bytes > facts_.max_gpu_memory) {
-        std::string use;
-        for (int i = 0; i < TSR_MEM_PURPOSE_COUNT; ++i) {
-          if (now.current[static_cast<size_t>(i)] == 0) continue;
-          if (!use.empty()) use += ", ";
-          use += std::string(purpose_name(i)) + " " + mib_str(now.current[static_cast<size_t>(i)]);
-        }
-        throw Error(TSR_ERR_NO_MEMORY,
-                    "run.max_gpu_memory = " + mib_str(facts_.max_gpu_memory) + " on rank " +
-                        std::to_string(facts_.rank) + ": " + mib_str(bytes) + " of " +
-                        purpose_name(purpose) +
-                        " do not fit (in use: " + (use.empty() ? std::string("nothing") : use) +
-                        "); raise the cap, use a higher ZeRO stage or offload");
-      }
-    }
+    check_gpu_cap(h, bytes, purpose);
     p = cuda::device_alloc(bytes);
     // Fresh buffers are zero, as on the CPU: plugins may rely on it.
     TSR_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, cuda::compute_stream()));
 #endif
-  } else if (kind == Impl::Kind::pinned) {
+  } else if (*kind == Kind::pinned) {
 #ifdef TESSERA_HAVE_CUDA
     bool zeroed = false;
     p = cuda::pinned_alloc(bytes, &zeroed);
@@ -452,33 +483,27 @@ void *Host::alloc(DLDevice device, size_t bytes, tsr_mem_purpose purpose) {
     // here on one thread; the plugin's own threads fault them in where
     // they will work on them, on huge pages where the kernel has them.
     p = map_host(bytes);
-    if (p) kind = Impl::Kind::mapped;
+    if (p) *kind = Kind::mapped;
   } else {
-    // A buffer larger than what the host has free fails here, at once and
-    // naming what asked for it, not after minutes of swapping or at the
-    // OOM killer's hand (the memset below touches every page): the CPU's
-    // counterpart of run.max_gpu_memory. Small buffers are not worth
-    // reading /proc/meminfo and the cgroup files for.
-    if (bytes >= (size_t{64} << 20)) {
-      const sdk::HostMemory host_mem = sdk::host_memory_available();
-      const uint64_t avail = host_mem.bytes;
-      if (avail > 0 && bytes > avail) {
-        const MemoryStats now = memory();
-        throw Error(TSR_ERR_NO_MEMORY,
-                    "rank " + std::to_string(facts_.rank) + ": " + mib_str(bytes) + " of " +
-                        purpose_name(purpose) + " do not fit in the " + mib_str(avail) +
-                        " of memory this host has available (" + host_mem.source +
-                        "; this rank holds " + mib_str(now.current_total) +
-                        " already); use a smaller model, more ranks with a higher ZeRO stage, "
-                        "or offload to NVMe");
-      }
-    }
+    check_host_room(h, bytes, purpose);
     // 64-byte alignment for vector loads; zeroed so fresh buffers are
     // deterministic.
     size_t rounded = (bytes + 63) / 64 * 64;
     p = std::aligned_alloc(64, rounded);
     if (p) std::memset(p, 0, rounded);
   }
+  return p;
+}
+
+}  // namespace
+
+void *Host::alloc(DLDevice device, size_t bytes, tsr_mem_purpose purpose) {
+  if (bytes == 0) return nullptr;
+  if (purpose < 0 || purpose >= TSR_MEM_PURPOSE_COUNT)
+    throw Error(TSR_ERR_INVALID, "alloc: unknown purpose " + std::to_string(purpose));
+  const bool cuda_run = facts_.device.device_type == kDLCUDA;
+  Impl::Kind kind = alloc_kind(device, cuda_run);
+  void *p = zeroed_block(*this, bytes, purpose, &kind);
   if (!p)
     throw Error(TSR_ERR_NO_MEMORY,
                 "cannot allocate " + std::to_string(bytes) + " bytes for " + purpose_name(purpose));

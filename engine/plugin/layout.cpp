@@ -12,8 +12,70 @@
 namespace tessera {
 
 namespace {
+
 // The most elements a model may declare, in all.
 constexpr uint64_t kMaxParamElements = uint64_t{1} << 40;
+
+// Parameter i as the model declares it, checked: a name, 0..8 dimensions,
+// each positive, at most 2^40 elements. Its place in the layout is the
+// caller's.
+ParamSlot declared_param(const tsr_model_vtable *vt, void *model, size_t i,
+                         const std::string &model_name, uint32_t *group) {
+  tsr_param_info info{};
+  info.struct_size = tsr_param_info_STRUCT_SIZE;
+  tsr_status st = vt->param_info(model, i, &info);
+  TSR_CHECK(st == TSR_OK, st,
+            "model '" + model_name + "': param_info(" + std::to_string(i) + ") failed");
+  TSR_CHECK(info.name && *info.name, TSR_ERR_INVALID,
+            "model '" + model_name + "': parameter " + std::to_string(i) + " has no name");
+  TSR_CHECK(info.ndim >= 0 && info.ndim <= TSR_MAX_DIMS, TSR_ERR_INVALID,
+            "model '" + model_name + "': parameter '" + info.name + "' has ndim " +
+                std::to_string(info.ndim));
+  ParamSlot p;
+  p.name = info.name;
+  p.numel = 1;
+  for (int d = 0; d < info.ndim; ++d) {
+    TSR_CHECK(info.shape[d] > 0, TSR_ERR_INVALID,
+              "model '" + model_name + "': parameter '" + p.name + "' has a dimension <= 0");
+    p.shape.push_back(info.shape[d]);
+    // Bounded before anything is sized by it: 2^40 elements (4 TiB of
+    // fp32) is beyond any model this engine trains, and keeps every
+    // product and sum far from overflow.
+    TSR_CHECK(static_cast<uint64_t>(info.shape[d]) <= kMaxParamElements / p.numel, TSR_ERR_CONFIG,
+              "model '" + model_name + "': parameter '" + p.name +
+                  "' has more than 2^40 elements (a dimension in [model] too large?)");
+    p.numel *= static_cast<size_t>(info.shape[d]);
+  }
+  p.init = info.init;
+  p.init_a = info.init_a;
+  p.init_b = info.init_b;
+  p.trainable = info.trainable != 0;
+  p.decay = info.decay != 0;
+  *group = info.group;
+  return p;
+}
+
+// Before anything is sized by the layout: the parameters as fp32, once,
+// are the least any rank holds in host memory (the initial values); a
+// model past what the host has is refused here, not after minutes of
+// swapping. (Each later buffer is checked as it is made: host.cpp.) The
+// ranks on this host share its figure, each holding its own copy.
+void check_fits_host(const Layout &L, const std::string &model_name, uint32_t local_ranks) {
+  const uint64_t share = std::max<uint32_t>(local_ranks, 1);
+  const sdk::HostMemory avail = sdk::host_memory_available();
+  if (avail.bytes == 0 || L.total * 4 <= avail.bytes / share) return;
+  const std::string shared =
+      share > 1 ? ", shared by the " + std::to_string(share) + " ranks on this host" : "";
+  throw Error(TSR_ERR_NO_MEMORY,
+              "model '" + model_name + "': its " + std::to_string(L.numel) + " parameters need " +
+                  sdk::format_bytes(static_cast<double>(L.total * 4)) + " (" +
+                  std::to_string(L.total * 4) + " bytes) as fp32 at the least, more than the " +
+                  sdk::format_bytes(static_cast<double>(avail.bytes / share)) + " (" +
+                  std::to_string(avail.bytes / share) +
+                  " bytes) of memory this host has available (" + avail.source + shared +
+                  "); use a smaller model (or a host with more memory)");
+}
+
 }  // namespace
 
 Layout make_layout(const tsr_model_vtable *vt, void *model, uint32_t world,
@@ -24,6 +86,8 @@ Layout make_layout(const tsr_model_vtable *vt, void *model, uint32_t world,
   TSR_CHECK(n > 0, TSR_ERR_INVALID, "model '" + model_name + "' declares no parameters");
   int64_t last_group = -1;
   size_t cursor = 0;
+  // A group's size is padded to a multiple of the world, so every rank
+  // owns an equal slice of it.
   auto close_group = [&]() {
     if (last_group < 0) return;
     size_t begin = L.group_offset.back();
@@ -33,50 +97,22 @@ Layout make_layout(const tsr_model_vtable *vt, void *model, uint32_t world,
     cursor = begin + padded;
   };
   for (size_t i = 0; i < n; ++i) {
-    tsr_param_info info{};
-    info.struct_size = tsr_param_info_STRUCT_SIZE;
-    tsr_status st = vt->param_info(model, i, &info);
-    TSR_CHECK(st == TSR_OK, st,
-              "model '" + model_name + "': param_info(" + std::to_string(i) + ") failed");
-    TSR_CHECK(info.name && *info.name, TSR_ERR_INVALID,
-              "model '" + model_name + "': parameter " + std::to_string(i) + " has no name");
-    TSR_CHECK(info.ndim >= 0 && info.ndim <= TSR_MAX_DIMS, TSR_ERR_INVALID,
-              "model '" + model_name + "': parameter '" + info.name + "' has ndim " +
-                  std::to_string(info.ndim));
-    ParamSlot p;
-    p.name = info.name;
-    p.numel = 1;
-    for (int d = 0; d < info.ndim; ++d) {
-      TSR_CHECK(info.shape[d] > 0, TSR_ERR_INVALID,
-                "model '" + model_name + "': parameter '" + p.name + "' has a dimension <= 0");
-      p.shape.push_back(info.shape[d]);
-      // Bounded before anything is sized by it: 2^40 elements (4 TiB of
-      // fp32) is beyond any model this engine trains, and keeps every
-      // product and sum far from overflow.
-      TSR_CHECK(static_cast<uint64_t>(info.shape[d]) <= kMaxParamElements / p.numel, TSR_ERR_CONFIG,
-                "model '" + model_name + "': parameter '" + p.name +
-                    "' has more than 2^40 elements (a dimension in [model] too large?)");
-      p.numel *= static_cast<size_t>(info.shape[d]);
-    }
+    uint32_t group = 0;
+    ParamSlot p = declared_param(vt, model, i, model_name, &group);
     for (const auto &q : L.params)
       TSR_CHECK(q.name != p.name, TSR_ERR_INVALID,
                 "model '" + model_name + "': two parameters named '" + p.name + "'");
-    TSR_CHECK(static_cast<int64_t>(info.group) >= last_group, TSR_ERR_INVALID,
+    TSR_CHECK(static_cast<int64_t>(group) >= last_group, TSR_ERR_INVALID,
               "model '" + model_name + "': parameter '" + p.name +
                   "' goes back to an earlier group; groups must not decrease");
-    if (static_cast<int64_t>(info.group) != last_group) {
+    if (static_cast<int64_t>(group) != last_group) {
       close_group();
       L.group_offset.push_back(cursor);
-      L.model_group.push_back(info.group);
-      last_group = info.group;
+      L.model_group.push_back(group);
+      last_group = group;
     }
     p.group = static_cast<uint32_t>(L.group_offset.size() - 1);
     p.offset = cursor;
-    p.init = info.init;
-    p.init_a = info.init_a;
-    p.init_b = info.init_b;
-    p.trainable = info.trainable != 0;
-    p.decay = info.decay != 0;
     TSR_CHECK(L.numel + p.numel <= kMaxParamElements, TSR_ERR_CONFIG,
               "model '" + model_name +
                   "': its parameters add up to more than 2^40 elements "
@@ -88,25 +124,7 @@ Layout make_layout(const tsr_model_vtable *vt, void *model, uint32_t world,
   }
   close_group();
   L.total = cursor;
-  // Before anything is sized by the layout: the parameters as fp32, once,
-  // are the least any rank holds in host memory (the initial values); a
-  // model past what the host has is refused here, not after minutes of
-  // swapping. (Each later buffer is checked as it is made: host.cpp.) The
-  // ranks on this host share its figure, each holding its own copy.
-  const uint64_t share = std::max<uint32_t>(local_ranks, 1);
-  if (const sdk::HostMemory avail = sdk::host_memory_available();
-      avail.bytes > 0 && L.total * 4 > avail.bytes / share) {
-    const std::string shared =
-        share > 1 ? ", shared by the " + std::to_string(share) + " ranks on this host" : "";
-    throw Error(TSR_ERR_NO_MEMORY,
-                "model '" + model_name + "': its " + std::to_string(L.numel) + " parameters need " +
-                    sdk::format_bytes(static_cast<double>(L.total * 4)) + " (" +
-                    std::to_string(L.total * 4) + " bytes) as fp32 at the least, more than the " +
-                    sdk::format_bytes(static_cast<double>(avail.bytes / share)) + " (" +
-                    std::to_string(avail.bytes / share) +
-                    " bytes) of memory this host has available (" + avail.source + shared +
-                    "); use a smaller model (or a host with more memory)");
-  }
+  check_fits_host(L, model_name, local_ranks);
   size_t canon = 0;
   L.group_real.assign(L.group_offset.size(), 0);
   for (const auto &p : L.params) L.group_real[p.group] += p.numel;

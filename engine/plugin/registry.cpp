@@ -27,9 +27,7 @@ namespace fs = std::filesystem;
 namespace tessera {
 
 const void *PluginEntry::extension(const char *id) const {
-  if (!desc || !TSR_HAS_FIELD(desc, tsr_plugin_descriptor, get_extension) || !desc->get_extension)
-    return nullptr;
-  return desc->get_extension(id);
+  return caps_has_extensions(desc) ? desc->get_extension(id) : nullptr;
 }
 
 struct Registry::Libs {
@@ -55,7 +53,8 @@ const KindInfo kKinds[] = {
     {TSR_KIND_DATASET, "dataset", tsr_dataset_vtable_STRUCT_SIZE},
     {TSR_KIND_SAMPLER, "sampler", tsr_sampler_vtable_STRUCT_SIZE},
     {TSR_KIND_OPTIMIZER, "optimizer", tsr_optimizer_vtable_STRUCT_SIZE},
-    {TSR_KIND_ZERO, "zero", offsetof(tsr_zero_vtable, reshare)},               // reshare: ABI 1.2
+    // reshare: ABI 1.2, which a zero plugin needs (caps_zero_refusal)
+    {TSR_KIND_ZERO, "zero", offsetof(tsr_zero_vtable, reshare)},
     {TSR_KIND_OFFLOAD, "offload", offsetof(tsr_offload_vtable, wait_params)},  // ABI 1.2
 };
 
@@ -190,6 +189,56 @@ Registry::~Registry() {
   for (auto &l : libs_->libs) kept.push_back(std::move(l));
 }
 
+namespace {
+
+// The short kind of descriptor `d` (named `at` in errors), its function
+// table checked: at least the 1.0 table, and for a zero plugin 1.2's.
+std::string checked_kind(const tsr_plugin_descriptor *d, const std::string &at) {
+  std::string kind = kind_short_name(d->kind);
+  if (kind.empty())
+    throw Error(TSR_ERR_UNSUPPORTED,
+                at + " has unknown kind '" + (d->kind ? d->kind : "(null)") + "'");
+  if (!d->vtable) throw Error(TSR_ERR_INVALID, at + " has no function table");
+  size_t vt_size = *static_cast<const size_t *>(d->vtable);
+  if (vt_size < kind_vtable_min_size(kind))
+    throw Error(TSR_ERR_INVALID, at + ": " + kind + " function table is " +
+                                     std::to_string(vt_size) + " bytes, smaller than the " +
+                                     std::to_string(kind_vtable_min_size(kind)) +
+                                     " bytes ABI 1.0 requires");
+  if (kind == "zero")
+    if (std::string why = caps_zero_refusal(d); !why.empty())
+      throw Error(TSR_ERR_UNSUPPORTED, at + " is " + why);
+  return kind;
+}
+
+// The declared parameters of `d` as this host's struct: a plugin built
+// against a later minor may declare larger ones.
+std::vector<tsr_param_decl> param_decls(const tsr_plugin_descriptor *d, const std::string &at) {
+  if (d->num_params > 0 && !d->params) throw Error(TSR_ERR_INVALID, at + " has a NULL params list");
+  std::vector<tsr_param_decl> params;
+  if (d->num_params == 0) return params;
+  // Elements are d->params[0].struct_size apart (append-only growth).
+  const size_t stride = d->params[0].struct_size;
+  if (stride < sizeof(tsr_param_decl) || stride > 4096)
+    throw Error(TSR_ERR_INVALID, at + ": parameter declarations are " + std::to_string(stride) +
+                                     " bytes; ABI 1.0 needs at least " +
+                                     std::to_string(sizeof(tsr_param_decl)));
+  const char *base = reinterpret_cast<const char *>(d->params);
+  for (size_t k = 0; k < d->num_params; ++k) {
+    tsr_param_decl pd;
+    std::memcpy(&pd, base + k * stride, sizeof pd);
+    if (pd.struct_size != stride || !pd.name || !*pd.name)
+      throw Error(TSR_ERR_INVALID,
+                  at + ": parameter #" + std::to_string(k) +
+                      " is malformed (struct_size differs from the first, or no name)");
+    pd.struct_size = sizeof pd;
+    params.push_back(pd);
+  }
+  return params;
+}
+
+}  // namespace
+
 void Registry::load_file(const std::string &path) {
   for (const auto &[p, what] : {std::pair<std::string, const char *>{path, "plugin library"},
                                 {fs::path(path).parent_path().string(), "plugin directory"}})
@@ -232,39 +281,8 @@ void Registry::load_file(const std::string &path) {
                                        std::to_string(kDescriptorMin) + " bytes ABI 1.0 requires");
     if (!d->name || !*d->name) throw Error(TSR_ERR_INVALID, at + " has no name");
     at = path + ": plugin '" + d->name + "'";
-    std::string kind = kind_short_name(d->kind);
-    if (kind.empty())
-      throw Error(TSR_ERR_UNSUPPORTED,
-                  at + " has unknown kind '" + (d->kind ? d->kind : "(null)") + "'");
-    if (!d->vtable) throw Error(TSR_ERR_INVALID, at + " has no function table");
-    size_t vt_size = *static_cast<const size_t *>(d->vtable);
-    if (vt_size < kind_vtable_min_size(kind))
-      throw Error(TSR_ERR_INVALID, at + ": " + kind + " function table is " +
-                                       std::to_string(vt_size) + " bytes, smaller than the " +
-                                       std::to_string(kind_vtable_min_size(kind)) +
-                                       " bytes ABI 1.0 requires");
-    if (d->num_params > 0 && !d->params)
-      throw Error(TSR_ERR_INVALID, at + " has a NULL params list");
-    std::vector<tsr_param_decl> params;
-    if (d->num_params > 0) {
-      // Elements are d->params[0].struct_size apart (append-only growth).
-      const size_t stride = d->params[0].struct_size;
-      if (stride < sizeof(tsr_param_decl) || stride > 4096)
-        throw Error(TSR_ERR_INVALID, at + ": parameter declarations are " + std::to_string(stride) +
-                                         " bytes; ABI 1.0 needs at least " +
-                                         std::to_string(sizeof(tsr_param_decl)));
-      const char *base = reinterpret_cast<const char *>(d->params);
-      for (size_t k = 0; k < d->num_params; ++k) {
-        tsr_param_decl pd;
-        std::memcpy(&pd, base + k * stride, sizeof pd);
-        if (pd.struct_size != stride || !pd.name || !*pd.name)
-          throw Error(TSR_ERR_INVALID,
-                      at + ": parameter #" + std::to_string(k) +
-                          " is malformed (struct_size differs from the first, or no name)");
-        pd.struct_size = sizeof pd;
-        params.push_back(pd);
-      }
-    }
+    const std::string kind = checked_kind(d, at);
+    std::vector<tsr_param_decl> params = param_decls(d, at);
     for (const auto &e : entries_)
       if (e.kind == kind && std::string(e.desc->name) == d->name)
         throw Error(TSR_ERR_INVALID, "two " + kind + " plugins named '" + d->name + "': " + e.file +
@@ -274,7 +292,7 @@ void Registry::load_file(const std::string &path) {
       if (e.kind == kind && std::string(e.desc->name) == d->name)
         throw Error(TSR_ERR_INVALID,
                     path + " declares two " + kind + " plugins named '" + d->name + "'");
-    found.push_back(PluginEntry{d, std::move(params), kind, path});
+    found.push_back(PluginEntry{d, std::move(params), kind, path, caps_resolve(kind, d)});
   }
   for (auto &e : found) entries_.push_back(std::move(e));
   libs_->libs.push_back(std::move(lib));

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "plugin/caps.hpp"
+
 namespace tessera {
 
 struct PluginEntry {
@@ -17,6 +19,8 @@ struct PluginEntry {
   std::vector<tsr_param_decl> params;
   std::string kind;  // short kind name: "model", "optimizer", ...
   std::string file;  // the library it came from
+  // Its optional entries and extensions, resolved when it loaded.
+  PluginCaps caps;
 
   // The plugin's table for extension `id` (extensions.h, TSR_EXT_*), or
   // nullptr when it offers none by that id (or predates ABI 1.2).

@@ -22,8 +22,8 @@ EvalResult evaluate(Session &s, int64_t batch_size) {
   Loader loader(s.host, inst.vt, inst.self, info, std::move(idx), batch_size, true,
                 static_cast<int>(s.job.settings.workers), static_cast<int>(s.job.settings.prefetch),
                 use_eval ? "data.eval" : "data.train");
-  s.backward = false;
-  tsr_step *step = s.step_handle();
+  ModelPass pass(s, forward_phase());
+  tsr_step *step = pass.handle();
   // loss sum, counted, correct, and whether every batch classified.
   double acc[4] = {0, 0, 0, 1};
   while (const tsr_batch *b = loader.next()) {

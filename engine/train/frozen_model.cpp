@@ -32,8 +32,8 @@ tsr_data_info model_data_info(const Job &job, const std::string &where,
     info.length = 1;
     return info;
   }
-  const auto *ext = c.entry->extension<tsr_ext_dataset_shape>(TSR_EXT_DATASET_SHAPE);
-  if (!ext || !TSR_HAS_FIELD(ext, tsr_ext_dataset_shape, shape) || !ext->shape)
+  const tsr_ext_dataset_shape *ext = c.entry->caps.dataset.shape;
+  if (!ext)
     throw Error(TSR_ERR_UNSUPPORTED, where + ": " + who + " offers no sample shape (extension " +
                                          TSR_EXT_DATASET_SHAPE + ")" + needs);
   // The plugin reads its config through a host: a CPU one for the query.

@@ -300,8 +300,8 @@ GenerateResult generate(const GenerateOptions &o, std::FILE *out) {
     throw Error(TSR_ERR_UNSUPPORTED,
                 "[model] plugin '" + s.model.name +
                     "' has no predict entry (ABI 1.1), which tessera generate needs");
-  s.backward = false;
-  tsr_step *step = s.step_handle();
+  ModelPass pass(s, forward_phase());
+  tsr_step *step = pass.handle();
 
   const int64_t V = model_vocabulary(s, step);
   TextCodec codec = make_codec(o, V);

@@ -107,7 +107,7 @@ nlohmann::json RunObserver::offload_interval() {
   // the step's time: the backend's own seconds (copies, the host step, a
   // device share) and how long the next forward waited for it.
   const auto *vt = s_.offload.vt;
-  if (!vt || !TSR_HAS_FIELD(vt, tsr_offload_vtable, stats) || !vt->stats) return nullptr;
+  if (!vt || !s_.offload.caps.offload.stats) return nullptr;
   tsr_offload_stats now{};
   now.struct_size = tsr_offload_stats_STRUCT_SIZE;
   if (vt->stats(s_.offload.self, &now) != TSR_OK) {
@@ -118,9 +118,9 @@ nlohmann::json RunObserver::offload_interval() {
                       {"cpu_step", now.host_s - offload_last_.host_s},
                       {"h2d", now.h2d_s - offload_last_.h2d_s},
                       {"device_share", now.device_s - offload_last_.device_s},
-                      {"wait", s_.update_wait_s - wait_last_}};
+                      {"wait", s_.flight.wait_s - wait_last_}};
   offload_last_ = now;
-  wait_last_ = s_.update_wait_s;
+  wait_last_ = s_.flight.wait_s;
   return j;
 }
 

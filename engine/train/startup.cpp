@@ -28,8 +28,8 @@ double base_lr(Session &s) {
     if (auto lr = legacy_base_lr(c.values)) return *lr;
     throw Error(TSR_ERR_CONFIG, who + " declares no 'lr' parameter; the schedule needs one");
   }
-  const auto *ext = c.entry->extension<tsr_ext_optimizer_lr>(TSR_EXT_OPTIMIZER_LR);
-  if (!ext || !TSR_HAS_FIELD(ext, tsr_ext_optimizer_lr, base_lr) || !ext->base_lr)
+  const tsr_ext_optimizer_lr *ext = c.entry->caps.optimizer.lr;
+  if (!ext)
     throw Error(TSR_ERR_CONFIG, who + " offers no learning rate (extension " +
                                     TSR_EXT_OPTIMIZER_LR +
                                     "), which the schedule scales; docs/abi.md says how a "
@@ -146,14 +146,14 @@ namespace {
 // largest group, whole, is what one of them takes while it is used.
 void print_offloaded_params(Session &s, int64_t on_device) {
   uint64_t host_b = 0, disk_b = 0;
-  s.offload_params->bytes(s.offload.self, &host_b, &disk_b);
+  s.offload.caps.offload.params->bytes(s.offload.self, &host_b, &disk_b);
   size_t largest = 0;
   for (size_t g : s.layout.group_size) largest = std::max(largest, g);
   std::printf(
       "tessera: parameters of rank 0 live in %s ([offload] plugin '%s'): %.2f MiB on the GPU "
       "now (groups are gathered as they are used, the largest %.2f MiB whole), %.2f MiB in "
       "host memory, %.2f MiB on disk\n",
-      s.params_home == TSR_PARAMS_ON_DISK ? "a file" : "host memory", s.offload.name.c_str(),
+      s.home.where == TSR_PARAMS_ON_DISK ? "a file" : "host memory", s.offload.name.c_str(),
       static_cast<double>(on_device) / 1048576.0,
       static_cast<double>(largest * s.compute_bytes()) / 1048576.0,
       static_cast<double>(host_b) / 1048576.0, static_cast<double>(disk_b) / 1048576.0);
@@ -199,11 +199,11 @@ nlohmann::json report_memory(Session &s) {
     const double states = 1 + s.state_count;
     const double cb = static_cast<double>(s.compute_bytes());
     const std::string b = std::to_string(s.compute_bytes());
-    const bool offloaded = s.params_home != TSR_PARAMS_ON_DEVICE;
+    const bool offloaded = s.home.where != TSR_PARAMS_ON_DEVICE;
     const std::string p_rule = offloaded ? "live groups only: " + b + "Psi/N offloaded"
                                : s.plan.partition_params ? b + "Psi/N + live groups"
                                                          : b + "Psi";
-    const std::string g_rule = s.grads_streamed         ? "buckets only: " + b + "Psi/N on the host"
+    const std::string g_rule = s.home.grads_streamed    ? "buckets only: " + b + "Psi/N on the host"
                                : s.plan.partition_grads ? b + "Psi/N + buckets"
                                                         : b + "Psi";
     std::printf(
@@ -211,11 +211,11 @@ nlohmann::json report_memory(Session &s) {
         "(%s), gradients %.2f MiB (%s), optimizer state %.2f MiB (%s)\n",
         stage, f.world_size, s.job.settings.precision.c_str(), psi,
         offloaded ? 0.0 : mib(cb * psi / (s.plan.partition_params ? w : 1)), p_rule.c_str(),
-        s.grads_streamed ? 0.0 : mib(cb * psi / (s.plan.partition_grads ? w : 1)), g_rule.c_str(),
-        mib(4 * states * psi / (s.plan.partition_optimizer ? w : 1)),
+        s.home.grads_streamed ? 0.0 : mib(cb * psi / (s.plan.partition_grads ? w : 1)),
+        g_rule.c_str(), mib(4 * states * psi / (s.plan.partition_optimizer ? w : 1)),
         s.plan.partition_optimizer ? "4(1+k)Psi/N" : "4(1+k)Psi");
     if (offloaded) print_offloaded_params(s, all[0]);
-    if (s.grads_streamed)
+    if (s.home.grads_streamed)
       std::printf(
           "tessera: gradients of rank 0 leave the GPU as each bucket is reduce-scattered "
           "([offload] plugin '%s'): no gradient slice on the GPU (only the reduce-scatter "

@@ -2,6 +2,7 @@
 #include "train/step.hpp"
 
 #include "host/zero_update.hpp"
+#include "train/model_pass.hpp"
 #include "train/schedule.hpp"
 #include "util/error.hpp"
 
@@ -58,27 +59,24 @@ tsr_status offload_step(StepPlan &p, const UpdateArgs &u, const tsr_owned_range 
 }
 
 // Every owned range through the offload backend (those backward handed
-// over already excepted), then the re-share where the stage needs it, by
-// the walk the zero plugin's ABI calls for (host/zero_update.hpp). `apply`
-// false (an fp16 step that overflowed) hands nothing over; only a zero
-// plugin before ABI 1.2 is walked then, as its step also clears gradients.
-void update_ranges(StepPlan &p, const UpdateArgs &u, bool apply) {
+// over already excepted), then the re-share where the stage needs it
+// (host/zero_update.hpp). The gradients are cleared before the next
+// backward, once the backend has read them.
+void update_ranges(StepPlan &p, const UpdateArgs &u) {
   Session &s = p.s;
-  if (s.host_drives_update() && p.started.empty()) {
+  if (p.started.empty()) {
     p.ranges = s.owned_ranges();
     p.started.assign(p.ranges.size(), 0);
   }
   RangeWalk w;
   w.each = [&](size_t i, const tsr_owned_range &r) {
-    const bool early = i < p.started.size() && p.started[i];
-    return apply && !early ? offload_step(p, u, r) : TSR_OK;
+    return p.started[i] ? TSR_OK : offload_step(p, u, r);
   };
   w.each_what = "[offload] plugin '" + s.offload.name + "' step";
-  w.handed_over = [&s] { s.updates_started(); };
-  w.settle = [&s] { s.settle_update(); };
+  w.handed_over = [&s] { flight_handed_over(s.flight); };
+  w.settle = [&s] { flight_settle(s.flight); };
   w.reshare = s.needs_reshare();
-  walk_owned_ranges({s.host, s.zero.vt, s.zero.self, s.zero.name}, p.ranges, w,
-                    apply ? "[zero] step" : "[zero] step (skipped)");
+  walk_owned_ranges({s.host, s.zero.vt, s.zero.self, s.zero.name}, p.ranges, w);
   p.started.clear();
 }
 
@@ -86,11 +84,10 @@ void update_ranges(StepPlan &p, const UpdateArgs &u, bool apply) {
 // gradients (ABI 1.2 says so through wait_grads), so they may be cleared.
 void clear_grads(StepPlan &p, TrainState &ts) {
   auto t = p.obs.time(Part::optimizer, "clear gradients");
-  p.s.wait_grads_read();
+  flight_wait_grads(p.s.flight);
   plugin_ok(p.s.host, p.s.zero.vt->clear_grads(p.s.zero.self), "zero", p.s.zero.name,
             "clear_grads");
   ts.grads_dirty = false;
-  p.s.grads_zero = true;  // the model may write its first contribution (ABI 1.5)
 }
 
 // Whether a step's update may start during its last backward, group by
@@ -102,11 +99,11 @@ void clear_grads(StepPlan &p, TrainState &ts) {
 bool early_start(const StepPlan &p) {
   const Session &s = p.s;
   return p.st.gradient_clipping <= 0 && p.st.precision != "fp16" &&
-         s.host.facts().world_size == 1 && !s.plan.partition_grads && s.host_drives_update() &&
-         TSR_HAS_FIELD(s.offload.vt, tsr_offload_vtable, wait_params) && s.offload.vt->wait_params;
+         s.host.facts().world_size == 1 && !s.plan.partition_grads &&
+         s.offload.caps.offload.wait_params;
 }
 
-// The hook Session calls as backward declares group g's gradients final.
+// Called as backward declares group g's gradients final (PassPhase::grads_final).
 tsr_status start_group(StepPlan &p, const TrainState &ts, uint32_t g) {
   return guarded(p.s.host.ctx(), [&] {
     UpdateArgs u;
@@ -130,14 +127,14 @@ double train_step(StepPlan &p, TrainState &ts, Loader &loader) {
   p.s.host.set_step(ts.step + 1);
   double loss = 0;
   for (int64_t m = 0; m < p.st.accumulation; ++m) {
-    const bool last = m == p.st.accumulation - 1;
-    if (last && early_start(p)) {
+    MicroBatch mb;
+    mb.last = m == p.st.accumulation - 1;
+    if (mb.last && early_start(p)) {
       p.ranges = p.s.owned_ranges();
       p.started.assign(p.ranges.size(), 0);
-      p.s.grads_final = [&p, &ts](uint32_t g) { return start_group(p, ts, g); };
+      mb.grads_final = [&p, &ts](uint32_t g) { return start_group(p, ts, g); };
     }
-    loss += micro_step(p, ts, loader, last);
-    p.s.grads_final = nullptr;
+    loss += micro_step(p, ts, loader, mb);
   }
   apply_update(p, ts, loss);
   if (!std::isfinite(loss)) loss = 0;  // fp16: an overflowing step, skipped
@@ -146,18 +143,17 @@ double train_step(StepPlan &p, TrainState &ts, Loader &loader) {
   return loss;
 }
 
-double micro_step(StepPlan &p, TrainState &ts, Loader &loader, bool last) {
+double micro_step(StepPlan &p, TrainState &ts, Loader &loader, const MicroBatch &mb) {
   Session &s = p.s;
   auto data_t = p.obs.time(Part::data, "data wait");
   const tsr_batch *batch = loader.next();
   data_t.stop();
   if (!batch) throw Error(TSR_ERR_INTERNAL, "loader ran out of batches mid-epoch");
-  s.last_micro = last ? 1 : 0;
-  s.backward = false;
   tsr_forward_result res{};
   res.struct_size = tsr_forward_result_STRUCT_SIZE;
   auto fwd_t = p.obs.time(Part::forward, "forward");
-  plugin_ok(s.host, s.model.vt->forward(s.model.self, p.handle, batch, 1, &res), "model",
+  ModelPass fwd(s, forward_phase(mb.last));
+  plugin_ok(s.host, s.model.vt->forward(s.model.self, fwd.handle(), batch, 1, &res), "model",
             s.model.name, "forward");
   plugin_ok(s.host, s.zero.vt->end_pass(s.zero.self), "zero", s.zero.name, "end_pass");
   fwd_t.stop();
@@ -167,15 +163,17 @@ double micro_step(StepPlan &p, TrainState &ts, Loader &loader, bool last) {
   // averages over ranks.
   const double scale =
       1.0 / (static_cast<double>(res.count) * static_cast<double>(p.st.accumulation));
-  if (ts.grads_dirty) clear_grads(p, ts);
-  s.backward = true;
+  // Cleared now, the buffers hold zeros: the model may write its first
+  // contribution (ABI 1.5); else it adds into what the last one left.
+  const bool cleared = ts.grads_dirty;
+  if (cleared) clear_grads(p, ts);
   auto bwd_t = p.obs.time(Part::backward, "backward");
+  ModelPass bwd(s, backward_phase(mb.last, cleared, mb.grads_final));
   plugin_ok(s.host,
-            s.model.vt->backward(s.model.self, p.handle, batch,
+            s.model.vt->backward(s.model.self, bwd.handle(), batch,
                                  static_cast<float>(scale * ts.scaler.scale)),
             "model", s.model.name, "backward");
   plugin_ok(s.host, s.zero.vt->end_pass(s.zero.self), "zero", s.zero.name, "end_pass");
-  s.grads_zero = false;  // a later micro-batch adds into what this one left
   bwd_t.stop();
   const int64_t seen = batch->size * static_cast<int64_t>(s.host.facts().world_size);
   ts.samples += seen;
@@ -202,14 +200,8 @@ void apply_update(StepPlan &p, TrainState &ts, double loss) {
   // gradients are still cleared); the optimizer counts applied steps only.
   const bool apply = ts.scaler.update(clip.overflow, ts.step + 1);
   u.step = ts.step + 1 - ts.scaler.skipped;
-  // A zero plugin before ABI 1.2 is walked even for a skipped step, as its
-  // step also clears the gradients; under 1.2 the next backward clears them.
-  if (!s.host_drives_update()) {
-    update_ranges(p, u, apply);
-  } else {
-    if (apply) update_ranges(p, u, true);
-    ts.grads_dirty = true;
-  }
+  if (apply) update_ranges(p, u);
+  ts.grads_dirty = true;  // the next backward clears them
   opt_t.stop();
 }
 

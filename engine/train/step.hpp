@@ -7,12 +7,16 @@
 // The trainer drives the update itself: it walks the zero plugin's owned
 // ranges and hands each to the offload backend. With a backend of ABI 1.2
 // the update may still be running when train_step returns; the next
-// forward waits only for the group it is about to use (Session's param
-// hook), and the gradients are cleared just before the next backward.
+// forward waits only for the group it is about to use (train/
+// update_flight.hpp), and the gradients are cleared just before the next
+// backward. Each pass of the model gets a step handle made for it, told
+// where the step stands (train/model_pass.hpp): the step's meaning travels
+// in that value, not in fields of the session.
 #pragma once
 
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -50,12 +54,11 @@ struct TrainState {
 };
 
 // What every step uses and the run fixes: the session, the observer that
-// times the parts, the settings, the model's step context, the base lr.
+// times the parts, the settings, the base lr.
 struct StepPlan {
   Session &s;
   RunObserver &obs;
   const config::Settings &st;
-  tsr_step *handle;
   double lr0;
   // Decay segments of each owned range (by flat offset): fixed for the
   // run, so worked out once rather than every step.
@@ -70,9 +73,18 @@ struct StepPlan {
 // returns its loss (the mean over this rank's samples).
 double train_step(StepPlan &p, TrainState &ts, Loader &loader);
 
+// Where a micro-batch stands in its step: what its backward pass is told
+// (train/model_pass.hpp, PassPhase).
+struct MicroBatch {
+  bool last = true;  // the step's last micro-batch
+  // Set when the update starts during this backward (early_start in
+  // step.cpp): called with each group whose gradients are final.
+  std::function<tsr_status(uint32_t)> grads_final;
+};
+
 // Forward and backward of one micro-batch; returns its share of the step's
-// loss. `last` marks the step's last micro-batch.
-double micro_step(StepPlan &p, TrainState &ts, Loader &loader, bool last);
+// loss.
+double micro_step(StepPlan &p, TrainState &ts, Loader &loader, const MicroBatch &mb);
 
 // The update after the step's last backward, given the step's loss.
 void apply_update(StepPlan &p, TrainState &ts, double loss);

@@ -187,7 +187,7 @@ nlohmann::json run_summary(Loop &l, const TrainState &ts, double train_s, double
 nlohmann::json finish(Loop &l, TrainState &ts, const nlohmann::json &memory_by_rank,
                       Clock::time_point t_start) {
   const double train_s = seconds_since(ts.train_start);
-  l.s.settle_update();
+  flight_settle(l.s.flight);
   if (ts.stopped) {
     save(l, ts);
     if (l.proc.rank == 0) {
@@ -261,7 +261,7 @@ nlohmann::json train(const Job &job, const ProcessInfo &proc) {
   print_startup(s, proc, epochs);
   const nlohmann::json memory_by_rank = report_memory(s);
   RunObserver obs(job, s, epochs.total);  // [log]: breakdown, trace, run report
-  StepPlan plan{s, obs, st, s.step_handle(), base_lr(s), {}, {}, {}};
+  StepPlan plan{s, obs, st, base_lr(s), {}, {}, {}};
   Loop loop{s, plan, rep, obs, st, proc};
   TrainState ts = start_state(s, epochs);
   install_stop_handlers();

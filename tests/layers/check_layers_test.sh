@@ -9,7 +9,10 @@
 # sources of engine/backend/ itself. Then the build's own check
 # (cmake/TesseraLayers.cmake, which engine/CMakeLists.txt applies to
 # tessera_engine): a scratch project using it builds with the engine as it
-# is and fails to build with the upward include, naming it.
+# is and fails to build with the upward include, naming it. And the
+# capability rule: a TSR_HAS_FIELD in an engine file outside plugin/caps.*
+# and plugin/legacy.* fails naming the file and line (one in a comment, or
+# in caps.cpp, does not).
 #   check_layers_test.sh REPO_ROOT
 set -uo pipefail
 root=$1
@@ -56,6 +59,18 @@ refused "an unplaced nested folder" 2 "does not place folder(s) backend/metal"
 fresh && echo 'int stray();' >"$scratch/engine/backend/stray.hpp"
 refused "a source of engine/backend/ itself" 2 "does not place folder(s) backend:"
 echo "check-layers refuses an upward include and an unplaced folder, nested or not"
+
+# Plugin capabilities are read from plugin/caps, never checked in place.
+fresh
+hf_line=$(($(wc -l <"$scratch/engine/train/step.cpp") + 1))
+echo 'static bool probe(const tsr_offload_vtable *vt) { return TSR_HAS_FIELD(vt, tsr_offload_vtable, stats); }' >>"$scratch/engine/train/step.cpp"
+refused "a TSR_HAS_FIELD outside plugin/caps" 1 \
+  "train/step.cpp:$hf_line: checks TSR_HAS_FIELD itself; read the plugin's record (plugin/caps.hpp) instead"
+fresh
+echo '// TSR_HAS_FIELD(vt, tsr_offload_vtable, stats) in a comment is prose' >>"$scratch/engine/train/step.cpp"
+echo 'static bool probe2(const tsr_offload_vtable *vt) { return TSR_HAS_FIELD(vt, tsr_offload_vtable, stats); }' >>"$scratch/engine/plugin/caps.cpp"
+out=$("$check" "$scratch/engine" 2>&1) || fail "a TSR_HAS_FIELD in a comment or in plugin/caps.cpp was refused: $out"
+echo "check-layers refuses a TSR_HAS_FIELD outside plugin/caps and plugin/legacy"
 
 # The build refuses it too.
 probe=$scratch/probe

@@ -8,6 +8,7 @@
 //    reach the engine as a status code and a message.
 #include <stdlib.h>
 #include <tessera/optimizer.h>
+#include <tessera/zero.h>
 
 #include <catch2/catch.hpp>
 #include <cstddef>
@@ -190,6 +191,30 @@ TEST_CASE("a kind function table smaller than the 1.0 table is refused", "[abi]"
     REQUIRE(refusals.size() == 1);
     check_mentions(refusals[0], expected);
     CHECK(r.find("optimizer", "shorty") == nullptr);
+  }
+}
+
+// Zero plugins ship with tessera, which serves them from the minor that
+// split the step (1.2) on; every other kind loads from 1.0 on
+// (tests/abi_1_0 trains with a frozen 1.0 set of them).
+TEST_CASE("a zero plugin built before ABI 1.2 is refused naming it and its file", "[abi]") {
+  const std::string lib = test_lib("zero_before_1_2", "tsr_test_zero_before_1_2");
+  const std::vector<std::string> expected = {lib,
+                                             "'old_zero'",
+                                             "zero plugin built before ABI 1.2",
+                                             "reshare and clear_grads",
+                                             bytes(offsetof(tsr_zero_vtable, reshare)),
+                                             "rebuild it against this SDK"};
+  SECTION("load_file") {
+    Registry r;
+    check_mentions(refusal(r, lib), expected);
+  }
+  SECTION("scan") {
+    Registry r;
+    auto refusals = scan_case(r, "zero_before_1_2");
+    REQUIRE(refusals.size() == 1);
+    check_mentions(refusals[0], expected);
+    CHECK(r.find("zero", "old_zero") == nullptr);
   }
 }
 

@@ -1,8 +1,9 @@
 // The walk over a zero plugin's owned ranges (host/zero_update.hpp), which
-// both the optimizer step and a checkpoint load take: a zero plugin of ABI
-// 1.2 (reshare, clear_grads) is walked by the engine, an older one walks
-// itself through tsr_zero_step's callbacks, and both make the same calls in
-// the same order, so a resumed run's parameters do not depend on the ABI.
+// both the optimizer step and a checkpoint load take: the engine walks the
+// ranges of a zero plugin of ABI 1.2 (reshare, clear_grads) and asks it to
+// re-share. An older zero plugin, which walked itself through
+// tsr_zero_step's callbacks, is refused (plugin/caps.hpp; the refusal at
+// load is tested in test_abi_errors.cpp).
 #include <tessera/zero.h>
 
 #include <catch2/catch.hpp>
@@ -12,6 +13,7 @@
 
 #include "host/host.hpp"
 #include "host/zero_update.hpp"
+#include "plugin/caps.hpp"
 #include "util/error.hpp"
 
 // Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
@@ -50,20 +52,10 @@ tsr_status fake_clear_grads(void *self) {
   return TSR_OK;
 }
 
-// An ABI 1.0 zero plugin's step, as the tree's zero plugin still runs it:
-// the ranges, the flush, the re-share (here every time) and the clearing.
-tsr_status fake_step(void *self, const tsr_zero_step *st) {
-  if (tsr_status s = fake_ranges(self, st->update, st->ctx); s != TSR_OK) return s;
-  if (tsr_status s = st->flush(st->ctx); s != TSR_OK) return s;
-  fake_reshare(self);
-  return fake_clear_grads(self);
-}
-
 tsr_zero_vtable table(bool abi_1_2) {
   tsr_zero_vtable vt{};
   vt.struct_size = abi_1_2 ? tsr_zero_vtable_STRUCT_SIZE : offsetof(tsr_zero_vtable, reshare);
   vt.ranges = fake_ranges;
-  vt.step = fake_step;
   if (abi_1_2) {
     vt.reshare = fake_reshare;
     vt.clear_grads = fake_clear_grads;
@@ -85,29 +77,44 @@ RangeWalk logging_walk(FakeZero &z, bool reshare) {
   return w;
 }
 
-TEST_CASE("a 1.2 zero plugin is walked by the engine, an older one calls back, the same calls",
-          "[zero_update]") {
+TEST_CASE("a 1.2 zero plugin is walked by the engine, then re-shares", "[zero_update]") {
   Host host{Host::RunFacts{}};
   const std::string name = "fake";
-  const std::vector<std::string> walked = {"each 0 @100", "each 1 @108", "handed_over", "settle",
-                                           "reshare"};
-
-  FakeZero now;
-  const tsr_zero_vtable vt12 = table(true);
-  const ZeroCalls z12{host, &vt12, &now, name};
-  CHECK(engine_walks_ranges(&vt12));
-  const std::vector<tsr_owned_range> ranges = zero_owned_ranges(z12);
+  FakeZero z;
+  const tsr_zero_vtable vt = table(true);
+  const ZeroCalls calls{host, &vt, &z, name};
+  const std::vector<tsr_owned_range> ranges = zero_owned_ranges(calls);
   REQUIRE(ranges.size() == 2);
-  walk_owned_ranges(z12, ranges, logging_walk(now, true), "step");
-  CHECK(now.log == walked);  // the gradients are the caller's to clear
+  walk_owned_ranges(calls, ranges, logging_walk(z, true));
+  // The gradients are the caller's to clear.
+  CHECK(z.log ==
+        std::vector<std::string>{"each 0 @100", "each 1 @108", "handed_over", "settle", "reshare"});
+}
 
-  FakeZero old;
-  const tsr_zero_vtable vt10 = table(false);
-  CHECK_FALSE(engine_walks_ranges(&vt10));
-  walk_owned_ranges({host, &vt10, &old, name}, {}, logging_walk(old, true), "step");
-  std::vector<std::string> stepped = walked;
-  stepped.push_back("clear_grads");
-  CHECK(old.log == stepped);
+TEST_CASE("only a zero plugin with reshare and clear_grads is served", "[zero_update]") {
+  auto descriptor = [](const tsr_zero_vtable *vt) {
+    tsr_plugin_descriptor d{};
+    d.struct_size = tsr_plugin_descriptor_STRUCT_SIZE;
+    d.kind = TSR_KIND_ZERO;
+    d.name = "fake";
+    d.vtable = vt;
+    return d;
+  };
+  const tsr_zero_vtable now = table(true), old = table(false);
+  tsr_zero_vtable unset = table(true);
+  unset.clear_grads = nullptr;  // long enough, but the entry is not set
+  const tsr_plugin_descriptor d_now = descriptor(&now), d_old = descriptor(&old),
+                              d_unset = descriptor(&unset);
+  CHECK(caps_zero_refusal(&d_now).empty());
+  CHECK(caps_resolve("zero", &d_now).zero.split_step);
+  for (const tsr_plugin_descriptor *d : {&d_old, &d_unset}) {
+    const std::string why = caps_zero_refusal(d);
+    INFO(why);
+    CHECK(why.find("before ABI 1.2") != std::string::npos);
+    CHECK(why.find(std::to_string(*static_cast<const size_t *>(d->vtable)) + " bytes") !=
+          std::string::npos);
+    CHECK_FALSE(caps_resolve("zero", d).zero.split_step);
+  }
 }
 
 TEST_CASE("a walk the stage needs no re-share for ends once every range is handed over",
@@ -117,31 +124,27 @@ TEST_CASE("a walk the stage needs no re-share for ends once every range is hande
   FakeZero z;
   const tsr_zero_vtable vt = table(true);
   const ZeroCalls calls{host, &vt, &z, name};
-  walk_owned_ranges(calls, zero_owned_ranges(calls), logging_walk(z, false), "step");
+  walk_owned_ranges(calls, zero_owned_ranges(calls), logging_walk(z, false));
   CHECK(z.log == std::vector<std::string>{"each 0 @100", "each 1 @108", "handed_over"});
 }
 
 TEST_CASE("a range that fails stops the walk and names the call", "[zero_update]") {
   Host host{Host::RunFacts{}};
   const std::string name = "fake";
-  for (bool abi_1_2 : {true, false}) {
-    FakeZero z;
-    const tsr_zero_vtable vt = table(abi_1_2);
-    const ZeroCalls calls{host, &vt, &z, name};
-    RangeWalk w = logging_walk(z, true);
-    w.each = [](size_t, const tsr_owned_range &) { return TSR_ERR_IO; };
-    w.each_what = "[offload] plugin 'x' step";
-    const std::string expect = abi_1_2 ? "[offload] plugin 'x' step" : "[zero] step";
-    try {
-      walk_owned_ranges(calls, abi_1_2 ? zero_owned_ranges(calls) : std::vector<tsr_owned_range>{},
-                        w, "[zero] step");
-      FAIL("the walk went on past a failed range");
-    } catch (const Error &e) {
-      CHECK(e.code() == TSR_ERR_IO);
-      CHECK(std::string(e.what()).rfind(expect, 0) == 0);
-    }
-    CHECK(z.log.empty());  // no flush, no re-share after the failure
+  FakeZero z;
+  const tsr_zero_vtable vt = table(true);
+  const ZeroCalls calls{host, &vt, &z, name};
+  RangeWalk w = logging_walk(z, true);
+  w.each = [](size_t, const tsr_owned_range &) { return TSR_ERR_IO; };
+  w.each_what = "[offload] plugin 'x' step";
+  try {
+    walk_owned_ranges(calls, zero_owned_ranges(calls), w);
+    FAIL("the walk went on past a failed range");
+  } catch (const Error &e) {
+    CHECK(e.code() == TSR_ERR_IO);
+    CHECK(std::string(e.what()).rfind("[offload] plugin 'x' step", 0) == 0);
   }
+  CHECK(z.log.empty());  // no flush, no re-share after the failure
 }
 
 }  // namespace unit_test_zero_update

@@ -105,7 +105,10 @@ typedef struct tsr_zero_vtable {
    * every update has landed (stages 1-2 at several ranks all-gather the
    * updated slices; the others have nothing to do) and clear_grads()
    * before the next backward pass, once the backend has read the
-   * gradients. A host that finds neither calls step() as ABI 1.0 did. */
+   * gradients. A zero plugin must set both: tessera serves zero plugins
+   * from ABI 1.2 on and refuses one without them at load (zero plugins
+   * ship with it; docs/abi.md, "Version policy"), so it no longer calls
+   * step(), which stays in the table as 1.0 placed it. */
   tsr_status (*reshare)(void *self);
   tsr_status (*clear_grads)(void *self);
 } tsr_zero_vtable;
