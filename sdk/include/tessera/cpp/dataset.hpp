@@ -1,0 +1,42 @@
+// A dataset plugin's function table (tsr_dataset_vtable) built from a C++
+// class, every entry guarded (entries.hpp), so a plugin writes its dataset
+// and not the glue:
+//
+//   struct MyData {
+//     static constexpr const char *kName = "my_data";  // for messages
+//     const tsr_host *host;
+//     void info(tsr_data_info *out);                    // the sample shape
+//     void read(const int64_t *indices, tsr_batch *out);  // concurrent calls
+//   };
+//   MyData *build(const tsr_host *, const tsr_config *, const char *split);
+//   const tsr_dataset_vtable kVtable = sdk::dataset_vtable<MyData, build>();
+#pragma once
+
+#include <tessera/dataset.h>
+
+#include <tessera/cpp/entries.hpp>
+
+namespace tessera::sdk {
+
+template <typename D, auto Build>
+struct DatasetEntries {
+  static tsr_status create(const tsr_host *host, const tsr_config *cfg, const char *split,
+                           void **out_self) {
+    return entries::create<D>(host, out_self, [&] { return Build(host, cfg, split); });
+  }
+  static tsr_status info(void *self, tsr_data_info *out) {
+    return entries::call<D>(self, [&](D &d) { d.info(out); });
+  }
+  static tsr_status read(void *self, const int64_t *indices, tsr_batch *out) {
+    return entries::call<D>(self, [&](D &d) { d.read(indices, out); });
+  }
+};
+
+template <typename D, auto Build>
+constexpr tsr_dataset_vtable dataset_vtable() {
+  using E = DatasetEntries<D, Build>;
+  return tsr_dataset_vtable{tsr_dataset_vtable_STRUCT_SIZE, &E::create, &entries::destroy<D>,
+                            &E::info, &E::read};
+}
+
+}  // namespace tessera::sdk
