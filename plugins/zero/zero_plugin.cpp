@@ -25,9 +25,9 @@ std::unique_ptr<ZeroState> build(const tsr_host *host, const tsr_config *cfg) {
 
 // Every stage answers, so stages 0-2 refuse offloaded parameters saying why.
 const tsr_ext_zero_param_source kParamSource = {tsr_ext_zero_param_source_STRUCT_SIZE,
-                                                entries::member<&ZeroState::use_source>};
+                                                entries::member<ZeroState, &ZeroState::use_source>};
 const tsr_ext_zero_grad_sink kGradSink = {tsr_ext_zero_grad_sink_STRUCT_SIZE,
-                                          entries::member<&ZeroState::use_sink>};
+                                          entries::member<ZeroState, &ZeroState::use_sink>};
 const Extension kExtensions[] = {{TSR_EXT_ZERO_PARAM_SOURCE, &kParamSource},
                                  {TSR_EXT_ZERO_GRAD_SINK, &kGradSink}};
 const void *get_extension(const char *id) {

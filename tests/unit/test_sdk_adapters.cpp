@@ -59,11 +59,12 @@ struct OverlappedBackend : SyncBackend {
   void stats(tsr_offload_stats *) {}
 };
 
-template <typename B>
-std::unique_ptr<B> build_backend(const tsr_host *host, const tsr_config *) {
-  auto b = std::make_unique<B>();
-  b->host = host;
-  return b;
+// The build of a class with a `host` member and no config.
+template <typename T>
+std::unique_ptr<T> build_with_host(const tsr_host *host, const tsr_config *) {
+  auto t = std::make_unique<T>();
+  t->host = host;
+  return t;
 }
 SyncBackend *build_failing(const tsr_host *, const tsr_config *) {
   throw sdk::Error(TSR_ERR_CONFIG, "sync backend: bad key");
@@ -71,14 +72,14 @@ SyncBackend *build_failing(const tsr_host *, const tsr_config *) {
 
 TEST_CASE("offload_vtable: the ABI 1.2 entries and struct_size follow the class", "[sdk]") {
   constexpr tsr_offload_vtable sync =
-      sdk::offload_vtable<SyncBackend, build_backend<SyncBackend>>();
+      sdk::offload_vtable<SyncBackend, build_with_host<SyncBackend>>();
   CHECK(sync.struct_size == TSR_STRUCT_SIZE(tsr_offload_vtable, write_state));
   CHECK(sync.write_state != nullptr);
   CHECK(sync.wait_params == nullptr);
   CHECK(sync.wait_grads == nullptr);
   CHECK(sync.stats == nullptr);
   constexpr tsr_offload_vtable overlapped =
-      sdk::offload_vtable<OverlappedBackend, build_backend<OverlappedBackend>>();
+      sdk::offload_vtable<OverlappedBackend, build_with_host<OverlappedBackend>>();
   CHECK(overlapped.struct_size == tsr_offload_vtable_STRUCT_SIZE);
   CHECK(overlapped.wait_params != nullptr);
   CHECK(overlapped.wait_grads != nullptr);
@@ -87,7 +88,7 @@ TEST_CASE("offload_vtable: the ABI 1.2 entries and struct_size follow the class"
 
 TEST_CASE("adapters: create, a guarded call, destroy and a NULL self", "[sdk]") {
   Recorder r;
-  const tsr_offload_vtable vt = sdk::offload_vtable<SyncBackend, build_backend<SyncBackend>>();
+  const tsr_offload_vtable vt = sdk::offload_vtable<SyncBackend, build_with_host<SyncBackend>>();
   void *self = reinterpret_cast<void *>(1);
   REQUIRE(vt.create(&r.host, nullptr, &self) == TSR_OK);
   REQUIRE(self != nullptr);
@@ -182,11 +183,6 @@ struct Opt {
   }
   void step(const tsr_optimizer_step_args *) {}
 };
-std::unique_ptr<Opt> build_opt(const tsr_host *host, const tsr_config *) {
-  auto o = std::make_unique<Opt>();
-  o->host = host;
-  return o;
-}
 
 struct Smp {
   static constexpr const char *kName = "smp";
@@ -196,11 +192,6 @@ struct Smp {
     for (int64_t k = 0; k < 3; ++k) out[k] = 10 + k;
   }
 };
-std::unique_ptr<Smp> build_smp(const tsr_host *host, const tsr_config *) {
-  auto s = std::make_unique<Smp>();
-  s->host = host;
-  return s;
-}
 
 struct Data {
   static constexpr const char *kName = "data";
@@ -218,7 +209,7 @@ std::unique_ptr<Data> build_data(const tsr_host *host, const tsr_config *, const
 
 TEST_CASE("optimizer, sampler and dataset adapters", "[sdk]") {
   Recorder r;
-  constexpr tsr_optimizer_vtable ov = sdk::optimizer_vtable<Opt, build_opt>();
+  constexpr tsr_optimizer_vtable ov = sdk::optimizer_vtable<Opt, build_with_host<Opt>>();
   CHECK(ov.struct_size == tsr_optimizer_vtable_STRUCT_SIZE);
   void *o = nullptr;
   REQUIRE(ov.create(&r.host, nullptr, &o) == TSR_OK);
@@ -229,7 +220,7 @@ TEST_CASE("optimizer, sampler and dataset adapters", "[sdk]") {
   CHECK(ov.state_count(nullptr) == 0);
   ov.destroy(o);
 
-  constexpr tsr_sampler_vtable sv = sdk::sampler_vtable<Smp, build_smp>();
+  constexpr tsr_sampler_vtable sv = sdk::sampler_vtable<Smp, build_with_host<Smp>>();
   CHECK(sv.struct_size == tsr_sampler_vtable_STRUCT_SIZE);
   void *s = nullptr;
   REQUIRE(sv.create(&r.host, nullptr, &s) == TSR_OK);

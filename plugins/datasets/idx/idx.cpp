@@ -23,6 +23,11 @@ namespace sdk = tessera::sdk;
 
 namespace {
 
+// What `tessera plugins` says of it (the descriptor's summary).
+constexpr const char *kSummary =
+    "MNIST-format (IDX) images and labels, plain or gzip, held in memory: float32 pixels "
+    "(optionally scaled and standardised) and int32 class labels.";
+
 std::string format_double(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%g", v);
@@ -202,11 +207,8 @@ const tsr_param_decl params[] = {
     sdk::param_min("limit", TSR_PARAM_INT, "0", "Use only the first N samples; 0 uses all.", 0),
 };
 
-const tsr_plugin_descriptor kDescriptor = sdk::describe(
-    TSR_KIND_DATASET, "idx", "1.0.0",
-    "MNIST-format (IDX) images and labels, plain or gzip, held in memory: float32 pixels "
-    "(optionally scaled and standardised) and int32 class labels.",
-    params, TSR_DEVICE_CPU, &kVtable);
+const tsr_plugin_descriptor kDescriptor =
+    sdk::describe(TSR_KIND_DATASET, "idx", "1.0.0", kSummary, params, TSR_DEVICE_CPU, &kVtable);
 
 }  // namespace
 

@@ -19,6 +19,11 @@ namespace sdk = tessera::sdk;
 
 namespace {
 
+// What `tessera plugins` says of it (the descriptor's summary).
+constexpr const char *kSummary =
+    "Random float32 inputs of any shape with learnable int32 class labels, computed per sample "
+    "(no files): for benchmarks and smoke tests.";
+
 struct Dataset {
   static constexpr const char *kName = "synthetic";  // for messages
   const tsr_host *host = nullptr;
@@ -120,11 +125,8 @@ const tsr_param_decl params[] = {
                    "distinct samples drawn at start; sample i is entry i mod pool", 1),
 };
 
-const tsr_plugin_descriptor kDescriptor = sdk::describe(
-    TSR_KIND_DATASET, "synthetic", "1.0.0",
-    "Random float32 inputs of any shape with learnable int32 class labels, computed per sample "
-    "(no files): for benchmarks and smoke tests.",
-    params, TSR_DEVICE_CPU, &kVtable);
+const tsr_plugin_descriptor kDescriptor = sdk::describe(TSR_KIND_DATASET, "synthetic", "1.0.0",
+                                                        kSummary, params, TSR_DEVICE_CPU, &kVtable);
 
 }  // namespace
 

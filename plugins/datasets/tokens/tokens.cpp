@@ -30,6 +30,12 @@ using tessera::tokens::Shard;
 
 namespace {
 
+// What `tessera plugins` says of it (the descriptor's summary).
+constexpr const char *kSummary =
+    "Token shards in llm.c's format (1024-byte header; magic 20240520 version 1: uint16 "
+    "tokens; magic 20240801 version 7: uint32 tokens), memory-mapped: non-overlapping "
+    "windows of context + 1 tokens, int32 input [T] and next-token target [T].";
+
 struct Dataset {
   static constexpr const char *kName = "tokens";  // for messages
   const tsr_host *host = nullptr;
@@ -272,11 +278,7 @@ const tsr_param_decl params[] = {
 };
 
 const tsr_plugin_descriptor kDescriptor = sdk::describe(
-    TSR_KIND_DATASET, "tokens", "1.0.0",
-    "Token shards in llm.c's format (1024-byte header; magic 20240520 version 1: uint16 "
-    "tokens; magic 20240801 version 7: uint32 tokens), memory-mapped: non-overlapping "
-    "windows of context + 1 tokens, int32 input [T] and next-token target [T].",
-    params, TSR_DEVICE_CPU, &kVtable, get_extension);
+    TSR_KIND_DATASET, "tokens", "1.0.0", kSummary, params, TSR_DEVICE_CPU, &kVtable, get_extension);
 
 }  // namespace
 

@@ -11,6 +11,10 @@ namespace tessera::gpt2 {
 
 namespace {
 
+// What `tessera plugins` says of it (the descriptor's summary).
+constexpr const char *kSummary =
+    "GPT-2 language model (Hugging Face names and layouts, tied LM head, pre-LayerNorm)";
+
 const tsr_param_decl kParams[] = {
     sdk::param_min("layers", TSR_PARAM_INT, "0",
                    "Transformer blocks (n_layer); 0: init_from's config.json, else 12", 0),
@@ -77,10 +81,9 @@ const void *gpt2_extension(const char *id) {
 #define TSR_GPT2_PLUGIN_NAME "gpt2"
 #endif
 
-const tsr_plugin_descriptor kDescriptor = sdk::describe(
-    TSR_KIND_MODEL, TSR_GPT2_PLUGIN_NAME, "1.0.0",
-    "GPT-2 language model (Hugging Face names and layouts, tied LM head, pre-LayerNorm)", kParams,
-    TSR_DEVICE_CPU | TSR_DEVICE_CUDA, &kVtable, gpt2_extension);
+const tsr_plugin_descriptor kDescriptor =
+    sdk::describe(TSR_KIND_MODEL, TSR_GPT2_PLUGIN_NAME, "1.0.0", kSummary, kParams,
+                  TSR_DEVICE_CPU | TSR_DEVICE_CUDA, &kVtable, gpt2_extension);
 
 }  // namespace
 

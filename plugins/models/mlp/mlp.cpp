@@ -28,6 +28,10 @@
 
 namespace {
 
+// What `tessera plugins` says of it (the descriptor's summary).
+constexpr const char *kSummary =
+    "Multi-layer perceptron classifier (Linear + relu/gelu/tanh, softmax cross-entropy)";
+
 namespace sdk = tessera::sdk;
 
 // The widest hidden layer (2^24 units): two such layers already hold 2^48
@@ -568,9 +572,7 @@ const tsr_param_decl kParams[] = {
 const tsr_model_vtable kVtable = vtable();
 
 const tsr_plugin_descriptor kDescriptor = sdk::describe(
-    TSR_KIND_MODEL, "mlp", "1.0.0",
-    "Multi-layer perceptron classifier (Linear + relu/gelu/tanh, softmax cross-entropy)", kParams,
-    TSR_DEVICE_CPU | TSR_DEVICE_CUDA, &kVtable);
+    TSR_KIND_MODEL, "mlp", "1.0.0", kSummary, kParams, TSR_DEVICE_CPU | TSR_DEVICE_CUDA, &kVtable);
 
 }  // namespace
 

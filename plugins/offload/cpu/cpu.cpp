@@ -43,6 +43,11 @@
 
 namespace {
 
+// What `tessera plugins` says of it (the descriptor's summary).
+constexpr const char *kSummary =
+    "optimizer state in host memory, step on the CPU (threaded, overlapped), optionally a GPU "
+    "share";
+
 using namespace tessera::offload;
 using sdk::Error;
 
@@ -91,15 +96,26 @@ struct Cpu {
   void sink_release(uint64_t ticket) { pipeline->sink_release(ticket); }
   double sink_norm_sq() { return pipeline->sink_norm_sq(); }
 
+  // The vtable's entries (sdk::offload_vtable): the short ones here.
   ~Cpu();
   void setup(const tsr_offload_setup *st);
   void step(const tsr_offload_step *st);
-  void flush();
-  void read_state(uint32_t slot, size_t offset, size_t count, float *dst);
-  void write_state(uint32_t slot, size_t offset, size_t count, const float *src);
-  void wait_params(size_t offset, size_t count);
-  void wait_grads();
-  void stats(tsr_offload_stats *out);
+  void read_state(uint32_t i, size_t offset, size_t count, float *dst);
+  void write_state(uint32_t i, size_t offset, size_t count, const float *src);
+  void flush() {
+    pipeline->flush();
+    share.flush();
+  }
+  // The device share is stepped on the compute stream: ordered already.
+  void wait_params(size_t offset, size_t count) { pipeline->wait_params(offset, count); }
+  void wait_grads() { pipeline->wait_grads(); }
+  void stats(tsr_offload_stats *out) {
+    if (!out || out->struct_size < TSR_STRUCT_SIZE(tsr_offload_stats, elements))
+      throw Error(TSR_ERR_INVALID, fmt("%s: stats struct missing or too small", kWho));
+    tsr_offload_stats st = pipeline->stats();
+    st.device_s = share.seconds();
+    sdk::copy_out(st, out);
+  }
 };
 
 std::unique_ptr<Cpu> build(const tsr_host *host, const tsr_config *cfg) {
@@ -271,51 +287,49 @@ void Cpu::step(const tsr_offload_step *st) {
   }
 }
 
-void Cpu::flush() {
-  pipeline->flush();
-  share.flush();
-}
-
-void Cpu::wait_params(size_t offset, size_t count) {
-  // The device share is stepped on the compute stream: ordered already.
-  pipeline->wait_params(offset, count);
-}
-
-void Cpu::wait_grads() {
-  pipeline->wait_grads();
-}
-
-void Cpu::stats(tsr_offload_stats *out) {
-  if (!out || out->struct_size < TSR_STRUCT_SIZE(tsr_offload_stats, elements))
-    throw Error(TSR_ERR_INVALID, fmt("%s: stats struct missing or too small", kWho));
-  tsr_offload_stats st = pipeline->stats();
-  st.device_s = share.seconds();
-  const size_t size = out->struct_size;
-  std::memcpy(out, &st, std::min(size, sizeof st));
-  out->struct_size = size;
-}
-
-void Cpu::read_state(uint32_t slot, size_t offset, size_t count, float *dst) {
+void Cpu::read_state(uint32_t i, size_t offset, size_t count, float *dst) {
   check_range(offset, count);
-  float *base = slot(slot);
+  float *base = slot(i);
   // The device share's values live on the device; the rest here.
-  const size_t on_dev = share.read(slot, offset, count, dst);
+  const size_t on_dev = share.read(i, offset, count, dst);
   if (count > on_dev)
     std::memcpy(dst + on_dev, base + offset + on_dev, (count - on_dev) * sizeof(float));
 }
 
-void Cpu::write_state(uint32_t slot, size_t offset, size_t count, const float *src) {
+void Cpu::write_state(uint32_t i, size_t offset, size_t count, const float *src) {
   check_range(offset, count);
-  if (count) std::memcpy(slot(slot) + offset, src, count * sizeof(float));
-  share.write(slot, offset, count, src);
+  if (count) std::memcpy(slot(i) + offset, src, count * sizeof(float));
+  share.write(i, offset, count, src);
   // Offloaded parameters follow their masters (the initial values, a
   // checkpoint's), once no copy reads the old ones.
-  if (slot == 0 && home.active() && count) {
+  if (i == 0 && home.active() && count) {
     pipeline->flush();
     home.finish();
     home.put_master(offset, count, src);
   }
 }
+
+const tsr_param_decl kParams[] = {
+    sdk::param_min("threads", TSR_PARAM_INT, "0",
+                   "threads for the CPU step; 0: the cores of this process / ranks on the machine",
+                   0),
+    sdk::param_min("sub_group_size", TSR_PARAM_INT, "16777216",
+                   "kept for configs of earlier versions (DeepSpeed's sub_group_size); the "
+                   "update now moves whole owned ranges, overlapped",
+                   1024),
+    sdk::param("pin_memory", TSR_PARAM_BOOL, "true",
+               "CUDA runs: the gradient and parameter transfer buffers in pinned host memory"),
+    sdk::param("pin_threads", TSR_PARAM_BOOL, "true",
+               "keep each thread of the CPU step on its own core"),
+    sdk::param("ratio", TSR_PARAM_STRING, "\"0\"",
+               "share of the owned state kept and stepped on the GPU, \"0\" to \"1\" (DeepSpeed's "
+               "offload_optimizer.ratio), or \"auto\": the largest share that fits beside the "
+               "first step's peak under run.max_gpu_memory"),
+    sdk::param("params", TSR_PARAM_STRING, "\"none\"",
+               "ZeRO stage 3: where this rank's compute parameters live, \"none\" (the GPU) or "
+               "\"cpu\" (pinned host memory, fetched per group just before use; DeepSpeed's "
+               "offload_param)"),
+};
 
 // ---- parameter offload (TSR_EXT_OFFLOAD_PARAMS) ----
 
@@ -353,35 +367,10 @@ const void *get_extension(const char *id) {
   return sdk::find_extension(kExtensions, id);
 }
 
-const tsr_param_decl kParams[] = {
-    sdk::param_min("threads", TSR_PARAM_INT, "0",
-                   "threads for the CPU step; 0: the cores of this process / ranks on the machine",
-                   0),
-    sdk::param_min("sub_group_size", TSR_PARAM_INT, "16777216",
-                   "kept for configs of earlier versions (DeepSpeed's sub_group_size); the "
-                   "update now moves whole owned ranges, overlapped",
-                   1024),
-    sdk::param("pin_memory", TSR_PARAM_BOOL, "true",
-               "CUDA runs: the gradient and parameter transfer buffers in pinned host memory"),
-    sdk::param("pin_threads", TSR_PARAM_BOOL, "true",
-               "keep each thread of the CPU step on its own core"),
-    sdk::param("ratio", TSR_PARAM_STRING, "\"0\"",
-               "share of the owned state kept and stepped on the GPU, \"0\" to \"1\" (DeepSpeed's "
-               "offload_optimizer.ratio), or \"auto\": the largest share that fits beside the "
-               "first step's peak under run.max_gpu_memory"),
-    sdk::param("params", TSR_PARAM_STRING, "\"none\"",
-               "ZeRO stage 3: where this rank's compute parameters live, \"none\" (the GPU) or "
-               "\"cpu\" (pinned host memory, fetched per group just before use; DeepSpeed's "
-               "offload_param)"),
-};
-
 const tsr_offload_vtable kVtable = sdk::offload_vtable<Cpu, build>();
 
-const tsr_plugin_descriptor kCpu = sdk::describe(
-    TSR_KIND_OFFLOAD, "cpu", "1.4.0",
-    "optimizer state in host memory, step on the CPU (threaded, overlapped), optionally a GPU "
-    "share",
-    kParams, kDevices, &kVtable, get_extension);
+const tsr_plugin_descriptor kCpu = sdk::describe(TSR_KIND_OFFLOAD, "cpu", "1.4.0", kSummary,
+                                                 kParams, kDevices, &kVtable, get_extension);
 
 }  // namespace
 

@@ -39,6 +39,10 @@
 
 namespace {
 
+// What `tessera plugins` says of it (the descriptor's summary).
+constexpr const char *kSummary =
+    "optimizer state in bf16 in host memory (half the bytes), step on the CPU";
+
 namespace sdk = tessera::sdk;
 using sdk::bf16_to_float;
 using sdk::Error;
@@ -305,9 +309,8 @@ const tsr_param_decl kParams[] = {
 const tsr_offload_vtable kVtable = sdk::offload_vtable<CpuBf16, build>();
 
 const tsr_plugin_descriptor kCpuBf16 =
-    sdk::describe(TSR_KIND_OFFLOAD, "cpu-bf16", "1.0.0",
-                  "optimizer state in bf16 in host memory (half the bytes), step on the CPU",
-                  kParams, TSR_DEVICE_CPU | TSR_DEVICE_CUDA, &kVtable);
+    sdk::describe(TSR_KIND_OFFLOAD, "cpu-bf16", "1.0.0", kSummary, kParams,
+                  TSR_DEVICE_CPU | TSR_DEVICE_CUDA, &kVtable);
 
 }  // namespace
 

@@ -65,6 +65,10 @@
 
 namespace {
 
+// What `tessera plugins` says of it (the descriptor's summary).
+constexpr const char *kSummary =
+    "optimizer state in files on a local disk (io_uring, O_DIRECT), step on the CPU";
+
 using namespace tessera::offload;
 using namespace tessera::offload::nvme;
 
@@ -444,10 +448,8 @@ const tsr_param_decl kParams[] = {
 
 const tsr_offload_vtable kVtable = sdk::offload_vtable<Nvme, build>();
 
-const tsr_plugin_descriptor kNvme =
-    sdk::describe(TSR_KIND_OFFLOAD, "nvme", "1.2.0",
-                  "optimizer state in files on a local disk (io_uring, O_DIRECT), step on the CPU",
-                  kParams, kDevices, &kVtable, get_extension);
+const tsr_plugin_descriptor kNvme = sdk::describe(TSR_KIND_OFFLOAD, "nvme", "1.2.0", kSummary,
+                                                  kParams, kDevices, &kVtable, get_extension);
 
 }  // namespace
 

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "adam_cpu.hpp"
+#include "step_support.hpp"
 
 namespace sdk = tessera::sdk;
 
@@ -47,13 +48,8 @@ using namespace tessera::sdk::optim;
 using tessera::adam::adam_update;
 using tessera::adam::AdamConsts;
 
-#if TSR_PLUGIN_CUDA
-constexpr uint32_t kDevices = TSR_DEVICE_CPU | TSR_DEVICE_CUDA;
-#else
-constexpr uint32_t kDevices = TSR_DEVICE_CPU;
-#endif
-// The step reads bf16 and fp16 gradients on every device it supports.
-constexpr StepSupport kSupport = {kDevices, true};
+using tessera::optimizers::kDevices;  // step_support.hpp
+using tessera::optimizers::kSupport;
 
 // ---------------------------------------------------------------------------
 // CPU kernels.

@@ -20,21 +20,22 @@
 #include <tessera/cpp/optimizer.hpp>
 #include <tessera/cpp/plugin.hpp>
 
+#include "step_support.hpp"
+
 namespace sdk = tessera::sdk;
 
 namespace {
+
+// What `tessera plugins` says of it (the descriptor's summary).
+constexpr const char *kSummary =
+    "SGD with momentum, dampening, Nesterov and weight decay (torch.optim.SGD)";
 
 using namespace tessera::sdk::optim;
 using tessera::sgd::sgd_update;
 using tessera::sgd::SgdStep;
 
-#if TSR_PLUGIN_CUDA
-constexpr uint32_t kDevices = TSR_DEVICE_CPU | TSR_DEVICE_CUDA;
-#else
-constexpr uint32_t kDevices = TSR_DEVICE_CPU;
-#endif
-// The step reads bf16 and fp16 gradients on every device it supports.
-constexpr StepSupport kSupport = {kDevices, true};
+using tessera::optimizers::kDevices;  // step_support.hpp
+using tessera::optimizers::kSupport;
 
 // ---------------------------------------------------------------------------
 // CPU kernel: one segment, pointers already offset to its first element.
@@ -157,10 +158,8 @@ const void *sgd_extension(const char *id) {
   return sdk::find_extension(kExtensions, id);
 }
 
-const tsr_plugin_descriptor kSgdDescriptor =
-    sdk::describe(TSR_KIND_OPTIMIZER, "sgd", "1.0.0",
-                  "SGD with momentum, dampening, Nesterov and weight decay (torch.optim.SGD)",
-                  kSgdParams, kDevices, &kSgdVtable, sgd_extension);
+const tsr_plugin_descriptor kSgdDescriptor = sdk::describe(
+    TSR_KIND_OPTIMIZER, "sgd", "1.0.0", kSummary, kSgdParams, kDevices, &kSgdVtable, sgd_extension);
 
 }  // namespace
 

@@ -28,6 +28,11 @@ namespace sdk = tessera::sdk;
 
 namespace {
 
+// What `tessera plugins` says of it (the descriptor's summary).
+constexpr const char *kSummary =
+    "Each rank takes every world-th index of an (optionally shuffled, padded or truncated) list, "
+    "like torch's DistributedSampler.";
+
 __extension__ typedef unsigned __int128 u128;
 
 // splitmix64 (Steele, Lea, Flood 2014), used to seed xoshiro256**.
@@ -172,11 +177,8 @@ const tsr_param_decl params[] = {
                "repeating samples so every rank gets ceil(N / world)."),
 };
 
-const tsr_plugin_descriptor kDescriptor = sdk::describe(
-    TSR_KIND_SAMPLER, "distributed", "1.0.0",
-    "Each rank takes every world-th index of an (optionally shuffled, padded or truncated) list, "
-    "like torch's DistributedSampler.",
-    params, TSR_DEVICE_CPU, &kVtable);
+const tsr_plugin_descriptor kDescriptor = sdk::describe(TSR_KIND_SAMPLER, "distributed", "1.0.0",
+                                                        kSummary, params, TSR_DEVICE_CPU, &kVtable);
 
 }  // namespace
 

@@ -20,6 +20,11 @@ namespace sdk = tessera::sdk;
 
 namespace {
 
+// What `tessera plugins` says of it (the descriptor's summary).
+constexpr const char *kSummary =
+    "Every sample once, in order: rank r gets the r-th of W contiguous blocks whose sizes differ "
+    "by at most one (no padding, no shuffle; for evaluation).";
+
 struct Block {
   uint64_t begin = 0;
   uint64_t count = 0;
@@ -70,11 +75,8 @@ std::unique_ptr<Sampler> build(const tsr_host *host, const tsr_config *) {
 
 const tsr_sampler_vtable kVtable = sdk::sampler_vtable<Sampler, build>();
 
-const tsr_plugin_descriptor kDescriptor = sdk::describe(
-    TSR_KIND_SAMPLER, "sequential", "1.0.0",
-    "Every sample once, in order: rank r gets the r-th of W contiguous blocks whose sizes differ "
-    "by at most one (no padding, no shuffle; for evaluation).",
-    {}, TSR_DEVICE_CPU, &kVtable);
+const tsr_plugin_descriptor kDescriptor =
+    sdk::describe(TSR_KIND_SAMPLER, "sequential", "1.0.0", kSummary, {}, TSR_DEVICE_CPU, &kVtable);
 
 }  // namespace
 

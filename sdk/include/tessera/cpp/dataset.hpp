@@ -24,19 +24,13 @@ struct DatasetEntries {
                            void **out_self) {
     return entries::create<D>(host, out_self, [&] { return Build(host, cfg, split); });
   }
-  static tsr_status info(void *self, tsr_data_info *out) {
-    return entries::call<D>(self, [&](D &d) { d.info(out); });
-  }
-  static tsr_status read(void *self, const int64_t *indices, tsr_batch *out) {
-    return entries::call<D>(self, [&](D &d) { d.read(indices, out); });
-  }
 };
 
 template <typename D, auto Build>
 constexpr tsr_dataset_vtable dataset_vtable() {
   using E = DatasetEntries<D, Build>;
   return tsr_dataset_vtable{tsr_dataset_vtable_STRUCT_SIZE, &E::create, &entries::destroy<D>,
-                            &E::info, &E::read};
+                            entries::member<D, &D::info>, entries::member<D, &D::read>};
 }
 
 }  // namespace tessera::sdk

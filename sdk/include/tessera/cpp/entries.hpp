@@ -7,8 +7,11 @@
 //   const tsr_host *host;                 // or a member function host()
 //
 // and a build function (per kind) that returns a new T, as T * or
-// std::unique_ptr<T>. Every entry turns an exception into a status through
-// the host's error callback (guard), and a NULL self into TSR_ERR_INVALID.
+// std::unique_ptr<T>; an entry that mirrors a member (the C arguments less
+// self, nothing returned) calls it as it stands (member below), the others
+// adapt results and flags. Every entry turns an exception into a status
+// through the host's error callback (guard), and a NULL self into
+// TSR_ERR_INVALID.
 #pragma once
 
 #include <tessera/tessera.h>
@@ -46,6 +49,13 @@ tsr_status create(const tsr_host *host, void **out_self, Make &&make) noexcept {
   });
 }
 
+// The create entry of the kinds whose build takes the config alone
+// (sampler, optimizer, offload, zero).
+template <typename T, auto Build>
+tsr_status create_from(const tsr_host *host, const tsr_config *cfg, void **out_self) noexcept {
+  return create<T>(host, out_self, [&] { return Build(host, cfg); });
+}
+
 template <typename T>
 void destroy(void *self) noexcept {
   T *t = static_cast<T *>(self);
@@ -80,18 +90,31 @@ P *required(P *p, const char *what) {
   return p;
 }
 
-// A void member function of T as a guarded C entry taking `void *self`
-// first: for extension tables (extensions.h) whose entries mirror a member,
-// e.g. `const tsr_ext_zero_grad_sink kSink = {..., entries::member<&Z::use_sink>};`.
-template <auto F>
-struct Member;
-template <typename T, typename... A, void (T::*F)(A...)>
-struct Member<F> {
+// A void member function F of T (or of a base of T) as a guarded C entry
+// taking `void *self` first and F's arguments: for the entries that mirror
+// a member exactly, in the adapters and in extension tables (extensions.h),
+// e.g. `{..., entries::member<Z, &Z::use_sink>}`.
+template <typename T, typename Fn, Fn F>
+struct MemberFn;
+template <typename T, typename C, typename... A, void (C::*F)(A...)>
+struct MemberFn<T, void (C::*)(A...), F> {
   static tsr_status call(void *self, A... a) noexcept {
-    return entries::call<T>(self, [&](T &t) { (t.*F)(a...); });
+    return entries::call<T>(self, [&](T &t) {
+      C &c = t;  // F may be a member of T's base C
+      (c.*F)(a...);
+    });
   }
 };
-template <auto F>
-inline constexpr auto member = &Member<F>::call;
+template <typename T, typename C, typename... A, void (C::*F)(A...) const>
+struct MemberFn<T, void (C::*)(A...) const, F> {
+  static tsr_status call(void *self, A... a) noexcept {
+    return entries::call<T>(self, [&](T &t) {
+      const C &c = t;
+      (c.*F)(a...);
+    });
+  }
+};
+template <typename T, auto F>
+inline constexpr auto member = &MemberFn<T, decltype(F), F>::call;
 
 }  // namespace tessera::sdk::entries

@@ -73,14 +73,15 @@ struct ModelEntries {
 template <typename M, auto Build>
 constexpr tsr_model_vtable model_vtable() {
   using E = ModelEntries<M, Build>;
-  tsr_model_vtable t{};
-  t.struct_size = tsr_model_vtable_STRUCT_SIZE;
-  t.create = &E::create;
-  t.destroy = &entries::destroy<M>;
-  t.num_params = &E::num_params;
-  t.param_info = &E::param_info;
-  t.forward = &E::forward;
-  t.backward = &E::backward;
+  tsr_model_vtable t{tsr_model_vtable_STRUCT_SIZE,
+                     &E::create,
+                     &entries::destroy<M>,
+                     &E::num_params,
+                     &E::param_info,
+                     &E::forward,
+                     &E::backward,
+                     nullptr,
+                     nullptr};
   if constexpr (requires(const M &m) { m.flops_per_sample(); })
     t.flops_per_sample = &E::flops_per_sample;
   if constexpr (requires(M & m) { m.predict(nullptr, nullptr, nullptr); }) t.predict = &E::predict;

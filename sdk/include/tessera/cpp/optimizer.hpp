@@ -24,7 +24,6 @@ using sdk::float_bits;
 using sdk::float_to_bf16;
 using sdk::float_to_f16;
 
-
 // ---------------------------------------------------------------------------
 // The gradients: fp32, or (ABI 1.1) bf16 / fp16 read as such and widened
 // exactly before grad_scale is applied, so a 16-bit gradient gives the same
@@ -266,11 +265,8 @@ namespace tessera::sdk {
 //   };
 //   MyOptimizer *build(const tsr_host *, const tsr_config *);
 //   const tsr_optimizer_vtable kVtable = sdk::optimizer_vtable<MyOptimizer, build>();
-template <typename O, auto Build>
+template <typename O>
 struct OptimizerEntries {
-  static tsr_status create(const tsr_host *host, const tsr_config *cfg, void **out_self) {
-    return entries::create<O>(host, out_self, [&] { return Build(host, cfg); });
-  }
   static uint32_t state_count(void *self) {
     return entries::value<O>(self, uint32_t{0}, [](O &o) { return o.state_count(); });
   }
@@ -278,17 +274,17 @@ struct OptimizerEntries {
     return entries::value<O>(self, static_cast<const char *>(nullptr),
                              [&](O &o) { return o.state_name(i); });
   }
-  static tsr_status step(void *self, const tsr_optimizer_step_args *args) {
-    return entries::call<O>(self, [&](O &o) { o.step(args); });
-  }
 };
 
 template <typename O, auto Build>
 constexpr tsr_optimizer_vtable optimizer_vtable() {
-  using E = OptimizerEntries<O, Build>;
-  return tsr_optimizer_vtable{tsr_optimizer_vtable_STRUCT_SIZE, &E::create,
-                              &entries::destroy<O>,             &E::state_count,
-                              &E::state_name,                   &E::step};
+  using E = OptimizerEntries<O>;
+  return tsr_optimizer_vtable{tsr_optimizer_vtable_STRUCT_SIZE,
+                              &entries::create_from<O, Build>,
+                              &entries::destroy<O>,
+                              &E::state_count,
+                              &E::state_name,
+                              entries::member<O, &O::step>};
 }
 
 }  // namespace tessera::sdk

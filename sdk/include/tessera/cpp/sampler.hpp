@@ -20,27 +20,21 @@
 
 namespace tessera::sdk {
 
-template <typename S, auto Build>
+template <typename S>
 struct SamplerEntries {
-  static tsr_status create(const tsr_host *host, const tsr_config *cfg, void **out_self) {
-    return entries::create<S>(host, out_self, [&] { return Build(host, cfg); });
-  }
   static tsr_status epoch_size(void *self, const tsr_sampler_args *args, int64_t *out) {
     return entries::call<S>(self, [&](S &s) {
       int64_t *o = entries::required<S>(out, "out");  // before the args, as ever
       *o = s.epoch_size(args);
     });
   }
-  static tsr_status indices(void *self, const tsr_sampler_args *args, int64_t *out) {
-    return entries::call<S>(self, [&](S &s) { s.indices(args, out); });
-  }
 };
 
 template <typename S, auto Build>
 constexpr tsr_sampler_vtable sampler_vtable() {
-  using E = SamplerEntries<S, Build>;
-  return tsr_sampler_vtable{tsr_sampler_vtable_STRUCT_SIZE, &E::create, &entries::destroy<S>,
-                            &E::epoch_size, &E::indices};
+  using E = SamplerEntries<S>;
+  return tsr_sampler_vtable{tsr_sampler_vtable_STRUCT_SIZE, &entries::create_from<S, Build>,
+                            &entries::destroy<S>, &E::epoch_size, entries::member<S, &S::indices>};
 }
 
 }  // namespace tessera::sdk

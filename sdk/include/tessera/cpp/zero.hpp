@@ -31,31 +31,16 @@
 
 namespace tessera::sdk {
 
-template <typename Z, auto Build>
+template <typename Z>
 struct ZeroEntries {
-  static tsr_status create(const tsr_host *host, const tsr_config *cfg, void **out_self) {
-    return entries::create<Z>(host, out_self, [&] { return Build(host, cfg); });
-  }
-  static tsr_status plan(void *self, tsr_zero_plan *out) {
-    return entries::call<Z>(self, [&](Z &z) { z.plan(out); });
-  }
-  static tsr_status setup(void *self, const tsr_zero_setup *setup) {
-    return entries::call<Z>(self, [&](Z &z) { z.setup(setup); });
-  }
   static size_t owned_count(void *self) {
     return entries::value<Z>(self, size_t{0}, [](Z &z) { return z.owned_count(); });
-  }
-  static tsr_status ranges(void *self, tsr_range_fn fn, void *ctx) {
-    return entries::call<Z>(self, [&](Z &z) { z.ranges(fn, ctx); });
   }
   static tsr_status params(void *self, uint32_t group, int32_t backward, void **out) {
     return entries::call<Z>(self, [&](Z &z) {
       void **o = entries::required<Z>(out, "params out");
       *o = z.params(group, backward != 0);
     });
-  }
-  static tsr_status params_done(void *self, uint32_t group) {
-    return entries::call<Z>(self, [&](Z &z) { z.params_done(group); });
   }
   static tsr_status grads(void *self, uint32_t group, void **out) {
     return entries::call<Z>(self, [&](Z &z) {
@@ -66,26 +51,11 @@ struct ZeroEntries {
   static tsr_status grads_done(void *self, uint32_t group, int32_t last_micro) {
     return entries::call<Z>(self, [&](Z &z) { z.grads_done(group, last_micro != 0); });
   }
-  static tsr_status end_pass(void *self) {
-    return entries::call<Z>(self, [](Z &z) { z.end_pass(); });
-  }
-  static tsr_status finish_grads(void *self) {
-    return entries::call<Z>(self, [](Z &z) { z.finish_grads(); });
-  }
   static tsr_status grad_norm_sq(void *self, double *out) {
     return entries::call<Z>(self, [&](Z &z) {
       double *o = entries::required<Z>(out, "grad_norm_sq out");
       *o = z.grad_norm_sq();
     });
-  }
-  static tsr_status step(void *self, const tsr_zero_step *step) {
-    return entries::call<Z>(self, [&](Z &z) { z.step(step); });
-  }
-  static tsr_status reshare(void *self) {
-    return entries::call<Z>(self, [](Z &z) { z.reshare(); });
-  }
-  static tsr_status clear_grads(void *self) {
-    return entries::call<Z>(self, [](Z &z) { z.clear_grads(); });
   }
 };
 
@@ -94,30 +64,35 @@ struct ZeroEntries {
 // did.
 template <typename Z, auto Build>
 constexpr tsr_zero_vtable zero_vtable() {
-  using E = ZeroEntries<Z, Build>;
-  tsr_zero_vtable t{};
-  t.struct_size = TSR_STRUCT_SIZE(tsr_zero_vtable, step);
-  t.create = &E::create;
-  t.destroy = &entries::destroy<Z>;
-  t.plan = &E::plan;
-  t.setup = &E::setup;
-  t.owned_count = &E::owned_count;
-  t.ranges = &E::ranges;
-  t.params = &E::params;
-  t.params_done = &E::params_done;
-  t.grads = &E::grads;
-  t.grads_done = &E::grads_done;
-  t.end_pass = &E::end_pass;
-  t.finish_grads = &E::finish_grads;
-  t.grad_norm_sq = &E::grad_norm_sq;
-  t.step = &E::step;
-  constexpr bool reshare = requires(Z &z) { z.reshare(); };
-  static_assert(reshare == requires(Z &z) { z.clear_grads(); },
-                "a zero stage of ABI 1.2 has reshare and clear_grads; one of ABI 1.0 neither");
+  using E = ZeroEntries<Z>;
+  using entries::member;
+  tsr_zero_vtable t{TSR_STRUCT_SIZE(tsr_zero_vtable, step),
+                    &entries::create_from<Z, Build>,
+                    &entries::destroy<Z>,
+                    member<Z, &Z::plan>,
+                    member<Z, &Z::setup>,
+                    &E::owned_count,
+                    member<Z, &Z::ranges>,
+                    &E::params,
+                    member<Z, &Z::params_done>,
+                    &E::grads,
+                    &E::grads_done,
+                    member<Z, &Z::end_pass>,
+                    member<Z, &Z::finish_grads>,
+                    &E::grad_norm_sq,
+                    member<Z, &Z::step>,
+                    nullptr,
+                    nullptr};
+  constexpr bool reshare = requires(Z & z) {
+    z.reshare();
+  };
+  static_assert(
+      reshare == requires(Z & z) { z.clear_grads(); },
+      "a zero stage of ABI 1.2 has reshare and clear_grads; one of ABI 1.0 neither");
   if constexpr (reshare) {
     t.struct_size = TSR_STRUCT_SIZE(tsr_zero_vtable, clear_grads);
-    t.reshare = &E::reshare;
-    t.clear_grads = &E::clear_grads;
+    t.reshare = member<Z, &Z::reshare>;
+    t.clear_grads = member<Z, &Z::clear_grads>;
   }
   return t;
 }
