@@ -310,9 +310,7 @@ void Cpu::write_state(uint32_t i, size_t offset, size_t count, const float *src)
 }
 
 const tsr_param_decl kParams[] = {
-    sdk::param_min("threads", TSR_PARAM_INT, "0",
-                   "threads for the CPU step; 0: the cores of this process / ranks on the machine",
-                   0),
+    kThreadsParam,
     sdk::param_min("sub_group_size", TSR_PARAM_INT, "16777216",
                    "kept for configs of earlier versions (DeepSpeed's sub_group_size); the "
                    "update now moves whole owned ranges, overlapped",

@@ -195,6 +195,25 @@ void log_setup(Nvme *s, unsigned threads, double staging) {
                    .c_str());
 }
 
+// With offloaded parameters, the gradients come along: every owned one in
+// host memory `mem`, where the zero plugin's sink puts them.
+void init_sink(Nvme *s, DLDevice mem) {
+  const size_t cb = dtype_bytes(s->compute_dtype);
+  s->grads_buf = sdk::Buffer(s->host, mem, std::max<size_t>(s->n, 1) * cb, TSR_MEM_GRADS);
+  GradSinkSetup g;
+  g.host = s->host;
+  g.who = kWho;
+  g.n = s->n;
+  g.dtype = s->compute_dtype;
+  g.data = s->grads_buf.as<char>();
+  g.cuda = s->cuda;
+  g.pool = s->pool.get();
+#if TSR_PLUGIN_CUDA
+  g.copies = &s->copies;
+#endif
+  s->sink.init(g);
+}
+
 // The compute copy of owned [lo, hi) in block b from their masters
 // (params = "nvme": the initial values, a checkpoint's).
 void put_params_on_disk(Nvme *s, size_t b, size_t lo, size_t hi, const float *master) {
@@ -329,21 +348,7 @@ void Nvme::setup(const tsr_offload_setup *st) {
     staging += 3.0 * block * cb;
   }
 #endif
-  if (held) {
-    grads_buf = sdk::Buffer(host, mem, std::max<size_t>(n, 1) * cb, TSR_MEM_GRADS);
-    GradSinkSetup g;
-    g.host = host;
-    g.who = kWho;
-    g.n = n;
-    g.dtype = compute_dtype;
-    g.data = grads_buf.as<char>();
-    g.cuda = cuda;
-    g.pool = pool.get();
-#if TSR_PLUGIN_CUDA
-    g.copies = &copies;
-#endif
-    sink.init(g);
-  }
+  if (held) init_sink(this, mem);
   log_setup(this, threads, staging);
 }
 
@@ -425,9 +430,7 @@ const tsr_param_decl kParams[] = {
     sdk::param("path", TSR_PARAM_STRING, "\"\"",
                "directory for the state files (one per rank, rank<R>.state), on a fast local "
                "disk; created if missing, the files removed at the end"),
-    sdk::param_min("threads", TSR_PARAM_INT, "0",
-                   "threads for the CPU step; 0: the cores of this process / ranks on the machine",
-                   0),
+    kThreadsParam,
     sdk::param_min("sub_group_size", TSR_PARAM_INT, "4194304",
                    "elements per block streamed through each of the three buffers (rounded up "
                    "to a multiple of 1024)",
