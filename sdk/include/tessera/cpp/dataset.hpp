@@ -19,17 +19,9 @@
 namespace tessera::sdk {
 
 template <typename D, auto Build>
-struct DatasetEntries {
-  static tsr_status create(const tsr_host *host, const tsr_config *cfg, const char *split,
-                           void **out_self) {
-    return entries::create<D>(host, out_self, [&] { return Build(host, cfg, split); });
-  }
-};
-
-template <typename D, auto Build>
 constexpr tsr_dataset_vtable dataset_vtable() {
-  using E = DatasetEntries<D, Build>;
-  return tsr_dataset_vtable{tsr_dataset_vtable_STRUCT_SIZE, &E::create, &entries::destroy<D>,
+  return tsr_dataset_vtable{tsr_dataset_vtable_STRUCT_SIZE,
+                            &entries::create_from<D, Build, const char *>, &entries::destroy<D>,
                             entries::member<D, &D::info>, entries::member<D, &D::read>};
 }
 

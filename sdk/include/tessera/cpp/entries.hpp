@@ -49,11 +49,13 @@ tsr_status create(const tsr_host *host, void **out_self, Make &&make) noexcept {
   });
 }
 
-// The create entry of the kinds whose build takes the config alone
-// (sampler, optimizer, offload, zero).
-template <typename T, auto Build>
-tsr_status create_from(const tsr_host *host, const tsr_config *cfg, void **out_self) noexcept {
-  return create<T>(host, out_self, [&] { return Build(host, cfg); });
+// A kind's create entry: Build(host, cfg, a...) with what the kind passes
+// besides the config (A: a dataset's split, a model's init; none for the
+// other kinds), e.g. &create_from<D, build, const char *>.
+template <typename T, auto Build, typename... A>
+tsr_status create_from(const tsr_host *host, const tsr_config *cfg, A... a,
+                       void **out_self) noexcept {
+  return create<T>(host, out_self, [&] { return Build(host, cfg, a...); });
 }
 
 template <typename T>

@@ -29,11 +29,6 @@ namespace tessera::sdk {
 
 template <typename M, auto Build>
 struct ModelEntries {
-  static tsr_status create(const tsr_host *host, const tsr_config *cfg, const tsr_model_init *init,
-                           void **out_self) {
-    return entries::create<M>(host, out_self, [&] { return Build(host, cfg, init); });
-  }
-
   static size_t num_params(void *self) {
     return entries::value<M>(self, size_t{0}, [](M &m) { return m.infos.size(); });
   }
@@ -74,7 +69,7 @@ template <typename M, auto Build>
 constexpr tsr_model_vtable model_vtable() {
   using E = ModelEntries<M, Build>;
   tsr_model_vtable t{tsr_model_vtable_STRUCT_SIZE,
-                     &E::create,
+                     &entries::create_from<M, Build, const tsr_model_init *>,
                      &entries::destroy<M>,
                      &E::num_params,
                      &E::param_info,
