@@ -7,7 +7,7 @@
 #include <fstream>
 #include <iostream>
 #include <optional>
-#include <tessera/cpp/optimizer.hpp>
+#include <tessera/cpp/half.hpp>
 
 #include "ckpt/checkpoint.hpp"
 #include "cli/args.hpp"
@@ -199,8 +199,7 @@ int export_ckpt(const std::string &path, const std::string &out, const std::stri
       tensors.push_back(StTensor{p["name"], "F32", shape, canonical.data() + off, n * 4});
     } else {
       halves.emplace_back(n);
-      for (size_t i = 0; i < n; ++i)
-        halves.back()[i] = sdk::optim::float_to_bf16(canonical[off + i]);
+      for (size_t i = 0; i < n; ++i) halves.back()[i] = sdk::float_to_bf16(canonical[off + i]);
       tensors.push_back(StTensor{p["name"], "BF16", shape, halves.back().data(), n * 2});
     }
     off += n;

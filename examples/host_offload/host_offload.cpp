@@ -26,6 +26,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tessera/cpp/offload.hpp>
 #include <tessera/cpp/plugin.hpp>
 #include <thread>
 #include <vector>
@@ -46,7 +47,12 @@ struct Job {
   int64_t step = 0;
 };
 
+// The backend. sdk::offload_vtable (tessera/cpp/offload.hpp) turns its
+// members setup .. write_state into the C function table, every call
+// guarded. It has no wait_params, wait_grads or stats (ABI 1.2's overlapped
+// step), so its table ends at write_state and the host calls flush().
 struct Offload {
+  static constexpr const char *kName = "host_offload";  // for the adapter's messages
   const tsr_host *host = nullptr;
   bool async = true;
   size_t chunk = 0;
@@ -73,6 +79,7 @@ struct Offload {
   double flush_wait_s = 0;
 
   ~Offload() {
+    log_totals();
     if (worker.joinable()) {
       {
         std::lock_guard<std::mutex> lk(mu);
@@ -149,6 +156,67 @@ struct Offload {
     return s;
   }
 
+  // What it did, at the end.
+  void log_totals() const {
+    if (updates == 0) return;
+    char msg[256];
+    std::snprintf(msg, sizeof msg,
+                  "host_offload: %llu updates of %llu elements, %.1f MiB of gradients staged, "
+                  "%s; flush waited %.3f s in all",
+                  static_cast<unsigned long long>(updates),
+                  static_cast<unsigned long long>(elements),
+                  static_cast<double>(bytes_staged) / (1 << 20),
+                  async ? "updates on a worker thread" : "updates inline", flush_wait_s);
+    host->log(host->ctx, TSR_LOG_INFO, msg);
+  }
+
+  void setup(const tsr_offload_setup *s) {
+    if (!TSR_HAS_FIELD(s, tsr_offload_setup, compute_dtype))
+      throw Error(TSR_ERR_INVALID, "host_offload: setup struct missing or too small");
+    if (s->device.device_type != kDLCPU)
+      throw Error(TSR_ERR_UNSUPPORTED,
+                  "host_offload: this build stages gradients from the CPU only (device type " +
+                      std::to_string(s->device.device_type) + ")");
+    if (s->compute_dtype.code != kDLFloat || s->compute_dtype.bits != 32)
+      throw Error(TSR_ERR_UNSUPPORTED, "host_offload: compute must be float32");
+    n = s->n;
+    opt = s->optimizer;
+    opt_self = s->optimizer_self;
+    const DLDevice host_memory{kDLCPU, 0};
+    for (uint32_t i = 0; i < 1 + s->state_count; ++i)
+      slots.emplace_back(host, host_memory, n * sizeof(float), TSR_MEM_OPTIMIZER);
+    const size_t staged = std::min(chunk, n);
+    for (sdk::Buffer &b : staging)
+      b = sdk::Buffer(host, host_memory, staged * sizeof(float), TSR_MEM_OTHER);
+    if (async) worker = std::thread([this] { work(); });
+  }
+
+  void step(const tsr_offload_step *s) {
+    if (!TSR_HAS_FIELD(s, tsr_offload_step, step))
+      throw Error(TSR_ERR_INVALID, "host_offload: step struct missing or too small");
+    check_range(s->offset, s->count);
+    if (s->num_segments > 0 && !s->segments)
+      throw Error(TSR_ERR_INVALID, "host_offload: segments must not be NULL");
+    for (size_t begin = 0; begin < s->count; begin += chunk)
+      stage(s, begin, std::min(begin + chunk, s->count));
+  }
+
+  void flush() { sdk::check(wait_idle()); }
+
+  // Checkpoints and the initial weights go through these; let pending
+  // updates land first.
+  void read_state(uint32_t i, size_t offset, size_t count, float *dst) {
+    sdk::check(wait_idle());
+    check_range(offset, count);
+    std::memcpy(dst, slot(i) + offset, count * sizeof(float));
+  }
+
+  void write_state(uint32_t i, size_t offset, size_t count, const float *src) {
+    sdk::check(wait_idle());
+    check_range(offset, count);
+    std::memcpy(slot(i) + offset, src, count * sizeof(float));
+  }
+
   // Stages one chunk: waits for a free staging buffer, copies the gradients
   // in, and queues (or, without async, runs) the update.
   void stage(const tsr_offload_step *s, size_t begin, size_t end) {
@@ -190,95 +258,6 @@ struct Offload {
   }
 };
 
-tsr_status create(const tsr_host *host, const tsr_config *cfg, void **out_self) {
-  return sdk::guard(host, [&] {
-    sdk::Config c(host, cfg);
-    auto o = std::make_unique<Offload>();
-    o->host = host;
-    o->async = c.get_bool("async");
-    o->chunk = static_cast<size_t>(c.get_int("chunk"));
-    *out_self = o.release();
-  });
-}
-
-void destroy(void *self) {
-  auto *o = static_cast<Offload *>(self);
-  if (!o) return;
-  if (o->updates > 0) {
-    char msg[256];
-    std::snprintf(msg, sizeof msg,
-                  "host_offload: %llu updates of %llu elements, %.1f MiB of gradients staged, "
-                  "%s; flush waited %.3f s in all",
-                  static_cast<unsigned long long>(o->updates),
-                  static_cast<unsigned long long>(o->elements),
-                  static_cast<double>(o->bytes_staged) / (1 << 20),
-                  o->async ? "updates on a worker thread" : "updates inline", o->flush_wait_s);
-    o->host->log(o->host->ctx, TSR_LOG_INFO, msg);
-  }
-  delete o;
-}
-
-tsr_status setup(void *self, const tsr_offload_setup *s) {
-  auto *o = static_cast<Offload *>(self);
-  return sdk::guard(o->host, [&] {
-    if (!TSR_HAS_FIELD(s, tsr_offload_setup, compute_dtype))
-      throw Error(TSR_ERR_INVALID, "host_offload: setup struct missing or too small");
-    if (s->device.device_type != kDLCPU)
-      throw Error(TSR_ERR_UNSUPPORTED,
-                  "host_offload: this build stages gradients from the CPU only (device type " +
-                      std::to_string(s->device.device_type) + ")");
-    if (s->compute_dtype.code != kDLFloat || s->compute_dtype.bits != 32)
-      throw Error(TSR_ERR_UNSUPPORTED, "host_offload: compute must be float32");
-    o->n = s->n;
-    o->opt = s->optimizer;
-    o->opt_self = s->optimizer_self;
-    const DLDevice host_memory{kDLCPU, 0};
-    for (uint32_t i = 0; i < 1 + s->state_count; ++i)
-      o->slots.emplace_back(o->host, host_memory, o->n * sizeof(float), TSR_MEM_OPTIMIZER);
-    const size_t staging = std::min(o->chunk, o->n);
-    for (sdk::Buffer &b : o->staging)
-      b = sdk::Buffer(o->host, host_memory, staging * sizeof(float), TSR_MEM_OTHER);
-    if (o->async) o->worker = std::thread([o] { o->work(); });
-  });
-}
-
-tsr_status step(void *self, const tsr_offload_step *s) {
-  auto *o = static_cast<Offload *>(self);
-  return sdk::guard(o->host, [&] {
-    if (!TSR_HAS_FIELD(s, tsr_offload_step, step))
-      throw Error(TSR_ERR_INVALID, "host_offload: step struct missing or too small");
-    o->check_range(s->offset, s->count);
-    if (s->num_segments > 0 && !s->segments)
-      throw Error(TSR_ERR_INVALID, "host_offload: segments must not be NULL");
-    for (size_t begin = 0; begin < s->count; begin += o->chunk)
-      o->stage(s, begin, std::min(begin + o->chunk, s->count));
-  });
-}
-
-tsr_status flush(void *self) {
-  return static_cast<Offload *>(self)->wait_idle();
-}
-
-// Checkpoints and the initial weights go through these; let pending updates
-// land first.
-tsr_status read_state(void *self, uint32_t slot, size_t offset, size_t count, float *dst) {
-  auto *o = static_cast<Offload *>(self);
-  return sdk::guard(o->host, [&] {
-    sdk::check(o->wait_idle());
-    o->check_range(offset, count);
-    std::memcpy(dst, o->slot(slot) + offset, count * sizeof(float));
-  });
-}
-
-tsr_status write_state(void *self, uint32_t slot, size_t offset, size_t count, const float *src) {
-  auto *o = static_cast<Offload *>(self);
-  return sdk::guard(o->host, [&] {
-    sdk::check(o->wait_idle());
-    o->check_range(offset, count);
-    std::memcpy(o->slot(slot) + offset, src, count * sizeof(float));
-  });
-}
-
 const tsr_param_decl kParams[] = {
     sdk::param("async", TSR_PARAM_BOOL, "true",
                "run updates on a worker thread, overlapping the next chunk's staging; false: "
@@ -288,19 +267,17 @@ const tsr_param_decl kParams[] = {
                    1),
 };
 
-const tsr_offload_vtable kVtable = {
-    // Synchronous: its table ends at write_state (ABI 1.1); the host flushes.
-    TSR_STRUCT_SIZE(tsr_offload_vtable, write_state),
-    create,
-    destroy,
-    setup,
-    step,
-    flush,
-    read_state,
-    write_state,
-    nullptr,
-    nullptr,
-    nullptr};
+// create: a new backend from the [offload] config.
+std::unique_ptr<Offload> build(const tsr_host *host, const tsr_config *cfg) {
+  sdk::Config c(host, cfg);
+  auto o = std::make_unique<Offload>();
+  o->host = host;
+  o->async = c.get_bool("async");
+  o->chunk = static_cast<size_t>(c.get_int("chunk"));
+  return o;
+}
+
+const tsr_offload_vtable kVtable = sdk::offload_vtable<Offload, build>();
 
 const tsr_plugin_descriptor kDescriptor = sdk::describe(
     TSR_KIND_OFFLOAD, "host_offload", "1.0.0",

@@ -27,10 +27,15 @@ struct Options {
   bool prefetch = true;   // stage 3: gather the next group ahead of use
 };
 
+// The four stages' vtables are the SDK's adapter over this class
+// (sdk::zero_vtable, zero_plugin.cpp): its members are the vtable's entries.
 class ZeroState {
  public:
+  static constexpr const char *kName = "zero";  // for messages
   ZeroState(const tsr_host *host, Options opt) : host_(host), opt_(opt) {}
   ~ZeroState();
+
+  const tsr_host *host() const { return host_; }
 
   void plan(tsr_zero_plan *out) const;
   // Stage 3: the owned compute parameters live with `src` (an offload

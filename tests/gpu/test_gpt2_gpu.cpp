@@ -13,7 +13,7 @@
 #include <cstring>
 #include <map>
 #include <string>
-#include <tessera/cpp/optimizer.hpp>
+#include <tessera/cpp/half.hpp>
 #include <vector>
 
 #include "host/host.hpp"
@@ -70,7 +70,7 @@ struct DeviceTensor {
     for (size_t i = 0; i < v.size(); ++i) f[i] = static_cast<float>(v[i]);
     if (bf16) {
       std::vector<uint16_t> h(n);
-      for (size_t i = 0; i < n; ++i) h[i] = tessera::sdk::optim::float_to_bf16(f[i]);
+      for (size_t i = 0; i < n; ++i) h[i] = tessera::sdk::float_to_bf16(f[i]);
       REQUIRE(cudaMemcpy(p, h.data(), n * 2, cudaMemcpyHostToDevice) == cudaSuccess);
       // Lands before any op: the ops' non-blocking stream does not wait for it.
       REQUIRE(cudaDeviceSynchronize() == cudaSuccess);

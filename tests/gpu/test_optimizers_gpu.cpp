@@ -19,6 +19,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tessera/cpp/half.hpp>
 #include <tessera/cpp/optimizer.hpp>
 #include <tessera/cpp/plugin.hpp>
 #include <vector>
@@ -232,7 +233,8 @@ struct Twin {
     std::vector<uint16_t> h(n);
     if (!wide)
       for (size_t i = 0; i < n; ++i)
-        h[i] = gdt.code == kDLBfloat ? optim::float_to_bf16(g[i]) : optim::float_to_f16(g[i]);
+        h[i] = gdt.code == kDLBfloat ? tessera::sdk::float_to_bf16(g[i])
+                                     : tessera::sdk::float_to_f16(g[i]);
     char *gbase = reinterpret_cast<char *>(dg.get()) + g_off * (wide ? 4 : 2);
     CUDA_REQUIRE(cudaMemcpy(gbase, wide ? static_cast<const void *>(g.data()) : h.data(),
                             n * (wide ? 4 : 2), cudaMemcpyHostToDevice));
@@ -372,14 +374,15 @@ TEST_CASE("optimizers on CUDA: 16-bit gradients and compute copies", "[gpu][opti
         for (int64_t t = 1; t <= 8; ++t) {
           std::vector<float> g = to_float(grads.data, (t - 1) * n, n);
           for (float &x : g)
-            x = bf ? optim::bf16_to_float(optim::float_to_bf16(x))
-                   : optim::f16_to_float(optim::float_to_f16(x));
+            x = bf ? tessera::sdk::bf16_to_float(tessera::sdk::float_to_bf16(x))
+                   : tessera::sdk::f16_to_float(tessera::sdk::float_to_f16(x));
           tw.step(g, dt, segs, lr, t, 0.75, true, dt);
           std::vector<float> got = tw.gpu_params();
           require_agree(what + " step " + std::to_string(t), got, tw.p, agree);
           std::vector<uint16_t> copy = tw.gpu_copy16();
           for (size_t i = 0; i < n; ++i) {
-            const uint16_t want = bf ? optim::float_to_bf16(got[i]) : optim::float_to_f16(got[i]);
+            const uint16_t want =
+                bf ? tessera::sdk::float_to_bf16(got[i]) : tessera::sdk::float_to_f16(got[i]);
             INFO(what << " step " << t << " element " << i << ": master " << got[i] << ", copy 0x"
                       << std::hex << copy[i] << ", rounded 0x" << want);
             REQUIRE(copy[i] == want);

@@ -14,7 +14,7 @@
 #include <limits>
 #include <map>
 #include <set>
-#include <tessera/cpp/optimizer.hpp>
+#include <tessera/cpp/half.hpp>
 
 #include "gpt2_support.hpp"
 #include "util/safetensors.hpp"
@@ -183,7 +183,7 @@ TEST_CASE("gpt2's export: bf16, a .safetensors path, GPT-2's special tokens, bad
 }
 
 TEST_CASE("bf16 export rounds to nearest even", "[export_hf]") {
-  const auto bf16_from_fp32 = tessera::sdk::optim::float_to_bf16;  // what the exports round with
+  const auto bf16_from_fp32 = tessera::sdk::float_to_bf16;  // what the exports round with
   CHECK(bf16_from_fp32(1.0f) == 0x3f80);
   CHECK(bf16_from_fp32(-2.0f) == 0xc000);
   CHECK(bf16_from_fp32(1.0f + 1.0f / 256) == 0x3f80);  // a tie: to even (down)

@@ -14,6 +14,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tessera/cpp/half.hpp>
 #include <tessera/cpp/optimizer.hpp>
 #include <tessera/cpp/plugin.hpp>
 #include <vector>
@@ -219,8 +220,8 @@ TEST_CASE("bf16 and fp16 gradients are widened exactly on CPU", "[optimizer]") {
           std::vector<float> g = to_float(grads.data, (t - 1) * n, n);
           std::vector<uint16_t> h(n);
           for (size_t i = 0; i < n; ++i) {
-            h[i] = bf16 ? sdk::optim::float_to_bf16(g[i]) : sdk::optim::float_to_f16(g[i]);
-            g[i] = bf16 ? sdk::optim::bf16_to_float(h[i]) : f16_to_float(h[i]);  // the reference
+            h[i] = bf16 ? sdk::float_to_bf16(g[i]) : sdk::float_to_f16(g[i]);
+            g[i] = bf16 ? sdk::bf16_to_float(h[i]) : f16_to_float(h[i]);  // the reference
           }
           const DLDataType dt = bf16 ? DLDataType{kDLBfloat, 16, 1} : DLDataType{kDLFloat, 16, 1};
           REQUIRE(wide.step_raw(pw, g.data(), sdk::dtype_f32(), segs, lr, t, 0.5) == TSR_OK);
@@ -236,13 +237,13 @@ TEST_CASE("bf16 and fp16 gradients are widened exactly on CPU", "[optimizer]") {
   SECTION("the widening itself") {
     for (uint32_t h = 0; h < 0x10000u; ++h) {
       const float want = f16_to_float(static_cast<uint16_t>(h));
-      const float got = sdk::optim::f16_to_float(static_cast<uint16_t>(h));
+      const float got = sdk::f16_to_float(static_cast<uint16_t>(h));
       INFO("fp16 bits " << std::hex << h);
       if (std::isnan(want))
         REQUIRE(std::isnan(got));
       else
         REQUIRE(bits32(got) == bits32(want));
-      REQUIRE(bits32(sdk::optim::bf16_to_float(static_cast<uint16_t>(h))) == h << 16);
+      REQUIRE(bits32(sdk::bf16_to_float(static_cast<uint16_t>(h))) == h << 16);
     }
   }
 }

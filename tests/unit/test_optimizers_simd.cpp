@@ -13,6 +13,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tessera/cpp/half.hpp>
 #include <tessera/cpp/optimizer.hpp>
 #include <tessera/cpp/plugin.hpp>
 #include <vector>
@@ -161,8 +162,8 @@ std::vector<uint8_t> encode(const std::vector<float> &x, Elem e) {
   std::vector<uint8_t> out(x.size() * b);
   for (size_t i = 0; i < x.size(); ++i) {
     uint16_t h = 0;
-    if (e == Elem::bf16) h = tessera::sdk::optim::float_to_bf16(x[i]);
-    if (e == Elem::f16) h = tessera::sdk::optim::float_to_f16(x[i]);
+    if (e == Elem::bf16) h = tessera::sdk::float_to_bf16(x[i]);
+    if (e == Elem::f16) h = tessera::sdk::float_to_f16(x[i]);
     if (e == Elem::f32)
       std::memcpy(out.data() + i * 4, &x[i], 4);
     else

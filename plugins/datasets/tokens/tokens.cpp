@@ -18,6 +18,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <tessera/cpp/dataset.hpp>
 #include <tessera/cpp/extension.hpp>
 #include <tessera/cpp/plugin.hpp>
 #include <vector>
@@ -29,7 +30,14 @@ using tessera::tokens::Shard;
 
 namespace {
 
+// What `tessera plugins` says of it (the descriptor's summary).
+constexpr const char *kSummary =
+    "Token shards in llm.c's format (1024-byte header; magic 20240520 version 1: uint16 "
+    "tokens; magic 20240801 version 7: uint32 tokens), memory-mapped: non-overlapping "
+    "windows of context + 1 tokens, int32 input [T] and next-token target [T].";
+
 struct Dataset {
+  static constexpr const char *kName = "tokens";  // for messages
   const tsr_host *host = nullptr;
   std::string section;  // "[data.train]", for messages
   int64_t context = 0;  // T
@@ -37,6 +45,9 @@ struct Dataset {
   int64_t length = 0;   // samples: every window, or `limit` of them spread evenly
   std::vector<std::unique_ptr<Shard>> shards;
   std::vector<int64_t> first_window;  // per shard, plus the total at the end
+
+  void info(tsr_data_info *out) const;
+  void read(const int64_t *indices, tsr_batch *out) const;
 };
 
 // The sorted, deduplicated files the patterns match; a pattern matching
@@ -71,67 +82,60 @@ std::vector<std::string> expand(const std::vector<std::string> &patterns,
   return out;
 }
 
-tsr_status create(const tsr_host *host, const tsr_config *cfg, const char *split, void **out_self) {
-  return sdk::guard(host, [&] {
-    if (!out_self) throw sdk::Error(TSR_ERR_INVALID, "tokens: out_self is NULL");
-    sdk::Config c(host, cfg);
-    auto ds = std::make_unique<Dataset>();
-    ds->host = host;
-    ds->section = std::string("[data.") + (split ? split : "?") + "]";
-    const std::vector<std::string> patterns = c.get_string_array("files");
-    ds->context = c.get_int("context");
-    ds->vocab = c.get_int("vocab");
-    const int64_t limit = c.get_int("limit");
-    if (limit < 0)
-      throw sdk::Error(TSR_ERR_CONFIG, "tokens: " + ds->section + " limit must be >= 0, got " +
-                                           std::to_string(limit));
-    if (patterns.empty())
-      throw sdk::Error(TSR_ERR_CONFIG, "tokens: " + ds->section + " files is empty");
-    if (ds->context < 1)
-      throw sdk::Error(TSR_ERR_CONFIG, "tokens: " + ds->section + " context must be >= 1, got " +
-                                           std::to_string(ds->context));
-    if (ds->vocab < 0 || ds->vocab > (int64_t{1} << 31))
-      throw sdk::Error(TSR_ERR_CONFIG, "tokens: " + ds->section +
-                                           " vocab must be in [0, 2^31], got " +
-                                           std::to_string(ds->vocab));
+std::unique_ptr<Dataset> build(const tsr_host *host, const tsr_config *cfg, const char *split) {
+  sdk::Config c(host, cfg);
+  auto ds = std::make_unique<Dataset>();
+  ds->host = host;
+  ds->section = std::string("[data.") + (split ? split : "?") + "]";
+  const std::vector<std::string> patterns = c.get_string_array("files");
+  ds->context = c.get_int("context");
+  ds->vocab = c.get_int("vocab");
+  const int64_t limit = c.get_int("limit");
+  if (limit < 0)
+    throw sdk::Error(TSR_ERR_CONFIG, "tokens: " + ds->section + " limit must be >= 0, got " +
+                                         std::to_string(limit));
+  if (patterns.empty())
+    throw sdk::Error(TSR_ERR_CONFIG, "tokens: " + ds->section + " files is empty");
+  if (ds->context < 1)
+    throw sdk::Error(TSR_ERR_CONFIG, "tokens: " + ds->section + " context must be >= 1, got " +
+                                         std::to_string(ds->context));
+  if (ds->vocab < 0 || ds->vocab > (int64_t{1} << 31))
+    throw sdk::Error(
+        TSR_ERR_CONFIG,
+        "tokens: " + ds->section + " vocab must be in [0, 2^31], got " + std::to_string(ds->vocab));
 
-    int64_t tokens = 0, windows = 0;
-    int widths = 0;  // bit 2 and/or 4
-    for (const auto &path : expand(patterns, ds->section)) {
-      auto shard = std::make_unique<Shard>(path);
-      ds->first_window.push_back(windows);
-      const int64_t n = shard->count();
-      if (n > ds->context) windows += (n - 1) / ds->context;
-      tokens += n;
-      widths |= shard->width();
-      ds->shards.push_back(std::move(shard));
-    }
+  int64_t tokens = 0, windows = 0;
+  int widths = 0;  // bit 2 and/or 4
+  for (const auto &path : expand(patterns, ds->section)) {
+    auto shard = std::make_unique<Shard>(path);
     ds->first_window.push_back(windows);
-    ds->length = limit > 0 && limit < windows ? limit : windows;
-    if (windows == 0)
-      throw sdk::Error(
-          TSR_ERR_INVALID,
-          "tokens: " + ds->section + " the " + std::to_string(ds->shards.size()) +
-              " shard(s) matching files (" + std::to_string(tokens) +
-              " tokens) hold no window of context + 1 = " + std::to_string(ds->context + 1) +
-              " tokens (first: '" + ds->shards.front()->path() + "')");
+    const int64_t n = shard->count();
+    if (n > ds->context) windows += (n - 1) / ds->context;
+    tokens += n;
+    widths |= shard->width();
+    ds->shards.push_back(std::move(shard));
+  }
+  ds->first_window.push_back(windows);
+  ds->length = limit > 0 && limit < windows ? limit : windows;
+  if (windows == 0)
+    throw sdk::Error(
+        TSR_ERR_INVALID,
+        "tokens: " + ds->section + " the " + std::to_string(ds->shards.size()) +
+            " shard(s) matching files (" + std::to_string(tokens) +
+            " tokens) hold no window of context + 1 = " + std::to_string(ds->context + 1) +
+            " tokens (first: '" + ds->shards.front()->path() + "')");
 
-    if (host->log) {
-      const std::string kind = widths == 2 ? "uint16" : widths == 4 ? "uint32" : "uint16/uint32";
-      const std::string msg = "tokens: " + ds->section + " " + std::to_string(ds->length) +
-                              (ds->length < windows ? " of " + std::to_string(windows) : "") +
-                              " windows of " + std::to_string(ds->context) + "+1 tokens from " +
-                              std::to_string(ds->shards.size()) + " shard(s), " +
-                              std::to_string(tokens) + " " + kind + " tokens, first '" +
-                              ds->shards.front()->path() + "'";
-      host->log(host->ctx, TSR_LOG_INFO, msg.c_str());
-    }
-    *out_self = ds.release();
-  });
-}
-
-void destroy(void *self) {
-  delete static_cast<Dataset *>(self);
+  if (host->log) {
+    const std::string kind = widths == 2 ? "uint16" : widths == 4 ? "uint32" : "uint16/uint32";
+    const std::string msg = "tokens: " + ds->section + " " + std::to_string(ds->length) +
+                            (ds->length < windows ? " of " + std::to_string(windows) : "") +
+                            " windows of " + std::to_string(ds->context) + "+1 tokens from " +
+                            std::to_string(ds->shards.size()) + " shard(s), " +
+                            std::to_string(tokens) + " " + kind + " tokens, first '" +
+                            ds->shards.front()->path() + "'";
+    host->log(host->ctx, TSR_LOG_INFO, msg.c_str());
+  }
+  return ds;
 }
 
 // int32 [T] windows, inputs and next-token targets; vocab as num_classes.
@@ -148,13 +152,10 @@ tsr_data_info window_info(int64_t length, int64_t context, int64_t vocab) {
   return d;
 }
 
-tsr_status info(void *self, tsr_data_info *out) {
-  auto *ds = static_cast<Dataset *>(self);
-  return sdk::guard(ds->host, [&] {
-    if (!TSR_HAS_FIELD(out, tsr_data_info, num_classes))
-      throw sdk::Error(TSR_ERR_INVALID, "tokens: info: output struct missing or too small");
-    sdk::copy_out(window_info(ds->length, ds->context, ds->vocab), out);
-  });
+void Dataset::info(tsr_data_info *out) const {
+  if (!TSR_HAS_FIELD(out, tsr_data_info, num_classes))
+    throw sdk::Error(TSR_ERR_INVALID, "tokens: info: output struct missing or too small");
+  sdk::copy_out(window_info(length, context, vocab), out);
 }
 
 // TSR_EXT_DATASET_SHAPE: the windows' shape from the config alone (no shard
@@ -198,69 +199,64 @@ void check_tensor(const Dataset &ds, const DLTensor &t, const char *what, int64_
   if (!t.data) throw sdk::Error(TSR_ERR_INVALID, where + " has no data");
 }
 
-tsr_status read(void *self, const int64_t *indices, tsr_batch *out) {
-  auto *ds = static_cast<Dataset *>(self);
-  return sdk::guard(ds->host, [&] {
-    if (!TSR_HAS_FIELD(out, tsr_batch, targets))
-      throw sdk::Error(TSR_ERR_INVALID, "tokens: read: batch struct missing or too small");
-    const int64_t n = out->size;
-    if (n < 0)
-      throw sdk::Error(TSR_ERR_INVALID, "tokens: " + ds->section + " read: negative batch size " +
-                                            std::to_string(n));
-    if (n == 0) return;
-    if (!indices) throw sdk::Error(TSR_ERR_INVALID, "tokens: " + ds->section + " read: no indices");
-    check_tensor(*ds, out->inputs, "inputs", n);
-    check_tensor(*ds, out->targets, "targets", n);
-    const int64_t length = ds->length, windows = ds->first_window.back();
-    const int64_t T = ds->context;
-    // vocab 0: only ids that fit int32 (uint32 shards could hold more).
-    const uint64_t limit = ds->vocab > 0 ? uint64_t(ds->vocab) : uint64_t{1} << 31;
-    auto *x = reinterpret_cast<int32_t *>(static_cast<char *>(out->inputs.data) +
-                                          out->inputs.byte_offset);
-    auto *y = reinterpret_cast<int32_t *>(static_cast<char *>(out->targets.data) +
-                                          out->targets.byte_offset);
-    std::vector<int32_t> window(static_cast<size_t>(T + 1));
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t sample = indices[i];
-      if (sample < 0 || sample >= length)
-        throw sdk::Error(TSR_ERR_INVALID, "tokens: " + ds->section + " read: sample index " +
-                                              std::to_string(sample) + " (batch position " +
-                                              std::to_string(i) + ") is out of range [0, " +
-                                              std::to_string(length) + ")");
-      // With a limit, sample j is window floor(j * windows / length).
-      const int64_t k = length == windows
-                            ? sample
-                            : static_cast<int64_t>(static_cast<unsigned __int128>(sample) *
-                                                   static_cast<unsigned __int128>(windows) /
-                                                   static_cast<unsigned __int128>(length));
-      const auto it = std::upper_bound(ds->first_window.begin(), ds->first_window.end(), k);
-      const size_t s = static_cast<size_t>(it - ds->first_window.begin()) - 1;
-      const Shard &shard = *ds->shards[s];
-      const int64_t start = (k - ds->first_window[s]) * T;
-      shard.copy(start, T + 1, window.data());
-      for (int64_t j = 0; j <= T; ++j) {
-        if (static_cast<uint64_t>(static_cast<uint32_t>(window[static_cast<size_t>(j)])) >= limit) {
-          const int64_t pos = start + j;
-          const uint32_t v = static_cast<uint32_t>(window[static_cast<size_t>(j)]);
-          throw sdk::Error(
-              TSR_ERR_INVALID,
-              "tokens: " + ds->section + " shard '" + shard.path() + "': token " +
-                  std::to_string(v) + " at token offset " + std::to_string(pos) + " (byte offset " +
-                  std::to_string(tessera::tokens::kHeaderBytes + uint64_t(pos) * shard.width()) +
-                  ") is " +
-                  (ds->vocab > 0 ? "not below vocab = " + std::to_string(ds->vocab)
-                                 : std::string("above 2^31 - 1")));
-        }
+void Dataset::read(const int64_t *indices, tsr_batch *out) const {
+  if (!TSR_HAS_FIELD(out, tsr_batch, targets))
+    throw sdk::Error(TSR_ERR_INVALID, "tokens: read: batch struct missing or too small");
+  const int64_t n = out->size;
+  if (n < 0)
+    throw sdk::Error(TSR_ERR_INVALID,
+                     "tokens: " + section + " read: negative batch size " + std::to_string(n));
+  if (n == 0) return;
+  if (!indices) throw sdk::Error(TSR_ERR_INVALID, "tokens: " + section + " read: no indices");
+  check_tensor(*this, out->inputs, "inputs", n);
+  check_tensor(*this, out->targets, "targets", n);
+  const int64_t windows = first_window.back();
+  const int64_t T = context;
+  // vocab 0: only ids that fit int32 (uint32 shards could hold more).
+  const uint64_t limit = vocab > 0 ? uint64_t(vocab) : uint64_t{1} << 31;
+  auto *x =
+      reinterpret_cast<int32_t *>(static_cast<char *>(out->inputs.data) + out->inputs.byte_offset);
+  auto *y = reinterpret_cast<int32_t *>(static_cast<char *>(out->targets.data) +
+                                        out->targets.byte_offset);
+  std::vector<int32_t> window(static_cast<size_t>(T + 1));
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t sample = indices[i];
+    if (sample < 0 || sample >= length)
+      throw sdk::Error(TSR_ERR_INVALID, "tokens: " + section + " read: sample index " +
+                                            std::to_string(sample) + " (batch position " +
+                                            std::to_string(i) + ") is out of range [0, " +
+                                            std::to_string(length) + ")");
+    // With a limit, sample j is window floor(j * windows / length).
+    const int64_t k = length == windows
+                          ? sample
+                          : static_cast<int64_t>(static_cast<unsigned __int128>(sample) *
+                                                 static_cast<unsigned __int128>(windows) /
+                                                 static_cast<unsigned __int128>(length));
+    const auto it = std::upper_bound(first_window.begin(), first_window.end(), k);
+    const size_t s = static_cast<size_t>(it - first_window.begin()) - 1;
+    const Shard &shard = *shards[s];
+    const int64_t start = (k - first_window[s]) * T;
+    shard.copy(start, T + 1, window.data());
+    for (int64_t j = 0; j <= T; ++j) {
+      if (static_cast<uint64_t>(static_cast<uint32_t>(window[static_cast<size_t>(j)])) >= limit) {
+        const int64_t pos = start + j;
+        const uint32_t v = static_cast<uint32_t>(window[static_cast<size_t>(j)]);
+        throw sdk::Error(
+            TSR_ERR_INVALID,
+            "tokens: " + section + " shard '" + shard.path() + "': token " + std::to_string(v) +
+                " at token offset " + std::to_string(pos) + " (byte offset " +
+                std::to_string(tessera::tokens::kHeaderBytes + uint64_t(pos) * shard.width()) +
+                ") is " +
+                (vocab > 0 ? "not below vocab = " + std::to_string(vocab)
+                           : std::string("above 2^31 - 1")));
       }
-      std::memcpy(x + i * T, window.data(), static_cast<size_t>(T) * sizeof(int32_t));
-      std::memcpy(y + i * T, window.data() + 1, static_cast<size_t>(T) * sizeof(int32_t));
     }
-  });
+    std::memcpy(x + i * T, window.data(), static_cast<size_t>(T) * sizeof(int32_t));
+    std::memcpy(y + i * T, window.data() + 1, static_cast<size_t>(T) * sizeof(int32_t));
+  }
 }
 
-const tsr_dataset_vtable vtable = {
-    tsr_dataset_vtable_STRUCT_SIZE, create, destroy, info, read,
-};
+const tsr_dataset_vtable kVtable = sdk::dataset_vtable<Dataset, build>();
 
 const tsr_param_decl params[] = {
     sdk::param("files", TSR_PARAM_STRING_ARRAY, nullptr,
@@ -281,29 +277,9 @@ const tsr_param_decl params[] = {
                    0),
 };
 
-const tsr_plugin_descriptor descriptor = {
-    tsr_plugin_descriptor_STRUCT_SIZE,
-    TSR_KIND_DATASET,
-    "tokens",
-    "1.0.0",
-    "Token shards in llm.c's format (1024-byte header; magic 20240520 version 1: uint16 "
-    "tokens; magic 20240801 version 7: uint32 tokens), memory-mapped: non-overlapping "
-    "windows of context + 1 tokens, int32 input [T] and next-token target [T].",
-    params,
-    sizeof(params) / sizeof(params[0]),
-    TSR_DEVICE_CPU,
-    &vtable,
-    get_extension,
-};
-
-const tsr_plugin_descriptor *const plugins[] = {&descriptor};
-
-const tsr_plugin_library library = {
-    tsr_plugin_library_STRUCT_SIZE, TSR_ABI_MAJOR, TSR_ABI_MINOR, plugins, 1,
-};
+const tsr_plugin_descriptor kDescriptor = sdk::describe(
+    TSR_KIND_DATASET, "tokens", "1.0.0", kSummary, params, TSR_DEVICE_CPU, &kVtable, get_extension);
 
 }  // namespace
 
-TSR_PLUGIN_ENTRY {
-  return &library;
-}
+TSR_SDK_PLUGIN_LIBRARY(&kDescriptor)

@@ -57,11 +57,8 @@ bool glob_match(const char *pat, const char *s) {
   return *pat == '\0';
 }
 
-}  // namespace
-
-// ---- create -----------------------------------------------------------------
-
-Gpt2 *build(const tsr_host *host, const tsr_config *cfg, const tsr_model_init *init) {
+// The host's ops table has the ops gpt2 computes with (ABI 1.1).
+void check_host(const tsr_host *host) {
   if (!host || !host->ops || !host->run)
     throw Error(TSR_ERR_INVALID, "gpt2: incomplete host table");
   if (!TSR_HAS_FIELD(host->ops, tsr_ops, attention_backward) || !host->ops->linear ||
@@ -70,56 +67,66 @@ Gpt2 *build(const tsr_host *host, const tsr_config *cfg, const tsr_model_init *i
     throw Error(TSR_ERR_UNSUPPORTED,
                 "gpt2: the host's ops table lacks the ABI 1.1 ops (linear, layernorm, embedding, "
                 "attention) the gpt2 model computes with");
-  if (!init || !init->data) throw Error(TSR_ERR_INVALID, "gpt2: no model init or data info");
-  const tsr_data_info &data = *init->data;
-  sdk::Config c(host, cfg);
+}
 
-  auto m = std::make_unique<Gpt2>();
-  m->host = host;
-  m->ops = host->ops;
-  m->device = host->run->device;
-  m->recompute = c.get_bool("recompute");
-  m->recompute_gelu = c.get_bool("recompute_gelu");
+// The config keys that build uses beyond the model's own fields.
+struct Keys {
+  int64_t pad_to = 64;
+  double init_std = 0.02;
+  std::string init_from;
+  std::vector<std::string> freeze;
+};
+
+// Reads and range-checks the config keys: the flags and the dimensions the
+// config sets (0: unset) into m, the rest returned.
+Keys read_keys(Gpt2 &m, const sdk::Config &c) {
+  m.recompute = c.get_bool("recompute");
+  m.recompute_gelu = c.get_bool("recompute_gelu");
   // ABI 1.3's fused ops where this host has them (a 1.1 or 1.2 host's
   // table ends before them: TSR_HAS_FIELD says no, and the 1.1 sequences
   // run). `fused = false` runs those sequences anyway, for comparisons.
   const bool fused = c.get_bool("fused");
-  const tsr_ops *ops = host->ops;
-  m->fuse_add_ln =
+  const tsr_ops *ops = m.ops;
+  m.fuse_add_ln =
       fused && TSR_HAS_FIELD(ops, tsr_ops, add_layernorm_forward) && ops->add_layernorm_forward;
-  m->fuse_bias_grad =
+  m.fuse_bias_grad =
       fused && TSR_HAS_FIELD(ops, tsr_ops, matmul_bias_grad) && ops->matmul_bias_grad;
-  m->fuse_act_grad =
+  m.fuse_act_grad =
       fused && TSR_HAS_FIELD(ops, tsr_ops, matmul_act_backward) && ops->matmul_act_backward;
-  m->fuse_ln_sum =
+  m.fuse_ln_sum =
       fused && TSR_HAS_FIELD(ops, tsr_ops, layernorm_backward_sum) && ops->layernorm_backward_sum;
-  m->ce_grad_in_forward = fused;
-  Dims &d = m->d;
+  m.ce_grad_in_forward = fused;
+  Dims &d = m.d;
   d.layers = c.get_int("layers");
   d.heads = c.get_int("heads");
   d.width = c.get_int("width");
   d.context = c.get_int("context");
   d.vocab = c.get_int("vocab");
-  const int64_t pad_to = c.get_int("vocab_pad_to");
-  const double init_std = c.get_float("init_std");
-  const std::string init_from = c.get_string("init_from");
-  const std::vector<std::string> freeze = c.get_string_array("freeze");
+  Keys k;
+  k.pad_to = c.get_int("vocab_pad_to");
+  k.init_std = c.get_float("init_std");
+  k.init_from = c.get_string("init_from");
+  k.freeze = c.get_string_array("freeze");
   for (const auto &[v, key] :
        {std::pair{d.layers, "layers"}, std::pair{d.heads, "heads"}, std::pair{d.width, "width"},
         std::pair{d.context, "context"}, std::pair{d.vocab, "vocab"}})
     if (v < 0)
       throw Error(TSR_ERR_CONFIG,
                   std::string("gpt2: ") + key + " = " + std::to_string(v) + " is negative");
-  if (pad_to < 1)
-    throw Error(TSR_ERR_CONFIG, "gpt2: vocab_pad_to = " + std::to_string(pad_to) + " is below 1");
-  if (!(init_std >= 0) || !std::isfinite(init_std))
+  if (k.pad_to < 1)
+    throw Error(TSR_ERR_CONFIG, "gpt2: vocab_pad_to = " + std::to_string(k.pad_to) + " is below 1");
+  if (!(k.init_std >= 0) || !std::isfinite(k.init_std))
     throw Error(TSR_ERR_CONFIG, "gpt2: init_std must be a finite number >= 0");
+  return k;
+}
 
-  // Dimensions: init_from's config.json wins; an explicit key that says
-  // otherwise is an error. Without init_from, unset keys are GPT-2 small's.
+// Dimensions: init_from's config.json wins; an explicit key that says
+// otherwise is an error. Without init_from, unset keys are GPT-2 small's.
+// Returns the opened checkpoint (NULL without init_from).
+std::unique_ptr<HfCheckpoint> resolve_dims(Dims &d, const Keys &k) {
   std::unique_ptr<HfCheckpoint> ck;
-  if (!init_from.empty()) {
-    ck = std::make_unique<HfCheckpoint>(open_checkpoint(init_from));
+  if (!k.init_from.empty()) {
+    ck = std::make_unique<HfCheckpoint>(open_checkpoint(k.init_from));
     const std::string &f = ck->config_path;
     merge_dim(d.layers, ck->dims.layers, "layers", "n_layer", f);
     merge_dim(d.heads, ck->dims.heads, "heads", "n_head", f);
@@ -140,10 +147,15 @@ Gpt2 *build(const tsr_host *host, const tsr_config *cfg, const tsr_model_init *i
   if (d.width % d.heads != 0)
     throw Error(TSR_ERR_CONFIG, "gpt2: width " + std::to_string(d.width) +
                                     " is not a multiple of heads " + std::to_string(d.heads));
-  d.padded_vocab = (d.vocab + pad_to - 1) / pad_to * pad_to;
-  m->init_std = init_std;  // the export's initializer_range
+  d.padded_vocab = (d.vocab + k.pad_to - 1) / k.pad_to * k.pad_to;
+  return ck;
+}
 
-  // What the dataset gives: int32 token windows, inputs and targets [T].
+// What the dataset gives: int32 token windows, inputs and targets [T],
+// that fit the model's context and vocabulary.
+void check_data(Gpt2 &m, const tsr_model_init &init) {
+  const tsr_data_info &data = *init.data;
+  const Dims &d = m.d;
   if (data.input_ndim != 1 || !is_i32(data.input_dtype))
     throw Error(TSR_ERR_UNSUPPORTED,
                 "gpt2: the dataset's samples are " + dtype_name(data.input_dtype) + " " +
@@ -156,27 +168,32 @@ Gpt2 *build(const tsr_host *host, const tsr_config *cfg, const tsr_model_init *i
                     shape_str(data.target_shape, std::clamp(data.target_ndim, 0, 8)) +
                     "; the gpt2 model needs one int32 target token per input token [" +
                     std::to_string(data.input_shape[0]) + "]");
-  m->data_T = data.input_shape[0];
-  if (m->data_T < 1 || m->data_T > d.context)
-    throw Error(TSR_ERR_CONFIG, "gpt2: the dataset's windows have " + std::to_string(m->data_T) +
+  m.data_T = data.input_shape[0];
+  if (m.data_T < 1 || m.data_T > d.context)
+    throw Error(TSR_ERR_CONFIG, "gpt2: the dataset's windows have " + std::to_string(m.data_T) +
                                     " tokens; the model's context is " + std::to_string(d.context));
   if (data.num_classes > d.vocab)
     throw Error(TSR_ERR_CONFIG, "gpt2: the dataset has " + std::to_string(data.num_classes) +
                                     " token ids; the model's vocab is " + std::to_string(d.vocab));
-  if (init->max_micro_batch < 1)
+  if (init.max_micro_batch < 1)
     throw Error(TSR_ERR_INVALID,
-                "gpt2: max_micro_batch is " + std::to_string(init->max_micro_batch));
-  m->max_batch = init->max_micro_batch;
+                "gpt2: max_micro_batch is " + std::to_string(init.max_micro_batch));
+  m.max_batch = init.max_micro_batch;
+}
 
-  // Parameters.
+// The parameters under their Hugging Face names, group g + 1 for block g
+// (0: the embeddings, layers + 1: the final LayerNorm), with their
+// initialisers: GPT-2's, c_proj weights scaled by 1 / sqrt(2 * layers).
+void declare_params(Gpt2 &m, double init_std) {
+  const Dims &d = m.d;
   const int64_t C = d.width;
   const float proj_std =
       static_cast<float>(init_std / std::sqrt(2.0 * static_cast<double>(d.layers)));
   auto declare = [&](std::string name, std::initializer_list<int64_t> shape, uint32_t group,
                      tsr_init rule, float std_) {
-    m->names.push_back(std::move(name));
+    m.names.push_back(std::move(name));
     tsr_param_info p = sdk::make<tsr_param_info>();
-    p.name = m->names.back().c_str();
+    p.name = m.names.back().c_str();
     p.ndim = static_cast<int32_t>(shape.size());
     std::copy(shape.begin(), shape.end(), p.shape);
     p.group = group;
@@ -185,7 +202,7 @@ Gpt2 *build(const tsr_host *host, const tsr_config *cfg, const tsr_model_init *i
     p.init_b = rule == TSR_INIT_NORMAL ? std_ : 0.0f;
     p.trainable = 1;
     p.decay = p.ndim >= 2 ? 1 : 0;  // matrices and embeddings; not biases or norms
-    m->infos.push_back(p);
+    m.infos.push_back(p);
   };
   const float std0 = static_cast<float>(init_std);
   // wte: [padded_vocab, C]; rows >= vocab are padding, trimmed on export.
@@ -210,11 +227,15 @@ Gpt2 *build(const tsr_host *host, const tsr_config *cfg, const tsr_model_init *i
   const uint32_t gf = static_cast<uint32_t>(d.layers + 1);
   declare("transformer.ln_f.weight", {C}, gf, TSR_INIT_ONES, 0);
   declare("transformer.ln_f.bias", {C}, gf, TSR_INIT_ZEROS, 0);
+}
 
-  // freeze: every pattern must name at least one parameter.
+// freeze: every pattern must name at least one parameter. Then the lowest
+// backward stage with a trainable parameter (wte counts for the embeddings,
+// stage 0; the LM head always runs when anything trains).
+void apply_freeze(Gpt2 &m, const std::vector<std::string> &freeze) {
   for (const std::string &pat : freeze) {
     size_t hits = 0;
-    for (tsr_param_info &p : m->infos)
+    for (tsr_param_info &p : m.infos)
       if (glob_match(pat.c_str(), p.name)) {
         p.trainable = 0;
         ++hits;
@@ -224,86 +245,106 @@ Gpt2 *build(const tsr_host *host, const tsr_config *cfg, const tsr_model_init *i
                                       "' matches no parameter (names look like "
                                       "'transformer.h.0.attn.c_attn.weight'; * matches any run)");
   }
-  // The lowest backward stage with a trainable parameter (wte counts for the
-  // embeddings, stage 0; the LM head always runs when anything trains).
-  m->lowest_trainable_stage = d.layers + 2;
-  for (size_t i = 0; i < m->infos.size(); ++i) {
-    if (!m->infos[i].trainable) continue;
-    const int64_t stage = static_cast<int64_t>(m->infos[i].group);  // group == stage
-    m->lowest_trainable_stage = std::min(m->lowest_trainable_stage, stage);
+  m.lowest_trainable_stage = m.d.layers + 2;
+  for (size_t i = 0; i < m.infos.size(); ++i) {
+    if (!m.infos[i].trainable) continue;
+    const int64_t stage = static_cast<int64_t>(m.infos[i].group);  // group == stage
+    m.lowest_trainable_stage = std::min(m.lowest_trainable_stage, stage);
   }
+}
 
-  // init_from: the engine overlays the file's tensors on the declared
-  // initialisers by parameter name (engine/train/init_from.cpp: a tensor with
-  // fewer rows fills the first rows, so wte's padding keeps its initialiser).
-  // Checked here too, so a wrong checkpoint fails at create with the model's
-  // view of it: every parameter present under its Hugging Face name, in the
-  // Hugging Face shape (wte unpadded or already padded), in a dtype the
-  // engine converts.
-  if (ck) {
-    m->init_weights = ck->weights_path;
-    const auto &hdr = ck->header;
-    for (const tsr_param_info &p : m->infos) {
-      const std::string name = p.name;
-      auto it = hdr.find(name);
-      if (it == hdr.end() || !it->is_object() || !it->contains("shape")) {
-        const std::string bare = name.substr(std::strlen("transformer."));
-        throw Error(TSR_ERR_INVALID,
-                    "gpt2: " + ck->weights_path + " has no tensor '" + name + "'" +
-                        (hdr.contains(bare)
-                             ? " (it has '" + bare +
-                                   "': a GPT2Model checkpoint without the 'transformer.' prefix, "
-                                   "which init_from does not rename)"
-                             : std::string()));
-      }
-      const std::vector<int64_t> shape = (*it)["shape"].get<std::vector<int64_t>>();
-      const std::vector<int64_t> declared(p.shape, p.shape + p.ndim);
-      std::vector<int64_t> hf = declared;
-      if (name == "transformer.wte.weight") hf[0] = d.vocab;
-      if (shape != hf && shape != declared)
-        throw Error(TSR_ERR_INVALID,
-                    "gpt2: " + ck->weights_path + ": '" + name + "' is " +
-                        shape_str(shape.data(), static_cast<int32_t>(shape.size())) +
-                        ", the model declares " + shape_str(hf.data(), p.ndim));
-      const std::string dt = it->value("dtype", "");
-      if (dt != "F32" && dt != "F16" && dt != "BF16")
-        throw Error(TSR_ERR_UNSUPPORTED, "gpt2: " + ck->weights_path + ": '" + name +
-                                             "' has dtype " + dt + " (F32, F16 or BF16 expected)");
+// init_from: the engine overlays the file's tensors on the declared
+// initialisers by parameter name (engine/train/init_from.cpp: a tensor with
+// fewer rows fills the first rows, so wte's padding keeps its initialiser).
+// Checked here too, so a wrong checkpoint fails at create with the model's
+// view of it: every parameter present under its Hugging Face name, in the
+// Hugging Face shape (wte unpadded or already padded), in a dtype the
+// engine converts.
+void check_checkpoint(Gpt2 &m, const HfCheckpoint &ck) {
+  m.init_weights = ck.weights_path;
+  const auto &hdr = ck.header;
+  for (const tsr_param_info &p : m.infos) {
+    const std::string name = p.name;
+    auto it = hdr.find(name);
+    if (it == hdr.end() || !it->is_object() || !it->contains("shape")) {
+      const std::string bare = name.substr(std::strlen("transformer."));
+      throw Error(TSR_ERR_INVALID,
+                  "gpt2: " + ck.weights_path + " has no tensor '" + name + "'" +
+                      (hdr.contains(bare)
+                           ? " (it has '" + bare +
+                                 "': a GPT2Model checkpoint without the 'transformer.' prefix, "
+                                 "which init_from does not rename)"
+                           : std::string()));
     }
-    const std::string msg = "gpt2: init_from " + ck->dir +
-                            ": dimensions from config.json; the weights of model.safetensors "
-                            "(all " +
-                            std::to_string(m->infos.size()) +
-                            " parameters present) are loaded "
-                            "over the initialisers by the engine";
-    host->log(host->ctx, TSR_LOG_INFO, msg.c_str());
+    const std::vector<int64_t> shape = (*it)["shape"].get<std::vector<int64_t>>();
+    const std::vector<int64_t> declared(p.shape, p.shape + p.ndim);
+    std::vector<int64_t> hf = declared;
+    if (name == "transformer.wte.weight") hf[0] = m.d.vocab;
+    if (shape != hf && shape != declared)
+      throw Error(TSR_ERR_INVALID, "gpt2: " + ck.weights_path + ": '" + name + "' is " +
+                                       shape_str(shape.data(), static_cast<int32_t>(shape.size())) +
+                                       ", the model declares " + shape_str(hf.data(), p.ndim));
+    const std::string dt = it->value("dtype", "");
+    if (dt != "F32" && dt != "F16" && dt != "BF16")
+      throw Error(TSR_ERR_UNSUPPORTED, "gpt2: " + ck.weights_path + ": '" + name + "' has dtype " +
+                                           dt + " (F32, F16 or BF16 expected)");
   }
+  const std::string msg = "gpt2: init_from " + ck.dir +
+                          ": dimensions from config.json; the weights of model.safetensors "
+                          "(all " +
+                          std::to_string(m.infos.size()) +
+                          " parameters present) are loaded "
+                          "over the initialisers by the engine";
+  m.host->log(m.host->ctx, TSR_LOG_INFO, msg.c_str());
+}
 
+// The start-up line: dimensions, parameters (frozen among them) and the
+// activation memory.
+void log_summary(const Gpt2 &m) {
+  const Dims &d = m.d;
+  double total = 0, frozen = 0;
+  for (const tsr_param_info &p : m.infos) {
+    double n = 1;
+    for (int32_t k = 0; k < p.ndim; ++k) n *= static_cast<double>(p.shape[k]);
+    total += n;
+    if (!p.trainable) frozen += n;
+  }
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "gpt2: %lld layers, %lld heads, width %lld, context %lld, vocab %lld (padded "
+                "to %lld), %.0f parameters (%.0f frozen), activations %.1f MiB (%s)",
+                static_cast<long long>(d.layers), static_cast<long long>(d.heads),
+                static_cast<long long>(d.width), static_cast<long long>(d.context),
+                static_cast<long long>(d.vocab), static_cast<long long>(d.padded_vocab), total,
+                frozen, static_cast<double>(m.act.bytes() + m.stats.bytes()) / (1024.0 * 1024.0),
+                m.recompute        ? "recompute"
+                : m.recompute_gelu ? "stored, GELU recomputed"
+                                   : "stored");
+  m.host->log(m.host->ctx, TSR_LOG_INFO, buf);
+}
+
+}  // namespace
+
+// ---- create -----------------------------------------------------------------
+
+Gpt2 *build(const tsr_host *host, const tsr_config *cfg, const tsr_model_init *init) {
+  check_host(host);
+  if (!init || !init->data) throw Error(TSR_ERR_INVALID, "gpt2: no model init or data info");
+  sdk::Config c(host, cfg);
+  auto m = std::make_unique<Gpt2>();
+  m->host = host;
+  m->ops = host->ops;
+  m->device = host->run->device;
+  const Keys keys = read_keys(*m, c);
+  const std::unique_ptr<HfCheckpoint> ck = resolve_dims(m->d, keys);
+  m->init_std = keys.init_std;  // the export's initializer_range
+  check_data(*m, *init);
+  declare_params(*m, keys.init_std);
+  apply_freeze(*m, keys.freeze);
+  if (ck) check_checkpoint(*m, *ck);
   m->plan_memory();
   m->allocate(compute_dtype(*host->run));
-
-  if (host->log) {
-    double total = 0, frozen = 0;
-    for (const tsr_param_info &p : m->infos) {
-      double n = 1;
-      for (int32_t k = 0; k < p.ndim; ++k) n *= static_cast<double>(p.shape[k]);
-      total += n;
-      if (!p.trainable) frozen += n;
-    }
-    char buf[512];
-    std::snprintf(buf, sizeof buf,
-                  "gpt2: %lld layers, %lld heads, width %lld, context %lld, vocab %lld (padded "
-                  "to %lld), %.0f parameters (%.0f frozen), activations %.1f MiB (%s)",
-                  static_cast<long long>(d.layers), static_cast<long long>(d.heads),
-                  static_cast<long long>(d.width), static_cast<long long>(d.context),
-                  static_cast<long long>(d.vocab), static_cast<long long>(d.padded_vocab), total,
-                  frozen,
-                  static_cast<double>(m->act.bytes() + m->stats.bytes()) / (1024.0 * 1024.0),
-                  m->recompute        ? "recompute"
-                  : m->recompute_gelu ? "stored, GELU recomputed"
-                                      : "stored");
-    host->log(host->ctx, TSR_LOG_INFO, buf);
-  }
+  if (host->log) log_summary(*m);
   return m.release();
 }
 

@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <tessera/cpp/formats/safetensors.hpp>
-#include <tessera/cpp/optimizer.hpp>
+#include <tessera/cpp/half.hpp>
 #include <tessera/cpp/plugin.hpp>
 #include <tessera/cpp/synced_file.hpp>
 #include <vector>
@@ -106,7 +106,7 @@ void write_export(const Gpt2 &m, const tsr_export_args &a) {
       tensors.push_back(st::Tensor{p.name, "F32", shape, a.params[i], n * 4});
     } else {
       halves.emplace_back(n);
-      for (size_t j = 0; j < n; ++j) halves.back()[j] = sdk::optim::float_to_bf16(a.params[i][j]);
+      for (size_t j = 0; j < n; ++j) halves.back()[j] = sdk::float_to_bf16(a.params[i][j]);
       tensors.push_back(st::Tensor{p.name, "BF16", shape, halves.back().data(), n * 2});
     }
   }

@@ -1,7 +1,6 @@
 // The gpt2 plugin's C ABI: the config keys it takes, the model vtable (the
 // SDK's adapter over Gpt2, every entry guarded) and the library descriptor
 // the host loads.
-#include <iterator>
 #include <string>
 #include <tessera/cpp/extension.hpp>
 #include <tessera/cpp/model.hpp>
@@ -11,6 +10,10 @@
 namespace tessera::gpt2 {
 
 namespace {
+
+// What `tessera plugins` says of it (the descriptor's summary).
+constexpr const char *kSummary =
+    "GPT-2 language model (Hugging Face names and layouts, tied LM head, pre-LayerNorm)";
 
 const tsr_param_decl kParams[] = {
     sdk::param_min("layers", TSR_PARAM_INT, "0",
@@ -78,29 +81,12 @@ const void *gpt2_extension(const char *id) {
 #define TSR_GPT2_PLUGIN_NAME "gpt2"
 #endif
 
-const tsr_plugin_descriptor kDescriptor = {
-    tsr_plugin_descriptor_STRUCT_SIZE,
-    TSR_KIND_MODEL,
-    TSR_GPT2_PLUGIN_NAME,
-    "1.0.0",
-    "GPT-2 language model (Hugging Face names and layouts, tied LM head, pre-LayerNorm)",
-    kParams,
-    std::size(kParams),
-    TSR_DEVICE_CPU | TSR_DEVICE_CUDA,
-    &kVtable,
-    gpt2_extension,
-};
-
-const tsr_plugin_descriptor *const kPlugins[] = {&kDescriptor};
-
-const tsr_plugin_library kLibrary = {
-    tsr_plugin_library_STRUCT_SIZE, TSR_ABI_MAJOR, TSR_ABI_MINOR, kPlugins, std::size(kPlugins),
-};
+const tsr_plugin_descriptor kDescriptor =
+    sdk::describe(TSR_KIND_MODEL, TSR_GPT2_PLUGIN_NAME, "1.0.0", kSummary, kParams,
+                  TSR_DEVICE_CPU | TSR_DEVICE_CUDA, &kVtable, gpt2_extension);
 
 }  // namespace
 
 }  // namespace tessera::gpt2
 
-TSR_PLUGIN_ENTRY {
-  return &tessera::gpt2::kLibrary;
-}
+TSR_SDK_PLUGIN_LIBRARY(&tessera::gpt2::kDescriptor)

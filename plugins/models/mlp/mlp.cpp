@@ -28,6 +28,10 @@
 
 namespace {
 
+// What `tessera plugins` says of it (the descriptor's summary).
+constexpr const char *kSummary =
+    "Multi-layer perceptron classifier (Linear + relu/gelu/tanh, softmax cross-entropy)";
+
 namespace sdk = tessera::sdk;
 
 // The widest hidden layer (2^24 units): two such layers already hold 2^48
@@ -528,66 +532,26 @@ Mlp *build(const tsr_host *host, const tsr_config *cfg, const tsr_model_init *in
   return m.release();
 }
 
-// --- the vtable: every entry guarded, and named after the plugin (not the
-// SDK's model_vtable adapter) so that `break mlp_forward` works in a
-// release build (docs/debugging.md) -----------------------------------------
+// --- the vtable: the SDK's adapter, with forward and backward under the
+// plugin's name so that `break mlp_forward` works in a release build
+// (docs/debugging.md; tests/integration/test_debug.cpp) --------------------
 
-tsr_status mlp_create(const tsr_host *host, const tsr_config *cfg, const tsr_model_init *init,
-                      void **out_self) {
-  return sdk::guard(host, [&] {
-    if (!out_self) throw Error(TSR_ERR_INVALID, "mlp: out_self is NULL");
-    *out_self = nullptr;
-    *out_self = build(host, cfg, init);
-  });
-}
-
-void mlp_destroy(void *self) {
-  Mlp *m = static_cast<Mlp *>(self);
-  if (!m) return;
-  const tsr_host *host = m->host;
-  (void)sdk::guard(host, [&] { delete m; });
-}
-
-size_t mlp_num_params(void *self) {
-  const Mlp *m = static_cast<const Mlp *>(self);
-  return m ? m->infos.size() : 0;
-}
-
-tsr_status mlp_param_info(void *self, size_t index, tsr_param_info *out) {
-  Mlp *m = static_cast<Mlp *>(self);
-  if (!m) return TSR_ERR_INVALID;
-  return sdk::guard(m->host, [&] {
-    if (!out) throw Error(TSR_ERR_INVALID, "mlp: param_info out is NULL");
-    if (index >= m->infos.size())
-      throw Error(TSR_ERR_INVALID, "mlp: parameter index " + std::to_string(index) +
-                                       " out of range (the model has " +
-                                       std::to_string(m->infos.size()) + ")");
-    sdk::copy_out(m->infos[index], out);
-  });
-}
+using Entries = sdk::ModelEntries<Mlp, build>;
 
 tsr_status mlp_forward(void *self, tsr_step *step, const tsr_batch *batch, int32_t training,
                        tsr_forward_result *out) {
-  Mlp *m = static_cast<Mlp *>(self);
-  if (!m) return TSR_ERR_INVALID;
-  return sdk::guard(m->host, [&] { m->forward(step, batch, training, out); });
+  return Entries::forward(self, step, batch, training, out);
 }
 
 tsr_status mlp_backward(void *self, tsr_step *step, const tsr_batch *batch, float loss_scale) {
-  Mlp *m = static_cast<Mlp *>(self);
-  if (!m) return TSR_ERR_INVALID;
-  return sdk::guard(m->host, [&] { m->backward(step, batch, loss_scale); });
+  return Entries::backward(self, step, batch, loss_scale);
 }
 
-tsr_status mlp_predict(void *self, tsr_step *step, const tsr_batch *batch, DLTensor *logits) {
-  Mlp *m = static_cast<Mlp *>(self);
-  if (!m) return TSR_ERR_INVALID;
-  return sdk::guard(m->host, [&] { m->predict(step, batch, logits); });
-}
-
-double mlp_flops_per_sample(void *self) {
-  const Mlp *m = static_cast<const Mlp *>(self);
-  return m ? m->flops_per_sample() : 0.0;
+constexpr tsr_model_vtable vtable() {
+  tsr_model_vtable t = sdk::model_vtable<Mlp, build>();
+  t.forward = mlp_forward;
+  t.backward = mlp_backward;
+  return t;
 }
 
 const tsr_param_decl kParams[] = {
@@ -605,22 +569,10 @@ const tsr_param_decl kParams[] = {
     sdk::param_min("init_std", TSR_PARAM_FLOAT, "0.02", "Weight std for init = \"normal\"", 0.0),
 };
 
-const tsr_model_vtable kVtable = {
-    tsr_model_vtable_STRUCT_SIZE,
-    mlp_create,
-    mlp_destroy,
-    mlp_num_params,
-    mlp_param_info,
-    mlp_forward,
-    mlp_backward,
-    mlp_flops_per_sample,
-    mlp_predict,
-};
+const tsr_model_vtable kVtable = vtable();
 
 const tsr_plugin_descriptor kDescriptor = sdk::describe(
-    TSR_KIND_MODEL, "mlp", "1.0.0",
-    "Multi-layer perceptron classifier (Linear + relu/gelu/tanh, softmax cross-entropy)", kParams,
-    TSR_DEVICE_CPU | TSR_DEVICE_CUDA, &kVtable);
+    TSR_KIND_MODEL, "mlp", "1.0.0", kSummary, kParams, TSR_DEVICE_CPU | TSR_DEVICE_CUDA, &kVtable);
 
 }  // namespace
 

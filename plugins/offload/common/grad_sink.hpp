@@ -21,6 +21,8 @@
 // norm_sq.
 #pragma once
 
+#include <tessera/cpp/half.hpp>
+
 #include "offload_common.hpp"
 
 namespace tessera::offload {
@@ -47,16 +49,16 @@ inline void add_into(void *dst, const void *src, size_t count, DLDataType t, con
   uint16_t *d = static_cast<uint16_t *>(dst);
   const uint16_t *x = static_cast<const uint16_t *>(src);
   for (size_t i = 0; i < count; ++i) {
-    const float a = bf ? sdk::optim::bf16_to_float(d[i]) : sdk::optim::f16_to_float(d[i]);
-    const float b = bf ? sdk::optim::bf16_to_float(x[i]) : sdk::optim::f16_to_float(x[i]);
-    d[i] = bf ? sdk::optim::float_to_bf16(a + b) : sdk::optim::float_to_f16(a + b);
+    const float a = bf ? sdk::bf16_to_float(d[i]) : sdk::f16_to_float(d[i]);
+    const float b = bf ? sdk::bf16_to_float(x[i]) : sdk::f16_to_float(x[i]);
+    d[i] = bf ? sdk::float_to_bf16(a + b) : sdk::float_to_f16(a + b);
   }
 }
 
 inline float element_as_float(const char *base, size_t i, DLDataType t) {
   if (t.bits == 32) return reinterpret_cast<const float *>(base)[i];
   const uint16_t h = reinterpret_cast<const uint16_t *>(base)[i];
-  return t.code == kDLBfloat ? sdk::optim::bf16_to_float(h) : sdk::optim::f16_to_float(h);
+  return t.code == kDLBfloat ? sdk::bf16_to_float(h) : sdk::f16_to_float(h);
 }
 
 struct GradSinkSetup {

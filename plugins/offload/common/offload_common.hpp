@@ -66,6 +66,12 @@ inline unsigned default_threads(const tsr_host *host) {
   return std::max(1u, std::max(1u, cores) / local);
 }
 
+// The `threads` key of the backends that step on the CPU (cpu, nvme),
+// which default_threads resolves when it is 0.
+inline constexpr tsr_param_decl kThreadsParam = sdk::param_min(
+    "threads", TSR_PARAM_INT, "0",
+    "threads for the CPU step; 0: the cores of this process / ranks on the machine", 0);
+
 inline size_t dtype_bytes(DLDataType t) {
   return (static_cast<size_t>(t.bits) * t.lanes + 7) / 8;
 }

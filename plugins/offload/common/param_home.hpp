@@ -13,6 +13,7 @@
 
 #include <deque>
 #include <string>
+#include <tessera/cpp/half.hpp>
 #include <tessera/cpp/meminfo.hpp>
 
 #include "offload_common.hpp"
@@ -45,7 +46,7 @@ inline void to_compute(const float *src, size_t n, DLDataType t, void *dst) {
   auto *out = static_cast<uint16_t *>(dst);
   const bool bf16 = t.code == kDLBfloat;
   for (size_t i = 0; i < n; ++i)
-    out[i] = bf16 ? sdk::optim::float_to_bf16(src[i]) : sdk::optim::float_to_f16(src[i]);
+    out[i] = bf16 ? sdk::float_to_bf16(src[i]) : sdk::float_to_f16(src[i]);
 }
 
 // The host memory `bytes` more need, against what this machine has

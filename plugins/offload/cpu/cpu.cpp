@@ -35,12 +35,18 @@
 #include <cstdlib>
 #include <memory>
 #include <tessera/cpp/extension.hpp>
+#include <tessera/cpp/offload.hpp>
 
 #include "device_share.hpp"
 #include "param_home.hpp"
 #include "pipeline.hpp"
 
 namespace {
+
+// What `tessera plugins` says of it (the descriptor's summary).
+constexpr const char *kSummary =
+    "optimizer state in host memory, step on the CPU (threaded, overlapped), optionally a GPU "
+    "share";
 
 using namespace tessera::offload;
 using sdk::Error;
@@ -54,6 +60,7 @@ constexpr uint32_t kDevices = TSR_DEVICE_CPU;
 #endif
 
 struct Cpu {
+  static constexpr const char *kName = kWho;  // for messages
   const tsr_host *host = nullptr;
   int64_t threads_cfg = 0;
   bool pin = true, pin_threads = true;
@@ -88,44 +95,61 @@ struct Cpu {
   }
   void sink_release(uint64_t ticket) { pipeline->sink_release(ticket); }
   double sink_norm_sq() { return pipeline->sink_norm_sq(); }
+
+  // The vtable's entries (sdk::offload_vtable): the short ones here.
+  ~Cpu();
+  void setup(const tsr_offload_setup *st);
+  void step(const tsr_offload_step *st);
+  void read_state(uint32_t i, size_t offset, size_t count, float *dst);
+  void write_state(uint32_t i, size_t offset, size_t count, const float *src);
+  void flush() {
+    pipeline->flush();
+    share.flush();
+  }
+  // The device share is stepped on the compute stream: ordered already.
+  void wait_params(size_t offset, size_t count) { pipeline->wait_params(offset, count); }
+  void wait_grads() { pipeline->wait_grads(); }
+  void stats(tsr_offload_stats *out) {
+    if (!out || out->struct_size < TSR_STRUCT_SIZE(tsr_offload_stats, elements))
+      throw Error(TSR_ERR_INVALID, fmt("%s: stats struct missing or too small", kWho));
+    tsr_offload_stats st = pipeline->stats();
+    st.device_s = share.seconds();
+    sdk::copy_out(st, out);
+  }
 };
 
-tsr_status create(const tsr_host *host, const tsr_config *cfg, void **out) {
-  return sdk::guard(host, [&] {
-    sdk::Config c(host, cfg);
-    auto s = std::make_unique<Cpu>();
-    s->host = host;
-    s->threads_cfg = c.get_int("threads");
-    s->pin = c.get_bool("pin_memory");
-    s->pin_threads = c.get_bool("pin_threads");
-    s->ratio = parse_ratio(c.get_string("ratio"), kWho);
-    s->params_where = parse_params_home(c.get_string("params"), kWho, false);
-    if (s->params_where != TSR_PARAMS_ON_DEVICE && (s->ratio.automatic || s->ratio.fraction > 0))
-      throw Error(TSR_ERR_INVALID,
-                  fmt("%s: ratio keeps a share of the optimizer state and its step on the GPU, "
-                      "which updates parameters there; with params = \"cpu\" they live in host "
-                      "memory: set ratio = \"0\"",
-                      kWho));
-    *out = s.release();
-  });
+std::unique_ptr<Cpu> build(const tsr_host *host, const tsr_config *cfg) {
+  sdk::Config c(host, cfg);
+  auto s = std::make_unique<Cpu>();
+  s->host = host;
+  s->threads_cfg = c.get_int("threads");
+  s->pin = c.get_bool("pin_memory");
+  s->pin_threads = c.get_bool("pin_threads");
+  s->ratio = parse_ratio(c.get_string("ratio"), kWho);
+  s->params_where = parse_params_home(c.get_string("params"), kWho, false);
+  if (s->params_where != TSR_PARAMS_ON_DEVICE && (s->ratio.automatic || s->ratio.fraction > 0))
+    throw Error(TSR_ERR_INVALID,
+                fmt("%s: ratio keeps a share of the optimizer state and its step on the GPU, "
+                    "which updates parameters there; with params = \"cpu\" they live in host "
+                    "memory: set ratio = \"0\"",
+                    kWho));
+  return s;
 }
 
-void destroy(void *self) {
-  auto *s = static_cast<Cpu *>(self);
-  if (!s) return;
-  if (s->pipeline) {
-    const tsr_offload_stats st = s->pipeline->stats();
+// Logs what the pipeline did, then joins its dispatcher before the buffers
+// go.
+Cpu::~Cpu() {
+  if (pipeline) {
+    const tsr_offload_stats st = pipeline->stats();
     if (st.elements > 0)
-      s->host->log(
-          s->host->ctx, TSR_LOG_DEBUG,
-          fmt("%s: %llu elements updated on %u threads in %.3f s (%.2f G elements/s); "
-              "copies %.3f s to the host, %.3f s back",
-              kWho, static_cast<unsigned long long>(st.elements), s->pool->size(), st.host_s,
-              st.host_s > 0 ? st.elements / st.host_s / 1e9 : 0.0, st.d2h_s, st.h2d_s)
-              .c_str());
+      host->log(host->ctx, TSR_LOG_DEBUG,
+                fmt("%s: %llu elements updated on %u threads in %.3f s (%.2f G elements/s); "
+                    "copies %.3f s to the host, %.3f s back",
+                    kWho, static_cast<unsigned long long>(st.elements), pool->size(), st.host_s,
+                    st.host_s > 0 ? st.elements / st.host_s / 1e9 : 0.0, st.d2h_s, st.h2d_s)
+                    .c_str());
   }
-  s->pipeline.reset();  // joins the dispatcher before the buffers go
-  delete s;
+  pipeline.reset();  // joins the dispatcher before the buffers go
 }
 
 // The host's state arrays, first-touched by the pool; in CUDA runs the two
@@ -188,49 +212,45 @@ void log_setup(Cpu *s, std::pair<double, double> took) {
                      .c_str());
 }
 
-tsr_status setup(void *self, const tsr_offload_setup *st) {
-  auto *s = static_cast<Cpu *>(self);
-  return sdk::guard(s->host, [&] {
-    s->cuda = check_setup(s->host, st, kWho, kDevices, "in every rank's host memory");
-    s->n = st->n;
-    s->opt = st->optimizer;
-    s->opt_self = st->optimizer_self;
-    s->state_count = st->state_count;
-    s->compute_dtype = st->compute_dtype;
-    const unsigned threads =
-        s->threads_cfg > 0 ? static_cast<unsigned>(s->threads_cfg) : default_threads(s->host);
-    s->pool = std::make_unique<ThreadPool>(threads, s->pin_threads);
-    const double cb = static_cast<double>(dtype_bytes(s->compute_dtype));
-    const bool held = s->params_where != TSR_PARAMS_ON_DEVICE;
-    check_host_memory(s->host, kWho,
-                      s->n * (4.0 * (1 + s->state_count) + (s->cuda || held ? 2 * cb : 0)),
-                      fmt("the master weights and optimizer state%s of %zu owned elements",
-                          held ? ", the offloaded parameters" : "", s->n));
-    const std::pair<double, double> took = allocate(s);
-    PipelineSetup p;
-    p.host = s->host;
-    p.who = kWho;
-    p.opt = s->opt;
-    p.opt_self = s->opt_self;
-    p.state_count = s->state_count;
-    for (uint32_t i = 0; i < 1 + s->state_count; ++i) p.slots[i] = s->slot(i);
-    p.compute_dtype = s->compute_dtype;
-    p.pool = s->pool.get();
-    p.cuda = s->cuda;
-    p.device = st->device.device_id;
-    p.grads_pinned = s->grads_pinned.as<char>();
-    p.params_pinned = s->params_pinned.as<char>();
-    p.grads_host = s->grads_host.as<char>();
-    p.n = s->n;
-    if (held) {
-      p.params_home = s->cuda ? s->params_pinned.as<char>() : s->params_host.as<char>();
-      s->home.init(kWho, s->n, s->compute_dtype, p.params_home, s->cuda, p.device);
-    }
-    s->pipeline = std::make_unique<HostPipeline>(p);
-    s->share.init(s->host, kWho, st, p.slots);
-    if (!s->ratio.automatic) s->share.resize(s->ratio.fraction);
-    log_setup(s, took);
-  });
+void Cpu::setup(const tsr_offload_setup *st) {
+  cuda = check_setup(host, st, kWho, kDevices, "in every rank's host memory");
+  n = st->n;
+  opt = st->optimizer;
+  opt_self = st->optimizer_self;
+  state_count = st->state_count;
+  compute_dtype = st->compute_dtype;
+  const unsigned threads =
+      threads_cfg > 0 ? static_cast<unsigned>(threads_cfg) : default_threads(host);
+  pool = std::make_unique<ThreadPool>(threads, pin_threads);
+  const double cb = static_cast<double>(dtype_bytes(compute_dtype));
+  const bool held = params_where != TSR_PARAMS_ON_DEVICE;
+  check_host_memory(host, kWho, n * (4.0 * (1 + state_count) + (cuda || held ? 2 * cb : 0)),
+                    fmt("the master weights and optimizer state%s of %zu owned elements",
+                        held ? ", the offloaded parameters" : "", n));
+  const std::pair<double, double> took = allocate(this);
+  PipelineSetup p;
+  p.host = host;
+  p.who = kWho;
+  p.opt = opt;
+  p.opt_self = opt_self;
+  p.state_count = state_count;
+  for (uint32_t i = 0; i < 1 + state_count; ++i) p.slots[i] = slot(i);
+  p.compute_dtype = compute_dtype;
+  p.pool = pool.get();
+  p.cuda = cuda;
+  p.device = st->device.device_id;
+  p.grads_pinned = grads_pinned.as<char>();
+  p.params_pinned = params_pinned.as<char>();
+  p.grads_host = grads_host.as<char>();
+  p.n = n;
+  if (held) {
+    p.params_home = cuda ? params_pinned.as<char>() : params_host.as<char>();
+    home.init(kWho, n, compute_dtype, p.params_home, cuda, p.device);
+  }
+  pipeline = std::make_unique<HostPipeline>(p);
+  share.init(host, kWho, st, p.slots);
+  if (!ratio.automatic) share.resize(ratio.fraction);
+  log_setup(this, took);
 }
 
 RangeUpdate range_of(const tsr_offload_step *st, size_t begin, size_t end) {
@@ -244,91 +264,70 @@ RangeUpdate range_of(const tsr_offload_step *st, size_t begin, size_t end) {
   return u;
 }
 
-tsr_status step(void *self, const tsr_offload_step *st) {
-  auto *s = static_cast<Cpu *>(self);
-  return sdk::guard(s->host, [&] {
-    s->check_range(st->offset, st->count);
-    if (st->count == 0) return;
-    if (s->first_step < 0) s->first_step = st->step;
-    if (s->ratio.automatic && !s->share.decided() && st->step != s->first_step) {
-      // The first step has shown its peak: size the device share now.
-      s->pipeline->flush();
-      s->share.choose_auto();
-    }
-    // Owned elements below the split are the device's, the rest the host's.
-    const size_t split = std::clamp(s->share.split(), st->offset, st->offset + st->count);
-    const size_t cb = dtype_bytes(s->compute_dtype);
-    if (split > st->offset) s->share.step(st, 0, split - st->offset);
-    if (split < st->offset + st->count) {
-      RangeUpdate u = range_of(st, split - st->offset, st->count);
-      // NULL: the gradient sink's copy, which the backend holds already.
-      u.grads =
-          st->grads ? static_cast<const char *>(st->grads) + (split - st->offset) * cb : nullptr;
-      u.params = st->params ? static_cast<char *>(st->params) + (split - st->offset) * cb : nullptr;
-      s->pipeline->submit(std::move(u));
-    }
-  });
+void Cpu::step(const tsr_offload_step *st) {
+  check_range(st->offset, st->count);
+  if (st->count == 0) return;
+  if (first_step < 0) first_step = st->step;
+  if (ratio.automatic && !share.decided() && st->step != first_step) {
+    // The first step has shown its peak: size the device share now.
+    pipeline->flush();
+    share.choose_auto();
+  }
+  // Owned elements below the split are the device's, the rest the host's.
+  const size_t split = std::clamp(share.split(), st->offset, st->offset + st->count);
+  const size_t cb = dtype_bytes(compute_dtype);
+  if (split > st->offset) share.step(st, 0, split - st->offset);
+  if (split < st->offset + st->count) {
+    RangeUpdate u = range_of(st, split - st->offset, st->count);
+    // NULL: the gradient sink's copy, which the backend holds already.
+    u.grads =
+        st->grads ? static_cast<const char *>(st->grads) + (split - st->offset) * cb : nullptr;
+    u.params = st->params ? static_cast<char *>(st->params) + (split - st->offset) * cb : nullptr;
+    pipeline->submit(std::move(u));
+  }
 }
 
-tsr_status flush(void *self) {
-  auto *s = static_cast<Cpu *>(self);
-  return sdk::guard(s->host, [&] {
-    s->pipeline->flush();
-    s->share.flush();
-  });
+void Cpu::read_state(uint32_t i, size_t offset, size_t count, float *dst) {
+  check_range(offset, count);
+  float *base = slot(i);
+  // The device share's values live on the device; the rest here.
+  const size_t on_dev = share.read(i, offset, count, dst);
+  if (count > on_dev)
+    std::memcpy(dst + on_dev, base + offset + on_dev, (count - on_dev) * sizeof(float));
 }
 
-tsr_status wait_params(void *self, size_t offset, size_t count) {
-  auto *s = static_cast<Cpu *>(self);
-  // The device share is stepped on the compute stream: ordered already.
-  return sdk::guard(s->host, [&] { s->pipeline->wait_params(offset, count); });
+void Cpu::write_state(uint32_t i, size_t offset, size_t count, const float *src) {
+  check_range(offset, count);
+  if (count) std::memcpy(slot(i) + offset, src, count * sizeof(float));
+  share.write(i, offset, count, src);
+  // Offloaded parameters follow their masters (the initial values, a
+  // checkpoint's), once no copy reads the old ones.
+  if (i == 0 && home.active() && count) {
+    pipeline->flush();
+    home.finish();
+    home.put_master(offset, count, src);
+  }
 }
 
-tsr_status wait_grads(void *self) {
-  auto *s = static_cast<Cpu *>(self);
-  return sdk::guard(s->host, [&] { s->pipeline->wait_grads(); });
-}
-
-tsr_status stats(void *self, tsr_offload_stats *out) {
-  auto *s = static_cast<Cpu *>(self);
-  return sdk::guard(s->host, [&] {
-    if (!out || out->struct_size < TSR_STRUCT_SIZE(tsr_offload_stats, elements))
-      throw Error(TSR_ERR_INVALID, fmt("%s: stats struct missing or too small", kWho));
-    tsr_offload_stats st = s->pipeline->stats();
-    st.device_s = s->share.seconds();
-    const size_t size = out->struct_size;
-    std::memcpy(out, &st, std::min(size, sizeof st));
-    out->struct_size = size;
-  });
-}
-
-tsr_status read_state(void *self, uint32_t slot, size_t offset, size_t count, float *dst) {
-  auto *s = static_cast<Cpu *>(self);
-  return sdk::guard(s->host, [&] {
-    s->check_range(offset, count);
-    float *base = s->slot(slot);
-    // The device share's values live on the device; the rest here.
-    const size_t on_dev = s->share.read(slot, offset, count, dst);
-    if (count > on_dev)
-      std::memcpy(dst + on_dev, base + offset + on_dev, (count - on_dev) * sizeof(float));
-  });
-}
-
-tsr_status write_state(void *self, uint32_t slot, size_t offset, size_t count, const float *src) {
-  auto *s = static_cast<Cpu *>(self);
-  return sdk::guard(s->host, [&] {
-    s->check_range(offset, count);
-    if (count) std::memcpy(s->slot(slot) + offset, src, count * sizeof(float));
-    s->share.write(slot, offset, count, src);
-    // Offloaded parameters follow their masters (the initial values, a
-    // checkpoint's), once no copy reads the old ones.
-    if (slot == 0 && s->home.active() && count) {
-      s->pipeline->flush();
-      s->home.finish();
-      s->home.put_master(offset, count, src);
-    }
-  });
-}
+const tsr_param_decl kParams[] = {
+    kThreadsParam,
+    sdk::param_min("sub_group_size", TSR_PARAM_INT, "16777216",
+                   "kept for configs of earlier versions (DeepSpeed's sub_group_size); the "
+                   "update now moves whole owned ranges, overlapped",
+                   1024),
+    sdk::param("pin_memory", TSR_PARAM_BOOL, "true",
+               "CUDA runs: the gradient and parameter transfer buffers in pinned host memory"),
+    sdk::param("pin_threads", TSR_PARAM_BOOL, "true",
+               "keep each thread of the CPU step on its own core"),
+    sdk::param("ratio", TSR_PARAM_STRING, "\"0\"",
+               "share of the owned state kept and stepped on the GPU, \"0\" to \"1\" (DeepSpeed's "
+               "offload_optimizer.ratio), or \"auto\": the largest share that fits beside the "
+               "first step's peak under run.max_gpu_memory"),
+    sdk::param("params", TSR_PARAM_STRING, "\"none\"",
+               "ZeRO stage 3: where this rank's compute parameters live, \"none\" (the GPU) or "
+               "\"cpu\" (pinned host memory, fetched per group just before use; DeepSpeed's "
+               "offload_param)"),
+};
 
 // ---- parameter offload (TSR_EXT_OFFLOAD_PARAMS) ----
 
@@ -366,57 +365,11 @@ const void *get_extension(const char *id) {
   return sdk::find_extension(kExtensions, id);
 }
 
-const tsr_param_decl kParams[] = {
-    sdk::param_min("threads", TSR_PARAM_INT, "0",
-                   "threads for the CPU step; 0: the cores of this process / ranks on the machine",
-                   0),
-    sdk::param_min("sub_group_size", TSR_PARAM_INT, "16777216",
-                   "kept for configs of earlier versions (DeepSpeed's sub_group_size); the "
-                   "update now moves whole owned ranges, overlapped",
-                   1024),
-    sdk::param("pin_memory", TSR_PARAM_BOOL, "true",
-               "CUDA runs: the gradient and parameter transfer buffers in pinned host memory"),
-    sdk::param("pin_threads", TSR_PARAM_BOOL, "true",
-               "keep each thread of the CPU step on its own core"),
-    sdk::param("ratio", TSR_PARAM_STRING, "\"0\"",
-               "share of the owned state kept and stepped on the GPU, \"0\" to \"1\" (DeepSpeed's "
-               "offload_optimizer.ratio), or \"auto\": the largest share that fits beside the "
-               "first step's peak under run.max_gpu_memory"),
-    sdk::param("params", TSR_PARAM_STRING, "\"none\"",
-               "ZeRO stage 3: where this rank's compute parameters live, \"none\" (the GPU) or "
-               "\"cpu\" (pinned host memory, fetched per group just before use; DeepSpeed's "
-               "offload_param)"),
-};
+const tsr_offload_vtable kVtable = sdk::offload_vtable<Cpu, build>();
 
-const tsr_offload_vtable kVtable = {TSR_STRUCT_SIZE(tsr_offload_vtable, stats),
-                                    create,
-                                    destroy,
-                                    setup,
-                                    step,
-                                    flush,
-                                    read_state,
-                                    write_state,
-                                    wait_params,
-                                    wait_grads,
-                                    stats};
-
-const tsr_plugin_descriptor kCpu = {tsr_plugin_descriptor_STRUCT_SIZE,
-                                    TSR_KIND_OFFLOAD,
-                                    "cpu",
-                                    "1.4.0",
-                                    "optimizer state in host memory, step on the CPU (threaded, "
-                                    "overlapped), optionally a GPU share",
-                                    kParams,
-                                    sizeof(kParams) / sizeof(kParams[0]),
-                                    kDevices,
-                                    &kVtable,
-                                    get_extension};
-const tsr_plugin_descriptor *const kPlugins[] = {&kCpu};
-const tsr_plugin_library kLibrary = {tsr_plugin_library_STRUCT_SIZE, TSR_ABI_MAJOR, TSR_ABI_MINOR,
-                                     kPlugins, 1};
+const tsr_plugin_descriptor kCpu = sdk::describe(TSR_KIND_OFFLOAD, "cpu", "1.4.0", kSummary,
+                                                 kParams, kDevices, &kVtable, get_extension);
 
 }  // namespace
 
-TSR_PLUGIN_ENTRY {
-  return &kLibrary;
-}
+TSR_SDK_PLUGIN_LIBRARY(&kCpu)

@@ -30,6 +30,8 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <tessera/cpp/half.hpp>
+#include <tessera/cpp/offload.hpp>
 #include <tessera/cpp/optimizer.hpp>
 #include <tessera/cpp/plugin.hpp>
 #include <thread>
@@ -37,15 +39,20 @@
 
 namespace {
 
+// What `tessera plugins` says of it (the descriptor's summary).
+constexpr const char *kSummary =
+    "optimizer state in bf16 in host memory (half the bytes), step on the CPU";
+
 namespace sdk = tessera::sdk;
+using sdk::bf16_to_float;
 using sdk::Error;
-using sdk::optim::bf16_to_float;
-using sdk::optim::float_to_bf16;
+using sdk::float_to_bf16;
 using sdk::optim::fmt;
 
 constexpr const char *kWho = "offload cpu-bf16";
 
 struct CpuBf16 {
+  static constexpr const char *kName = kWho;  // for messages
   const tsr_host *host = nullptr;
   unsigned threads = 1;
   size_t piece = 0;  // elements widened to fp32 at a time, per thread
@@ -63,6 +70,13 @@ struct CpuBf16 {
   sdk::Buffer grads_host, params_host;  // CUDA runs: one piece of each, pinned
 
   uint16_t *state_at(uint32_t i) const { return state[i].as<uint16_t>(); }
+
+  void setup(const tsr_offload_setup *st);
+  void step(const tsr_offload_step *st);
+  void flush();
+  void check_state(uint32_t slot, size_t offset, size_t count) const;
+  void read_state(uint32_t slot, size_t offset, size_t count, float *dst);
+  void write_state(uint32_t slot, size_t offset, size_t count, const float *src);
 };
 
 // One update of owned elements [offset, offset + count) whose gradients and
@@ -143,63 +157,54 @@ void update(const CpuBf16 *s, const Update &u) {
   for (tsr_status st : status) sdk::check(st);  // the optimizer recorded its message
 }
 
-tsr_status create(const tsr_host *host, const tsr_config *cfg, void **out) {
-  return sdk::guard(host, [&] {
-    sdk::Config c(host, cfg);
-    auto s = std::make_unique<CpuBf16>();
-    s->host = host;
-    const int64_t t = c.get_int("threads");
-    const uint32_t local = host->run ? std::max<uint32_t>(1, host->run->local_world_size) : 1;
-    s->threads = t > 0 ? static_cast<unsigned>(t)
-                       : std::max(1u, std::thread::hardware_concurrency() / local);
-    s->piece = static_cast<size_t>(c.get_int("piece"));
-    *out = s.release();
-  });
+std::unique_ptr<CpuBf16> build(const tsr_host *host, const tsr_config *cfg) {
+  sdk::Config c(host, cfg);
+  auto s = std::make_unique<CpuBf16>();
+  s->host = host;
+  const int64_t t = c.get_int("threads");
+  const uint32_t local = host->run ? std::max<uint32_t>(1, host->run->local_world_size) : 1;
+  s->threads =
+      t > 0 ? static_cast<unsigned>(t) : std::max(1u, std::thread::hardware_concurrency() / local);
+  s->piece = static_cast<size_t>(c.get_int("piece"));
+  return s;
 }
 
-void destroy(void *self) {
-  delete static_cast<CpuBf16 *>(self);
-}
-
-tsr_status setup(void *self, const tsr_offload_setup *st) {
-  auto *s = static_cast<CpuBf16 *>(self);
-  return sdk::guard(s->host, [&] {
-    if (!TSR_HAS_FIELD(st, tsr_offload_setup, compute_dtype))
-      throw Error(TSR_ERR_INVALID, fmt("%s: setup struct missing or too small", kWho));
-    const int32_t dev = st->device.device_type;
-    if (dev != kDLCPU && dev != kDLCUDA)
-      throw Error(TSR_ERR_UNSUPPORTED, fmt("%s: device type %d is not supported", kWho, int(dev)));
-    s->cuda = dev == kDLCUDA;
-    if (s->cuda && !(TSR_HAS_FIELD(s->host, tsr_host, synchronize) && s->host->synchronize))
-      throw Error(TSR_ERR_UNSUPPORTED, fmt("%s: a CUDA run needs tessera ABI 1.1 or later", kWho));
-    s->n = st->n;
-    s->opt = st->optimizer;
-    s->opt_self = st->optimizer_self;
-    s->state_count = st->state_count;
-    s->compute_dtype = st->compute_dtype;
-    s->compute_bytes = (st->compute_dtype.bits + 7) / 8;
-    if (!s->cuda && s->compute_bytes != 4)
-      throw Error(TSR_ERR_UNSUPPORTED, fmt("%s: CPU runs compute in float32", kWho));
-    // Pinned host memory where there is a GPU (faster copies); plain
-    // memory on a CPU run. Counted as optimizer state in the memory report.
-    const DLDevice mem{s->cuda ? kDLCUDAHost : kDLCPU, 0};
-    s->master = sdk::Buffer(s->host, mem, s->n * sizeof(float), TSR_MEM_OPTIMIZER);
-    for (uint32_t i = 0; i < s->state_count; ++i)
-      s->state.emplace_back(s->host, mem, s->n * sizeof(uint16_t), TSR_MEM_OPTIMIZER);
-    if (s->cuda) {
-      const size_t staged = std::min(s->n, s->piece * s->threads);
-      s->grads_host = sdk::Buffer(s->host, mem, staged * s->compute_bytes, TSR_MEM_OTHER);
-      s->params_host = sdk::Buffer(s->host, mem, staged * s->compute_bytes, TSR_MEM_OTHER);
-    }
-    const std::string msg = fmt(
-        "%s (rank %u): fp32 master weights (%.2f MiB) and %u optimizer state array%s in bf16 "
-        "(%.2f MiB) of %zu owned elements in host memory: host %.2f MiB, GPU 0 MiB, disk 0 MiB; "
-        "step on the CPU on %u thread(s)",
-        kWho, s->host->run ? s->host->run->rank : 0u, s->n * 4.0 / 1048576.0, s->state_count,
-        s->state_count == 1 ? "" : "s", s->state_count * s->n * 2.0 / 1048576.0, s->n,
-        s->n * (4.0 + 2.0 * s->state_count) / 1048576.0, s->threads);
-    s->host->log(s->host->ctx, TSR_LOG_INFO, msg.c_str());
-  });
+void CpuBf16::setup(const tsr_offload_setup *st) {
+  if (!TSR_HAS_FIELD(st, tsr_offload_setup, compute_dtype))
+    throw Error(TSR_ERR_INVALID, fmt("%s: setup struct missing or too small", kWho));
+  const int32_t dev = st->device.device_type;
+  if (dev != kDLCPU && dev != kDLCUDA)
+    throw Error(TSR_ERR_UNSUPPORTED, fmt("%s: device type %d is not supported", kWho, int(dev)));
+  cuda = dev == kDLCUDA;
+  if (cuda && !(TSR_HAS_FIELD(host, tsr_host, synchronize) && host->synchronize))
+    throw Error(TSR_ERR_UNSUPPORTED, fmt("%s: a CUDA run needs tessera ABI 1.1 or later", kWho));
+  n = st->n;
+  opt = st->optimizer;
+  opt_self = st->optimizer_self;
+  state_count = st->state_count;
+  compute_dtype = st->compute_dtype;
+  compute_bytes = (st->compute_dtype.bits + 7) / 8;
+  if (!cuda && compute_bytes != 4)
+    throw Error(TSR_ERR_UNSUPPORTED, fmt("%s: CPU runs compute in float32", kWho));
+  // Pinned host memory where there is a GPU (faster copies); plain
+  // memory on a CPU run. Counted as optimizer state in the memory report.
+  const DLDevice mem{cuda ? kDLCUDAHost : kDLCPU, 0};
+  master = sdk::Buffer(host, mem, n * sizeof(float), TSR_MEM_OPTIMIZER);
+  for (uint32_t i = 0; i < state_count; ++i)
+    state.emplace_back(host, mem, n * sizeof(uint16_t), TSR_MEM_OPTIMIZER);
+  if (cuda) {
+    const size_t staged = std::min(n, piece * threads);
+    grads_host = sdk::Buffer(host, mem, staged * compute_bytes, TSR_MEM_OTHER);
+    params_host = sdk::Buffer(host, mem, staged * compute_bytes, TSR_MEM_OTHER);
+  }
+  const std::string msg =
+      fmt("%s (rank %u): fp32 master weights (%.2f MiB) and %u optimizer state array%s in bf16 "
+          "(%.2f MiB) of %zu owned elements in host memory: host %.2f MiB, GPU 0 MiB, disk 0 MiB; "
+          "step on the CPU on %u thread(s)",
+          kWho, host->run ? host->run->rank : 0u, n * 4.0 / 1048576.0, state_count,
+          state_count == 1 ? "" : "s", state_count * n * 2.0 / 1048576.0, n,
+          n * (4.0 + 2.0 * state_count) / 1048576.0, threads);
+  host->log(host->ctx, TSR_LOG_INFO, msg.c_str());
 }
 
 // A CUDA run: gradients to the host and parameters back through the host's
@@ -241,64 +246,55 @@ void step_cuda(CpuBf16 *s, const tsr_offload_step *st) {
   }
 }
 
-tsr_status step(void *self, const tsr_offload_step *st) {
-  auto *s = static_cast<CpuBf16 *>(self);
-  return sdk::guard(s->host, [&] {
-    if (st->offset > s->n || st->count > s->n - st->offset)
-      throw Error(TSR_ERR_INVALID, fmt("%s: step range past the owned elements", kWho));
-    if (s->cuda) return step_cuda(s, st);
-    Update u;
-    u.offset = st->offset;
-    u.count = st->count;
-    u.grads = static_cast<const char *>(st->grads);
-    u.params = static_cast<char *>(st->params);
-    u.segments = st->segments;
-    u.num_segments = st->num_segments;
-    u.lr = st->lr;
-    u.grad_scale = st->grad_scale;
-    u.step = st->step;
-    update(s, u);
-  });
+void CpuBf16::step(const tsr_offload_step *st) {
+  if (st->offset > n || st->count > n - st->offset)
+    throw Error(TSR_ERR_INVALID, fmt("%s: step range past the owned elements", kWho));
+  if (cuda) return step_cuda(this, st);
+  Update u;
+  u.offset = st->offset;
+  u.count = st->count;
+  u.grads = static_cast<const char *>(st->grads);
+  u.params = static_cast<char *>(st->params);
+  u.segments = st->segments;
+  u.num_segments = st->num_segments;
+  u.lr = st->lr;
+  u.grad_scale = st->grad_scale;
+  u.step = st->step;
+  update(this, u);
 }
 
 // CPU steps complete before they return; a CUDA run's last parameter copy
 // may still be queued on the compute stream.
-tsr_status flush(void *self) {
-  auto *s = static_cast<CpuBf16 *>(self);
-  return s->cuda ? s->host->synchronize(s->host->ctx) : TSR_OK;
+void CpuBf16::flush() {
+  if (cuda) sdk::check(host->synchronize(host->ctx));
 }
 
 // Checkpoints and the initial master weights: slot 0 is the fp32 master,
 // slot 1 + i state array i, widened to (or rounded from) fp32.
-tsr_status copy_state(CpuBf16 *s, uint32_t slot, size_t offset, size_t count, float *dst,
-                      const float *src) {
-  return sdk::guard(s->host, [&] {
-    if (offset > s->n || count > s->n - offset)
-      throw Error(TSR_ERR_INVALID, fmt("%s: state range past the owned elements", kWho));
-    if (slot > s->state_count)
-      throw Error(TSR_ERR_INVALID, fmt("%s: no state slot %u", kWho, slot));
-    if (slot == 0) {
-      float *m = s->master.as<float>() + offset;
-      if (dst)
-        std::memcpy(dst, m, count * sizeof(float));
-      else
-        std::memcpy(m, src, count * sizeof(float));
-      return;
-    }
-    uint16_t *b = s->state_at(slot - 1) + offset;
-    if (dst)
-      for (size_t i = 0; i < count; ++i) dst[i] = bf16_to_float(b[i]);
-    else
-      for (size_t i = 0; i < count; ++i) b[i] = float_to_bf16(src[i]);
-  });
+void CpuBf16::check_state(uint32_t slot, size_t offset, size_t count) const {
+  if (offset > n || count > n - offset)
+    throw Error(TSR_ERR_INVALID, fmt("%s: state range past the owned elements", kWho));
+  if (slot > state_count) throw Error(TSR_ERR_INVALID, fmt("%s: no state slot %u", kWho, slot));
 }
 
-tsr_status read_state(void *self, uint32_t slot, size_t offset, size_t count, float *dst) {
-  return copy_state(static_cast<CpuBf16 *>(self), slot, offset, count, dst, nullptr);
+void CpuBf16::read_state(uint32_t slot, size_t offset, size_t count, float *dst) {
+  check_state(slot, offset, count);
+  if (slot == 0) {
+    std::memcpy(dst, master.as<float>() + offset, count * sizeof(float));
+    return;
+  }
+  const uint16_t *b = state_at(slot - 1) + offset;
+  for (size_t i = 0; i < count; ++i) dst[i] = bf16_to_float(b[i]);
 }
 
-tsr_status write_state(void *self, uint32_t slot, size_t offset, size_t count, const float *src) {
-  return copy_state(static_cast<CpuBf16 *>(self), slot, offset, count, nullptr, src);
+void CpuBf16::write_state(uint32_t slot, size_t offset, size_t count, const float *src) {
+  check_state(slot, offset, count);
+  if (slot == 0) {
+    std::memcpy(master.as<float>() + offset, src, count * sizeof(float));
+    return;
+  }
+  uint16_t *b = state_at(slot - 1) + offset;
+  for (size_t i = 0; i < count; ++i) b[i] = float_to_bf16(src[i]);
 }
 
 const tsr_param_decl kParams[] = {
@@ -308,37 +304,14 @@ const tsr_param_decl kParams[] = {
                    "elements widened to fp32 scratch at a time, per thread", 32),
 };
 
-const tsr_offload_vtable kVtable = {
-    // Synchronous: its table ends at write_state (ABI 1.1); the host flushes.
-    TSR_STRUCT_SIZE(tsr_offload_vtable, write_state),
-    create,
-    destroy,
-    setup,
-    step,
-    flush,
-    read_state,
-    write_state,
-    nullptr,
-    nullptr,
-    nullptr};
+// Synchronous: no wait_params, wait_grads or stats, so its table ends at
+// write_state (ABI 1.1) and the host flushes.
+const tsr_offload_vtable kVtable = sdk::offload_vtable<CpuBf16, build>();
 
-const tsr_plugin_descriptor kCpuBf16 = {
-    tsr_plugin_descriptor_STRUCT_SIZE,
-    TSR_KIND_OFFLOAD,
-    "cpu-bf16",
-    "1.0.0",
-    "optimizer state in bf16 in host memory (half the bytes), step on the CPU",
-    kParams,
-    sizeof(kParams) / sizeof(kParams[0]),
-    TSR_DEVICE_CPU | TSR_DEVICE_CUDA,
-    &kVtable,
-    nullptr};
-const tsr_plugin_descriptor *const kPlugins[] = {&kCpuBf16};
-const tsr_plugin_library kLibrary = {tsr_plugin_library_STRUCT_SIZE, TSR_ABI_MAJOR, TSR_ABI_MINOR,
-                                     kPlugins, 1};
+const tsr_plugin_descriptor kCpuBf16 =
+    sdk::describe(TSR_KIND_OFFLOAD, "cpu-bf16", "1.0.0", kSummary, kParams,
+                  TSR_DEVICE_CPU | TSR_DEVICE_CUDA, &kVtable);
 
 }  // namespace
 
-TSR_PLUGIN_ENTRY {
-  return &kLibrary;
-}
+TSR_SDK_PLUGIN_LIBRARY(&kCpuBf16)

@@ -61,8 +61,13 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <tessera/cpp/offload.hpp>
 
 namespace {
+
+// What `tessera plugins` says of it (the descriptor's summary).
+constexpr const char *kSummary =
+    "optimizer state in files on a local disk (io_uring, O_DIRECT), step on the CPU";
 
 using namespace tessera::offload;
 using namespace tessera::offload::nvme;
@@ -73,42 +78,17 @@ constexpr uint32_t kDevices = TSR_DEVICE_CPU | TSR_DEVICE_CUDA;
 constexpr uint32_t kDevices = TSR_DEVICE_CPU;
 #endif
 
-tsr_status create(const tsr_host *host, const tsr_config *cfg, void **out) {
-  return sdk::guard(host, [&] {
-    sdk::Config c(host, cfg);
-    auto s = std::make_unique<Nvme>();
-    s->host = host;
-    s->path = c.get_string("path");
-    s->threads_cfg = c.get_int("threads");
-    s->sub_group = static_cast<size_t>(c.get_int("sub_group_size"));
-    s->overlap = c.get_bool("overlap");
-    s->cache_slots = static_cast<size_t>(c.get_int("param_cache"));
-    s->params_where = parse_params_home(c.get_string("params"), kWho, true);
-    *out = s.release();
-  });
-}
-
-void destroy(void *self) {
-  auto *s = static_cast<Nvme *>(self);
-  if (!s) return;
-  // A walk still running (a run that failed mid-step) ends first; its
-  // failure, if any, was or will not be reported here.
-  if (s->walker.joinable()) s->walker.join();
-  if (s->updates > 0) {
-    // Bytes per element of the blocks updated: what one step asks of the
-    // disk for each owned element, padding of a last partial block aside.
-    const double elems = double(s->updates) * double(s->block);
-    const std::string msg =
-        fmt("%s: %llu block updates, %.1f MiB read, %.1f MiB written (%.2f B and %.2f B an "
-            "element), %.1f MiB of parameters read by fetches (and %.1f MiB taken from the cache "
-            "of recent blocks), %.3f s updating, %.3f s waiting for the disk",
-            kWho, static_cast<unsigned long long>(s->updates), mib(double(s->bytes_read)),
-            mib(double(s->bytes_written)), double(s->bytes_read) / elems,
-            double(s->bytes_written) / elems, mib(double(s->fetch_bytes_read)),
-            mib(double(s->fetch_bytes_cached)), s->update_s.load(), s->io_wait_s);
-    s->host->log(s->host->ctx, TSR_LOG_DEBUG, msg.c_str());
-  }
-  delete s;
+std::unique_ptr<Nvme> build(const tsr_host *host, const tsr_config *cfg) {
+  sdk::Config c(host, cfg);
+  auto s = std::make_unique<Nvme>();
+  s->host = host;
+  s->path = c.get_string("path");
+  s->threads_cfg = c.get_int("threads");
+  s->sub_group = static_cast<size_t>(c.get_int("sub_group_size"));
+  s->overlap = c.get_bool("overlap");
+  s->cache_slots = static_cast<size_t>(c.get_int("param_cache"));
+  s->params_where = parse_params_home(c.get_string("params"), kWho, true);
+  return s;
 }
 
 // Creates and preallocates the state file; every failure here is a clear
@@ -215,176 +195,23 @@ void log_setup(Nvme *s, unsigned threads, double staging) {
                    .c_str());
 }
 
-tsr_status setup(void *self, const tsr_offload_setup *st) {
-  auto *s = static_cast<Nvme *>(self);
-  return sdk::guard(s->host, [&] {
-    s->cuda = check_setup(s->host, st, kWho, kDevices, "on every rank's disk");
-    s->device_id = st->device.device_id;
-    s->n = st->n;
-    s->opt = st->optimizer;
-    s->opt_self = st->optimizer_self;
-    s->state_count = st->state_count;
-    s->compute_dtype = st->compute_dtype;
-    // Blocks: a multiple of 1024 floats (4096 bytes), no larger than needed;
-    // with the parameters on disk also of 4096 bytes of the compute dtype.
-    const size_t cb = dtype_bytes(s->compute_dtype);
-    const size_t align =
-        s->on_disk() ? std::max(kDirectAlign / 4, kDirectAlign / cb) : kDirectAlign / 4;
-    s->block = align_up(std::min(s->sub_group, std::max<size_t>(s->n, 1)), align);
-    s->blocks = (s->n + s->block - 1) / s->block;
-    s->block_bytes = (1 + s->state_count) * s->block * sizeof(float) + s->params_region();
-    const bool home_host = s->params_where == TSR_PARAMS_ON_HOST;
-    // Offloaded parameters bring the gradients along (the sink's buffer).
-    const bool held = s->params_where != TSR_PARAMS_ON_DEVICE;
-    check_host_memory(
-        s->host, kWho,
-        kBuffers * double(s->block_bytes + kDirectAlign) + (home_host ? double(s->n) * cb : 0.0) +
-            (held ? double(s->n) * cb : 0.0) + (s->cuda ? 3.0 * s->block * cb : 0.0) +
-            (s->on_disk() ? (kBuffers + s->cache_slots) * double(s->params_region()) : 0.0),
-        fmt("the staging buffers%s%s of %zu owned elements",
-            home_host ? ", the offloaded parameters" : "", held ? ", the gradients" : "", s->n));
-    const DLDevice mem{s->cuda ? kDLCUDAHost : kDLCPU, 0};
-    for (int i = 0; i < kBuffers; ++i) {
-      s->raw[i] = sdk::Buffer(s->host, mem, s->block_bytes + kDirectAlign, TSR_MEM_OPTIMIZER);
-      const auto p = reinterpret_cast<uintptr_t>(s->raw[i].get());
-      s->buf[i] = reinterpret_cast<char *>(align_up(p, kDirectAlign));
-    }
-    if (s->on_disk())
-      for (int i = 0; i < kBuffers; ++i) {
-        s->fetch_raw[i] =
-            sdk::Buffer(s->host, mem, s->params_region() + kDirectAlign, TSR_MEM_PARAMS);
-        const auto p = reinterpret_cast<uintptr_t>(s->fetch_raw[i].get());
-        s->fetch_buf[i] = reinterpret_cast<char *>(align_up(p, kDirectAlign));
-      }
-    if (s->on_disk()) s->cache.init(s->host, mem, s->cache_slots, s->params_region(), s->cuda);
-    open_file(s);
-    s->fetch_io.fd = s->io.fd;
-    s->fetch_io.name = s->io.name;
-    const int ring_err = s->io.init_ring();
-    if (!ring_err && s->on_disk()) (void)s->fetch_io.init_ring();  // else blocking reads
-    if (ring_err) {
-      const std::string w =
-          fmt("%s: io_uring is not available (%s); reading and writing with "
-              "blocking pread / pwrite, without overlap",
-              kWho, std::strerror(ring_err));
-      s->host->log(s->host->ctx, TSR_LOG_WARN, w.c_str());
-    }
-    const unsigned threads =
-        s->threads_cfg > 0 ? static_cast<unsigned>(s->threads_cfg) : default_threads(s->host);
-    s->pool = std::make_unique<ThreadPool>(threads);
-    double staging = kBuffers * double(s->block_bytes);
-    if (s->on_disk()) staging += kBuffers * double(s->params_region()) + double(s->cache.bytes());
-    if (home_host) {
-      s->home_buf = sdk::Buffer(s->host, mem, std::max<size_t>(s->n, 1) * cb, TSR_MEM_PARAMS);
-      s->home.init(kWho, s->n, s->compute_dtype, s->home_buf.as<char>(), s->cuda,
-                   st->device.device_id);
-    }
+// With offloaded parameters, the gradients come along: every owned one in
+// host memory `mem`, where the zero plugin's sink puts them.
+void init_sink(Nvme *s, DLDevice mem) {
+  const size_t cb = dtype_bytes(s->compute_dtype);
+  s->grads_buf = sdk::Buffer(s->host, mem, std::max<size_t>(s->n, 1) * cb, TSR_MEM_GRADS);
+  GradSinkSetup g;
+  g.host = s->host;
+  g.who = kWho;
+  g.n = s->n;
+  g.dtype = s->compute_dtype;
+  g.data = s->grads_buf.as<char>();
+  g.cuda = s->cuda;
+  g.pool = s->pool.get();
 #if TSR_PLUGIN_CUDA
-    if (s->cuda) {
-      s->copies.init(kWho);
-      for (auto &e : s->fetch_ev) e = make_event(kWho);
-      for (auto &e : s->fetch_end) e = make_event(kWho);
-      s->grads_stage = sdk::Buffer(s->host, mem, s->block * cb, TSR_MEM_OTHER);
-      for (auto &b : s->params_stage) b = sdk::Buffer(s->host, mem, s->block * cb, TSR_MEM_OTHER);
-      s->grads_ev = make_event(kWho);
-      for (auto &e : s->params_ev) e = make_event(kWho);
-      staging += 3.0 * s->block * cb;
-    }
+  g.copies = &s->copies;
 #endif
-    if (held) {
-      s->grads_buf = sdk::Buffer(s->host, mem, std::max<size_t>(s->n, 1) * cb, TSR_MEM_GRADS);
-      GradSinkSetup g;
-      g.host = s->host;
-      g.who = kWho;
-      g.n = s->n;
-      g.dtype = s->compute_dtype;
-      g.data = s->grads_buf.as<char>();
-      g.cuda = s->cuda;
-      g.pool = s->pool.get();
-#if TSR_PLUGIN_CUDA
-      g.copies = &s->copies;
-#endif
-      s->sink.init(g);
-    }
-    log_setup(s, threads, staging);
-  });
-}
-
-tsr_status step(void *self, const tsr_offload_step *st) {
-  auto *s = static_cast<Nvme *>(self);
-  return sdk::guard(s->host, [&] {
-    s->check_range(st->offset, st->count);
-    if (st->count == 0) return;
-    // A new step's range: the last walk has ended by now (the host's
-    // wait_grads came before this step's backward); join it.
-    if (s->walker.joinable()) walk_settle(s);
-    Pending p;
-    p.offset = st->offset;
-    p.count = st->count;
-    p.grads = st->grads;
-    p.params = st->params;
-    p.segments.assign(st->segments, st->segments + st->num_segments);
-    p.lr = st->lr;
-    p.grad_scale = st->grad_scale;
-    p.step = st->step;
-    s->pending.push_back(std::move(p));
-  });
-}
-
-tsr_status flush(void *self) {
-  auto *s = static_cast<Nvme *>(self);
-  return sdk::guard(s->host, [&] {
-    walk_settle(s);
-#if TSR_PLUGIN_CUDA
-    if (s->cuda) s->copies.finish();
-#endif
-  });
-}
-
-// ABI 1.2: the host does not flush after handing the ranges over; the walk
-// starts at the next forward's first call for parameters and runs beside it.
-tsr_status wait_params(void *self, size_t offset, size_t count) {
-  auto *s = static_cast<Nvme *>(self);
-  return sdk::guard(s->host, [&] {
-    s->check_range(offset, count);
-    if (s->overlap)
-      walk_wait(s, offset, count);
-    else
-      walk_settle(s);
-#if TSR_PLUGIN_CUDA
-    // Parameters on the device: the walk copied the updated blocks up on
-    // the copy stream through two stages; the compute stream waits for
-    // each stage's latest copy, which is this range's or one queued after
-    // it on the same stream.
-    if (s->cuda && s->params_where == TSR_PARAMS_ON_DEVICE)
-      for (cudaEvent_t e : s->params_ev)
-        cuda_check(cudaStreamWaitEvent(static_cast<cudaStream_t>(s->host->compute_stream), e, 0),
-                   kWho, "wait for the updated parameters' copy");
-#endif
-  });
-}
-
-// For the run's breakdown: the CPU step's seconds and elements so far (the
-// disk's time is not a copy between devices: d2h and h2d stay 0).
-tsr_status stats(void *self, tsr_offload_stats *out) {
-  auto *s = static_cast<Nvme *>(self);
-  return sdk::guard(s->host, [&] {
-    if (!out || out->struct_size < tsr_offload_stats_STRUCT_SIZE)
-      throw Error(TSR_ERR_INVALID, fmt("%s: stats struct missing or too small", kWho));
-    tsr_offload_stats st{};
-    st.host_s = s->update_s.load();
-    st.elements = s->elements_updated.load();
-    const size_t size = out->struct_size;
-    std::memcpy(out, &st, std::min(size, sizeof st));
-    out->struct_size = size;
-  });
-}
-
-// The walk has read every gradient handed over (it copies device gradients
-// to the host and waits for each copy): the host may clear them.
-tsr_status wait_grads(void *self) {
-  auto *s = static_cast<Nvme *>(self);
-  return sdk::guard(s->host, [&] { walk_settle(s); });
+  s->sink.init(g);
 }
 
 // The compute copy of owned [lo, hi) in block b from their masters
@@ -429,23 +256,181 @@ void copy_state(Nvme *s, uint32_t slot, size_t offset, size_t count, float *dst,
   }
 }
 
-tsr_status read_state(void *self, uint32_t slot, size_t offset, size_t count, float *dst) {
-  auto *s = static_cast<Nvme *>(self);
-  return sdk::guard(s->host, [&] { copy_state(s, slot, offset, count, dst, nullptr); });
+}  // namespace
+
+namespace tessera::offload::nvme {
+
+// The closing debug line: what the update and the fetches asked of the disk.
+void Nvme::log_totals() const {
+  if (updates > 0) {
+    // Bytes per element of the blocks updated: what one step asks of the
+    // disk for each owned element, padding of a last partial block aside.
+    const double elems = double(updates) * double(block);
+    const std::string msg = fmt(
+        "%s: %llu block updates, %.1f MiB read, %.1f MiB written (%.2f B and %.2f B an "
+        "element), %.1f MiB of parameters read by fetches (and %.1f MiB taken from the cache "
+        "of recent blocks), %.3f s updating, %.3f s waiting for the disk",
+        kWho, static_cast<unsigned long long>(updates), mib(double(bytes_read)),
+        mib(double(bytes_written)), double(bytes_read) / elems, double(bytes_written) / elems,
+        mib(double(fetch_bytes_read)), mib(double(fetch_bytes_cached)), update_s.load(), io_wait_s);
+    host->log(host->ctx, TSR_LOG_DEBUG, msg.c_str());
+  }
 }
 
-tsr_status write_state(void *self, uint32_t slot, size_t offset, size_t count, const float *src) {
-  auto *s = static_cast<Nvme *>(self);
-  return sdk::guard(s->host, [&] { copy_state(s, slot, offset, count, nullptr, src); });
+void Nvme::setup(const tsr_offload_setup *st) {
+  cuda = check_setup(host, st, kWho, kDevices, "on every rank's disk");
+  device_id = st->device.device_id;
+  n = st->n;
+  opt = st->optimizer;
+  opt_self = st->optimizer_self;
+  state_count = st->state_count;
+  compute_dtype = st->compute_dtype;
+  // Blocks: a multiple of 1024 floats (4096 bytes), no larger than needed;
+  // with the parameters on disk also of 4096 bytes of the compute dtype.
+  const size_t cb = dtype_bytes(compute_dtype);
+  const size_t align = on_disk() ? std::max(kDirectAlign / 4, kDirectAlign / cb) : kDirectAlign / 4;
+  block = align_up(std::min(sub_group, std::max<size_t>(n, 1)), align);
+  blocks = (n + block - 1) / block;
+  block_bytes = (1 + state_count) * block * sizeof(float) + params_region();
+  const bool home_host = params_where == TSR_PARAMS_ON_HOST;
+  // Offloaded parameters bring the gradients along (the sink's buffer).
+  const bool held = params_where != TSR_PARAMS_ON_DEVICE;
+  check_host_memory(
+      host, kWho,
+      kBuffers * double(block_bytes + kDirectAlign) + (home_host ? double(n) * cb : 0.0) +
+          (held ? double(n) * cb : 0.0) + (cuda ? 3.0 * block * cb : 0.0) +
+          (on_disk() ? (kBuffers + cache_slots) * double(params_region()) : 0.0),
+      fmt("the staging buffers%s%s of %zu owned elements",
+          home_host ? ", the offloaded parameters" : "", held ? ", the gradients" : "", n));
+  const DLDevice mem{cuda ? kDLCUDAHost : kDLCPU, 0};
+  for (int i = 0; i < kBuffers; ++i) {
+    raw[i] = sdk::Buffer(host, mem, block_bytes + kDirectAlign, TSR_MEM_OPTIMIZER);
+    const auto p = reinterpret_cast<uintptr_t>(raw[i].get());
+    buf[i] = reinterpret_cast<char *>(align_up(p, kDirectAlign));
+  }
+  if (on_disk())
+    for (int i = 0; i < kBuffers; ++i) {
+      fetch_raw[i] = sdk::Buffer(host, mem, params_region() + kDirectAlign, TSR_MEM_PARAMS);
+      const auto p = reinterpret_cast<uintptr_t>(fetch_raw[i].get());
+      fetch_buf[i] = reinterpret_cast<char *>(align_up(p, kDirectAlign));
+    }
+  if (on_disk()) cache.init(host, mem, cache_slots, params_region(), cuda);
+  open_file(this);
+  fetch_io.fd = io.fd;
+  fetch_io.name = io.name;
+  const int ring_err = io.init_ring();
+  if (!ring_err && on_disk()) (void)fetch_io.init_ring();  // else blocking reads
+  if (ring_err) {
+    const std::string w =
+        fmt("%s: io_uring is not available (%s); reading and writing with "
+            "blocking pread / pwrite, without overlap",
+            kWho, std::strerror(ring_err));
+    host->log(host->ctx, TSR_LOG_WARN, w.c_str());
+  }
+  const unsigned threads =
+      threads_cfg > 0 ? static_cast<unsigned>(threads_cfg) : default_threads(host);
+  pool = std::make_unique<ThreadPool>(threads);
+  double staging = kBuffers * double(block_bytes);
+  if (on_disk()) staging += kBuffers * double(params_region()) + double(cache.bytes());
+  if (home_host) {
+    home_buf = sdk::Buffer(host, mem, std::max<size_t>(n, 1) * cb, TSR_MEM_PARAMS);
+    home.init(kWho, n, compute_dtype, home_buf.as<char>(), cuda, st->device.device_id);
+  }
+#if TSR_PLUGIN_CUDA
+  if (cuda) {
+    copies.init(kWho);
+    for (auto &e : fetch_ev) e = make_event(kWho);
+    for (auto &e : fetch_end) e = make_event(kWho);
+    grads_stage = sdk::Buffer(host, mem, block * cb, TSR_MEM_OTHER);
+    for (auto &b : params_stage) b = sdk::Buffer(host, mem, block * cb, TSR_MEM_OTHER);
+    grads_ev = make_event(kWho);
+    for (auto &e : params_ev) e = make_event(kWho);
+    staging += 3.0 * block * cb;
+  }
+#endif
+  if (held) init_sink(this, mem);
+  log_setup(this, threads, staging);
 }
+
+void Nvme::step(const tsr_offload_step *st) {
+  check_range(st->offset, st->count);
+  if (st->count == 0) return;
+  // A new step's range: the last walk has ended by now (the host's
+  // wait_grads came before this step's backward); join it.
+  if (walker.joinable()) walk_settle(this);
+  Pending p;
+  p.offset = st->offset;
+  p.count = st->count;
+  p.grads = st->grads;
+  p.params = st->params;
+  p.segments.assign(st->segments, st->segments + st->num_segments);
+  p.lr = st->lr;
+  p.grad_scale = st->grad_scale;
+  p.step = st->step;
+  pending.push_back(std::move(p));
+}
+
+void Nvme::flush() {
+  walk_settle(this);
+#if TSR_PLUGIN_CUDA
+  if (cuda) copies.finish();
+#endif
+}
+
+// ABI 1.2: the host does not flush after handing the ranges over; the walk
+// starts at the next forward's first call for parameters and runs beside it.
+void Nvme::wait_params(size_t offset, size_t count) {
+  check_range(offset, count);
+  if (overlap)
+    walk_wait(this, offset, count);
+  else
+    walk_settle(this);
+#if TSR_PLUGIN_CUDA
+  // Parameters on the device: the walk copied the updated blocks up on
+  // the copy stream through two stages; the compute stream waits for
+  // each stage's latest copy, which is this range's or one queued after
+  // it on the same stream.
+  if (cuda && params_where == TSR_PARAMS_ON_DEVICE)
+    for (cudaEvent_t e : params_ev)
+      cuda_check(cudaStreamWaitEvent(static_cast<cudaStream_t>(host->compute_stream), e, 0), kWho,
+                 "wait for the updated parameters' copy");
+#endif
+}
+
+// For the run's breakdown: the CPU step's seconds and elements so far (the
+// disk's time is not a copy between devices: d2h and h2d stay 0).
+void Nvme::stats(tsr_offload_stats *out) {
+  if (!out || out->struct_size < tsr_offload_stats_STRUCT_SIZE)
+    throw Error(TSR_ERR_INVALID, fmt("%s: stats struct missing or too small", kWho));
+  tsr_offload_stats st{};
+  st.host_s = update_s.load();
+  st.elements = elements_updated.load();
+  sdk::copy_out(st, out);
+}
+
+// The walk has read every gradient handed over (it copies device gradients
+// to the host and waits for each copy): the host may clear them.
+void Nvme::wait_grads() {
+  walk_settle(this);
+}
+
+void Nvme::read_state(uint32_t slot, size_t offset, size_t count, float *dst) {
+  copy_state(this, slot, offset, count, dst, nullptr);
+}
+
+void Nvme::write_state(uint32_t slot, size_t offset, size_t count, const float *src) {
+  copy_state(this, slot, offset, count, nullptr, src);
+}
+
+}  // namespace tessera::offload::nvme
+
+namespace {
 
 const tsr_param_decl kParams[] = {
     sdk::param("path", TSR_PARAM_STRING, "\"\"",
                "directory for the state files (one per rank, rank<R>.state), on a fast local "
                "disk; created if missing, the files removed at the end"),
-    sdk::param_min("threads", TSR_PARAM_INT, "0",
-                   "threads for the CPU step; 0: the cores of this process / ranks on the machine",
-                   0),
+    kThreadsParam,
     sdk::param_min("sub_group_size", TSR_PARAM_INT, "4194304",
                    "elements per block streamed through each of the three buffers (rounded up "
                    "to a multiple of 1024)",
@@ -464,35 +449,11 @@ const tsr_param_decl kParams[] = {
                "fetched just before use (DeepSpeed's offload_param)"),
 };
 
-const tsr_offload_vtable kVtable = {TSR_STRUCT_SIZE(tsr_offload_vtable, stats),
-                                    create,
-                                    destroy,
-                                    setup,
-                                    step,
-                                    flush,
-                                    read_state,
-                                    write_state,
-                                    wait_params,
-                                    wait_grads,
-                                    stats};
+const tsr_offload_vtable kVtable = sdk::offload_vtable<Nvme, build>();
 
-const tsr_plugin_descriptor kNvme = {
-    tsr_plugin_descriptor_STRUCT_SIZE,
-    TSR_KIND_OFFLOAD,
-    "nvme",
-    "1.2.0",
-    "optimizer state in files on a local disk (io_uring, O_DIRECT), step on the CPU",
-    kParams,
-    sizeof(kParams) / sizeof(kParams[0]),
-    kDevices,
-    &kVtable,
-    get_extension};
-const tsr_plugin_descriptor *const kPlugins[] = {&kNvme};
-const tsr_plugin_library kLibrary = {tsr_plugin_library_STRUCT_SIZE, TSR_ABI_MAJOR, TSR_ABI_MINOR,
-                                     kPlugins, 1};
+const tsr_plugin_descriptor kNvme = sdk::describe(TSR_KIND_OFFLOAD, "nvme", "1.2.0", kSummary,
+                                                  kParams, kDevices, &kVtable, get_extension);
 
 }  // namespace
 
-TSR_PLUGIN_ENTRY {
-  return &kLibrary;
-}
+TSR_SDK_PLUGIN_LIBRARY(&kNvme)

@@ -37,7 +37,10 @@ struct Pending {
 struct Nvme;
 void walk_settle(Nvme *s);  // below
 
+// The backend: its members setup .. stats are the vtable's entries
+// (sdk::offload_vtable, nvme.cpp).
 struct Nvme {
+  static constexpr const char *kName = kWho;  // for messages
   const tsr_host *host = nullptr;
   std::string path;
   int64_t threads_cfg = 0;
@@ -131,7 +134,10 @@ struct Nvme {
     return block_offset(b) + static_cast<off_t>(state_bytes());
   }
   ~Nvme() {
+    // A walk still running (a run that failed mid-step) ends first; its
+    // failure, if any, was or will not be reported here.
     if (walker.joinable()) walker.join();
+    log_totals();
     io.drain();
     fetch_io.drain();
     if (io.fd >= 0) {
@@ -154,6 +160,17 @@ struct Nvme {
       }
 #endif
   }
+
+  void log_totals() const;
+
+  void setup(const tsr_offload_setup *st);
+  void step(const tsr_offload_step *st);
+  void flush();
+  void read_state(uint32_t slot, size_t offset, size_t count, float *dst);
+  void write_state(uint32_t slot, size_t offset, size_t count, const float *src);
+  void wait_params(size_t offset, size_t count);
+  void wait_grads();
+  void stats(tsr_offload_stats *out);
 
   void check_range(size_t offset, size_t count) const {
     check_owned_range(kWho, offset, count, n);

@@ -24,6 +24,7 @@
 
 #include <tessera/tessera.h>
 
+#include <array>
 #include <cmath>
 #include <cstdarg>
 #include <cstdint>
@@ -37,6 +38,7 @@
 #include <vector>
 
 #include "adam_cpu.hpp"
+#include "step_support.hpp"
 
 namespace sdk = tessera::sdk;
 
@@ -46,13 +48,8 @@ using namespace tessera::sdk::optim;
 using tessera::adam::adam_update;
 using tessera::adam::AdamConsts;
 
-#if TSR_PLUGIN_CUDA
-constexpr uint32_t kDevices = TSR_DEVICE_CPU | TSR_DEVICE_CUDA;
-#else
-constexpr uint32_t kDevices = TSR_DEVICE_CPU;
-#endif
-// The step reads bf16 and fp16 gradients on every device it supports.
-constexpr StepSupport kSupport = {kDevices, true};
+using tessera::optimizers::kDevices;  // step_support.hpp
+using tessera::optimizers::kSupport;
 
 // ---------------------------------------------------------------------------
 // CPU kernels.
@@ -174,16 +171,23 @@ void cpu_segment(const tessera::adam::SimdKernels *simd, Elem ge, const void *g,
 // The plugin instance and its entry points.
 
 struct Adam {
+  static constexpr const char *kName = "adam";  // for messages before `name` is set
   const tsr_host *host = nullptr;
   const char *name = "adam";  // for messages: "adam" or "adamw"
   double lr = 0;              // the configured rate: the schedule's peak (TSR_EXT_OPTIMIZER_LR)
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
   bool decoupled = false;                            // the `adamw` key
   const tessera::adam::SimdKernels *simd = nullptr;  // `cpu_kernel`; NULL: scalar
+
+  uint32_t state_count() const { return 2; }
+  const char *state_name(uint32_t i) const {
+    static const char *const kNames[] = {"exp_avg", "exp_avg_sq"};
+    return i < 2 ? kNames[i] : nullptr;
+  }
+  void step(const tsr_optimizer_step_args *args) const;
 };
 
-void create_into(const tsr_host *host, const tsr_config *cfg, const char *name, void **out_self) {
-  if (!out_self) throw sdk::Error(TSR_ERR_INVALID, fmt("%s: out_self is NULL", name));
+std::unique_ptr<Adam> build(const tsr_host *host, const tsr_config *cfg, const char *name) {
   sdk::Config c(host, cfg);
   auto self = std::make_unique<Adam>();
   self->host = host;
@@ -206,137 +210,87 @@ void create_into(const tsr_host *host, const tsr_config *cfg, const char *name, 
   self->weight_decay = c.get_float("weight_decay");
   self->decoupled = c.get_bool("adamw");
   self->simd = kernels_of(pick_kernel(c.get_string("cpu_kernel"), name));
-  *out_self = self.release();
+  return self;
 }
 
-tsr_status adam_create(const tsr_host *host, const tsr_config *cfg, void **out_self) {
-  if (out_self) *out_self = nullptr;
-  return sdk::guard(host, [&] { create_into(host, cfg, "adam", out_self); });
+// The two plugins differ only in their name (messages) and defaults.
+std::unique_ptr<Adam> build_adam(const tsr_host *host, const tsr_config *cfg) {
+  return build(host, cfg, "adam");
+}
+std::unique_ptr<Adam> build_adamw(const tsr_host *host, const tsr_config *cfg) {
+  return build(host, cfg, "adamw");
 }
 
-tsr_status adamw_create(const tsr_host *host, const tsr_config *cfg, void **out_self) {
-  if (out_self) *out_self = nullptr;
-  return sdk::guard(host, [&] { create_into(host, cfg, "adamw", out_self); });
-}
-
-void adam_destroy(void *self) {
-  auto *s = static_cast<Adam *>(self);
-  if (!s) return;
-  const tsr_host *host = s->host;
-  (void)sdk::guard(host, [&] { delete s; });
-}
-
-uint32_t adam_state_count(void *self) {
-  auto *s = static_cast<Adam *>(self);
-  uint32_t n = 0;
-  (void)sdk::guard(s->host, [&] { n = 2; });
-  return n;
-}
-
-const char *adam_state_name(void *self, uint32_t i) {
-  auto *s = static_cast<Adam *>(self);
-  const char *name = nullptr;
-  (void)sdk::guard(s->host, [&] {
-    static const char *const kNames[] = {"exp_avg", "exp_avg_sq"};
-    if (i < 2) name = kNames[i];
-  });
-  return name;
-}
-
-tsr_status adam_step(void *self, const tsr_optimizer_step_args *args) {
-  auto *s = static_cast<Adam *>(self);
-  return sdk::guard(s->host, [&] {
-    check_step_args(args, 2, s->name, kSupport);
-    const double lr = args->lr;
-    const double t = static_cast<double>(args->step);
-    AdamConsts base{};
-    base.scale = static_cast<float>(args->grad_scale);
-    base.beta1 = static_cast<float>(s->beta1);
-    base.beta2 = static_cast<float>(s->beta2);
-    base.one_minus_beta1 = static_cast<float>(1.0 - s->beta1);
-    base.one_minus_beta2 = static_cast<float>(1.0 - s->beta2);
-    base.step_size = static_cast<float>(lr / (1.0 - std::pow(s->beta1, t)));
-    base.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(s->beta2, t)));
-    base.eps = static_cast<float>(s->eps);
-    base.l2 = 0.0f;
-    base.shrink = 1.0f;
-    // Segments with decay get the same constants plus the decay term.
-    AdamConsts decayed = base;
-    if (s->decoupled)
-      decayed.shrink = static_cast<float>(1.0 - lr * s->weight_decay);
-    else
-      decayed.l2 = static_cast<float>(s->weight_decay);
+void Adam::step(const tsr_optimizer_step_args *args) const {
+  check_step_args(args, 2, name, kSupport);
+  const double lr = args->lr;
+  const double t = static_cast<double>(args->step);
+  AdamConsts base{};
+  base.scale = static_cast<float>(args->grad_scale);
+  base.beta1 = static_cast<float>(beta1);
+  base.beta2 = static_cast<float>(beta2);
+  base.one_minus_beta1 = static_cast<float>(1.0 - beta1);
+  base.one_minus_beta2 = static_cast<float>(1.0 - beta2);
+  base.step_size = static_cast<float>(lr / (1.0 - std::pow(beta1, t)));
+  base.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(beta2, t)));
+  base.eps = static_cast<float>(eps);
+  base.l2 = 0.0f;
+  base.shrink = 1.0f;
+  // Segments with decay get the same constants plus the decay term.
+  AdamConsts decayed = base;
+  if (decoupled)
+    decayed.shrink = static_cast<float>(1.0 - lr * weight_decay);
+  else
+    decayed.l2 = static_cast<float>(weight_decay);
 #if TSR_PLUGIN_CUDA
-    if (args->device.device_type == kDLCUDA)
-      return tessera::adam::adam_step_cuda(s->host, args, base, decayed, s->name);
+  if (args->device.device_type == kDLCUDA)
+    return tessera::adam::adam_step_cuda(host, args, base, decayed, name);
 #endif
-    const Elem ge = grads_elem(args, s->name), oe = compute_elem(args, s->name);
-    const size_t gb = elem_bytes(ge), ob = elem_bytes(oe);
-    for (size_t i = 0; i < args->num_segments; ++i) {
-      const tsr_segment &seg = args->segments[i];
-      const size_t off = seg.offset;
-      cpu_segment(s->simd, ge, reinterpret_cast<const char *>(args->grads) + off * gb, oe,
-                  ob ? static_cast<char *>(args->compute_params) + off * ob : nullptr,
-                  args->params + off, args->state[0] + off, args->state[1] + off, seg.count,
-                  seg.decay ? decayed : base);
-    }
-  });
+  const Elem ge = grads_elem(args, name), oe = compute_elem(args, name);
+  const size_t gb = elem_bytes(ge), ob = elem_bytes(oe);
+  for (size_t i = 0; i < args->num_segments; ++i) {
+    const tsr_segment &seg = args->segments[i];
+    const size_t off = seg.offset;
+    cpu_segment(simd, ge, reinterpret_cast<const char *>(args->grads) + off * gb, oe,
+                ob ? static_cast<char *>(args->compute_params) + off * ob : nullptr,
+                args->params + off, args->state[0] + off, args->state[1] + off, seg.count,
+                seg.decay ? decayed : base);
+  }
 }
 
 // ---------------------------------------------------------------------------
 // Descriptors: the two plugins differ only in their defaults and create.
 
-const tsr_param_decl kAdamParams[] = {
-    sdk::param_min("lr", TSR_PARAM_FLOAT, "0.001",
-                   "base learning rate (the engine's schedule scales it)", 0.0),
-    sdk::param_range("betas", TSR_PARAM_FLOAT_ARRAY, "[0.9, 0.999]",
-                     "[beta1, beta2]: decay rates of the moment estimates, each in [0, 1)", 0.0,
-                     1.0),
-    sdk::param_min("eps", TSR_PARAM_FLOAT, "1e-8", "added to the denominator for stability", 0.0),
-    sdk::param_min("weight_decay", TSR_PARAM_FLOAT, "0.0",
-                   "weight decay (decaying segments only); L2 or decoupled, see adamw", 0.0),
-    sdk::param("adamw", TSR_PARAM_BOOL, "false",
-               "false: L2 added to the gradient (torch Adam); true: decoupled (torch AdamW)"),
-    sdk::param_choice("cpu_kernel", "\"auto\"",
-                      "instruction set of the CPU step: auto = the widest this CPU runs; every "
-                      "choice gives the same bits",
-                      "auto|avx512|avx2|scalar"),
-};
+// The keys of both plugins, with the defaults (and their docs) that differ.
+constexpr std::array<tsr_param_decl, 6> params_with(const char *weight_decay,
+                                                    const char *weight_decay_doc, const char *adamw,
+                                                    const char *adamw_doc) {
+  return {
+      sdk::param_min("lr", TSR_PARAM_FLOAT, "0.001",
+                     "base learning rate (the engine's schedule scales it)", 0.0),
+      sdk::param_range("betas", TSR_PARAM_FLOAT_ARRAY, "[0.9, 0.999]",
+                       "[beta1, beta2]: decay rates of the moment estimates, each in [0, 1)", 0.0,
+                       1.0),
+      sdk::param_min("eps", TSR_PARAM_FLOAT, "1e-8", "added to the denominator for stability", 0.0),
+      sdk::param_min("weight_decay", TSR_PARAM_FLOAT, weight_decay, weight_decay_doc, 0.0),
+      sdk::param("adamw", TSR_PARAM_BOOL, adamw, adamw_doc),
+      sdk::param_choice("cpu_kernel", "\"auto\"",
+                        "instruction set of the CPU step: auto = the widest this CPU runs; every "
+                        "choice gives the same bits",
+                        "auto|avx512|avx2|scalar"),
+  };
+}
 
-const tsr_param_decl kAdamwParams[] = {
-    sdk::param_min("lr", TSR_PARAM_FLOAT, "0.001",
-                   "base learning rate (the engine's schedule scales it)", 0.0),
-    sdk::param_range("betas", TSR_PARAM_FLOAT_ARRAY, "[0.9, 0.999]",
-                     "[beta1, beta2]: decay rates of the moment estimates, each in [0, 1)", 0.0,
-                     1.0),
-    sdk::param_min("eps", TSR_PARAM_FLOAT, "1e-8", "added to the denominator for stability", 0.0),
-    sdk::param_min("weight_decay", TSR_PARAM_FLOAT, "0.01",
-                   "weight decay (decaying segments only); decoupled unless adamw = false", 0.0),
-    sdk::param("adamw", TSR_PARAM_BOOL, "true",
-               "true: decoupled weight decay (torch AdamW); false: L2 added to the gradient"),
-    sdk::param_choice("cpu_kernel", "\"auto\"",
-                      "instruction set of the CPU step: auto = the widest this CPU runs; every "
-                      "choice gives the same bits",
-                      "auto|avx512|avx2|scalar"),
-};
+constexpr std::array<tsr_param_decl, 6> kAdamParams =
+    params_with("0.0", "weight decay (decaying segments only); L2 or decoupled, see adamw", "false",
+                "false: L2 added to the gradient (torch Adam); true: decoupled (torch AdamW)");
 
-const tsr_optimizer_vtable kAdamVtable = {
-    tsr_optimizer_vtable_STRUCT_SIZE,
-    adam_create,
-    adam_destroy,
-    adam_state_count,
-    adam_state_name,
-    adam_step,
-};
+constexpr std::array<tsr_param_decl, 6> kAdamwParams = params_with(
+    "0.01", "weight decay (decaying segments only); decoupled unless adamw = false", "true",
+    "true: decoupled weight decay (torch AdamW); false: L2 added to the gradient");
 
-const tsr_optimizer_vtable kAdamwVtable = {
-    tsr_optimizer_vtable_STRUCT_SIZE,
-    adamw_create,
-    adam_destroy,
-    adam_state_count,
-    adam_state_name,
-    adam_step,
-};
+const tsr_optimizer_vtable kAdamVtable = sdk::optimizer_vtable<Adam, build_adam>();
+const tsr_optimizer_vtable kAdamwVtable = sdk::optimizer_vtable<Adam, build_adamw>();
 
 double adam_base_lr(void *self) {
   return self ? static_cast<const Adam *>(self)->lr : 0.0;
@@ -349,41 +303,15 @@ const void *adam_extension(const char *id) {
   return sdk::find_extension(kExtensions, id);
 }
 
-const tsr_plugin_descriptor kAdamDescriptor = {
-    tsr_plugin_descriptor_STRUCT_SIZE,
-    TSR_KIND_OPTIMIZER,
-    "adam",
-    "1.0.0",
-    "Adam with bias correction and L2 weight decay (torch.optim.Adam)",
-    kAdamParams,
-    sizeof(kAdamParams) / sizeof(kAdamParams[0]),
-    kDevices,
-    &kAdamVtable,
-    adam_extension,
-};
+const tsr_plugin_descriptor kAdamDescriptor =
+    sdk::describe(TSR_KIND_OPTIMIZER, "adam", "1.0.0",
+                  "Adam with bias correction and L2 weight decay (torch.optim.Adam)", kAdamParams,
+                  kDevices, &kAdamVtable, adam_extension);
 
-const tsr_plugin_descriptor kAdamwDescriptor = {
-    tsr_plugin_descriptor_STRUCT_SIZE,
-    TSR_KIND_OPTIMIZER,
-    "adamw",
-    "1.0.0",
-    "Adam with decoupled weight decay (torch.optim.AdamW)",
-    kAdamwParams,
-    sizeof(kAdamwParams) / sizeof(kAdamwParams[0]),
-    kDevices,
-    &kAdamwVtable,
-    adam_extension,
-};
-
-const tsr_plugin_descriptor *const kPlugins[] = {&kAdamDescriptor, &kAdamwDescriptor};
-
-const tsr_plugin_library kLibrary = {
-    tsr_plugin_library_STRUCT_SIZE,         TSR_ABI_MAJOR, TSR_ABI_MINOR, kPlugins,
-    sizeof(kPlugins) / sizeof(kPlugins[0]),
-};
+const tsr_plugin_descriptor kAdamwDescriptor = sdk::describe(
+    TSR_KIND_OPTIMIZER, "adamw", "1.0.0", "Adam with decoupled weight decay (torch.optim.AdamW)",
+    kAdamwParams, kDevices, &kAdamwVtable, adam_extension);
 
 }  // namespace
 
-TSR_PLUGIN_ENTRY {
-  return &kLibrary;
-}
+TSR_SDK_PLUGIN_LIBRARY(&kAdamDescriptor, &kAdamwDescriptor)

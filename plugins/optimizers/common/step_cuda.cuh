@@ -116,8 +116,8 @@ __device__ __forceinline__ float f16_bits_to_float(uint32_t h) {
 }
 
 // fp32 -> bf16, round to nearest even: the same bit arithmetic as the CPU
-// step's sdk::optim::float_to_bf16, NaN handling included, so the copies
-// agree bit for bit.
+// step's sdk::float_to_bf16 (tessera/cpp/half.hpp), NaN handling included,
+// so the copies agree bit for bit.
 __device__ __forceinline__ uint32_t float_to_bf16_bits(float x) {
   uint32_t u = __float_as_uint(x);
   if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x0040u;
@@ -125,7 +125,7 @@ __device__ __forceinline__ uint32_t float_to_bf16_bits(float x) {
   return u >> 16;
 }
 // fp32 -> fp16: the hardware conversion rounds to nearest even with
-// subnormals and overflow to infinity, as sdk::optim::float_to_f16 does;
+// subnormals and overflow to infinity, as sdk::float_to_f16 does;
 // NaN is made the CPU's quiet NaN (0x7e00 with the sign) so that the copies
 // agree bit for bit there too.
 __device__ __forceinline__ uint32_t float_to_f16_bits(float x) {

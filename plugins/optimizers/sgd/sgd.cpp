@@ -20,21 +20,22 @@
 #include <tessera/cpp/optimizer.hpp>
 #include <tessera/cpp/plugin.hpp>
 
+#include "step_support.hpp"
+
 namespace sdk = tessera::sdk;
 
 namespace {
+
+// What `tessera plugins` says of it (the descriptor's summary).
+constexpr const char *kSummary =
+    "SGD with momentum, dampening, Nesterov and weight decay (torch.optim.SGD)";
 
 using namespace tessera::sdk::optim;
 using tessera::sgd::sgd_update;
 using tessera::sgd::SgdStep;
 
-#if TSR_PLUGIN_CUDA
-constexpr uint32_t kDevices = TSR_DEVICE_CPU | TSR_DEVICE_CUDA;
-#else
-constexpr uint32_t kDevices = TSR_DEVICE_CPU;
-#endif
-// The step reads bf16 and fp16 gradients on every device it supports.
-constexpr StepSupport kSupport = {kDevices, true};
+using tessera::optimizers::kDevices;  // step_support.hpp
+using tessera::optimizers::kSupport;
 
 // ---------------------------------------------------------------------------
 // CPU kernel: one segment, pointers already offset to its first element.
@@ -65,96 +66,72 @@ TSR_CPU_CLONES void sgd_segment(float *__restrict p, Grads g, float *__restrict 
 // The plugin instance and its entry points.
 
 struct Sgd {
+  static constexpr const char *kName = "sgd";  // for messages
   const tsr_host *host = nullptr;
   double lr = 0;  // the configured rate: the schedule's peak (TSR_EXT_OPTIMIZER_LR)
   float momentum = 0, weight_decay = 0;
   float keep = 1;             // 1 - dampening, rounded once from double
   bool has_momentum = false;  // momentum != 0, decided in double
   bool nesterov = false;
+
+  uint32_t state_count() const { return has_momentum ? 1u : 0u; }
+  const char *state_name(uint32_t i) const {
+    return has_momentum && i == 0 ? "momentum_buffer" : nullptr;
+  }
+  void step(const tsr_optimizer_step_args *args) const;
 };
 
-tsr_status sgd_create(const tsr_host *host, const tsr_config *cfg, void **out_self) {
-  if (out_self) *out_self = nullptr;
-  return sdk::guard(host, [&] {
-    if (!out_self) throw sdk::Error(TSR_ERR_INVALID, "sgd: out_self is NULL");
-    sdk::Config c(host, cfg);
-    auto self = std::make_unique<Sgd>();
-    self->host = host;
-    // The engine's schedule scales `lr` (it asks for it through the lr
-    // extension); each step gets the scheduled value in args->lr.
-    self->lr = c.get_float("lr");
-    double momentum = c.get_float("momentum");
-    double dampening = c.get_float("dampening");
-    self->nesterov = c.get_bool("nesterov");
-    self->weight_decay = static_cast<float>(c.get_float("weight_decay"));
-    if (self->nesterov && (momentum <= 0 || dampening != 0))
-      throw sdk::Error(TSR_ERR_CONFIG,
-                       fmt("sgd: nesterov momentum requires a momentum > 0 and zero dampening "
-                           "(as torch.optim.SGD); got momentum = %g, dampening = %g",
-                           momentum, dampening));
-    self->momentum = static_cast<float>(momentum);
-    self->has_momentum = momentum != 0;
-    self->keep = static_cast<float>(1.0 - dampening);
-    *out_self = self.release();
-  });
+std::unique_ptr<Sgd> build(const tsr_host *host, const tsr_config *cfg) {
+  sdk::Config c(host, cfg);
+  auto self = std::make_unique<Sgd>();
+  self->host = host;
+  // The engine's schedule scales `lr` (it asks for it through the lr
+  // extension); each step gets the scheduled value in args->lr.
+  self->lr = c.get_float("lr");
+  double momentum = c.get_float("momentum");
+  double dampening = c.get_float("dampening");
+  self->nesterov = c.get_bool("nesterov");
+  self->weight_decay = static_cast<float>(c.get_float("weight_decay"));
+  if (self->nesterov && (momentum <= 0 || dampening != 0))
+    throw sdk::Error(TSR_ERR_CONFIG,
+                     fmt("sgd: nesterov momentum requires a momentum > 0 and zero dampening "
+                         "(as torch.optim.SGD); got momentum = %g, dampening = %g",
+                         momentum, dampening));
+  self->momentum = static_cast<float>(momentum);
+  self->has_momentum = momentum != 0;
+  self->keep = static_cast<float>(1.0 - dampening);
+  return self;
 }
 
-void sgd_destroy(void *self) {
-  auto *s = static_cast<Sgd *>(self);
-  if (!s) return;
-  const tsr_host *host = s->host;
-  (void)sdk::guard(host, [&] { delete s; });
-}
-
-uint32_t sgd_state_count(void *self) {
-  auto *s = static_cast<Sgd *>(self);
-  uint32_t n = 0;
-  (void)sdk::guard(s->host, [&] { n = s->has_momentum ? 1u : 0u; });
-  return n;
-}
-
-const char *sgd_state_name(void *self, uint32_t i) {
-  auto *s = static_cast<Sgd *>(self);
-  const char *name = nullptr;
-  (void)sdk::guard(s->host, [&] {
-    if (s->has_momentum && i == 0) name = "momentum_buffer";
-  });
-  return name;
-}
-
-tsr_status sgd_step(void *self, const tsr_optimizer_step_args *args) {
-  auto *s = static_cast<Sgd *>(self);
-  return sdk::guard(s->host, [&] {
-    const bool has_momentum = s->has_momentum;
-    check_step_args(args, has_momentum ? 1u : 0u, "sgd", kSupport);
-    SgdStep k{};
-    k.lr = static_cast<float>(args->lr);
-    k.scale = static_cast<float>(args->grad_scale);
-    k.weight_decay = s->weight_decay;
-    k.momentum = s->momentum;
-    k.keep = s->keep;
-    k.has_momentum = has_momentum;
-    k.nesterov = s->nesterov;
-    k.first = args->step == 1;
+void Sgd::step(const tsr_optimizer_step_args *args) const {
+  check_step_args(args, state_count(), "sgd", kSupport);
+  SgdStep k{};
+  k.lr = static_cast<float>(args->lr);
+  k.scale = static_cast<float>(args->grad_scale);
+  k.weight_decay = weight_decay;
+  k.momentum = momentum;
+  k.keep = keep;
+  k.has_momentum = has_momentum;
+  k.nesterov = nesterov;
+  k.first = args->step == 1;
 #if TSR_PLUGIN_CUDA
-    if (args->device.device_type == kDLCUDA) return tessera::sgd::sgd_step_cuda(s->host, args, k);
+  if (args->device.device_type == kDLCUDA) return tessera::sgd::sgd_step_cuda(host, args, k);
 #endif
-    float *buf = has_momentum ? args->state[0] : nullptr;
-    with_grads(args, "sgd", [&](auto grads) {
-      with_compute_copy(args, "sgd", [&](auto copy) {
-        for (size_t i = 0; i < args->num_segments; ++i) {
-          const tsr_segment &seg = args->segments[i];
-          const size_t off = seg.offset;
-          sgd_segment(args->params + off, grads.rebase(off), buf ? buf + off : nullptr, seg.count,
-                      seg.decay != 0, k, copy.rebase(off));
-        }
-      });
+  float *buf = has_momentum ? args->state[0] : nullptr;
+  with_grads(args, "sgd", [&](auto grads) {
+    with_compute_copy(args, "sgd", [&](auto copy) {
+      for (size_t i = 0; i < args->num_segments; ++i) {
+        const tsr_segment &seg = args->segments[i];
+        const size_t off = seg.offset;
+        sgd_segment(args->params + off, grads.rebase(off), buf ? buf + off : nullptr, seg.count,
+                    seg.decay != 0, k, copy.rebase(off));
+      }
     });
   });
 }
 
 // ---------------------------------------------------------------------------
-// Descriptor.
+// Descriptor and tables.
 
 const tsr_param_decl kSgdParams[] = {
     sdk::param_min("lr", TSR_PARAM_FLOAT, "0.01",
@@ -168,14 +145,7 @@ const tsr_param_decl kSgdParams[] = {
                    "L2 penalty added to the gradient (decaying segments only)", 0.0),
 };
 
-const tsr_optimizer_vtable kSgdVtable = {
-    tsr_optimizer_vtable_STRUCT_SIZE,
-    sgd_create,
-    sgd_destroy,
-    sgd_state_count,
-    sgd_state_name,
-    sgd_step,
-};
+const tsr_optimizer_vtable kSgdVtable = sdk::optimizer_vtable<Sgd, build>();
 
 double sgd_base_lr(void *self) {
   return self ? static_cast<const Sgd *>(self)->lr : 0.0;
@@ -188,28 +158,9 @@ const void *sgd_extension(const char *id) {
   return sdk::find_extension(kExtensions, id);
 }
 
-const tsr_plugin_descriptor kSgdDescriptor = {
-    tsr_plugin_descriptor_STRUCT_SIZE,
-    TSR_KIND_OPTIMIZER,
-    "sgd",
-    "1.0.0",
-    "SGD with momentum, dampening, Nesterov and weight decay (torch.optim.SGD)",
-    kSgdParams,
-    sizeof(kSgdParams) / sizeof(kSgdParams[0]),
-    kDevices,
-    &kSgdVtable,
-    sgd_extension,
-};
-
-const tsr_plugin_descriptor *const kPlugins[] = {&kSgdDescriptor};
-
-const tsr_plugin_library kLibrary = {
-    tsr_plugin_library_STRUCT_SIZE,         TSR_ABI_MAJOR, TSR_ABI_MINOR, kPlugins,
-    sizeof(kPlugins) / sizeof(kPlugins[0]),
-};
+const tsr_plugin_descriptor kSgdDescriptor = sdk::describe(
+    TSR_KIND_OPTIMIZER, "sgd", "1.0.0", kSummary, kSgdParams, kDevices, &kSgdVtable, sgd_extension);
 
 }  // namespace
 
-TSR_PLUGIN_ENTRY {
-  return &kLibrary;
-}
+TSR_SDK_PLUGIN_LIBRARY(&kSgdDescriptor)

@@ -21,11 +21,17 @@
 #include <memory>
 #include <string>
 #include <tessera/cpp/plugin.hpp>
+#include <tessera/cpp/sampler.hpp>
 #include <vector>
 
 namespace sdk = tessera::sdk;
 
 namespace {
+
+// What `tessera plugins` says of it (the descriptor's summary).
+constexpr const char *kSummary =
+    "Each rank takes every world-th index of an (optionally shuffled, padded or truncated) list, "
+    "like torch's DistributedSampler.";
 
 __extension__ typedef unsigned __int128 u128;
 
@@ -86,9 +92,13 @@ std::vector<T> permutation(uint64_t n, uint64_t seed) {
 }
 
 struct Sampler {
+  static constexpr const char *kName = "distributed sampler";  // for messages
   const tsr_host *host = nullptr;
   bool shuffle = true;
   bool drop_last = false;
+
+  int64_t epoch_size(const tsr_sampler_args *args) const;
+  void indices(const tsr_sampler_args *args, int64_t *out) const;
 };
 
 struct Plan {
@@ -129,50 +139,34 @@ void fill_shuffled(const Plan &p, int64_t *out) {
     out[k] = static_cast<int64_t>(perm[(p.rank + k * p.world) % p.n]);
 }
 
-tsr_status create(const tsr_host *host, const tsr_config *cfg, void **out_self) {
-  return sdk::guard(host, [&] {
-    if (!out_self) throw sdk::Error(TSR_ERR_INVALID, "distributed sampler: out_self is NULL");
-    sdk::Config c(host, cfg);
-    auto s = std::make_unique<Sampler>();
-    s->host = host;
-    s->shuffle = c.get_bool("shuffle");
-    s->drop_last = c.get_bool("drop_last");
-    *out_self = s.release();
-  });
+std::unique_ptr<Sampler> build(const tsr_host *host, const tsr_config *cfg) {
+  sdk::Config c(host, cfg);
+  auto s = std::make_unique<Sampler>();
+  s->host = host;
+  s->shuffle = c.get_bool("shuffle");
+  s->drop_last = c.get_bool("drop_last");
+  return s;
 }
 
-void destroy(void *self) {
-  delete static_cast<Sampler *>(self);
+int64_t Sampler::epoch_size(const tsr_sampler_args *args) const {
+  return static_cast<int64_t>(plan(*this, args).per_rank);
 }
 
-tsr_status epoch_size(void *self, const tsr_sampler_args *args, int64_t *out) {
-  auto *s = static_cast<Sampler *>(self);
-  return sdk::guard(s->host, [&] {
-    if (!out) throw sdk::Error(TSR_ERR_INVALID, "distributed sampler: out is NULL");
-    *out = static_cast<int64_t>(plan(*s, args).per_rank);
-  });
+void Sampler::indices(const tsr_sampler_args *args, int64_t *out) const {
+  const Plan p = plan(*this, args);
+  if (p.per_rank == 0) return;
+  if (!out) throw sdk::Error(TSR_ERR_INVALID, "distributed sampler: out is NULL");
+  if (!shuffle) {
+    for (uint64_t k = 0; k < p.per_rank; ++k)
+      out[k] = static_cast<int64_t>((p.rank + k * p.world) % p.n);
+  } else if (p.n <= UINT32_MAX) {
+    fill_shuffled<uint32_t>(p, out);
+  } else {
+    fill_shuffled<uint64_t>(p, out);
+  }
 }
 
-tsr_status indices(void *self, const tsr_sampler_args *args, int64_t *out) {
-  auto *s = static_cast<Sampler *>(self);
-  return sdk::guard(s->host, [&] {
-    const Plan p = plan(*s, args);
-    if (p.per_rank == 0) return;
-    if (!out) throw sdk::Error(TSR_ERR_INVALID, "distributed sampler: out is NULL");
-    if (!s->shuffle) {
-      for (uint64_t k = 0; k < p.per_rank; ++k)
-        out[k] = static_cast<int64_t>((p.rank + k * p.world) % p.n);
-    } else if (p.n <= UINT32_MAX) {
-      fill_shuffled<uint32_t>(p, out);
-    } else {
-      fill_shuffled<uint64_t>(p, out);
-    }
-  });
-}
-
-const tsr_sampler_vtable vtable = {
-    tsr_sampler_vtable_STRUCT_SIZE, create, destroy, epoch_size, indices,
-};
+const tsr_sampler_vtable kVtable = sdk::sampler_vtable<Sampler, build>();
 
 const tsr_param_decl params[] = {
     sdk::param("shuffle", TSR_PARAM_BOOL, "true",
@@ -183,28 +177,9 @@ const tsr_param_decl params[] = {
                "repeating samples so every rank gets ceil(N / world)."),
 };
 
-const tsr_plugin_descriptor descriptor = {
-    tsr_plugin_descriptor_STRUCT_SIZE,
-    TSR_KIND_SAMPLER,
-    "distributed",
-    "1.0.0",
-    "Each rank takes every world-th index of an (optionally shuffled, padded or truncated) list, "
-    "like torch's DistributedSampler.",
-    params,
-    sizeof(params) / sizeof(params[0]),
-    TSR_DEVICE_CPU,
-    &vtable,
-    nullptr,  // get_extension (ABI 1.2): none
-};
-
-const tsr_plugin_descriptor *const plugins[] = {&descriptor};
-
-const tsr_plugin_library library = {
-    tsr_plugin_library_STRUCT_SIZE, TSR_ABI_MAJOR, TSR_ABI_MINOR, plugins, 1,
-};
+const tsr_plugin_descriptor kDescriptor = sdk::describe(TSR_KIND_SAMPLER, "distributed", "1.0.0",
+                                                        kSummary, params, TSR_DEVICE_CPU, &kVtable);
 
 }  // namespace
 
-TSR_PLUGIN_ENTRY {
-  return &library;
-}
+TSR_SDK_PLUGIN_LIBRARY(&kDescriptor)

@@ -14,14 +14,16 @@
 #include <memory>
 #include <string>
 #include <tessera/cpp/plugin.hpp>
+#include <tessera/cpp/sampler.hpp>
 
 namespace sdk = tessera::sdk;
 
 namespace {
 
-struct Sampler {
-  const tsr_host *host = nullptr;
-};
+// What `tessera plugins` says of it (the descriptor's summary).
+constexpr const char *kSummary =
+    "Every sample once, in order: rank r gets the r-th of W contiguous blocks whose sizes differ "
+    "by at most one (no padding, no shuffle; for evaluation).";
 
 struct Block {
   uint64_t begin = 0;
@@ -49,63 +51,33 @@ Block block(const tsr_sampler_args *args) {
   return b;
 }
 
-tsr_status create(const tsr_host *host, const tsr_config *, void **out_self) {
-  return sdk::guard(host, [&] {
-    if (!out_self) throw sdk::Error(TSR_ERR_INVALID, "sequential sampler: out_self is NULL");
-    auto s = std::make_unique<Sampler>();
-    s->host = host;
-    *out_self = s.release();
-  });
-}
+// No config, no state: the block follows from the args alone.
+struct Sampler {
+  static constexpr const char *kName = "sequential sampler";  // for messages
+  const tsr_host *host = nullptr;
 
-void destroy(void *self) {
-  delete static_cast<Sampler *>(self);
-}
-
-tsr_status epoch_size(void *self, const tsr_sampler_args *args, int64_t *out) {
-  auto *s = static_cast<Sampler *>(self);
-  return sdk::guard(s->host, [&] {
-    if (!out) throw sdk::Error(TSR_ERR_INVALID, "sequential sampler: out is NULL");
-    *out = static_cast<int64_t>(block(args).count);
-  });
-}
-
-tsr_status indices(void *self, const tsr_sampler_args *args, int64_t *out) {
-  auto *s = static_cast<Sampler *>(self);
-  return sdk::guard(s->host, [&] {
+  int64_t epoch_size(const tsr_sampler_args *args) const {
+    return static_cast<int64_t>(block(args).count);
+  }
+  void indices(const tsr_sampler_args *args, int64_t *out) const {
     const Block b = block(args);
     if (b.count == 0) return;
     if (!out) throw sdk::Error(TSR_ERR_INVALID, "sequential sampler: out is NULL");
     for (uint64_t k = 0; k < b.count; ++k) out[k] = static_cast<int64_t>(b.begin + k);
-  });
+  }
+};
+
+std::unique_ptr<Sampler> build(const tsr_host *host, const tsr_config *) {
+  auto s = std::make_unique<Sampler>();
+  s->host = host;
+  return s;
 }
 
-const tsr_sampler_vtable vtable = {
-    tsr_sampler_vtable_STRUCT_SIZE, create, destroy, epoch_size, indices,
-};
+const tsr_sampler_vtable kVtable = sdk::sampler_vtable<Sampler, build>();
 
-const tsr_plugin_descriptor descriptor = {
-    tsr_plugin_descriptor_STRUCT_SIZE,
-    TSR_KIND_SAMPLER,
-    "sequential",
-    "1.0.0",
-    "Every sample once, in order: rank r gets the r-th of W contiguous blocks whose sizes differ "
-    "by at most one (no padding, no shuffle; for evaluation).",
-    nullptr,
-    0,
-    TSR_DEVICE_CPU,
-    &vtable,
-    nullptr,  // get_extension (ABI 1.2): none
-};
-
-const tsr_plugin_descriptor *const plugins[] = {&descriptor};
-
-const tsr_plugin_library library = {
-    tsr_plugin_library_STRUCT_SIZE, TSR_ABI_MAJOR, TSR_ABI_MINOR, plugins, 1,
-};
+const tsr_plugin_descriptor kDescriptor =
+    sdk::describe(TSR_KIND_SAMPLER, "sequential", "1.0.0", kSummary, {}, TSR_DEVICE_CPU, &kVtable);
 
 }  // namespace
 
-TSR_PLUGIN_ENTRY {
-  return &library;
-}
+TSR_SDK_PLUGIN_LIBRARY(&kDescriptor)

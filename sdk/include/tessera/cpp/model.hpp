@@ -11,6 +11,7 @@
 //     void predict(tsr_step *, const tsr_batch *, DLTensor *logits);  // optional
 //   };
 //   MyModel *build(const tsr_host *, const tsr_config *, const tsr_model_init *);
+//     // (or std::unique_ptr<MyModel>; entries.hpp has what every kind shares)
 //   const tsr_model_vtable kVtable = sdk::model_vtable<MyModel, build>();
 //
 // param_info copies at most the host's struct_size bytes (sdk::copy_out), as
@@ -20,84 +21,62 @@
 #include <tessera/tessera.h>
 
 #include <string>
+#include <tessera/cpp/entries.hpp>
 #include <tessera/cpp/plugin.hpp>
 #include <tessera/cpp/struct_size.hpp>
 
 namespace tessera::sdk {
 
-template <typename M, M *(*Build)(const tsr_host *, const tsr_config *, const tsr_model_init *)>
+template <typename M, auto Build>
 struct ModelEntries {
-  static M *of(void *self) { return static_cast<M *>(self); }
-
-  static tsr_status create(const tsr_host *host, const tsr_config *cfg, const tsr_model_init *init,
-                           void **out_self) {
-    return guard(host, [&] {
-      if (!out_self) throw Error(TSR_ERR_INVALID, std::string(M::kName) + ": out_self is NULL");
-      *out_self = nullptr;
-      *out_self = Build(host, cfg, init);
-    });
+  static size_t num_params(void *self) {
+    return entries::value<M>(self, size_t{0}, [](M &m) { return m.infos.size(); });
   }
-
-  static void destroy(void *self) {
-    M *m = of(self);
-    if (!m) return;
-    const tsr_host *host = m->host;
-    (void)guard(host, [&] { delete m; });
-  }
-
-  static size_t num_params(void *self) { return self ? of(self)->infos.size() : 0; }
 
   static tsr_status param_info(void *self, size_t index, tsr_param_info *out) {
-    M *m = of(self);
-    if (!m) return TSR_ERR_INVALID;
-    return guard(m->host, [&] {
+    return entries::call<M>(self, [&](M &m) {
       if (!out) throw Error(TSR_ERR_INVALID, std::string(M::kName) + ": param_info out is NULL");
-      if (index >= m->infos.size())
+      if (index >= m.infos.size())
         throw Error(TSR_ERR_INVALID, std::string(M::kName) + ": parameter index " +
                                          std::to_string(index) + " out of range (the model has " +
-                                         std::to_string(m->infos.size()) + ")");
-      copy_out(m->infos[index], out);
+                                         std::to_string(m.infos.size()) + ")");
+      copy_out(m.infos[index], out);
     });
   }
 
   static tsr_status forward(void *self, tsr_step *step, const tsr_batch *batch, int32_t training,
                             tsr_forward_result *out) {
-    M *m = of(self);
-    if (!m) return TSR_ERR_INVALID;
-    return guard(m->host, [&] { m->forward(step, batch, training, out); });
+    return entries::call<M>(self, [&](M &m) { m.forward(step, batch, training, out); });
   }
 
   static tsr_status backward(void *self, tsr_step *step, const tsr_batch *batch, float loss_scale) {
-    M *m = of(self);
-    if (!m) return TSR_ERR_INVALID;
-    return guard(m->host, [&] { m->backward(step, batch, loss_scale); });
+    return entries::call<M>(self, [&](M &m) { m.backward(step, batch, loss_scale); });
   }
 
   static double flops_per_sample(void *self) {
-    const M *m = of(self);
+    const M *m = static_cast<const M *>(self);
     return m ? m->flops_per_sample() : 0.0;
   }
 
   static tsr_status predict(void *self, tsr_step *step, const tsr_batch *batch, DLTensor *logits) {
-    M *m = of(self);
-    if (!m) return TSR_ERR_INVALID;
-    return guard(m->host, [&] { m->predict(step, batch, logits); });
+    return entries::call<M>(self, [&](M &m) { m.predict(step, batch, logits); });
   }
 };
 
 // The table for M: flops_per_sample and predict only where M has them (a
 // NULL entry tells the host the model offers neither).
-template <typename M, M *(*Build)(const tsr_host *, const tsr_config *, const tsr_model_init *)>
+template <typename M, auto Build>
 constexpr tsr_model_vtable model_vtable() {
   using E = ModelEntries<M, Build>;
-  tsr_model_vtable t{};
-  t.struct_size = tsr_model_vtable_STRUCT_SIZE;
-  t.create = &E::create;
-  t.destroy = &E::destroy;
-  t.num_params = &E::num_params;
-  t.param_info = &E::param_info;
-  t.forward = &E::forward;
-  t.backward = &E::backward;
+  tsr_model_vtable t{tsr_model_vtable_STRUCT_SIZE,
+                     &entries::create_from<M, Build, const tsr_model_init *>,
+                     &entries::destroy<M>,
+                     &E::num_params,
+                     &E::param_info,
+                     &E::forward,
+                     &E::backward,
+                     nullptr,
+                     nullptr};
   if constexpr (requires(const M &m) { m.flops_per_sample(); })
     t.flops_per_sample = &E::flops_per_sample;
   if constexpr (requires(M & m) { m.predict(nullptr, nullptr, nullptr); }) t.predict = &E::predict;

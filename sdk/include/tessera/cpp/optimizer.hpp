@@ -1,101 +1,28 @@
 // Header-only helpers for optimizer plugins: argument checks shared by
 // every step, the gradient readers (fp32, or bf16 / fp16 widened exactly),
-// and the low-precision compute copy (fp32 -> bf16 / fp16 with
-// round-to-nearest-even) written in the same pass as the fp32 master.
+// the low-precision compute copy (fp32 -> bf16 / fp16 with
+// round-to-nearest-even, half.hpp) written in the same pass as the fp32
+// master, and the vtable adapter (optimizer_vtable).
 #pragma once
 
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <tessera/cpp/entries.hpp>
+#include <tessera/cpp/half.hpp>
 #include <tessera/cpp/plugin.hpp>
 
 namespace tessera::sdk::optim {
 
-// ---------------------------------------------------------------------------
-// The compute copy: after the fp32 master is updated, the engine may want the
-// same values in the compute dtype (what forward/backward read). Each writer
-// is a tiny value type whose put() the kernel calls per element; rebase()
-// moves it to a segment's first element.
-
-inline uint32_t float_bits(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  return u;
-}
-
-// fp32 -> bf16, round to nearest even (what torch's .to(torch.bfloat16)
-// does). NaNs stay NaN (quiet bit set) instead of rounding into infinity.
-inline uint16_t float_to_bf16(float x) {
-  uint32_t u = float_bits(x);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-// fp32 -> fp16 (IEEE binary16), round to nearest even, with subnormals,
-// overflow to infinity and NaN handled. Bit-exact with a hardware
-// conversion; after F. Giesen's float_to_half_fast3_rtne (public domain).
-inline uint16_t float_to_f16(float x) {
-  uint32_t u = float_bits(x);
-  const uint32_t sign = u & 0x80000000u;
-  u ^= sign;
-  uint32_t o;
-  if (u >= (127u + 16u) << 23) {
-    o = (u > 0x7f800000u) ? 0x7e00u : 0x7c00u;  // NaN -> qNaN, too big -> inf
-  } else if (u < (113u << 23)) {
-    // Subnormal or zero in fp16: adding a magic number aligns the 10
-    // mantissa bits at the bottom and lets the FPU round to nearest even.
-    const uint32_t magic_bits = ((127u - 15u) + (23u - 10u) + 1u) << 23;
-    float magic, f;
-    std::memcpy(&magic, &magic_bits, sizeof magic);
-    std::memcpy(&f, &u, sizeof f);
-    f += magic;
-    o = float_bits(f) - magic_bits;
-  } else {
-    const uint32_t mant_odd = (u >> 13) & 1u;
-    u += (static_cast<uint32_t>(15 - 127) << 23) + 0xfffu;  // rebias, round half down...
-    u += mant_odd;                                          // ...or up when odd: RNE
-    o = u >> 13;
-  }
-  return static_cast<uint16_t>(o | (sign >> 16));
-}
-
-// bf16 -> fp32, exact: a bf16 is the top half of a float.
-inline float bf16_to_float(uint16_t h) {
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
-  float x;
-  std::memcpy(&x, &u, sizeof x);
-  return x;
-}
-
-// fp16 -> fp32, exact (every fp16 value is a float), subnormals, infinities
-// and NaN (payload kept, quiet bit set) included.
-inline float f16_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t mant = h & 0x3ffu;
-  uint32_t u;
-  if (exp == 0x1fu) {
-    u = sign | 0x7f800000u | (mant << 13) | (mant ? 0x00400000u : 0u);
-  } else if (exp != 0) {
-    u = sign | ((exp + (127u - 15u)) << 23) | (mant << 13);
-  } else if (mant == 0) {
-    u = sign;
-  } else {
-    // Subnormal: shift the mantissa up until its leading 1 is the implicit
-    // bit, lowering the exponent once per shift.
-    uint32_t e = 127u - 15u + 1u;
-    while (!(mant & 0x400u)) {
-      mant <<= 1;
-      --e;
-    }
-    u = sign | (e << 23) | ((mant & 0x3ffu) << 13);
-  }
-  float x;
-  std::memcpy(&x, &u, sizeof x);
-  return x;
-}
+// The conversions moved to half.hpp (namespace tessera::sdk); these names
+// keep code that still spells them sdk::optim:: compiling until it is
+// updated (engine/train/session.cpp). Remove once nothing uses them.
+using sdk::bf16_to_float;
+using sdk::f16_to_float;
+using sdk::float_bits;
+using sdk::float_to_bf16;
+using sdk::float_to_f16;
 
 // ---------------------------------------------------------------------------
 // The gradients: fp32, or (ABI 1.1) bf16 / fp16 read as such and widened
@@ -132,6 +59,12 @@ struct GradsF16 {
   float operator[](size_t i) const { return f16_to_float(g[i]); }
   GradsF16 rebase(size_t off) const { return {g + off}; }
 };
+
+// ---------------------------------------------------------------------------
+// The compute copy: after the fp32 master is updated, the engine may want the
+// same values in the compute dtype (what forward/backward read). Each writer
+// is a tiny value type whose put() the kernel calls per element; rebase()
+// moves it to a segment's first element.
 
 struct NoCopy {
   void put(size_t, float) const {}
@@ -317,3 +250,41 @@ inline void check_step_args(const tsr_optimizer_step_args *args, uint32_t state_
 }
 
 }  // namespace tessera::sdk::optim
+
+namespace tessera::sdk {
+
+// An optimizer plugin's function table (tsr_optimizer_vtable) built from a
+// C++ class, every entry guarded (entries.hpp):
+//
+//   struct MyOptimizer {
+//     static constexpr const char *kName = "my_opt";  // for messages
+//     const tsr_host *host;
+//     uint32_t state_count() const;             // fp32 state arrays per element
+//     const char *state_name(uint32_t i) const; // NULL past state_count
+//     void step(const tsr_optimizer_step_args *args);
+//   };
+//   MyOptimizer *build(const tsr_host *, const tsr_config *);
+//   const tsr_optimizer_vtable kVtable = sdk::optimizer_vtable<MyOptimizer, build>();
+template <typename O>
+struct OptimizerEntries {
+  static uint32_t state_count(void *self) {
+    return entries::value<O>(self, uint32_t{0}, [](O &o) { return o.state_count(); });
+  }
+  static const char *state_name(void *self, uint32_t i) {
+    return entries::value<O>(self, static_cast<const char *>(nullptr),
+                             [&](O &o) { return o.state_name(i); });
+  }
+};
+
+template <typename O, auto Build>
+constexpr tsr_optimizer_vtable optimizer_vtable() {
+  using E = OptimizerEntries<O>;
+  return tsr_optimizer_vtable{tsr_optimizer_vtable_STRUCT_SIZE,
+                              &entries::create_from<O, Build>,
+                              &entries::destroy<O>,
+                              &E::state_count,
+                              &E::state_name,
+                              entries::member<O, &O::step>};
+}
+
+}  // namespace tessera::sdk
