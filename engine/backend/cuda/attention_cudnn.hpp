@@ -19,12 +19,15 @@
 
 namespace tessera::cuda::attn {
 
+// hk: key/value heads (ABI 1.6's grouped-query attention: k and v are
+// [B, T, hk, D], query head h reads head h / (H / hk)); 0 means d.H.
 struct FwdArgs {
   Dims d;
   Dt dt;
   Bthd q, k, v, o;
   float *lse;
   float scale;
+  int64_t hk = 0;
 };
 
 struct BwdArgs {
@@ -33,6 +36,7 @@ struct BwdArgs {
   Bthd q, k, v, o, dout, dq, dk, dv;
   const float *lse;
   float scale;
+  int64_t hk = 0;
 };
 
 // True when cuDNN can serve calls in this process; *what says which cuDNN
