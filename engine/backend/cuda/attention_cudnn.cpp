@@ -375,16 +375,19 @@ bool cudnn_backward(const BwdArgs &a, std::string *why) {
   return true;
 }
 
-std::string cudnn_deviceless_check(const Dims &d, Dt dt) {
+std::string cudnn_deviceless_check(const Dims &d, Dt dt, int64_t hk) {
   std::string why;
   const Lib *l = cudnn::lib(&why);
   TSR_CHECK(l, TSR_ERR_UNSUPPORTED, why);
   const cudnn::Desc props = cudnn::h200_properties(*l);
-  // Views into a fused [B, T, 3, H, D] qkv buffer and its gradient, at a
-  // made-up 256-byte aligned address (only the layout matters here).
+  // Views into a fused [B, T, H + 2 hk, D] qkv buffer and its gradient (GPT-2's
+  // [B, T, 3, H, D] when hk = H), at a made-up 256-byte aligned address (only
+  // the layout matters here).
+  if (hk == 0) hk = d.H;
   char *base = reinterpret_cast<char *>(uintptr_t{1} << 20);
-  const int64_t esz = 2, st = 3 * d.H * d.D, sb = d.T * st;
-  auto fused = [&](int which) { return Bthd{base + which * d.H * d.D * esz, sb, st, d.D, 1}; };
+  const int64_t esz = 2, st = (d.H + 2 * hk) * d.D, sb = d.T * st;
+  const int64_t offset[3] = {0, d.H * d.D, (d.H + hk) * d.D};
+  auto fused = [&](int which) { return Bthd{base + offset[which] * esz, sb, st, d.D, 1}; };
   const Bthd compact{base, d.T * d.H * d.D, d.H * d.D, d.D, 1};
   std::string out;
   auto build = [&](const char *name, std::unique_ptr<Graph> g) {
@@ -405,12 +408,12 @@ std::string cudnn_deviceless_check(const Dims &d, Dt dt) {
       out += std::string("no plan here: ") + e.what() + "\n";
     }
   };
-  const FwdArgs f{d, dt, fused(0), fused(1), fused(2), compact, nullptr, 0.125f};
+  const FwdArgs f{d, dt, fused(0), fused(1), fused(2), compact, nullptr, 0.125f, hk};
   TSR_CHECK(refusal(*l, d, dt, {f.q, f.k, f.v, f.o}, false).empty(), TSR_ERR_UNSUPPORTED,
             "cuDNN declines the forward: " + refusal(*l, d, dt, {f.q, f.k, f.v, f.o}, false));
   build("forward", forward_graph(*l, f));
-  const BwdArgs b{d,       dt,       fused(0), fused(1), fused(2), compact,
-                  compact, fused(0), fused(1), fused(2), nullptr,  0.125f};
+  const BwdArgs b{d,        dt,       fused(0), fused(1), fused(2), compact, compact,
+                  fused(0), fused(1), fused(2), nullptr,  0.125f,   hk};
   const std::string rb = refusal(*l, d, dt, {b.q, b.k, b.v, b.o, b.dout}, true);
   TSR_CHECK(rb.empty(), TSR_ERR_UNSUPPORTED, "cuDNN declines the backward: " + rb);
   build("backward", backward_graph(*l, b));
@@ -441,7 +444,7 @@ bool cudnn_backward(const BwdArgs &, std::string *why) {
   *why = kNotBuilt;
   return false;
 }
-std::string cudnn_deviceless_check(const Dims &, Dt) {
+std::string cudnn_deviceless_check(const Dims &, Dt, int64_t) {
   throw Error(TSR_ERR_UNSUPPORTED, kNotBuilt);
 }
 

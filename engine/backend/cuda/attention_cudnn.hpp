@@ -55,10 +55,12 @@ bool cudnn_backward(const BwdArgs &a, std::string *why);
 // Checks the forward and backward graphs of one shape against cuDNN for an
 // H200 without a GPU (cuDNN 9.8+'s device properties), with q, k, v as
 // views into a fused [B, T, 3, H, D] buffer as GPT-2 has them: which
-// engines support each graph, and whether a plan could be built here (with
+// engines support each graph (with hk > 0: hk key/value heads, grouped-query
+// attention on views into a fused [B, T, H + 2 hk, D] buffer), and whether a
+// plan could be built here (with
 // no GPU, loading the compiled kernel fails: that part proves nothing).
 // Throws when no engine supports a graph. A check of the graphs on a build
 // machine, saying nothing of speed or numerics.
-std::string cudnn_deviceless_check(const Dims &d, Dt dt);
+std::string cudnn_deviceless_check(const Dims &d, Dt dt, int64_t hk = 0);
 
 }  // namespace tessera::cuda::attn
