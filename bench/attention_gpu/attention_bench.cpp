@@ -16,7 +16,7 @@
 //
 //   attention_bench [--shape B,T,H,D] [--dtype bf16|fp16] [--iters N] [--warmup N]
 //                   [--seconds S] [--reps N]
-//   attention_bench --deviceless [--shape B,T,H,D] [--dtype bf16|fp16]
+//   attention_bench --deviceless [--shape B,T,H,D] [--dtype bf16|fp16] [--kv-heads N]
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -39,7 +39,7 @@ namespace {
 using tessera::cuda::AttnImpl;
 
 struct Opts {
-  int64_t B = 16, T = 1024, H = 12, D = 64;
+  int64_t B = 16, T = 1024, H = 12, D = 64, kv_heads = 0;
   bool fp16 = false, deviceless = false;
   int iters = 50, warmup = 5, reps = 1;
   double seconds = 0;  // > 0: windows of this long, not --iters calls
@@ -55,6 +55,7 @@ void usage() {
       "  --reps N          windows of each pass and implementation (default 1), one\n"
       "                    'sample {json}' line each\n"
       "  --deviceless      no GPU: check cuDNN's support of the graphs for an H200 (cuDNN 9.8+;\n"
+      "                    --kv-heads N: grouped-query attention with N key/value heads;\n"
       "                    without a driver, put the toolkit's stub on the library path as\n"
       "                    libcuda.so.1: ln -s $CUDA/lib64/stubs/libcuda.so DIR/libcuda.so.1)\n"
       "TESSERA_ATTENTION does not apply: both implementations are called by name.\n");
@@ -86,12 +87,17 @@ bool parse(int argc, char **argv, Opts *o) {
       o->seconds = std::atof(v);
     } else if (a == "--deviceless") {
       o->deviceless = true;
+    } else if (a == "--kv-heads") {
+      const char *v = next();
+      if (!v) return false;
+      o->kv_heads = std::atoll(v);
     } else {
       return false;
     }
   }
-  return o->B > 0 && o->T > 0 && o->H > 0 && o->D > 0 && o->iters > 0 && o->reps > 0 &&
-         o->seconds >= 0 && std::isfinite(o->seconds);
+  return o->kv_heads >= 0 && (o->kv_heads == 0 || o->H % o->kv_heads == 0) && o->B > 0 &&
+         o->T > 0 && o->H > 0 && o->D > 0 && o->iters > 0 && o->reps > 0 && o->seconds >= 0 &&
+         std::isfinite(o->seconds);
 }
 
 #define CK(call)                                                       \
@@ -161,7 +167,9 @@ int main(int argc, char **argv) {
               static_cast<long long>(o.D), o.fp16 ? "fp16" : "bf16");
   if (o.deviceless) {
     try {
-      std::printf("%s", attn::cudnn_deviceless_check(attn::Dims{o.B, o.T, o.H, o.D}, dt).c_str());
+      std::printf(
+          "%s",
+          attn::cudnn_deviceless_check(attn::Dims{o.B, o.T, o.H, o.D}, dt, o.kv_heads).c_str());
     } catch (const std::exception &e) {
       std::printf("deviceless check failed: %s\n", e.what());
       return 1;

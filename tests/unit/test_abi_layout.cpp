@@ -78,11 +78,12 @@ const AbiLayoutRow kCurrent[] = {
 #undef TSR_ABI_STRING
 
 // The size of every public struct in the current headers, on x86-64, as of
-// ABI 1.5 (1.1: tsr_host and tsr_ops grew; tsr_optimizer_step_args grew by a
+// ABI 1.6 (1.1: tsr_host and tsr_ops grew; tsr_optimizer_step_args grew by a
 // reserved word over 1.0's tail padding and grads_dtype; 1.2: tsr_host,
 // the zero and offload tables grew, tsr_device_memory and tsr_offload_stats
 // are new; 1.3: tsr_ops grew by the three fused ops; 1.4: tsr_ops grew by
-// layernorm_backward_sum; 1.5: tsr_host grew by grads_zeroed). A new minor
+// layernorm_backward_sum; 1.5: tsr_host grew by grads_zeroed; 1.6: tsr_ops
+// grew by the nine decoder-block ops, tsr_rope_params is new). A new minor
 // version that appends fields updates the struct's line here (and
 // docs/abi.md), and lists new structs in kAdded.
 struct CurrentSize {
@@ -100,7 +101,8 @@ const CurrentSize kCurrentSizes[] = {
     TSR_CURRENT(tsr_comm, 56),
     TSR_CURRENT(tsr_host, 216),
     TSR_CURRENT(tsr_device_memory, 32),
-    TSR_CURRENT(tsr_ops, 192),
+    TSR_CURRENT(tsr_ops, 264),
+    TSR_CURRENT(tsr_rope_params, 56),
     TSR_CURRENT(tsr_data_info, 168),
     TSR_CURRENT(tsr_batch, 112),
     TSR_CURRENT(tsr_dataset_vtable, 40),
@@ -128,7 +130,7 @@ const CurrentSize kCurrentSizes[] = {
 #undef TSR_CURRENT
 
 // Structs added after 1.0: listed here, with their size above.
-const std::set<std::string> kAdded = {"tsr_device_memory", "tsr_offload_stats"};
+const std::set<std::string> kAdded = {"tsr_device_memory", "tsr_offload_stats", "tsr_rope_params"};
 
 std::string key(const AbiLayoutRow &r) {
   return std::string(r.type) + (r.field[0] ? std::string(".") + r.field : std::string());

@@ -1,12 +1,15 @@
-// CPU causal attention (float32), forward and backward. It is also the
-// reference the CUDA kernels are tested against. Per (batch, head), on the
+// CPU causal attention (float32), forward and backward, with as many or
+// fewer key/value heads than query heads (ABI 1.6's attention_gqa_*: query
+// head h reads key/value head h / (H / Hk)). It is also the reference the
+// CUDA kernels are tested against. Per (batch, head), on the
 // ops' thread pool: that head's q, k, v (and dO) are copied into compact
 // scratch, then tiles of 64 query rows go through OpenBLAS (scores, P V,
 // and the five products of the backward) with the masked softmax between;
 // a tile's scores are [64 x T], never a T x T matrix. Strides of q, k, v, out and the
 // gradients are honoured (q, k, v are usually views into one fused
 // [B, T, 3, H, D] buffer). Each head is computed by one thread in a fixed
-// order, so results do not depend on the number of threads.
+// order (backward: each key/value head, its query heads in order), so
+// results do not depend on the number of threads.
 #include <cblas.h>
 
 #include <algorithm>
@@ -32,7 +35,12 @@ struct V4 {
 
 struct Dims {
   int64_t B, T, H, D;
+  int64_t Hk;  // key/value heads, dividing H
 };
+
+// Which shape a checked tensor has: q's (the first sets B, T, H, D) or
+// k's (the first sets Hk; with MHA, Hk = H is set before).
+enum class AttnRole { SetQ, Q, SetKv, Kv };
 
 std::string shape_of(const Dims &d) {
   // Appended piecewise: "[" + to_string(...) trips a GCC 12 -Wrestrict false positive.
@@ -44,8 +52,8 @@ std::string shape_of(const Dims &d) {
 }
 
 // Checks a [B, T, H, D] float32 host tensor (strides honoured, NULL strides
-// = compact). The first tensor checked (q, first = true) sets the dims.
-V4 bthd(const char *op, const char *arg, const DLTensor *t, Dims &dims, bool first) {
+// = compact); `role` says which shape it must have.
+V4 bthd(const char *op, const char *arg, const DLTensor *t, Dims &dims, AttnRole role) {
   const std::string w = std::string(op) + ": " + arg + " ";
   TSR_CHECK(t != nullptr, TSR_ERR_INVALID, w + "is NULL");
   TSR_CHECK(t->device.device_type == kDLCPU || t->device.device_type == kDLCUDAHost,
@@ -56,14 +64,24 @@ V4 bthd(const char *op, const char *arg, const DLTensor *t, Dims &dims, bool fir
             TSR_ERR_UNSUPPORTED, w + "must be float32, got " + describe(t));
   TSR_CHECK(t->ndim == 4 && t->shape != nullptr, TSR_ERR_INVALID,
             w + "must be 4-D [B, T, H, D], got " + describe(t));
-  const Dims d{t->shape[0], t->shape[1], t->shape[2], t->shape[3]};
+  const Dims d{t->shape[0], t->shape[1], t->shape[2], t->shape[3], t->shape[2]};
   TSR_CHECK(d.B >= 0 && d.T >= 0 && d.H >= 0 && d.D >= 0, TSR_ERR_INVALID,
             w + "has a negative dim: " + describe(t));
-  if (first) {
+  if (role == AttnRole::SetQ) {
     dims = d;
+  } else if (role == AttnRole::SetKv) {
+    TSR_CHECK(d.B == dims.B && d.T == dims.T && d.D == dims.D, TSR_ERR_INVALID,
+              w + describe(t) + " must match the B, T and D of q " + shape_of(dims));
+    TSR_CHECK(d.H > 0 ? dims.H % d.H == 0 : dims.H == 0, TSR_ERR_INVALID,
+              w + describe(t) + " has " + std::to_string(d.H) + " heads, which must divide q's " +
+                  std::to_string(dims.H));
+    dims.Hk = d.H;
   } else {
-    TSR_CHECK(d.B == dims.B && d.T == dims.T && d.H == dims.H && d.D == dims.D, TSR_ERR_INVALID,
-              w + describe(t) + " does not match q's shape " + shape_of(dims));
+    const int64_t heads = role == AttnRole::Q ? dims.H : dims.Hk;
+    TSR_CHECK(d.B == dims.B && d.T == dims.T && d.H == heads && d.D == dims.D, TSR_ERR_INVALID,
+              w + describe(t) + " does not match " +
+                  (role == AttnRole::Q || dims.Hk == dims.H ? "q" : "k") + "'s shape " +
+                  shape_of(Dims{dims.B, dims.T, heads, dims.D, dims.Hk}));
   }
   V4 v{};
   if (t->strides) {
@@ -174,8 +192,8 @@ void forward_head(const V4 &Q, const V4 &K, const V4 &Vv, const V4 &O, float *L,
   float *q = scratch(static_cast<size_t>(3 * T * D + tile * T + tile * D + tile));
   float *k = q + T * D, *v = k + T * D, *s = v + T * D, *o = s + tile * T, *inv = o + tile * D;
   gather(Q, b, h, d, q);
-  gather(K, b, h, d, k);
-  gather(Vv, b, h, d, v);
+  gather(K, b, h / (d.H / d.Hk), d, k);
+  gather(Vv, b, h / (d.H / d.Hk), d, v);
   float *lse = L + (b * d.H + h) * T;
   for (int64_t r0 = 0; r0 < T; r0 += tile) {
     const int64_t r1 = std::min(T, r0 + tile), rows = r1 - r0, keys = r1;
@@ -189,42 +207,47 @@ void forward_head(const V4 &Q, const V4 &K, const V4 &Vv, const V4 &O, float *L,
   }
 }
 
-void backward_head(const V4 &Q, const V4 &K, const V4 &Vv, const V4 &O, const V4 &dO,
-                   const float *L, const V4 &dQ, const V4 &dK, const V4 &dV, const Dims &d,
-                   int64_t b, int64_t h, float scale) {
-  const int64_t T = d.T, D = d.D, tile = std::min(kTile, T);
+// Key/value head (b, hk) and the query heads h that read it: dq of each h,
+// and dk, dv summed over them in order of h.
+void backward_group(const V4 &Q, const V4 &K, const V4 &Vv, const V4 &O, const V4 &dO,
+                    const float *L, const V4 &dQ, const V4 &dK, const V4 &dV, const Dims &d,
+                    int64_t b, int64_t hk, float scale) {
+  const int64_t T = d.T, D = d.D, tile = std::min(kTile, T), group = d.H / d.Hk;
   float *q = scratch(static_cast<size_t>(6 * T * D + 2 * tile * T + tile * D + tile));
   float *k = q + T * D, *v = k + T * D, *dout = v + T * D, *dk = dout + T * D, *dv = dk + T * D;
   float *s = dv + T * D, *dp = s + tile * T, *dq = dp + tile * T, *di = dq + tile * D;
-  gather(Q, b, h, d, q);
-  gather(K, b, h, d, k);
-  gather(Vv, b, h, d, v);
-  gather(dO, b, h, d, dout);
+  gather(K, b, hk, d, k);
+  gather(Vv, b, hk, d, v);
   for (int64_t i = 0; i < 2 * T * D; i++) dk[i] = 0.0f;  // dk and dv, adjacent
-  const float *lse = L + (b * d.H + h) * T;
-  for (int64_t r0 = 0; r0 < T; r0 += tile) {
-    const int64_t r1 = std::min(T, r0 + tile), rows = r1 - r0, keys = r1;
-    // Di = dO_t . O_t, the softmax's own gradient correction.
-    for (int64_t t = r0; t < r1; t++) {
-      const float *orow = O.row(b, t, h), *dr = dout + t * D;
-      float acc = 0.0f;
-      for (int64_t e = 0; e < D; e++) acc += dr[e] * orow[e * O.sd];
-      di[t - r0] = acc;
-    }
-    sgemm(false, true, rows, keys, D, scale, q + r0 * D, D, k, D, 0.0f, s, keys);
-    sgemm(false, true, rows, keys, D, 1.0f, dout + r0 * D, D, v, D, 0.0f, dp, keys);
-    softmax_grad_rows(s, dp, r0, r1, keys, lse, di, scale);                 // s = P, dp = dS
-    sgemm(false, false, rows, D, keys, 1.0f, dp, keys, k, D, 0.0f, dq, D);  // dQ = dS K
-    sgemm(true, false, keys, D, rows, 1.0f, dp, keys, q + r0 * D, D, 1.0f, dk, D);  // dK += dS^T Q
-    sgemm(true, false, keys, D, rows, 1.0f, s, keys, dout + r0 * D, D, 1.0f, dv,
-          D);  // dV += P^T dO
-    for (int64_t t = r0; t < r1; t++) {
-      float *dqr = dQ.row(b, t, h);
-      for (int64_t e = 0; e < D; e++) dqr[e * dQ.sd] = dq[(t - r0) * D + e];
+  for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
+    gather(Q, b, h, d, q);
+    gather(dO, b, h, d, dout);
+    const float *lse = L + (b * d.H + h) * T;
+    for (int64_t r0 = 0; r0 < T; r0 += tile) {
+      const int64_t r1 = std::min(T, r0 + tile), rows = r1 - r0, keys = r1;
+      // Di = dO_t . O_t, the softmax's own gradient correction.
+      for (int64_t t = r0; t < r1; t++) {
+        const float *orow = O.row(b, t, h), *dr = dout + t * D;
+        float acc = 0.0f;
+        for (int64_t e = 0; e < D; e++) acc += dr[e] * orow[e * O.sd];
+        di[t - r0] = acc;
+      }
+      sgemm(false, true, rows, keys, D, scale, q + r0 * D, D, k, D, 0.0f, s, keys);
+      sgemm(false, true, rows, keys, D, 1.0f, dout + r0 * D, D, v, D, 0.0f, dp, keys);
+      softmax_grad_rows(s, dp, r0, r1, keys, lse, di, scale);                 // s = P, dp = dS
+      sgemm(false, false, rows, D, keys, 1.0f, dp, keys, k, D, 0.0f, dq, D);  // dQ = dS K
+      sgemm(true, false, keys, D, rows, 1.0f, dp, keys, q + r0 * D, D, 1.0f, dk,
+            D);  // dK += dS^T Q
+      sgemm(true, false, keys, D, rows, 1.0f, s, keys, dout + r0 * D, D, 1.0f, dv,
+            D);  // dV += P^T dO
+      for (int64_t t = r0; t < r1; t++) {
+        float *dqr = dQ.row(b, t, h);
+        for (int64_t e = 0; e < D; e++) dqr[e * dQ.sd] = dq[(t - r0) * D + e];
+      }
     }
   }
   for (int64_t j = 0; j < T; j++) {
-    float *kr = dK.row(b, j, h), *vr = dV.row(b, j, h);
+    float *kr = dK.row(b, j, hk), *vr = dV.row(b, j, hk);
     for (int64_t e = 0; e < D; e++) {
       kr[e * dK.sd] = dk[j * D + e];
       vr[e * dV.sd] = dv[j * D + e];
@@ -232,27 +255,51 @@ void backward_head(const V4 &Q, const V4 &K, const V4 &Vv, const V4 &O, const V4
   }
 }
 
+void attention_forward_impl(const char *op, bool gqa, const DLTensor *q, const DLTensor *k,
+                            const DLTensor *v, float scale, DLTensor *out, DLTensor *lse) {
+  Dims d{};
+  const V4 Q = bthd(op, "q", q, d, AttnRole::SetQ);
+  d.Hk = d.H;
+  const V4 K = bthd(op, "k", k, d, gqa ? AttnRole::SetKv : AttnRole::Kv),
+           Vv = bthd(op, "v", v, d, AttnRole::Kv), O = bthd(op, "out", out, d, AttnRole::Q);
+  float *L = lse_view(op, lse, d);
+  if (d.B * d.T * d.H == 0) return;
+  if (d.D == 0) {  // empty heads: every score is 0, so row t averages t + 1 keys
+    for (int64_t i = 0; i < d.B * d.H; i++)
+      for (int64_t t = 0; t < d.T; t++) L[i * d.T + t] = std::log(static_cast<float>(t + 1));
+    return;
+  }
+  parallel_for(d.B * d.H, 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; i++) forward_head(Q, K, Vv, O, L, d, i / d.H, i % d.H, scale);
+  });
+}
+
+void attention_backward_impl(const char *op, bool gqa, const DLTensor *q, const DLTensor *k,
+                             const DLTensor *v, const DLTensor *out, const DLTensor *dout,
+                             const DLTensor *lse, float scale, DLTensor *dq, DLTensor *dk,
+                             DLTensor *dv) {
+  Dims d{};
+  const V4 Q = bthd(op, "q", q, d, AttnRole::SetQ);
+  d.Hk = d.H;
+  const V4 K = bthd(op, "k", k, d, gqa ? AttnRole::SetKv : AttnRole::Kv),
+           Vv = bthd(op, "v", v, d, AttnRole::Kv), O = bthd(op, "out", out, d, AttnRole::Q),
+           dO = bthd(op, "dout", dout, d, AttnRole::Q), dQ = bthd(op, "dq", dq, d, AttnRole::Q),
+           dK = bthd(op, "dk", dk, d, AttnRole::Kv), dV = bthd(op, "dv", dv, d, AttnRole::Kv);
+  const float *L = lse_view(op, lse, d);
+  if (d.B * d.T * d.H * d.D == 0) return;  // nothing to write
+  parallel_for(d.B * d.Hk, 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; i++)
+      backward_group(Q, K, Vv, O, dO, L, dQ, dK, dV, d, i / d.Hk, i % d.Hk, scale);
+  });
+}
+
 }  // namespace
 
 tsr_status attention_forward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
                              const DLTensor *v, float scale, DLTensor *out,
                              DLTensor *lse) noexcept {
-  return guarded(ctx, [&] {
-    const char *op = "attention_forward";
-    Dims d{};
-    const V4 Q = bthd(op, "q", q, d, true), K = bthd(op, "k", k, d, false),
-             Vv = bthd(op, "v", v, d, false), O = bthd(op, "out", out, d, false);
-    float *L = lse_view(op, lse, d);
-    if (d.B * d.T * d.H == 0) return;
-    if (d.D == 0) {  // empty heads: every score is 0, so row t averages t + 1 keys
-      for (int64_t i = 0; i < d.B * d.H; i++)
-        for (int64_t t = 0; t < d.T; t++) L[i * d.T + t] = std::log(static_cast<float>(t + 1));
-      return;
-    }
-    parallel_for(d.B * d.H, 1, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; i++) forward_head(Q, K, Vv, O, L, d, i / d.H, i % d.H, scale);
-    });
-  });
+  return guarded(
+      ctx, [&] { attention_forward_impl("attention_forward", false, q, k, v, scale, out, lse); });
 }
 
 tsr_status attention_backward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
@@ -260,18 +307,26 @@ tsr_status attention_backward(tsr_host_ctx *ctx, const DLTensor *q, const DLTens
                               const DLTensor *lse, float scale, DLTensor *dq, DLTensor *dk,
                               DLTensor *dv) noexcept {
   return guarded(ctx, [&] {
-    const char *op = "attention_backward";
-    Dims d{};
-    const V4 Q = bthd(op, "q", q, d, true), K = bthd(op, "k", k, d, false),
-             Vv = bthd(op, "v", v, d, false), O = bthd(op, "out", out, d, false),
-             dO = bthd(op, "dout", dout, d, false), dQ = bthd(op, "dq", dq, d, false),
-             dK = bthd(op, "dk", dk, d, false), dV = bthd(op, "dv", dv, d, false);
-    const float *L = lse_view(op, lse, d);
-    if (d.B * d.T * d.H * d.D == 0) return;  // nothing to write
-    parallel_for(d.B * d.H, 1, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; i++)
-        backward_head(Q, K, Vv, O, dO, L, dQ, dK, dV, d, i / d.H, i % d.H, scale);
-    });
+    attention_backward_impl("attention_backward", false, q, k, v, out, dout, lse, scale, dq, dk,
+                            dv);
+  });
+}
+
+tsr_status attention_gqa_forward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
+                                 const DLTensor *v, float scale, DLTensor *out,
+                                 DLTensor *lse) noexcept {
+  return guarded(ctx, [&] {
+    attention_forward_impl("attention_gqa_forward", true, q, k, v, scale, out, lse);
+  });
+}
+
+tsr_status attention_gqa_backward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
+                                  const DLTensor *v, const DLTensor *out, const DLTensor *dout,
+                                  const DLTensor *lse, float scale, DLTensor *dq, DLTensor *dk,
+                                  DLTensor *dv) noexcept {
+  return guarded(ctx, [&] {
+    attention_backward_impl("attention_gqa_backward", true, q, k, v, out, dout, lse, scale, dq, dk,
+                            dv);
   });
 }
 

@@ -25,36 +25,6 @@ namespace tessera::cpu {
 // ---------------------------------------------------------------------------
 // Tensor checks
 
-static std::string dtype_name(DLDataType t) {
-  std::string s;
-  switch (t.code) {
-    case kDLFloat:
-      s = "float";
-      break;
-    case kDLInt:
-      s = "int";
-      break;
-    case kDLUInt:
-      s = "uint";
-      break;
-    case kDLBfloat:
-      s = "bfloat";
-      break;
-    default:
-      s = "dtype";
-      s += std::to_string(t.code);
-      s += "_";
-      break;
-  }
-  s += std::to_string(t.bits);
-  if (t.lanes != 1) {
-    // Appended piecewise: "x" + to_string(...) trips a GCC 12 -Wrestrict false positive.
-    s += "x";
-    s += std::to_string(t.lanes);
-  }
-  return s;
-}
-
 static std::string dims_str(int ndim, const int64_t *dims) {
   std::string s = "[";
   for (int i = 0; i < ndim; i++) {
@@ -62,11 +32,6 @@ static std::string dims_str(int ndim, const int64_t *dims) {
     s += dims ? std::to_string(dims[i]) : "?";
   }
   return s + "]";
-}
-
-std::string describe(const DLTensor *t) {
-  if (!t) return "NULL";
-  return dtype_name(t->dtype) + dims_str(t->ndim, t->shape);
 }
 
 static std::string where(const char *op, const char *arg) {
@@ -152,12 +117,6 @@ void check_same_numel(const char *op, const char *a_name, const DLTensor *a, con
             std::string(op) + ": " + a_name + " " + describe(a) + " and " + b_name + " " +
                 describe(b) + " differ in element count (" + std::to_string(na) + " vs " +
                 std::to_string(nb) + ")");
-}
-
-void check_activation(const char *op, tsr_activation act) {
-  TSR_CHECK(
-      act == TSR_ACT_NONE || act == TSR_ACT_RELU || act == TSR_ACT_GELU || act == TSR_ACT_TANH,
-      TSR_ERR_INVALID, std::string(op) + ": unknown activation " + std::to_string(act));
 }
 
 // ---------------------------------------------------------------------------
@@ -354,6 +313,16 @@ const tsr_ops *cpu_ops() {
       .matmul_act_backward = cpu::matmul_act_backward,
       // ABI 1.4
       .layernorm_backward_sum = cpu::layernorm_backward_sum,
+      // ABI 1.6
+      .rmsnorm_forward = cpu::rmsnorm_forward,
+      .rmsnorm_backward = cpu::rmsnorm_backward,
+      .add_rmsnorm_forward = cpu::add_rmsnorm_forward,
+      .rope_forward = cpu::rope_forward,
+      .rope_backward = cpu::rope_backward,
+      .swiglu_forward = cpu::swiglu_forward,
+      .swiglu_backward = cpu::swiglu_backward,
+      .attention_gqa_forward = cpu::attention_gqa_forward,
+      .attention_gqa_backward = cpu::attention_gqa_backward,
   };
   return &table;
 }

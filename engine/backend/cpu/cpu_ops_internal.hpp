@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <string>
 
+#include "util/dltensor.hpp"
+
 namespace tessera::cpu {
 
 // A tensor viewed as a row-major matrix: rows = product of every dim but the
@@ -20,8 +22,8 @@ struct Mat {
   int64_t numel() const { return rows * cols; }
 };
 
-// "float32[4,8]", for messages.
-std::string describe(const DLTensor *t);
+// describe(t) ("float32[4,8]") and check_activation come from
+// util/dltensor.hpp, shared with the CUDA ops.
 
 // Checks that t is a non-NULL, compact, suitably aligned float32 (or int32)
 // tensor in host memory (kDLCPU or kDLCUDAHost) and returns its matrix view; throws tessera::Error
@@ -43,9 +45,6 @@ Flat flat(const char *op, const char *arg, const DLTensor *t);
 // Throws unless a and b hold the same number of (float32) elements.
 void check_same_numel(const char *op, const char *a_name, const DLTensor *a, const char *b_name,
                       const DLTensor *b);
-
-// Throws unless act is one of TSR_ACT_*.
-void check_activation(const char *op, tsr_activation act);
 
 // c = alpha * op(a) @ op(b) + beta * c through OpenBLAS, with matmul's checks;
 // throws tessera::Error with messages naming `op` (matmul, linear).
@@ -109,5 +108,31 @@ tsr_status attention_backward(tsr_host_ctx *ctx, const DLTensor *q, const DLTens
                               const DLTensor *v, const DLTensor *out, const DLTensor *dout,
                               const DLTensor *lse, float scale, DLTensor *dq, DLTensor *dk,
                               DLTensor *dv) noexcept;
+
+// ABI 1.6, the decoder-block ops: cpu_ops_rmsnorm.cpp, cpu_ops_rope.cpp,
+// cpu_ops_swiglu.cpp, and attention_gqa_* in cpu_attention.cpp.
+tsr_status rmsnorm_forward(tsr_host_ctx *ctx, const DLTensor *x, const DLTensor *weight, float eps,
+                           DLTensor *y, DLTensor *rstd) noexcept;
+tsr_status rmsnorm_backward(tsr_host_ctx *ctx, const DLTensor *dy, const DLTensor *x,
+                            const DLTensor *weight, const DLTensor *rstd, DLTensor *dx,
+                            DLTensor *dweight) noexcept;
+tsr_status add_rmsnorm_forward(tsr_host_ctx *ctx, const DLTensor *x, const DLTensor *y,
+                               const DLTensor *weight, float eps, DLTensor *r, DLTensor *out,
+                               DLTensor *rstd) noexcept;
+tsr_status rope_forward(tsr_host_ctx *ctx, const tsr_rope_params *rope, const DLTensor *positions,
+                        DLTensor *q, DLTensor *k) noexcept;
+tsr_status rope_backward(tsr_host_ctx *ctx, const tsr_rope_params *rope, const DLTensor *positions,
+                         DLTensor *dq, DLTensor *dk) noexcept;
+tsr_status swiglu_forward(tsr_host_ctx *ctx, const DLTensor *gate, const DLTensor *up,
+                          DLTensor *out) noexcept;
+tsr_status swiglu_backward(tsr_host_ctx *ctx, const DLTensor *gate, const DLTensor *up,
+                           const DLTensor *dout, DLTensor *dgate, DLTensor *dup) noexcept;
+tsr_status attention_gqa_forward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
+                                 const DLTensor *v, float scale, DLTensor *out,
+                                 DLTensor *lse) noexcept;
+tsr_status attention_gqa_backward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
+                                  const DLTensor *v, const DLTensor *out, const DLTensor *dout,
+                                  const DLTensor *lse, float scale, DLTensor *dq, DLTensor *dk,
+                                  DLTensor *dv) noexcept;
 
 }  // namespace tessera::cpu

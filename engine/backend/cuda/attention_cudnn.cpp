@@ -11,6 +11,10 @@
 // cuDNN's layout is [b, h, s, d] with arbitrary strides, so our [B, T, H, D]
 // views go in as they are (strides permuted), fused qkv buffers included;
 // K (and V in backward) enter transposed, [b, h, d, s], by swapping strides.
+// Grouped-query attention (hk < H key/value heads) enters as the frontend
+// writes it: K and V with hk heads, which the matmuls broadcast over each
+// group of H / hk query heads, and dK, dV summed over the group by a
+// reduction from fp32 full-head intermediates.
 #include "backend/cuda/attention_cudnn.hpp"
 
 #if TESSERA_HAVE_CUDNN
@@ -95,12 +99,12 @@ int64_t pw(Graph &g, cudnnPointwiseMode_t op, int64_t x, int64_t b, int64_t like
 
 std::unique_ptr<Graph> forward_graph(const Lib &l, const FwdArgs &a) {
   auto g = std::make_unique<Graph>(l);
-  const int64_t B = a.d.B, H = a.d.H, T = a.d.T, D = a.d.D;
+  const int64_t B = a.d.B, H = a.d.H, T = a.d.T, D = a.d.D, Hk = a.hk ? a.hk : H;
   const cudnnDataType_t io = io_type(a.dt);
   const Dims4 bhtd{B, H, T, D};
   g->tensor(kQ, io, bhtd, bhsd(a.q));
-  g->tensor(kK, io, {B, H, D, T}, bhds(a.k));
-  g->tensor(kV, io, bhtd, bhsd(a.v));
+  g->tensor(kK, io, {B, Hk, D, T}, bhds(a.k));
+  g->tensor(kV, io, {B, Hk, T, D}, bhsd(a.v));
   g->tensor(kO, io, bhtd, bhsd(a.o));
   g->tensor(kStats, kF32, {B, H, T, 1}, {H * T, T, 1, 1});
   g->scalar(kScale, kF32);
@@ -130,18 +134,18 @@ std::unique_ptr<Graph> forward_graph(const Lib &l, const FwdArgs &a) {
 
 std::unique_ptr<Graph> backward_graph(const Lib &l, const BwdArgs &a) {
   auto g = std::make_unique<Graph>(l);
-  const int64_t B = a.d.B, H = a.d.H, T = a.d.T, D = a.d.D;
+  const int64_t B = a.d.B, H = a.d.H, T = a.d.T, D = a.d.D, Hk = a.hk ? a.hk : H;
   const cudnnDataType_t io = io_type(a.dt);
-  const Dims4 bhtd{B, H, T, D};
+  const Dims4 bhtd{B, H, T, D}, kv{B, Hk, T, D};
   g->tensor(kQ, io, bhtd, bhsd(a.q));
-  g->tensor(kK, io, {B, H, D, T}, bhds(a.k));
-  g->tensor(kV, io, {B, H, D, T}, bhds(a.v));
+  g->tensor(kK, io, {B, Hk, D, T}, bhds(a.k));
+  g->tensor(kV, io, {B, Hk, D, T}, bhds(a.v));
   g->tensor(kO, io, bhtd, bhsd(a.o));
   g->tensor(kDO, io, bhtd, bhsd(a.dout));
   g->tensor(kStats, kF32, {B, H, T, 1}, {H * T, T, 1, 1});
   g->tensor(kDQ, io, bhtd, bhsd(a.dq));
-  g->tensor(kDK, io, bhtd, bhsd(a.dk));
-  g->tensor(kDV, io, bhtd, bhsd(a.dv));
+  g->tensor(kDK, io, kv, bhsd(a.dk));
+  g->tensor(kDV, io, kv, bhsd(a.dv));
   g->scalar(kScale, kF32);
   g->scalar(kNegInf, kF32);
   g->scalar(kOne, kF32);
@@ -165,10 +169,20 @@ std::unique_ptr<Graph> backward_graph(const Lib &l, const BwdArgs &a) {
   const int64_t masked = causal_mask(*g, centred);
   const int64_t p = pw(*g, CUDNN_POINTWISE_EXP, masked, 0, s);
 
-  // dV = P^T dO.
+  // dV = P^T dO (with groups: per query head in fp32, then summed).
+  const Dims4 full_strides{H * T * D, T * D, D, 1};
+  const auto grad_kv = [&](int64_t lhs, int64_t rhs, int64_t out) {
+    if (Hk == H) {
+      g->matmul(lhs, rhs, out);
+      return;
+    }
+    const int64_t full = g->virt(kF32, bhtd, full_strides);
+    g->matmul(lhs, rhs, full);
+    g->reduction(CUDNN_REDUCE_TENSOR_ADD, full, out);
+  };
   const int64_t pt = g->virt(io, sd, st);
   g->reshape(p, pt);
-  g->matmul(pt, kDO, kDV);
+  grad_kv(pt, kDO, kDV);
 
   // dS = P * (dO V^T - softmax_sum) * scale.
   const int64_t dp = g->virt(kF32, sd, ss);
@@ -180,10 +194,10 @@ std::unique_ptr<Graph> backward_graph(const Lib &l, const BwdArgs &a) {
   // dK = dS^T Q.
   const int64_t dst = g->virt(io, sd, st);
   g->reshape(ds, dst);
-  g->matmul(dst, kQ, kDK);
+  grad_kv(dst, kQ, kDK);
 
   // dQ = dS K, accumulated in fp32, then cast.
-  const int64_t k = g->virt(kF32, bhtd, bhsd(a.k));
+  const int64_t k = g->virt(kF32, kv, bhsd(a.k));
   g->reshape(kK, k);
   g->matmul(ds, k, kDqAccum);
   g->pointwise(CUDNN_POINTWISE_IDENTITY, kF32, kDqAccum, 0, 0, kDQ);
@@ -215,13 +229,13 @@ struct Key {
   bool backward;
   int dt;
   int device;
-  int64_t B, T, H, D;
+  int64_t B, T, H, D, Hk;
   std::array<int64_t, 24> strides{};  // (sb, st, sh) of up to 8 views
   auto operator<=>(const Key &) const = default;
 };
 
-Key make_key(bool backward, const Dims &d, Dt dt, std::initializer_list<Bthd> views) {
-  Key k{backward, static_cast<int>(dt), current_device(), d.B, d.T, d.H, d.D};
+Key make_key(bool backward, const Dims &d, Dt dt, int64_t hk, std::initializer_list<Bthd> views) {
+  Key k{backward, static_cast<int>(dt), current_device(), d.B, d.T, d.H, d.D, hk ? hk : d.H};
   size_t i = 0;
   for (const Bthd &v : views) {
     k.strides[i++] = v.sb, k.strides[i++] = v.st, k.strides[i++] = v.sh;
@@ -299,7 +313,7 @@ bool cudnn_forward(const FwdArgs &a, std::string *why) {
   *why = refusal(*l, a.d, a.dt, {a.q, a.k, a.v, a.o}, false);
   if (!why->empty()) return false;
   std::lock_guard<std::mutex> lock(cache().mu);
-  Entry &e = entry(*l, make_key(false, a.d, a.dt, {a.q, a.k, a.v, a.o}),
+  Entry &e = entry(*l, make_key(false, a.d, a.dt, a.hk, {a.q, a.k, a.v, a.o}),
                    [&] { return forward_graph(*l, a); });
   if (!e.plan.plan) {
     *why = e.why;
@@ -325,8 +339,9 @@ bool cudnn_backward(const BwdArgs &a, std::string *why) {
   *why = refusal(*l, a.d, a.dt, {a.q, a.k, a.v, a.o, a.dout, a.dq, a.dk, a.dv}, true);
   if (!why->empty()) return false;
   std::lock_guard<std::mutex> lock(cache().mu);
-  Entry &e = entry(*l, make_key(true, a.d, a.dt, {a.q, a.k, a.v, a.o, a.dout, a.dq, a.dk, a.dv}),
-                   [&] { return backward_graph(*l, a); });
+  Entry &e =
+      entry(*l, make_key(true, a.d, a.dt, a.hk, {a.q, a.k, a.v, a.o, a.dout, a.dq, a.dk, a.dv}),
+            [&] { return backward_graph(*l, a); });
   if (!e.plan.plan) {
     *why = e.why;
     return false;
@@ -360,16 +375,19 @@ bool cudnn_backward(const BwdArgs &a, std::string *why) {
   return true;
 }
 
-std::string cudnn_deviceless_check(const Dims &d, Dt dt) {
+std::string cudnn_deviceless_check(const Dims &d, Dt dt, int64_t hk) {
   std::string why;
   const Lib *l = cudnn::lib(&why);
   TSR_CHECK(l, TSR_ERR_UNSUPPORTED, why);
   const cudnn::Desc props = cudnn::h200_properties(*l);
-  // Views into a fused [B, T, 3, H, D] qkv buffer and its gradient, at a
-  // made-up 256-byte aligned address (only the layout matters here).
+  // Views into a fused [B, T, H + 2 hk, D] qkv buffer and its gradient (GPT-2's
+  // [B, T, 3, H, D] when hk = H), at a made-up 256-byte aligned address (only
+  // the layout matters here).
+  if (hk == 0) hk = d.H;
   char *base = reinterpret_cast<char *>(uintptr_t{1} << 20);
-  const int64_t esz = 2, st = 3 * d.H * d.D, sb = d.T * st;
-  auto fused = [&](int which) { return Bthd{base + which * d.H * d.D * esz, sb, st, d.D, 1}; };
+  const int64_t esz = 2, st = (d.H + 2 * hk) * d.D, sb = d.T * st;
+  const int64_t offset[3] = {0, d.H * d.D, (d.H + hk) * d.D};
+  auto fused = [&](int which) { return Bthd{base + offset[which] * esz, sb, st, d.D, 1}; };
   const Bthd compact{base, d.T * d.H * d.D, d.H * d.D, d.D, 1};
   std::string out;
   auto build = [&](const char *name, std::unique_ptr<Graph> g) {
@@ -390,12 +408,12 @@ std::string cudnn_deviceless_check(const Dims &d, Dt dt) {
       out += std::string("no plan here: ") + e.what() + "\n";
     }
   };
-  const FwdArgs f{d, dt, fused(0), fused(1), fused(2), compact, nullptr, 0.125f};
+  const FwdArgs f{d, dt, fused(0), fused(1), fused(2), compact, nullptr, 0.125f, hk};
   TSR_CHECK(refusal(*l, d, dt, {f.q, f.k, f.v, f.o}, false).empty(), TSR_ERR_UNSUPPORTED,
             "cuDNN declines the forward: " + refusal(*l, d, dt, {f.q, f.k, f.v, f.o}, false));
   build("forward", forward_graph(*l, f));
-  const BwdArgs b{d,       dt,       fused(0), fused(1), fused(2), compact,
-                  compact, fused(0), fused(1), fused(2), nullptr,  0.125f};
+  const BwdArgs b{d,        dt,       fused(0), fused(1), fused(2), compact, compact,
+                  fused(0), fused(1), fused(2), nullptr,  0.125f,   hk};
   const std::string rb = refusal(*l, d, dt, {b.q, b.k, b.v, b.o, b.dout}, true);
   TSR_CHECK(rb.empty(), TSR_ERR_UNSUPPORTED, "cuDNN declines the backward: " + rb);
   build("backward", backward_graph(*l, b));
@@ -426,7 +444,7 @@ bool cudnn_backward(const BwdArgs &, std::string *why) {
   *why = kNotBuilt;
   return false;
 }
-std::string cudnn_deviceless_check(const Dims &, Dt) {
+std::string cudnn_deviceless_check(const Dims &, Dt, int64_t) {
   throw Error(TSR_ERR_UNSUPPORTED, kNotBuilt);
 }
 

@@ -19,12 +19,15 @@
 
 namespace tessera::cuda::attn {
 
+// hk: key/value heads (ABI 1.6's grouped-query attention: k and v are
+// [B, T, hk, D], query head h reads head h / (H / hk)); 0 means d.H.
 struct FwdArgs {
   Dims d;
   Dt dt;
   Bthd q, k, v, o;
   float *lse;
   float scale;
+  int64_t hk = 0;
 };
 
 struct BwdArgs {
@@ -33,6 +36,7 @@ struct BwdArgs {
   Bthd q, k, v, o, dout, dq, dk, dv;
   const float *lse;
   float scale;
+  int64_t hk = 0;
 };
 
 // True when cuDNN can serve calls in this process; *what says which cuDNN
@@ -51,10 +55,12 @@ bool cudnn_backward(const BwdArgs &a, std::string *why);
 // Checks the forward and backward graphs of one shape against cuDNN for an
 // H200 without a GPU (cuDNN 9.8+'s device properties), with q, k, v as
 // views into a fused [B, T, 3, H, D] buffer as GPT-2 has them: which
-// engines support each graph, and whether a plan could be built here (with
+// engines support each graph (with hk > 0: hk key/value heads, grouped-query
+// attention on views into a fused [B, T, H + 2 hk, D] buffer), and whether a
+// plan could be built here (with
 // no GPU, loading the compiled kernel fails: that part proves nothing).
 // Throws when no engine supports a graph. A check of the graphs on a build
 // machine, saying nothing of speed or numerics.
-std::string cudnn_deviceless_check(const Dims &d, Dt dt);
+std::string cudnn_deviceless_check(const Dims &d, Dt dt, int64_t hk = 0);
 
 }  // namespace tessera::cuda::attn

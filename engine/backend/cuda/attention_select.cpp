@@ -180,6 +180,19 @@ tsr_status attention_backward_with(AttnImpl impl, tsr_host_ctx *ctx, const DLTen
   return backward(impl, false, ctx, q, k, v, out, dout, lse, scale, dq, dk, dv);
 }
 
+AttnImpl attention_env_impl() {
+  const AttnImpl impl = env_mode();
+  announce(impl);
+  return impl;
+}
+
+void attention_declined(AttnImpl impl, const char *op, const std::string &shape,
+                        const std::string &why) {
+  TSR_CHECK(impl != AttnImpl::Cudnn, TSR_ERR_UNSUPPORTED,
+            std::string(op) + ": cuDNN cannot take " + shape + ": " + why);
+  log_once(std::string(op) + " " + shape + " runs the engine's kernels (cuDNN: " + why + ")");
+}
+
 bool attention_cudnn_available(std::string *what) {
   return attn::cudnn_available(what);
 }

@@ -383,6 +383,12 @@ tsr_status attention_backward_with(AttnImpl impl, tsr_host_ctx *ctx, const DLTen
                                    const DLTensor *k, const DLTensor *v, const DLTensor *out,
                                    const DLTensor *dout, const DLTensor *lse, float scale,
                                    DLTensor *dq, DLTensor *dk, DLTensor *dv) noexcept;
+// The implementation TESSERA_ATTENTION asks for (logged once a process),
+// and, after cuDNN declined a call, the error (impl = Cudnn) or the log
+// line once per shape (Auto) that says so: for attention_gqa.cpp.
+AttnImpl attention_env_impl();
+void attention_declined(AttnImpl impl, const char *op, const std::string &shape,
+                        const std::string &why);
 // True when cuDNN can serve attention in this process; *what names the
 // library ("cuDNN 9.19.0 (libcudnn.so.9)") or why it cannot.
 bool attention_cudnn_available(std::string *what);

@@ -3,13 +3,14 @@
 // ops_matmul.cpp and ops_matmul_grad.cpp (cuBLASLt), ops_elementwise.cu,
 // ops_activation.cu, ops_cross_entropy.cu, ops_layernorm.cu,
 // ops_embedding.cu and attention_select.cpp (cuDNN, attention_cudnn.cpp, or
-// the kernels of attention*.cu).
+// the kernels of attention*.cu); ABI 1.6's in ops_decoder.hpp's files.
 #include <cstring>
 #include <mutex>
 
-#include "backend/cpu/cpu_ops_internal.hpp"
 #include "backend/cuda/cuda_ops.hpp"
 #include "backend/cuda/cuda_ops_internal.hpp"
+#include "backend/cuda/ops_decoder.hpp"
+#include "util/dltensor.hpp"
 
 namespace tessera::cuda {
 
@@ -31,7 +32,7 @@ const char *dtype_name(DType t) {
 }
 
 std::string describe(const DLTensor *t) {
-  return cpu::describe(t);
+  return tessera::describe(t);
 }
 
 static std::string where(const char *op, const char *arg) {
@@ -166,7 +167,7 @@ void check_same_dtype(const char *op, const char *a_name, const DLTensor *a, con
 }
 
 void check_activation(const char *op, tsr_activation act) {
-  cpu::check_activation(op, act);
+  tessera::check_activation(op, act);
 }
 
 // ---------------------------------------------------------------------------
@@ -251,6 +252,16 @@ const tsr_ops *cuda_ops() {
       .matmul_act_backward = cuda::matmul_act_backward,
       // ABI 1.4
       .layernorm_backward_sum = cuda::layernorm_backward_sum,
+      // ABI 1.6
+      .rmsnorm_forward = cuda::rmsnorm_forward,
+      .rmsnorm_backward = cuda::rmsnorm_backward,
+      .add_rmsnorm_forward = cuda::add_rmsnorm_forward,
+      .rope_forward = cuda::rope_forward,
+      .rope_backward = cuda::rope_backward,
+      .swiglu_forward = cuda::swiglu_forward,
+      .swiglu_backward = cuda::swiglu_backward,
+      .attention_gqa_forward = cuda::attention_gqa_forward,
+      .attention_gqa_backward = cuda::attention_gqa_backward,
   };
   return &table;
 }

@@ -15,6 +15,32 @@ typedef int32_t tsr_activation;
 #define TSR_ACT_GELU 2 /* tanh approximation, as GPT-2 and torch approximate="tanh" */
 #define TSR_ACT_TANH 3
 
+/* ABI 1.6: how rope_forward/backward compute inv_freq[i], i < D/2.
+ * TSR_ROPE_DEFAULT: inv_freq[i] = theta^(-2i/D).
+ * TSR_ROPE_LLAMA3 (Hugging Face's "llama3" rope_type): the default's
+ * inv_freq, then with wavelen = 2 pi / inv_freq, lo = original_max /
+ * low_freq_factor and hi = original_max / high_freq_factor: wavelen < hi
+ * keeps inv_freq, wavelen > lo divides it by factor, and between the two
+ * it is (1 - s) * inv_freq / factor + s * inv_freq with s = (original_max /
+ * wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor).
+ * Other rope types are not ops: a plugin refuses them. */
+typedef int32_t tsr_rope_type;
+#define TSR_ROPE_DEFAULT 0
+#define TSR_ROPE_LLAMA3 1
+
+typedef struct tsr_rope_params {
+  size_t struct_size;
+  tsr_rope_type type;
+  double theta; /* rope_theta, e.g. 10000 or 500000 */
+  /* TSR_ROPE_LLAMA3 only (ignored otherwise). */
+  double factor;
+  double low_freq_factor;
+  double high_freq_factor;
+  int64_t original_max_position_embeddings;
+} tsr_rope_params;
+#define tsr_rope_params_STRUCT_SIZE \
+  TSR_STRUCT_SIZE(tsr_rope_params, original_max_position_embeddings)
+
 typedef struct tsr_ops {
   size_t struct_size;
 
@@ -148,7 +174,72 @@ typedef struct tsr_ops {
                                        const DLTensor *weight, const DLTensor *mean,
                                        const DLTensor *rstd, DLTensor *dx, DLTensor *dweight,
                                        DLTensor *dbias, DLTensor *dsum);
+
+  /* ---- ABI 1.6: the ops of Llama-family decoder blocks (check
+   * TSR_HAS_FIELD(ops, tsr_ops, <member>) and the pointer, as for 1.3).
+   * Statistics (rstd, lse) are float32; the CPU takes float32 tensors, CUDA
+   * float32, bfloat16 and float16. docs/writing-a-model.md has the maths. ---- */
+
+  /* RMS normalization over the last dim of x [rows, C], as Hugging Face's
+   * Llama: rstd = 1/sqrt(mean(x^2) + eps) in float32, n = x * rstd rounded
+   * to x's dtype, y = n * weight. rstd [rows] float32 is kept for backward.
+   * y may alias x. */
+  tsr_status (*rmsnorm_forward)(tsr_host_ctx *ctx, const DLTensor *x, const DLTensor *weight,
+                                float eps, DLTensor *y, DLTensor *rstd);
+  /* Adds the input gradient into dx and the weight gradient
+   * (sum over rows of dy * x * rstd) into dweight:
+   * dx += rstd * (w*dy - x*rstd * mean(w*dy * x*rstd)). dx may alias dy. */
+  tsr_status (*rmsnorm_backward)(tsr_host_ctx *ctx, const DLTensor *dy, const DLTensor *x,
+                                 const DLTensor *weight, const DLTensor *rstd, DLTensor *dx,
+                                 DLTensor *dweight);
+  /* r = x + y stored in its dtype, then rmsnorm_forward(r) into out and
+   * rstd: the residual add and the next norm in one pass. r may alias x or
+   * y, out none of them. Its backward is rmsnorm_backward(dy, r, ...) with
+   * dx the residual stream's gradient (which it adds into): that sum is
+   * then the gradient of both x and y. */
+  tsr_status (*add_rmsnorm_forward)(tsr_host_ctx *ctx, const DLTensor *x, const DLTensor *y,
+                                    const DLTensor *weight, float eps, DLTensor *r, DLTensor *out,
+                                    DLTensor *rstd);
+  /* Rotary position embedding, Hugging Face's convention (rotate_half over
+   * the two halves of each head, not interleaved pairs), in place on q
+   * [B, T, Hq, D] and k [B, T, Hk, D] (either may be NULL; strides honoured
+   * with unit stride along D, so they may be views into a fused qkv
+   * buffer): for i < D/2, with a = positions[b, t] * inv_freq[i],
+   *   x'[i]       = x[i] * cos a - x[i + D/2] * sin a
+   *   x'[i + D/2] = x[i + D/2] * cos a + x[i] * sin a.
+   * positions: int32 [B, T] (packed sequences may restart them). inv_freq
+   * comes from *rope (tsr_rope_params) and D; angles, cos and sin are
+   * computed in double and rounded to float32. D must be even. */
+  tsr_status (*rope_forward)(tsr_host_ctx *ctx, const struct tsr_rope_params *rope,
+                             const DLTensor *positions, DLTensor *q, DLTensor *k);
+  /* The backward in place on dq and dk: the rotation by -a (its transpose). */
+  tsr_status (*rope_backward)(tsr_host_ctx *ctx, const struct tsr_rope_params *rope,
+                              const DLTensor *positions, DLTensor *dq, DLTensor *dk);
+  /* SwiGLU's gate: out = silu(gate) * up, silu(g) = g / (1 + exp(-g)).
+   * gate, up, out [rows, F]; a 2-D tensor may have a row stride (strides[0]
+   * >= F, strides[1] = 1), so gate and up may be the two halves of one
+   * [rows, 2F] linear output. out may alias gate or up. */
+  tsr_status (*swiglu_forward)(tsr_host_ctx *ctx, const DLTensor *gate, const DLTensor *up,
+                               DLTensor *out);
+  /* dgate = dout * up * silu'(gate), dup = dout * silu(gate), overwriting
+   * (silu'(g) = s + g s (1 - s), s = sigmoid(g)). Same layouts as forward;
+   * dgate may alias gate, dup may alias up. */
+  tsr_status (*swiglu_backward)(tsr_host_ctx *ctx, const DLTensor *gate, const DLTensor *up,
+                                const DLTensor *dout, DLTensor *dgate, DLTensor *dup);
+  /* Causal attention with grouped key/value heads (GQA; MQA when Hk = 1;
+   * MHA when Hk = Hq): q, out [B, T, Hq, D], k, v [B, T, Hk, D] with Hq a
+   * multiple of Hk; query head h reads key/value head h / (Hq / Hk). D is
+   * the tensors' last dim (a model's head_dim, not width / heads). Otherwise
+   * as attention_forward: strides honoured, lse [B, Hq, T] float32. */
+  tsr_status (*attention_gqa_forward)(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
+                                      const DLTensor *v, float scale, DLTensor *out, DLTensor *lse);
+  /* Writes dq [B, T, Hq, D] and dk, dv [B, T, Hk, D]; the gradient of a
+   * key/value head is the sum over the query heads that share it. */
+  tsr_status (*attention_gqa_backward)(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
+                                       const DLTensor *v, const DLTensor *out, const DLTensor *dout,
+                                       const DLTensor *lse, float scale, DLTensor *dq, DLTensor *dk,
+                                       DLTensor *dv);
 } tsr_ops;
-#define tsr_ops_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_ops, layernorm_backward_sum)
+#define tsr_ops_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_ops, attention_gqa_backward)
 
 #endif /* TESSERA_OPS_H */

@@ -1,0 +1,107 @@
+#include "util/dltensor.hpp"
+
+#include <cmath>
+#include <numbers>
+
+#include "util/error.hpp"
+
+namespace tessera {
+
+namespace {
+
+std::string dl_dtype_name(DLDataType t) {
+  std::string s;
+  switch (t.code) {
+    case kDLFloat:
+      s = "float";
+      break;
+    case kDLInt:
+      s = "int";
+      break;
+    case kDLUInt:
+      s = "uint";
+      break;
+    case kDLBfloat:
+      s = "bfloat";
+      break;
+    default:
+      s = "dtype";
+      s += std::to_string(t.code);
+      s += "_";
+      break;
+  }
+  s += std::to_string(t.bits);
+  if (t.lanes != 1) {
+    // Appended piecewise: "x" + to_string(...) trips a GCC 12 -Wrestrict false positive.
+    s += "x";
+    s += std::to_string(t.lanes);
+  }
+  return s;
+}
+
+std::string dl_dims_str(int ndim, const int64_t *dims) {
+  std::string s = "[";
+  for (int i = 0; i < ndim; i++) {
+    if (i) s += ",";
+    s += dims ? std::to_string(dims[i]) : "?";
+  }
+  return s + "]";
+}
+
+}  // namespace
+
+std::string describe(const DLTensor *t) {
+  if (!t) return "NULL";
+  return dl_dtype_name(t->dtype) + dl_dims_str(t->ndim, t->shape);
+}
+
+void check_activation(const char *op, tsr_activation act) {
+  TSR_CHECK(
+      act == TSR_ACT_NONE || act == TSR_ACT_RELU || act == TSR_ACT_GELU || act == TSR_ACT_TANH,
+      TSR_ERR_INVALID, std::string(op) + ": unknown activation " + std::to_string(act));
+}
+
+std::vector<double> rope_inv_freq(const char *op, const tsr_rope_params *p, int64_t head_dim) {
+  const std::string w = std::string(op) + ": ";
+  TSR_CHECK(p != nullptr, TSR_ERR_INVALID, w + "rope parameters are NULL");
+  TSR_CHECK(TSR_HAS_FIELD(p, tsr_rope_params, original_max_position_embeddings), TSR_ERR_INVALID,
+            w + "tsr_rope_params.struct_size " + std::to_string(p->struct_size) +
+                " is smaller than the ABI 1.6 struct");
+  TSR_CHECK(head_dim > 0 && head_dim % 2 == 0, TSR_ERR_INVALID,
+            w + "head dim " + std::to_string(head_dim) + " must be even and positive");
+  TSR_CHECK(p->type == TSR_ROPE_DEFAULT || p->type == TSR_ROPE_LLAMA3, TSR_ERR_INVALID,
+            w + "unknown rope type " + std::to_string(p->type) +
+                " (TSR_ROPE_DEFAULT = 0, TSR_ROPE_LLAMA3 = 1)");
+  TSR_CHECK(std::isfinite(p->theta) && p->theta > 1.0, TSR_ERR_INVALID,
+            w + "rope theta must be finite and > 1, got " + std::to_string(p->theta));
+  const int64_t half = head_dim / 2;
+  std::vector<double> f(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; i++)
+    f[i] = 1.0 / std::pow(p->theta, static_cast<double>(2 * i) / static_cast<double>(head_dim));
+  if (p->type == TSR_ROPE_DEFAULT) return f;
+  const double factor = p->factor, lo = p->low_freq_factor, hi = p->high_freq_factor;
+  const double ctx = static_cast<double>(p->original_max_position_embeddings);
+  TSR_CHECK(std::isfinite(factor) && factor > 0.0, TSR_ERR_INVALID,
+            w + "llama3 rope factor must be > 0, got " + std::to_string(factor));
+  TSR_CHECK(std::isfinite(lo) && std::isfinite(hi) && lo > 0.0 && hi > lo, TSR_ERR_INVALID,
+            w + "llama3 rope needs 0 < low_freq_factor < high_freq_factor, got " +
+                std::to_string(lo) + " and " + std::to_string(hi));
+  TSR_CHECK(p->original_max_position_embeddings > 0, TSR_ERR_INVALID,
+            w + "llama3 rope original_max_position_embeddings must be > 0, got " +
+                std::to_string(p->original_max_position_embeddings));
+  // Wavelengths shorter than ctx / hi keep their frequency, longer than
+  // ctx / lo are slowed by `factor`, and those between blend the two.
+  const double long_wave = ctx / lo, short_wave = ctx / hi;
+  for (double &v : f) {
+    const double wavelen = 2.0 * std::numbers::pi / v;
+    if (wavelen > long_wave) {
+      v /= factor;
+    } else if (wavelen >= short_wave) {
+      const double s = (ctx / wavelen - lo) / (hi - lo);
+      v = (1.0 - s) * v / factor + s * v;
+    }
+  }
+  return f;
+}
+
+}  // namespace tessera

@@ -1,0 +1,30 @@
+// The SDK's tensor and op arguments in words and checks that every backend's
+// ops share (backend/cpu, backend/cuda): one description of a DLTensor in
+// messages, one activation check, and the rotary embedding's frequencies,
+// so a CPU and a CUDA call of an op refuse and compute alike.
+#pragma once
+
+#include <dlpack/dlpack.h>
+#include <tessera/ops.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tessera {
+
+// "float32[4,8]", "bfloat16[2,3]", "NULL": for messages.
+std::string describe(const DLTensor *t);
+
+// Throws tessera::Error (TSR_ERR_INVALID) naming `op` unless act is one of
+// TSR_ACT_*.
+void check_activation(const char *op, tsr_activation act);
+
+// inv_freq[i], i < head_dim / 2, of rope type `p->type` (ops.h,
+// tsr_rope_params), in double. Throws naming `op` for a NULL or short
+// struct, an unknown type, an odd or non-positive head_dim, or parameters
+// outside their domain (theta <= 1, factor <= 0, low >= high frequency
+// factor, original context <= 0).
+std::vector<double> rope_inv_freq(const char *op, const tsr_rope_params *p, int64_t head_dim);
+
+}  // namespace tessera
