@@ -1,4 +1,4 @@
-// Sharded checkpoints (DESIGN.md, "Checkpoints"): each rank writes what it
+// Sharded checkpoints (docs/checkpoints.md; docs/architecture.md): each rank writes what it
 // owns, in the canonical index space (parameters in declaration order, no
 // padding), so any checkpoint loads at any world size and ZeRO stage; each
 // rank reads back only the byte ranges it owns now. A manifest records a

@@ -111,8 +111,8 @@ bool export_by_model(const std::string &dir, const nlohmann::json &m,
   const tsr_ext_model_export_hf *ext = nullptr;
   try {
     Job job = checkpoint_job(manifest_path, m.value("config", std::string()), plugin_paths);
-    ext = job.plugin("model").entry->extension<tsr_ext_model_export_hf>(TSR_EXT_MODEL_EXPORT_HF);
-    if (!ext || !TSR_HAS_FIELD(ext, tsr_ext_model_export_hf, write) || !ext->write) return false;
+    ext = job.plugin("model").entry->caps.model.export_hf;  // null: the model has none
+    if (!ext) return false;
     built.emplace(std::move(job), dir);
   } catch (const Error &e) {
     if (!quiet_missing) throw;

@@ -1,6 +1,6 @@
 // The flat layout of a model's parameters: one buffer, group after group,
 // each group padded to a multiple of the world size so rank r can own
-// slice r of every group (DESIGN.md, "State").
+// slice r of every group (docs/architecture.md, "State: the flat layout").
 #pragma once
 
 #include <tessera/model.h>

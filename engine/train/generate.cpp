@@ -295,8 +295,7 @@ GenerateResult generate(const GenerateOptions &o, std::FILE *out) {
       job, run_facts(job, proc), false,
       [&](const Layout &layout, float *flat) { load_model_params(r.checkpoint, layout, flat); },
       &info);
-  const tsr_model_vtable *vt = s.model.vt;
-  if (!TSR_HAS_FIELD(vt, tsr_model_vtable, predict) || !vt->predict)
+  if (!s.model.caps.model.predict)
     throw Error(TSR_ERR_UNSUPPORTED,
                 "[model] plugin '" + s.model.name +
                     "' has no predict entry (ABI 1.1), which tessera generate needs");

@@ -72,7 +72,7 @@ void print_memory_by_rank(const nlohmann::json &s) {
   for (size_t i = 0; i < shown; ++i) {
     const auto &r = ranks[i];
     std::string line;
-    // The host's purposes (purpose_name), in the order DESIGN.md's table uses.
+    // The host's purposes (purpose_name), in the order of docs/architecture.md's memory table.
     for (const char *k :
          {"parameters", "gradients", "optimizer state", "activations", "communication", "other"}) {
       if (!r.contains(k) || !r[k].is_number() || r[k].get<double>() <= 0) continue;

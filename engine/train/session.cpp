@@ -4,7 +4,7 @@
 
 #include <cstring>
 #include <optional>
-#include <tessera/cpp/optimizer.hpp>
+#include <tessera/cpp/half.hpp>
 
 #include "backend/cpu/cpu_ops.hpp"
 #include "ckpt/checkpoint.hpp"
@@ -146,8 +146,7 @@ void place_parameters(Session &s, const std::vector<float> &initial) {
     initial_narrow.resize(initial.size());
     const bool bf16 = s.compute_dtype().code == kDLBfloat;
     for (size_t i = 0; i < initial.size(); ++i)
-      initial_narrow[i] =
-          bf16 ? sdk::optim::float_to_bf16(initial[i]) : sdk::optim::float_to_f16(initial[i]);
+      initial_narrow[i] = bf16 ? sdk::float_to_bf16(initial[i]) : sdk::float_to_f16(initial[i]);
     zs.initial_params = initial_narrow.data();
   } else {
     zs.initial_params = initial.data();
@@ -233,7 +232,7 @@ void Session::put_compute(const float *src, size_t n, void *dst) {
     narrow.resize(n);
     const bool bf16 = dt.code == kDLBfloat;
     for (size_t i = 0; i < n; ++i)
-      narrow[i] = bf16 ? sdk::optim::float_to_bf16(src[i]) : sdk::optim::float_to_f16(src[i]);
+      narrow[i] = bf16 ? sdk::float_to_bf16(src[i]) : sdk::float_to_f16(src[i]);
     from = narrow.data();
   }
   DLTensor s{const_cast<void *>(from), DLDevice{kDLCPU, 0}, 1, dt, &len, nullptr, 0};

@@ -192,7 +192,7 @@ nlohmann::json report_memory(Session &s) {
           mib(static_cast<double>(x[2])), mib(static_cast<double>(x[3])));
   }
   if (f.rank == 0) {
-    // DESIGN.md's table: compute-dtype bytes per parameter and gradient,
+    // docs/architecture.md's memory table: compute-dtype bytes per parameter and gradient,
     // and the fp32 master plus the optimizer's state arrays; divided by the
     // world where the stage partitions them.
     const double psi = static_cast<double>(s.layout.total), w = f.world_size;
@@ -207,7 +207,8 @@ nlohmann::json report_memory(Session &s) {
                                : s.plan.partition_grads ? b + "Psi/N + buckets"
                                                         : b + "Psi";
     std::printf(
-        "tessera: expected for %s at %u ranks (DESIGN.md, %s, Psi = %.0f): parameters %.2f MiB "
+        "tessera: expected for %s at %u ranks (docs/architecture.md, %s, Psi = %.0f): parameters "
+        "%.2f MiB "
         "(%s), gradients %.2f MiB (%s), optimizer state %.2f MiB (%s)\n",
         stage, f.world_size, s.job.settings.precision.c_str(), psi,
         offloaded ? 0.0 : mib(cb * psi / (s.plan.partition_params ? w : 1)), p_rule.c_str(),

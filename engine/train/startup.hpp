@@ -25,7 +25,7 @@ EpochPlan plan_epochs(Session &s, const ProcessInfo &proc);
 void print_startup(Session &s, const ProcessInfo &proc, const EpochPlan &e);
 
 // Memory by purpose on every rank, measured from the allocator, beside
-// DESIGN.md's table for the stage. Collective: every rank calls it; rank 0
+// docs/architecture.md's memory table for the stage. Collective: every rank calls it; rank 0
 // prints. Returns the per-rank figures for summary.json.
 nlohmann::json report_memory(Session &s);
 

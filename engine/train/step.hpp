@@ -1,4 +1,4 @@
-// One optimizer step (DESIGN.md, "The step"), in the order it runs:
+// One optimizer step (docs/architecture.md, "One training step"), in the order it runs:
 //
 //   train_step = micro_step (next batch, forward, backward) per micro-batch
 //              + apply_update (finish grads, grad norm, clip, lr, the update

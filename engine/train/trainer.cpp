@@ -1,4 +1,4 @@
-// The training loop (DESIGN.md, "The step"): train() is a short loop of
+// The training loop (docs/architecture.md, "One training step"): train() is a short loop of
 // step, log, eval and save; the step itself is train/step.cpp, and what
 // happens once before the first step is train/startup.cpp.
 #include "train/trainer.hpp"

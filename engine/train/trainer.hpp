@@ -1,4 +1,4 @@
-// The training loop and evaluation (DESIGN.md, "The step").
+// The training loop and evaluation (docs/architecture.md, "One training step").
 #pragma once
 
 #include <string>

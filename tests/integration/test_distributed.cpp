@@ -4,7 +4,7 @@
 //   equivalence  every ZeRO stage at world sizes 1..4 trains the MLP on
 //                Fashion-MNIST exactly as the world-1 stage-0 run does (loss at
 //                every step, final parameters)
-//   memory       per-rank bytes at world size 4 follow DESIGN.md's table
+//   memory       per-rank bytes at world size 4 follow docs/architecture.md's memory table
 //   faults       a SIGKILLed worker, a rank failing inside the job, and a rank
 //                crashing all stop the job promptly, naming the rank
 //   launcher     rank prefixes, rank 0 alone reports progress, SIGTERM, and

@@ -14,7 +14,7 @@
 #include <tessera/host.h>
 
 /* What a stage partitions across ranks (reported to the user, and held to
- * DESIGN.md's memory table by the tests). */
+ * the memory table of docs/architecture.md by the tests). */
 typedef struct tsr_zero_plan {
   size_t struct_size;
   int32_t partition_optimizer; /* stages 1-3 */

@@ -15,15 +15,6 @@
 
 namespace tessera::sdk::optim {
 
-// The conversions moved to half.hpp (namespace tessera::sdk); these names
-// keep code that still spells them sdk::optim:: compiling until it is
-// updated (engine/train/session.cpp). Remove once nothing uses them.
-using sdk::bf16_to_float;
-using sdk::f16_to_float;
-using sdk::float_bits;
-using sdk::float_to_bf16;
-using sdk::float_to_f16;
-
 // ---------------------------------------------------------------------------
 // The gradients: fp32, or (ABI 1.1) bf16 / fp16 read as such and widened
 // exactly before grad_scale is applied, so a 16-bit gradient gives the same
