@@ -60,8 +60,8 @@ struct ZeroEntries {
 };
 
 // The table for Z: reshare and clear_grads (ABI 1.2) only where Z has them;
-// without them the table ends at step and the host calls step() as ABI 1.0
-// did.
+// without them the table ends at step, and this tessera refuses the plugin
+// at load (docs/abi.md, "Version policy": zero plugins from 1.2 on).
 template <typename Z, auto Build>
 constexpr tsr_zero_vtable zero_vtable() {
   using E = ZeroEntries<Z>;
