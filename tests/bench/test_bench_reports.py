@@ -114,6 +114,37 @@ class Reports(unittest.TestCase):
         self.assertIn("1558M parameters", out)
         self.assertIn("| tessera (configs/gpt2-1.5b.toml) |", out)
 
+    def test_llama_gpu(self):
+        """bench/llama_gpu: tessera's windows against the anchor's one line,
+        MFU from the shape, the A/B row (qwen0.5b without its biases)."""
+        for r in (1, 2, 3):  # 200 ms a step of 4 x 2048 tokens: 40,960 tokens/s
+            write_metrics(os.path.join(self.work, f"tessera-r{r}", "metrics.jsonl"),
+                          steps(0.200, 60), summary={"samples": 60 * 4, "steps": 60,
+                                                     "peak_memory_bytes": 30 * 2**30})
+        self.put("torch.json", {"impl": "torch-2.11-compile", "tokens_per_s": 32768,
+                                "peak_gpu_GiB": 31.5})
+        rc, out = self.report("llama_gpu", self.work, "3", "1b", "4", "2048")
+        self.assertEqual(rc, 0, out)
+        self.assertIn("1.24B parameters", out)
+        self.assertIn("| tessera (1b) | 40,960 (40,960-40,960) | 1.25x (1.25-1.25) |", out)
+        # 40,960 x (6 x 1,235,814,400 + 6 x 16 x 32 x 64 x 2048) / 989e12
+        self.assertIn("| 32.4% |", out)
+        self.assertIn("| PyTorch torch-2.11-compile (torch_llama.py) | 32,768 |", out)
+        os.remove(os.path.join(self.work, "torch.json"))
+        with open(os.path.join(self.work, "ab.txt"), "w") as f:
+            f.write("--set model.attention_bias=false")
+        for r in (1, 2, 3):  # without the biases: 190 ms a step
+            write_metrics(os.path.join(self.work, f"tessera-b-r{r}", "metrics.jsonl"),
+                          steps(0.190, 60), summary={"samples": 60 * 4, "steps": 60,
+                                                     "peak_memory_bytes": 30 * 2**30})
+        rc, out = self.report("llama_gpu", self.work, "3", "qwen0.5b", "4", "2048")
+        self.assertEqual(rc, 1, out)  # no anchor: refused, said so
+        self.assertIn("0.49B parameters", out)
+        self.assertIn("not run (no anchor)", out)
+        self.assertIn("tessera, `--set model.attention_bias=false`", out)
+        self.assertIn("A/B: tessera as configured / with `--set model.attention_bias=false` = "
+                      "**0.95x (0.95-0.95) below**", out)
+
     def test_gpt2_gpu_ab(self):
         """run's AB_SET: the B runs' row, the A/B ratio and the loss curves."""
         for r in (1, 2, 3):  # A: 40 ms a step; B: 44 ms, one loss 1% off
