@@ -184,74 +184,121 @@ struct SplitStats {
   int64_t documents = 0;
 };
 
-int tokenize_body(const Parsed &p) {
-  if (p.positional.empty())
+// What `tessera data tokenize` was asked to do, checked before anything
+// is read or written.
+struct TokenizeOptions {
+  std::vector<std::string> inputs;
+  fs::path out_dir;
+  std::string name;  // the shards' prefix: NAME_train_*, NAME_eval_*
+  std::string encoder_path, bpe_path, tokenizer_path;
+  double fraction = 0;
+  int64_t shard_tokens = 0;
+  std::optional<std::string> separator;
+};
+
+TokenizeOptions tokenize_options(const Parsed &p) {
+  TokenizeOptions o;
+  o.inputs = p.positional;
+  if (o.inputs.empty())
     throw UsageError("tessera data tokenize: expected at least one INPUT text file");
   const std::string out_arg = p.get("-o", p.get("--output"));
   if (out_arg.empty()) throw UsageError("tessera data tokenize: -o OUTDIR is required");
-  const std::string encoder_path = p.get("--encoder"), bpe_path = p.get("--bpe");
-  if (encoder_path.empty() != bpe_path.empty())
+  o.encoder_path = p.get("--encoder");
+  o.bpe_path = p.get("--bpe");
+  if (o.encoder_path.empty() != o.bpe_path.empty())
     throw UsageError(
         "tessera data tokenize: --encoder and --bpe go together (GPT-2's "
         "encoder.json and vocab.bpe)");
-  const std::string tokenizer_path = p.get("--tokenizer");
-  if (!tokenizer_path.empty() && !encoder_path.empty())
+  o.tokenizer_path = p.get("--tokenizer");
+  if (!o.tokenizer_path.empty() && !o.encoder_path.empty())
     throw UsageError(
         "tessera data tokenize: --tokenizer (a tokenizer.json) or --encoder/--bpe (GPT-2's "
         "files), not both");
-  const double fraction = fraction_option(p);
-  const int64_t shard_tokens = positive_option(p, "--shard-tokens", 100'000'000);
-  if (shard_tokens > data::kShardMaxTokens)
+  o.fraction = fraction_option(p);
+  o.shard_tokens = positive_option(p, "--shard-tokens", 100'000'000);
+  if (o.shard_tokens > data::kShardMaxTokens)
     throw UsageError("tessera data tokenize: --shard-tokens is at most " +
                      std::to_string(data::kShardMaxTokens) + " (the header's count is an int32)");
-  std::optional<std::string> separator;
-  if (p.has("--doc-separator")) separator = p.get("--doc-separator");
-  if (separator && separator->empty())
+  if (p.has("--doc-separator")) o.separator = p.get("--doc-separator");
+  if (o.separator && o.separator->empty())
     throw UsageError("tessera data tokenize: --doc-separator needs a non-empty LINE");
+  o.out_dir = out_arg;
+  o.name = p.get("--name");
+  if (o.name.empty()) o.name = fs::absolute(o.out_dir).lexically_normal().filename().string();
+  if (o.name.empty() || o.name == "." || o.name == "..") o.name = "data";
+  if (o.name.find('/') != std::string::npos)
+    throw UsageError("tessera data tokenize: --name '" + o.name + "' must not contain '/'");
+  return o;
+}
 
-  const fs::path out_dir = out_arg;
-  std::string name = p.get("--name");
-  if (name.empty()) name = fs::absolute(out_dir).lexically_normal().filename().string();
-  if (name.empty() || name == "." || name == "..") name = "data";
-  if (name.find('/') != std::string::npos)
-    throw UsageError("tessera data tokenize: --name '" + name + "' must not contain '/'");
-
-  // Inputs first: a missing one fails before anything is written.
-  uint64_t total_bytes = 0;
-  for (const auto &in : p.positional) {
+// The inputs' total size; a missing one fails before anything is written.
+uint64_t input_bytes(const std::vector<std::string> &inputs) {
+  uint64_t total = 0;
+  for (const auto &in : inputs) {
     std::error_code ec;
     const auto st = fs::status(in, ec);
     if (ec || !fs::exists(st)) throw Error(TSR_ERR_IO, "input '" + in + "' does not exist");
     if (fs::is_directory(st))
       throw Error(TSR_ERR_IO, "input '" + in + "' is a directory, not a text file");
-    total_bytes += fs::file_size(in, ec);
+    total += fs::file_size(in, ec);
   }
+  return total;
+}
 
+// A document's ids: GPT-2's BPE, a tokenizer.json, or its bytes.
+struct DocEncoder {
   std::unique_ptr<data::Gpt2Bpe> bpe;
   std::unique_ptr<data::TokenizerJson> hf;
   std::optional<uint32_t> doc_token;  // a token before every document
   int64_t vocab = 256;
-  std::string tokenizer_name = "byte-level";
-  if (!encoder_path.empty()) {
-    bpe = std::make_unique<data::Gpt2Bpe>(data::Gpt2Bpe::load(encoder_path, bpe_path));
-    vocab = bpe->vocab_size();
-    doc_token = bpe->end_of_text();
-    tokenizer_name = "GPT-2 BPE";
-  } else if (!tokenizer_path.empty()) {
-    hf = std::make_unique<data::TokenizerJson>(data::TokenizerJson::load(tokenizer_path));
-    vocab = hf->vocab_size();
-    if (hf->added_by_post_processor() == 0) doc_token = hf->token_id("<|endoftext|>");
-    tokenizer_name = hf->name() + ": " + hf->describe();
-  }
-  const int width = data::token_width_for_vocab(vocab);
+  std::string name = "byte-level";
+  std::string byte_delimiter;  // bytes only: the separator line after each document
 
+  void encode(std::string_view doc, const std::string &input, std::vector<uint32_t> &ids) const {
+    ids.clear();
+    if (!bpe && !hf) {
+      for (unsigned char b : doc) ids.push_back(b);
+      for (unsigned char b : byte_delimiter) ids.push_back(b);
+      return;
+    }
+    if (doc_token) ids.push_back(*doc_token);
+    try {
+      if (bpe)
+        bpe->encode(doc, ids);
+      else
+        hf->encode(doc, ids);
+    } catch (const Error &e) {
+      throw Error(e.code(), "input '" + input + "': " + e.what());
+    }
+  }
+};
+
+DocEncoder doc_encoder(const TokenizeOptions &o) {
+  DocEncoder e;
+  e.byte_delimiter = o.separator ? *o.separator + "\n" : "";
+  if (!o.encoder_path.empty()) {
+    e.bpe = std::make_unique<data::Gpt2Bpe>(data::Gpt2Bpe::load(o.encoder_path, o.bpe_path));
+    e.vocab = e.bpe->vocab_size();
+    e.doc_token = e.bpe->end_of_text();
+    e.name = "GPT-2 BPE";
+  } else if (!o.tokenizer_path.empty()) {
+    e.hf = std::make_unique<data::TokenizerJson>(data::TokenizerJson::load(o.tokenizer_path));
+    e.vocab = e.hf->vocab_size();
+    if (e.hf->added_by_post_processor() == 0) e.doc_token = e.hf->token_id("<|endoftext|>");
+    e.name = e.hf->name() + ": " + e.hf->describe();
+  }
+  return e;
+}
+
+// Creates OUTDIR and removes the shards an earlier run left under these
+// prefixes, so the split holds only this run's.
+void prepare_out_dir(const fs::path &out_dir, const std::vector<std::string> &prefixes) {
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   if (ec)
     throw Error(TSR_ERR_IO,
                 "cannot create output directory '" + out_dir.string() + "': " + ec.message());
-  const std::string train_prefix = name + "_train", eval_prefix = name + "_eval";
-  for (const auto &prefix : {train_prefix, eval_prefix}) {
+  for (const auto &prefix : prefixes) {
     for (const auto &old : data::existing_shards(out_dir, prefix)) {
       fs::remove(old, ec);
       if (ec)
@@ -259,84 +306,96 @@ int tokenize_body(const Parsed &p) {
                     "cannot remove earlier shard '" + old.string() + "': " + ec.message());
     }
   }
-  data::ShardWriter train(out_dir, train_prefix, width, shard_tokens);
-  data::ShardWriter eval(out_dir, eval_prefix, width, shard_tokens);
-  SplitStats train_stats, eval_stats;
+}
 
-  Progress progress;
+// The two splits being written.
+struct Splits {
+  data::ShardWriter train, eval;
+  SplitStats train_stats, eval_stats;
+  int64_t documents = 0;
+};
+
+// Every document of every input into its split (every 1/fraction-th to
+// eval, spread evenly), with a progress line on long work.
+void tokenize_inputs(const TokenizeOptions &o, const DocEncoder &enc, uint64_t total_bytes,
+                     Splits &s, Progress &progress) {
   progress.total_bytes = total_bytes;
   progress.enabled = total_bytes >= (uint64_t{16} << 20);
   progress.tty = ::isatty(STDERR_FILENO) != 0;
-
-  const std::string byte_delimiter = separator ? *separator + "\n" : "";
   std::vector<uint32_t> ids;
-  int64_t doc_index = 0;
   uint64_t done_bytes = 0;
-  for (const auto &in : p.positional) {
+  for (const auto &in : o.inputs) {
     const std::string text = read_input(in);
-    for (std::string_view doc : split_documents(text, separator)) {
-      const double d = static_cast<double>(doc_index++);
-      const bool to_eval =
-          fraction > 0 && std::floor((d + 1) * fraction + 0.5) > std::floor(d * fraction + 0.5);
-      data::ShardWriter &w = to_eval ? eval : train;
-      ++(to_eval ? eval_stats : train_stats).documents;
-      ids.clear();
-      if (bpe || hf) {
-        if (doc_token) ids.push_back(*doc_token);
-        try {
-          if (bpe)
-            bpe->encode(doc, ids);
-          else
-            hf->encode(doc, ids);
-        } catch (const Error &e) {
-          throw Error(e.code(), "input '" + in + "': " + e.what());
-        }
-      } else {
-        for (unsigned char b : doc) ids.push_back(b);
-        for (unsigned char b : byte_delimiter) ids.push_back(b);
-      }
-      w.add(ids);
+    for (std::string_view doc : split_documents(text, o.separator)) {
+      const double d = static_cast<double>(s.documents++);
+      const bool to_eval = o.fraction > 0 && std::floor((d + 1) * o.fraction + 0.5) >
+                                                 std::floor(d * o.fraction + 0.5);
+      ++(to_eval ? s.eval_stats : s.train_stats).documents;
+      enc.encode(doc, in, ids);
+      (to_eval ? s.eval : s.train).add(ids);
       progress.update(done_bytes + static_cast<uint64_t>(doc.data() + doc.size() - text.data()),
-                      train.tokens() + eval.tokens());
+                      s.train.tokens() + s.eval.tokens());
     }
     done_bytes += text.size();
   }
-  train.finish();
-  eval.finish();
-  progress.update(done_bytes, train.tokens() + eval.tokens(), true);
+  s.train.finish();
+  s.eval.finish();
+  progress.update(done_bytes, s.train.tokens() + s.eval.tokens(), true);
   progress.done();
+}
 
-  if (train.tokens() == 0)
-    throw Error(TSR_ERR_INVALID, "no text for the train split: " + std::to_string(doc_index) +
-                                     " document(s) in " + std::to_string(p.positional.size()) +
+void check_splits(const Parsed &p, const TokenizeOptions &o, const Splits &s) {
+  if (s.train.tokens() == 0)
+    throw Error(TSR_ERR_INVALID, "no text for the train split: " + std::to_string(s.documents) +
+                                     " document(s) in " + std::to_string(o.inputs.size()) +
                                      " input(s)");
-  if (fraction > 0 && eval.tokens() == 0)
+  if (o.fraction > 0 && s.eval.tokens() == 0)
     throw Error(TSR_ERR_INVALID,
-                "no document for the eval split: " + std::to_string(doc_index) +
+                "no document for the eval split: " + std::to_string(s.documents) +
                     " document(s) with --eval-fraction " + p.get("--eval-fraction", "0.05") +
                     " give none; split the inputs into documents (--doc-separator), give more "
                     "inputs, or pass --eval-fraction 0");
+}
 
-  const double secs = progress.elapsed();
-  std::printf("tokenized %zu input(s), %s, into %lld documents in %.1f s (%s/s)\n",
-              p.positional.size(), human_bytes(static_cast<double>(total_bytes)).c_str(),
-              static_cast<long long>(doc_index), secs,
+void print_tokenize_summary(const TokenizeOptions &o, const DocEncoder &enc, const Splits &s,
+                            uint64_t total_bytes, double secs) {
+  std::printf("tokenized %zu input(s), %s, into %lld documents in %.1f s (%s/s)\n", o.inputs.size(),
+              human_bytes(static_cast<double>(total_bytes)).c_str(),
+              static_cast<long long>(s.documents), secs,
               human_bytes(secs > 0 ? static_cast<double>(total_bytes) / secs : 0).c_str());
-  std::printf("  tokenizer  %s, vocab %lld, uint%d tokens\n", tokenizer_name.c_str(),
-              static_cast<long long>(vocab), width * 8);
-  auto report = [&](const char *label, const SplitStats &s, const data::ShardWriter &w) {
+  std::printf("  tokenizer  %s, vocab %lld, uint%d tokens\n", enc.name.c_str(),
+              static_cast<long long>(enc.vocab), data::token_width_for_vocab(enc.vocab) * 8);
+  auto report = [&](const char *label, const SplitStats &st, const data::ShardWriter &w) {
     std::printf("  %-9s  %lld documents, %lld tokens, %zu shard(s)", label,
-                static_cast<long long>(s.documents), static_cast<long long>(w.tokens()),
+                static_cast<long long>(st.documents), static_cast<long long>(w.tokens()),
                 w.files().size());
     if (!w.files().empty())
       std::printf(": %s%s", w.files().front().string().c_str(), w.files().size() > 1 ? " ..." : "");
     std::printf("\n");
   };
-  report("train", train_stats, train);
-  report("eval", eval_stats, eval);
+  report("train", s.train_stats, s.train);
+  report("eval", s.eval_stats, s.eval);
   std::printf("  dataset    [data.train] plugin = \"tokens\", files = \"%s\", vocab = %lld\n",
-              (out_dir / (train_prefix + "_*.bin")).string().c_str(),
-              static_cast<long long>(vocab));
+              (o.out_dir / (o.name + "_train_*.bin")).string().c_str(),
+              static_cast<long long>(enc.vocab));
+}
+
+int tokenize_body(const Parsed &p) {
+  const TokenizeOptions o = tokenize_options(p);
+  const uint64_t total_bytes = input_bytes(o.inputs);
+  const DocEncoder enc = doc_encoder(o);
+  const int width = data::token_width_for_vocab(enc.vocab);
+  const std::string train_prefix = o.name + "_train", eval_prefix = o.name + "_eval";
+  prepare_out_dir(o.out_dir, {train_prefix, eval_prefix});
+  Splits s{data::ShardWriter(o.out_dir, train_prefix, width, o.shard_tokens),
+           data::ShardWriter(o.out_dir, eval_prefix, width, o.shard_tokens),
+           {},
+           {},
+           0};
+  Progress progress;
+  tokenize_inputs(o, enc, total_bytes, s, progress);
+  check_splits(p, o, s);
+  print_tokenize_summary(o, enc, s, total_bytes, progress.elapsed());
   return 0;
 }
 

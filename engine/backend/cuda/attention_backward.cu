@@ -92,7 +92,7 @@ constexpr int bwd_smem_bytes() {
   return (2 * kBc + 4 * kBr) * (DP + 8) * 2 + kBc * (kBr + 8) * 2 + 4 * kBr * 4;
 }
 
-// Over 80 lines, and kept whole on purpose: one block's pass over its key
+// long-function: kept whole on purpose: one block's pass over its key
 // block (recompute P, then dV, dP, dS, dK and the dQ atomics) keeps the
 // dK/dV accumulators in registers from the first query block to the last;
 // split into device functions they would pass those fragments by

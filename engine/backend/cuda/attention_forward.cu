@@ -34,7 +34,7 @@ constexpr int fwd_smem_bytes() {
   return (kBr + 4 * kBc) * (DP + 8) * 2;  // Q, then K[2] and V[2]
 }
 
-// Over 80 lines, and kept whole on purpose: its phases (load Q, then per
+// long-function: kept whole on purpose: its phases (load Q, then per
 // key block the scores, the online softmax and P.V) share the register
 // fragments that hold the scores and the output accumulator; split into
 // device functions they would pass those arrays by reference, and whether

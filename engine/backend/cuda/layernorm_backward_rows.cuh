@@ -73,7 +73,7 @@ __device__ __forceinline__ void raw_unpack(const Raw8<T> &r, float (&v)[kPack]) 
 template <typename T, int P>
 inline constexpr int kLnbMinBlocks = P == 1 && sizeof(T) == 2 ? 2 : 1;
 
-// Over 80 lines, and kept whole on purpose: a thread's pack of dy, x and
+// long-function: kept whole on purpose: a thread's pack of dy, x and
 // the weight is loaded once and stays in registers through the row
 // statistics, dx and the column partials; the launch bounds above budget
 // those registers for the one kernel body.
