@@ -266,6 +266,26 @@ def load_json(path):
         return json.loads(text.splitlines()[-1])
 
 
+def tessera_runs(work, prefix, reps, warmup_steps, what, refused):
+    """The figure (samples/s) and peak memory of the tessera runs
+    WORK/{prefix}r1..rREPS (each a run.dir: metrics.jsonl, summary.json), as
+    the GPU benches' reports read them: (None, ...) with the reason appended
+    to `refused` when the runs give no figure; the memory ("" when unknown)
+    from run 1's summary."""
+    runs = [os.path.join(work, f"{prefix}r{r}", "metrics.jsonl") for r in range(1, reps + 1)]
+    fig, mem = None, ""
+    try:
+        fig = figure_of_runs(runs, None, warmup_steps)
+    except BenchError as e:
+        refused.append(f"{what}: {e}")
+    try:
+        s = load_json(os.path.join(work, f"{prefix}r1", "summary.json"))
+        mem = f"{s['peak_memory_bytes'] / 2**30:.2f} GiB (engine allocations)"
+    except (OSError, ValueError, KeyError):
+        pass
+    return fig, mem
+
+
 class StepClock:
     """Step timestamps an anchor takes in memory (no I/O inside the timed
     steps) and writes as metrics.jsonl for the harness to read."""

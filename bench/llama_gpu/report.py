@@ -45,18 +45,7 @@ def main(argv):
     refused = []
 
     def tessera(prefix, what):
-        runs = [os.path.join(work, f"{prefix}r{r}", "metrics.jsonl") for r in range(1, reps + 1)]
-        fig, mem = None, ""
-        try:
-            fig = harness.figure_of_runs(runs, None, WARMUP)
-        except BenchError as e:
-            refused.append(f"{what}: {e}")
-        try:
-            s = harness.load_json(os.path.join(work, f"{prefix}r1", "summary.json"))
-            mem = f"{s['peak_memory_bytes'] / 2**30:.2f} GiB (engine allocations)"
-        except (OSError, ValueError, KeyError):
-            pass
-        return fig, mem
+        return harness.tessera_runs(work, prefix, reps, WARMUP, what, refused)
     ours, mem = tessera("tessera-", "tessera")
     ab, ours_b, mem_b = None, None, ""
     if os.path.exists(os.path.join(work, "ab.txt")):
