@@ -16,7 +16,6 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import harness  # noqa: E402
 import machine  # noqa: E402
-from harness import BenchError  # noqa: E402
 
 WARMUP = 10  # tessera's warm-up steps (run plans with the same)
 PEAK = 989e12  # dense bf16 of an H100/H200 SXM: MFU against it
