@@ -87,9 +87,16 @@ std::string init_from_safetensors(const std::string &given, const Layout &layout
           std::memcpy(&dst[i], &u, 4);
         }
       }
+    } else if (t.dtype == "F64") {  // float64 checkpoints (references, some exports)
+      const char *src = static_cast<const char *>(t.data);
+      for (size_t i = 0; i < n; ++i) {
+        double v;
+        std::memcpy(&v, src + i * 8, 8);  // the data may be unaligned for double
+        dst[i] = static_cast<float>(v);
+      }
     } else {
       throw Error(TSR_ERR_UNSUPPORTED, "[model] init_from " + path + ": tensor '" + p.name +
-                                           "' is " + t.dtype + "; F32, F16 or BF16 expected");
+                                           "' is " + t.dtype + "; F32, F16, BF16 or F64 expected");
     }
     require_finite(dst, n, "[model] init_from " + path + ": tensor '" + p.name + "'");
     ++loaded;
