@@ -98,42 +98,19 @@ TEST_CASE("SGD with gradient clipping: every ZeRO stage at world size 4 matches 
 
 // ---------------------------------------------------------------------------
 // The llama model plugin at 2 CPU ranks: a tiny Qwen3-shaped decoder (GQA,
-// per-head q/k norms, q/k/v biases, tied head) on token windows, every ZeRO
+// per-head q/k norms, tied head) on token windows, every ZeRO
 // stage against world-1 stage 0 after 20 steps.
-
-namespace {
-
-// llm.c's token shard (256 int32 header: magic 20240520, version 1, count),
-// then uint16 tokens: 200 windows of 16 + 1 tokens below 80.
-fs::path write_llama_tokens() {
-  const fs::path p = scratch() / "llama_tokens" / "tok_train_000000.bin";
-  fs::create_directories(p.parent_path());
-  std::vector<int32_t> header(256, 0);
-  header[0] = 20240520;
-  header[1] = 1;
-  std::vector<uint16_t> t(200 * 16 + 1);
-  header[2] = static_cast<int32_t>(t.size());
-  uint32_t x = 4242;
-  for (auto &v : t) {
-    x = x * 1664525u + 1013904223u;
-    v = static_cast<uint16_t>((x >> 16) % 80);
-  }
-  std::ofstream out(p, std::ios::binary);
-  out.write(reinterpret_cast<const char *>(header.data()), 1024);
-  out.write(reinterpret_cast<const char *>(t.data()), static_cast<std::streamsize>(t.size() * 2));
-  return p;
-}
-
-}  // namespace
 
 TEST_CASE("llama: every ZeRO stage at 2 CPU ranks matches the world-1 stage-0 run",
           "[distributed][equivalence][llama]") {
+  const fs::path tokens = scratch() / "llama_tokens" / "tok_train_000000.bin";
+  write_token_shard(tokens, 200 * 16 + 1, 80, 4242);
   const std::string sections =
       "[model]\nplugin = \"llama\"\narchitecture = \"Qwen3ForCausalLM\"\nlayers = 2\n"
       "width = 32\nheads = 4\nkv_heads = 2\nhead_dim = 8\nintermediate = 48\nvocab = 80\n"
-      "max_seq = 16\nattention_bias = true\ntie_embeddings = true\nrms_eps = 1e-6\n\n"
+      "max_seq = 16\ntie_embeddings = true\nrms_eps = 1e-6\n\n"
       "[data.train]\nplugin = \"tokens\"\nfiles = \"" +
-      write_llama_tokens().string() + "\"\ncontext = 16\nvocab = 80\n";
+      tokens.string() + "\"\ncontext = 16\nvocab = 80\n";
   std::vector<Job> jobs = every_stage(2, 8, {4});
   for (Job &j : jobs) {
     j.steps = 20;

@@ -88,6 +88,11 @@ Arch resolve_arch(const sdk::Config &c, const std::string &config_path) {
   if (a.init_std == 0) a.init_std = file ? f.init_std : 0.02;
   if (a.architecture.empty()) a.architecture = "LlamaForCausalLM";
   if (a.architecture == "Qwen2ForCausalLM") a.attention_bias = true;
+  if (a.attention_bias && a.architecture != "Qwen2ForCausalLM")
+    throw Error(TSR_ERR_CONFIG,
+                "llama: model.attention_bias = true with " + a.architecture +
+                    ": Hugging Face's attention_bias gives o_proj a bias too there, which is not "
+                    "supported; q/k/v biases alone are Qwen2ForCausalLM's");
   if (a.architecture == "Qwen3ForCausalLM") a.qk_norm = true;
   if (a.architecture != "LlamaForCausalLM" && a.architecture != "Qwen2ForCausalLM" &&
       a.architecture != "Qwen3ForCausalLM")
