@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <tessera/cpp/formats/safetensors.hpp>
 #include <vector>
 
 #include "gpt2_support.hpp"
@@ -201,6 +202,69 @@ TEST_CASE("llama init_from through the engine's loader (F64 tensors)", "[llama]"
   Batch batch = g.batch();
   const tsr_forward_result r = train_step(m, s, batch);
   CHECK(std::fabs(r.loss_sum / static_cast<double>(r.count) - g.loss()) <= 1e-6 * g.loss());
+}
+
+TEST_CASE("llama init_from reads sharded checkpoints through their index", "[llama]") {
+  // The golden Llama split over two shard files with a Hugging Face
+  // model.safetensors.index.json, as save_pretrained writes large models.
+  const Golden g("llama3_L2_C64");
+  const fs::path dir =
+      fs::temp_directory_path() / ("tessera-llama-shards-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::copy_file(g.dir + "/config.json", dir / "config.json");
+  tessera::SafetensorsFile whole(g.dir + "/model.safetensors");
+  std::vector<tessera::formats::safetensors::Tensor> shard[2];
+  nlohmann::json index = {{"metadata", {{"total_size", 0}}},
+                          {"weight_map", nlohmann::json::object()}};
+  int k = 0;
+  for (const auto &[name, t] : whole.tensors()) {
+    const int s = k++ % 2;
+    shard[s].push_back({name, t.dtype, t.shape, t.data, t.bytes});
+    index["weight_map"][name] = "model-0000" + std::to_string(s + 1) + "-of-00002.safetensors";
+  }
+  for (int s = 0; s < 2; ++s)
+    tessera::formats::safetensors::write(
+        (dir / ("model-0000" + std::to_string(s + 1) + "-of-00002.safetensors")).string(), shard[s],
+        {{"format", "pt"}});
+  std::ofstream(dir / "model.safetensors.index.json") << index.dump();
+
+  Fixture f;
+  Model m(f, "llama");
+  REQUIRE(m.create(f.config("model", "llama", "init_from = " + q(dir.string()) + "\n"),
+                   token_data(g.T, g.V), g.B) == TSR_OK);
+  const tessera::Layout layout = tessera::make_layout(m.vt, m.self, 1, "llama");
+  std::vector<float> flat(layout.total);
+  tessera::init_params(layout, flat.data(), 1234);
+  const auto *ext = f.registry.find("model", "llama")
+                        ->extension<tsr_ext_model_init_from>(TSR_EXT_MODEL_INIT_FROM);
+  REQUIRE(ext != nullptr);
+  const char *weights = ext->weights_file(m.self);
+  REQUIRE(weights != nullptr);
+  CHECK_THAT(weights, Catch::EndsWith("model.safetensors.index.json"));
+  CHECK_THAT(tessera::init_from_safetensors(weights, layout, flat.data()),
+             Catch::Contains("2 shards"));
+  State s(m);
+  for (size_t i = 0; i < s.info.size(); ++i) {
+    const tessera::ParamSlot &p = layout.params[i];
+    for (size_t j = 0; j < p.numel; ++j) s.value[i][j] = flat[p.offset + j];
+    const RefTensor &hf = g.weights.at(p.name);
+    INFO(p.name);
+    for (size_t j = 0; j < hf.data.size(); ++j)
+      REQUIRE(s.value[i][j] == static_cast<float>(hf.data[j]));
+  }
+  Batch batch = g.batch();
+  const tsr_forward_result r = train_step(m, s, batch);
+  CHECK(std::fabs(r.loss_sum / static_cast<double>(r.count) - g.loss()) <= 1e-6 * g.loss());
+  // A shard the index names but the directory lacks: create says which.
+  fs::remove(dir / "model-00002-of-00002.safetensors");
+  Fixture f2;
+  Model m2(f2, "llama");
+  CHECK(m2.create(f2.config("model", "llama", "init_from = " + q(dir.string()) + "\n"),
+                  token_data(g.T, g.V), g.B) != TSR_OK);
+  CHECK_THAT(f2.host.last_error(), Catch::Contains("model-00002-of-00002.safetensors"));
+  std::error_code ec;
+  fs::remove_all(dir, ec);
 }
 
 TEST_CASE("llama refuses what it does not compute, naming the key and the file", "[llama]") {

@@ -5,8 +5,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <string>
+#include <tessera/cpp/regular_file.hpp>
 #include <utility>
 
 #include "hf_config.hpp"
@@ -187,22 +189,45 @@ void declare_params(Llama &m) {
   if (!a.tie) m.lm_head = declare("lm_head.weight", {a.vocab, C}, gf, TSR_INIT_NORMAL);
 }
 
-// Every declared parameter in init_from's model.safetensors, in its shape,
-// in a dtype the engine's loader converts.
+// init_from's weights: DIR/model.safetensors, else the shards of
+// DIR/model.safetensors.index.json (what save_pretrained writes for a large
+// model). Returns what the engine's loader is handed.
+std::string weights_of(const std::string &dir) {
+  const std::string one = dir + "/model.safetensors", index = dir + "/model.safetensors.index.json";
+  if (sdk::open_regular_file(one) || !sdk::open_regular_file(index)) return one;
+  return index;
+}
+
+// Every declared parameter in init_from's weights (one file, or the shards
+// its index names), in its shape, in a dtype the engine's loader converts.
 void check_weights(const Llama &m, const std::string &weights) {
-  const nlohmann::json hdr = safetensors_header(weights);
+  std::map<std::string, std::string> where;  // tensor -> its file
+  if (weights.ends_with(".index.json")) {
+    const nlohmann::json index = read_json(weights);
+    if (!index.contains("weight_map") || !index["weight_map"].is_object())
+      throw Error(TSR_ERR_INVALID, "llama: " + weights + " has no 'weight_map' object");
+    const std::string dir = weights.substr(0, weights.find_last_of('/') + 1);
+    for (const auto &[name, file] : index["weight_map"].items())
+      where[name] = dir + file.get<std::string>();
+  }
+  std::map<std::string, nlohmann::json> headers;  // by file
   for (const tsr_param_info &p : m.infos) {
+    const std::string file = where.empty() ? weights : where[p.name];
+    if (file.empty())
+      throw Error(TSR_ERR_INVALID, "llama: " + weights + " maps no file to '" + p.name + "'");
+    if (!headers.count(file)) headers[file] = safetensors_header(file);
+    const nlohmann::json &hdr = headers[file];
     auto it = hdr.find(p.name);
     if (it == hdr.end() || !it->is_object() || !it->contains("shape"))
-      throw Error(TSR_ERR_INVALID, "llama: " + weights + " has no tensor '" + p.name + "'");
+      throw Error(TSR_ERR_INVALID, "llama: " + file + " has no tensor '" + p.name + "'");
     const std::vector<int64_t> shape = (*it)["shape"].get<std::vector<int64_t>>();
     if (shape != std::vector<int64_t>(p.shape, p.shape + p.ndim))
-      throw Error(TSR_ERR_INVALID, "llama: " + weights + ": '" + p.name + "' is " +
+      throw Error(TSR_ERR_INVALID, "llama: " + file + ": '" + p.name + "' is " +
                                        shape_str(shape.data(), static_cast<int32_t>(shape.size())) +
                                        ", the model declares " + shape_str(p.shape, p.ndim));
     const std::string dt = it->value("dtype", "");
     if (dt != "F32" && dt != "F16" && dt != "BF16" && dt != "F64")
-      throw Error(TSR_ERR_UNSUPPORTED, "llama: " + weights + ": '" + p.name + "' has dtype " + dt +
+      throw Error(TSR_ERR_UNSUPPORTED, "llama: " + file + ": '" + p.name + "' has dtype " + dt +
                                            " (F32, F16, BF16 or F64 expected)");
   }
 }
@@ -285,7 +310,7 @@ Llama *build(const tsr_host *host, const tsr_config *cfg, const tsr_model_init *
   check_data(*m, *init);
   declare_params(*m);
   if (!init_from.empty()) {
-    m->init_weights = init_from + "/model.safetensors";
+    m->init_weights = weights_of(init_from);
     check_weights(*m, m->init_weights);
     const std::string msg = "llama: init_from " + init_from + ": the architecture from " +
                             config_path + ", all " + std::to_string(m->infos.size()) +

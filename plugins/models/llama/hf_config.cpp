@@ -12,11 +12,9 @@
 
 namespace tessera::llama {
 
-namespace {
-
 using nlohmann::json;
 
-json parse_file(const std::string &path) {
+json read_json(const std::string &path) {
   std::string text, why;
   bool refused = false;
   if (!sdk::read_regular_file(path, &text, &why, uint64_t{16} << 20, &refused))
@@ -28,6 +26,8 @@ json parse_file(const std::string &path) {
     throw Error(TSR_ERR_INVALID, "llama: " + path + ": " + e.what());
   }
 }
+
+namespace {
 
 int64_t get_int(const json &j, const char *key, const std::string &file) {
   auto it = j.find(key);
@@ -108,7 +108,7 @@ const char *rope_type_name(tsr_rope_type t) {
 }
 
 Arch arch_from_hf_config(const std::string &path) {
-  const json cfg = parse_file(path);
+  const json cfg = read_json(path);
   Arch a;
   std::string arch;
   if (cfg.contains("architectures") && cfg["architectures"].is_array() &&

@@ -15,6 +15,9 @@ namespace tessera::llama {
 // architectures, sliding windows, MoE, other rope types, other activations).
 Arch arch_from_hf_config(const std::string &config_path);
 
+// A JSON file (config.json, a safetensors index); throws naming it.
+nlohmann::json read_json(const std::string &path);
+
 // The JSON header of a safetensors file; throws naming the file.
 nlohmann::json safetensors_header(const std::string &path);
 
