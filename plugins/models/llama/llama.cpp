@@ -303,9 +303,7 @@ void Llama::layer_backward(tsr_step *step, uint32_t l, const Set &s, int64_t B, 
 }
 
 // The loss, LM head and final norm: dres becomes d x_L.
-void Llama::head_backward(tsr_step *step, const tsr_batch *batch, int64_t B, int64_t T,
-                          float loss_scale) {
-  (void)batch;
+void Llama::head_backward(tsr_step *step, int64_t B, int64_t T, float loss_scale) {
   const int64_t R = B * T, C = a.width;
   tsr_host_ctx *ctx = host->ctx;
   View z = A(logits, {R, a.vocab}), y = A(hf, {R, C}), dsm_v = A(dsm, {R, C});
@@ -330,7 +328,7 @@ void Llama::backward(tsr_step *step, const tsr_batch *batch, float loss_scale) {
                                      std::to_string(T) + " tokens, the forward before it had " +
                                      std::to_string(ready_n) + " x " + std::to_string(ready_T));
   ready = false;  // the logits hold the loss gradient: one backward per forward
-  if (B > 0) head_backward(step, batch, B, T, loss_scale);
+  if (B > 0) head_backward(step, B, T, loss_scale);
   check(host->grads_done(step, L() + 1));
   for (uint32_t l = L(); l-- > 0;) {
     if (B > 0) {

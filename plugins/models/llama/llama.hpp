@@ -203,8 +203,7 @@ struct Llama {
   void predict(tsr_step *step, const tsr_batch *batch, DLTensor *out);
   void attention_backward(tsr_step *step, uint32_t l, const Set &s, int64_t B, int64_t T);
   void layer_backward(tsr_step *step, uint32_t l, const Set &s, int64_t B, int64_t T);
-  void head_backward(tsr_step *step, const tsr_batch *batch, int64_t B, int64_t T,
-                     float loss_scale);
+  void head_backward(tsr_step *step, int64_t B, int64_t T, float loss_scale);
   void backward(tsr_step *step, const tsr_batch *batch, float loss_scale);
   double flops_per_sample() const;
 };
