@@ -302,6 +302,32 @@ TEST_CASE("llama refuses what it does not compute, naming the key and the file",
   fs::remove_all(dir, ec);
 }
 
+TEST_CASE("llama reads a Qwen3ForCausalLM config.json: per-head q/k norms, no biases", "[llama]") {
+  const Golden g("llama3_L2_C64");
+  std::ifstream in(g.dir + "/config.json");
+  nlohmann::json c = nlohmann::json::parse(in);
+  c["architectures"] = {"Qwen3ForCausalLM"};
+  c["model_type"] = "qwen3";
+  c["tie_word_embeddings"] = true;
+  c["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e6}};
+  const fs::path path =
+      fs::temp_directory_path() / ("tessera-llama-qwen3-" + std::to_string(::getpid()) + ".json");
+  std::ofstream(path) << c.dump();
+  Fixture f;
+  Model m(f, "llama");
+  REQUIRE(m.create(f.config("model", "llama", "hf_config = " + q(path.string()) + "\n"),
+                   token_data(g.T, g.V), g.B) == TSR_OK);
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const tsr_param_info &p : m.infos())
+    shapes[p.name] = std::vector<int64_t>(p.shape, p.shape + p.ndim);
+  CHECK(shapes.at("model.layers.1.self_attn.q_norm.weight") == std::vector<int64_t>{16});
+  CHECK(shapes.at("model.layers.1.self_attn.k_norm.weight") == std::vector<int64_t>{16});
+  CHECK(shapes.count("model.layers.0.self_attn.q_proj.bias") == 0);
+  CHECK(shapes.count("lm_head.weight") == 0);  // tied
+  CHECK(shapes.size() == 1 + 2 * 11 + 1);
+  fs::remove(path);
+}
+
 TEST_CASE("llama exports the golden layout: names, shapes, F32 values, config.json", "[llama]") {
   for (const char *name : {"llama3_L2_C64", "qwen2_L2_C64"}) {
     INFO(name);
