@@ -4,6 +4,11 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <vector>
 
 #include "util/error.hpp"
 #include "util/finite.hpp"
@@ -45,57 +50,113 @@ std::string shape_str(const std::vector<int64_t> &s) {
   return out + "]";
 }
 
+// The files a checkpoint spans: one safetensors file, or the shards a
+// Hugging Face index (model.safetensors.index.json: weight_map, tensor name
+// -> shard file beside it) names.
+std::vector<std::string> checkpoint_files(const std::string &given) {
+  std::string path = given;
+  if (fs::is_directory(path)) {
+    const fs::path one = fs::path(path) / "model.safetensors";
+    const fs::path index = fs::path(path) / "model.safetensors.index.json";
+    path = (!fs::exists(one) && fs::exists(index) ? index : one).string();
+  }
+  if (!fs::exists(path))
+    throw Error(TSR_ERR_IO, "[model] init_from: " + path +
+                                " does not exist (expected a safetensors file, a Hugging Face "
+                                "index model.safetensors.index.json, or a directory holding "
+                                "either)");
+  if (!path.ends_with(".index.json")) return {path};
+  nlohmann::json index;
+  try {
+    std::ifstream in(path);
+    index = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception &e) {
+    throw Error(TSR_ERR_INVALID, "[model] init_from " + path + ": " + e.what());
+  }
+  if (!index.contains("weight_map") || !index["weight_map"].is_object())
+    throw Error(TSR_ERR_INVALID, "[model] init_from " + path + ": no 'weight_map' object");
+  std::set<std::string> shards;
+  for (const auto &[name, file] : index["weight_map"].items()) {
+    if (!file.is_string())
+      throw Error(TSR_ERR_INVALID,
+                  "[model] init_from " + path + ": weight_map['" + name + "'] is not a file name");
+    const std::string f = file.get<std::string>();
+    if (f.find('/') != std::string::npos)
+      throw Error(TSR_ERR_INVALID, "[model] init_from " + path + ": shard '" + f +
+                                       "' is not a file beside the index");
+    shards.insert((fs::path(path).parent_path() / f).string());
+  }
+  return {shards.begin(), shards.end()};
+}
+
+// One tensor into its parameter's slot, converted to float32.
+void load_tensor(const StTensor &t, const ParamSlot &p, const std::string &path, float *flat) {
+  bool ok = t.shape.size() == p.shape.size() && !t.shape.empty();
+  for (size_t d = 0; ok && d < t.shape.size(); ++d)
+    ok = d == 0 ? (t.shape[0] <= p.shape[0] && t.shape[0] > 0) : t.shape[d] == p.shape[d];
+  if (!ok)
+    throw Error(TSR_ERR_INVALID,
+                "[model] init_from " + path + ": " + p.name + ": file " + shape_str(t.shape) +
+                    ", model " + shape_str(p.shape) +
+                    "; the file holds another model than [model] describes (only the "
+                    "first dimension may be smaller in the file, as a padded vocabulary's)");
+  size_t n = 1;
+  for (int64_t d : t.shape) n *= static_cast<size_t>(d);
+  float *dst = flat + p.offset;
+  if (t.dtype == "F32") {
+    std::memcpy(dst, t.data, n * 4);
+  } else if (t.dtype == "BF16" || t.dtype == "F16") {
+    const auto *src = static_cast<const uint16_t *>(t.data);
+    for (size_t i = 0; i < n; ++i) {
+      if (t.dtype == "F16") {
+        dst[i] = half_to_float(src[i]);
+      } else {
+        uint32_t u = static_cast<uint32_t>(src[i]) << 16;
+        std::memcpy(&dst[i], &u, 4);
+      }
+    }
+  } else if (t.dtype == "F64") {  // float64 checkpoints (references, some exports)
+    const char *src = static_cast<const char *>(t.data);
+    for (size_t i = 0; i < n; ++i) {
+      double v;
+      std::memcpy(&v, src + i * 8, 8);  // the data may be unaligned for double
+      dst[i] = static_cast<float>(v);
+    }
+  } else {
+    throw Error(TSR_ERR_UNSUPPORTED, "[model] init_from " + path + ": tensor '" + p.name + "' is " +
+                                         t.dtype + "; F32, F16, BF16 or F64 expected");
+  }
+  require_finite(dst, n, "[model] init_from " + path + ": tensor '" + p.name + "'");
+}
+
 }  // namespace
 
 std::string init_from_safetensors(const std::string &given, const Layout &layout, float *flat) {
-  std::string path = given;
-  if (fs::is_directory(path)) path = (fs::path(path) / "model.safetensors").string();
-  if (!fs::exists(path))
-    throw Error(TSR_ERR_IO, "[model] init_from: " + path +
-                                " does not exist (expected a "
-                                "safetensors file or a directory holding model.safetensors)");
-  SafetensorsFile file(path);
-  size_t loaded = 0;
+  const std::vector<std::string> paths = checkpoint_files(given);
+  std::vector<std::unique_ptr<SafetensorsFile>> files;
+  size_t in_files = 0, loaded = 0;
+  for (const std::string &p : paths) {
+    files.push_back(std::make_unique<SafetensorsFile>(p));
+    in_files += files.back()->tensors().size();
+  }
+  const std::string where =
+      paths.size() == 1 ? paths[0] : given + " (" + std::to_string(paths.size()) + " shards)";
   for (const ParamSlot &p : layout.params) {
-    auto it = file.tensors().find(p.name);
-    if (it == file.tensors().end())
-      throw Error(TSR_ERR_INVALID, "[model] init_from " + path + ": no tensor '" + p.name +
+    const StTensor *t = nullptr;
+    size_t k = 0;
+    for (; k < files.size() && !t; ++k) {
+      auto it = files[k]->tensors().find(p.name);
+      if (it != files[k]->tensors().end()) t = &it->second;
+    }
+    if (!t)
+      throw Error(TSR_ERR_INVALID, "[model] init_from " + where + ": no tensor '" + p.name +
                                        "' (the model declares it with shape " + shape_str(p.shape) +
                                        ")");
-    const StTensor &t = it->second;
-    bool ok = t.shape.size() == p.shape.size() && !t.shape.empty();
-    for (size_t d = 0; ok && d < t.shape.size(); ++d)
-      ok = d == 0 ? (t.shape[0] <= p.shape[0] && t.shape[0] > 0) : t.shape[d] == p.shape[d];
-    if (!ok)
-      throw Error(TSR_ERR_INVALID,
-                  "[model] init_from " + path + ": " + p.name + ": file " + shape_str(t.shape) +
-                      ", model " + shape_str(p.shape) +
-                      "; the file holds another model than [model] describes (only the "
-                      "first dimension may be smaller in the file, as a padded vocabulary's)");
-    size_t n = 1;
-    for (int64_t d : t.shape) n *= static_cast<size_t>(d);
-    float *dst = flat + p.offset;
-    if (t.dtype == "F32") {
-      std::memcpy(dst, t.data, n * 4);
-    } else if (t.dtype == "BF16" || t.dtype == "F16") {
-      const auto *src = static_cast<const uint16_t *>(t.data);
-      for (size_t i = 0; i < n; ++i) {
-        if (t.dtype == "F16") {
-          dst[i] = half_to_float(src[i]);
-        } else {
-          uint32_t u = static_cast<uint32_t>(src[i]) << 16;
-          std::memcpy(&dst[i], &u, 4);
-        }
-      }
-    } else {
-      throw Error(TSR_ERR_UNSUPPORTED, "[model] init_from " + path + ": tensor '" + p.name +
-                                           "' is " + t.dtype + "; F32, F16 or BF16 expected");
-    }
-    require_finite(dst, n, "[model] init_from " + path + ": tensor '" + p.name + "'");
+    load_tensor(*t, p, paths[k - 1], flat);
     ++loaded;
   }
-  const size_t skipped = file.tensors().size() - loaded;
-  return "initialised " + std::to_string(loaded) + " parameters from " + path +
+  const size_t skipped = in_files - loaded;
+  return "initialised " + std::to_string(loaded) + " parameters from " + where +
          (skipped ? " (" + std::to_string(skipped) + " tensors there are not parameters here)"
                   : std::string());
 }

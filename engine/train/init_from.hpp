@@ -1,7 +1,9 @@
 // `[model] init_from`: start from another model's weights. Any model plugin
 // that declares a string key `init_from` gets it: the engine reads the
 // safetensors file (or DIR/model.safetensors, as Hugging Face's
-// save_pretrained writes it) and copies each tensor whose name is a
+// save_pretrained writes it; or the shards that a Hugging Face
+// model.safetensors.index.json names, given or in DIR without a
+// model.safetensors) and copies each tensor whose name is a
 // declared parameter over the declared initialiser's values.
 #pragma once
 
@@ -12,7 +14,7 @@
 namespace tessera {
 
 // Overwrites the parameters of `layout` in `flat` (fp32, flat layout) with
-// the file's tensors of the same names. F32, F16 and BF16 tensors convert.
+// the file's tensors of the same names. F32, F16, BF16 and F64 tensors convert.
 // A tensor with fewer rows than its parameter fills the first rows (a
 // vocabulary padded for speed keeps its initialised padding rows); any other
 // shape difference, or a declared parameter the file lacks, is an error

@@ -16,6 +16,7 @@
 #include <tessera/cpp/half.hpp>
 #include <vector>
 
+#include "device_tensor.hpp"
 #include "host/host.hpp"
 #include "support/fixture.hpp"
 #include "support/safetensors_read.hpp"
@@ -28,6 +29,8 @@ namespace {
 
 using tessera::test::Fixture;
 using tessera::test::RefTensor;
+using tessera::test::gpu::DeviceTensor;
+using tessera::test::gpu::rel_err;
 
 constexpr int64_t kBatch = 3, kT = 32, kVocab = 96;
 
@@ -40,70 +43,6 @@ const std::map<std::string, RefTensor> &golden(const std::string &file) {
                                 tessera::test::data_path("gpt2_L2_C64/" + file)))
              .first;
   return it->second;
-}
-
-float bf16_to_float(uint16_t h) {
-  uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-// Device memory in the run's dtype, filled from / read back as doubles.
-struct DeviceTensor {
-  void *p = nullptr;
-  size_t n = 0;
-  bool bf16 = false;
-  DeviceTensor(size_t count, bool b) : n(count), bf16(b) {
-    REQUIRE(cudaMalloc(&p, n * (bf16 ? 2 : 4)) == cudaSuccess);
-    REQUIRE(cudaMemset(p, 0, n * (bf16 ? 2 : 4)) == cudaSuccess);
-    // Lands before any op: the ops' non-blocking stream does not wait for it.
-    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-  }
-  ~DeviceTensor() { cudaFree(p); }
-  DeviceTensor(const DeviceTensor &) = delete;
-  DeviceTensor(DeviceTensor &&o) noexcept : p(o.p), n(o.n), bf16(o.bf16) { o.p = nullptr; }
-  // The first v.size() entries; the rest keep `pad`.
-  void put(const std::vector<double> &v, float pad) {
-    REQUIRE(v.size() <= n);
-    std::vector<float> f(n, pad);
-    for (size_t i = 0; i < v.size(); ++i) f[i] = static_cast<float>(v[i]);
-    if (bf16) {
-      std::vector<uint16_t> h(n);
-      for (size_t i = 0; i < n; ++i) h[i] = tessera::sdk::float_to_bf16(f[i]);
-      REQUIRE(cudaMemcpy(p, h.data(), n * 2, cudaMemcpyHostToDevice) == cudaSuccess);
-      // Lands before any op: the ops' non-blocking stream does not wait for it.
-      REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-    } else {
-      REQUIRE(cudaMemcpy(p, f.data(), n * 4, cudaMemcpyHostToDevice) == cudaSuccess);
-      // Lands before any op: the ops' non-blocking stream does not wait for it.
-      REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-    }
-  }
-  std::vector<double> get() const {
-    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-    std::vector<double> out(n);
-    if (bf16) {
-      std::vector<uint16_t> h(n);
-      REQUIRE(cudaMemcpy(h.data(), p, n * 2, cudaMemcpyDeviceToHost) == cudaSuccess);
-      for (size_t i = 0; i < n; ++i) out[i] = bf16_to_float(h[i]);
-    } else {
-      std::vector<float> h(n);
-      REQUIRE(cudaMemcpy(h.data(), p, n * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
-      for (size_t i = 0; i < n; ++i) out[i] = h[i];
-    }
-    return out;
-  }
-};
-
-// ||got - want|| / ||want|| over want's entries.
-double rel_err(const std::vector<double> &got, const std::vector<double> &want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    num += (got[i] - want[i]) * (got[i] - want[i]);
-    den += want[i] * want[i];
-  }
-  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
 }
 
 // One training step of the golden model on the GPU, held to Hugging Face;

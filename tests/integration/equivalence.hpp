@@ -29,6 +29,9 @@ struct Job {
   std::string device = "cpu", precision = "fp32";  // run.device, run.precision
   std::string offload = "none", ratio = "";        // [offload] plugin and (cpu) ratio
   std::string params = "";                         // [offload] params (stage 3), if set
+  // Another model and data: the [model] and [data.train] sections' TOML
+  // replacing the MLP on Fashion-MNIST, and a name for them (llama's jobs).
+  std::string model_data = "", tag = "";
   int accumulation() const { return global / (micro * world); }
   std::string name() const;
 };

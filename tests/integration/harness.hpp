@@ -40,6 +40,12 @@ fs::path scratch();
 
 std::string read_text(const fs::path &p);
 void write_text(const fs::path &p, const std::string &text);
+// A token shard in llm.c's format (256 int32 header: magic 20240520,
+// version 1, count; then uint16 tokens) of `count` tokens below `vocab`
+// from a fixed generator seeded by `seed` (seed 0: the counting sequence
+// 0, 1, ..., vocab - 1, 0, ..., which a model can learn); creates the
+// parent directory.
+void write_token_shard(const fs::path &p, size_t count, uint32_t vocab, uint32_t seed);
 nlohmann::json read_json(const fs::path &p);
 // One JSON object per line; throws on a line that is not one.
 std::vector<nlohmann::json> read_jsonl(const fs::path &p);

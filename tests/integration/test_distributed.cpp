@@ -25,6 +25,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <regex>
 #include <sstream>
 #include <thread>
@@ -93,6 +94,30 @@ TEST_CASE("SGD with gradient clipping: every ZeRO stage at world size 4 matches 
   const Trained b = train_job(unclipped, false);
   REQUIRE(clipped.losses.size() == b.losses.size());
   CHECK(std::fabs(clipped.losses.back() - b.losses.back()) > 1e-3);
+}
+
+// ---------------------------------------------------------------------------
+// The llama model plugin at 2 CPU ranks: a tiny Qwen3-shaped decoder (GQA,
+// per-head q/k norms, tied head) on token windows, every ZeRO
+// stage against world-1 stage 0 after 20 steps.
+
+TEST_CASE("llama: every ZeRO stage at 2 CPU ranks matches the world-1 stage-0 run",
+          "[distributed][equivalence][llama]") {
+  const fs::path tokens = scratch() / "llama_tokens" / "tok_train_000000.bin";
+  write_token_shard(tokens, 200 * 16 + 1, 80, 4242);
+  const std::string sections =
+      "[model]\nplugin = \"llama\"\narchitecture = \"Qwen3ForCausalLM\"\nlayers = 2\n"
+      "width = 32\nheads = 4\nkv_heads = 2\nhead_dim = 8\nintermediate = 48\nvocab = 80\n"
+      "max_seq = 16\ntie_embeddings = true\nrms_eps = 1e-6\n\n"
+      "[data.train]\nplugin = \"tokens\"\nfiles = \"" +
+      tokens.string() + "\"\ncontext = 16\nvocab = 80\n";
+  std::vector<Job> jobs = every_stage(2, 8, {4});
+  for (Job &j : jobs) {
+    j.steps = 20;
+    j.model_data = sections;
+    j.tag = "llama";
+  }
+  equivalence(8, jobs);
 }
 
 // ---------------------------------------------------------------------------

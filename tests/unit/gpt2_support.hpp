@@ -76,7 +76,9 @@ struct Model {
   Fixture &f;
   const tsr_model_vtable *vt;
   void *self = nullptr;
-  explicit Model(Fixture &fx) : f(fx), vt(fx.vtable<tsr_model_vtable>("model", "gpt2")) {}
+  // `plugin`: another model plugin with the same conventions (llama's tests).
+  explicit Model(Fixture &fx, const char *plugin = "gpt2")
+      : f(fx), vt(fx.vtable<tsr_model_vtable>("model", plugin)) {}
   ~Model() {
     if (self) vt->destroy(self);
   }

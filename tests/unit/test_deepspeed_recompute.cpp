@@ -62,7 +62,7 @@ TEST_CASE("activation_checkpointing on a model without recompute is a warning th
   REQUIRE(job.doc.warnings().size() == 1);
   CHECK(job.doc.warnings()[0] == ds + ": activation_checkpointing: the model plugin 'mlp' has no "
                                       "'recompute' parameter (activation checkpointing); ignored "
-                                      "(model plugins with it: gpt2)");
+                                      "(model plugins with it: gpt2, llama)");
   CHECK(job.plugin("model").values.get("recompute") == nullptr);
   CHECK_THAT(job.resolved_toml(), !Catch::Contains("recompute"));
 }

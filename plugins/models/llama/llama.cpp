@@ -1,0 +1,366 @@
+// The llama model's compute, through the host's ops only (llama.hpp
+// describes the model): batch checks, forward (embedding, layers, final
+// norm, LM head, loss), predict's last-position logits, backward layer by
+// layer, and the FLOPs per sample.
+#include "llama.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+namespace tessera::llama {
+
+// ---- batch ------------------------------------------------------------------
+
+int64_t Llama::check_batch(const tsr_batch *batch, bool with_targets) const {
+  if (!batch) throw Error(TSR_ERR_INVALID, "llama: batch is NULL");
+  const int64_t n = batch->size;
+  if (n < 0 || n > max_batch)
+    throw Error(TSR_ERR_INVALID, "llama: batch of " + std::to_string(n) +
+                                     " sequences; the model was built for at most " +
+                                     std::to_string(max_batch));
+  if (n == 0) return 0;
+  for (const DLTensor *t : {&batch->inputs, &batch->targets}) {
+    if (t == &batch->targets && !with_targets) break;
+    const char *what = t == &batch->inputs ? "inputs" : "targets";
+    if (!same_dtype(t->dtype, sdk::dtype_i32()))
+      throw Error(TSR_ERR_INVALID, std::string("llama: batch ") + what +
+                                       " must be int32 token ids, got " + dtype_name(t->dtype));
+    if (t->ndim != 2 || !t->shape || t->shape[0] != n)
+      throw Error(TSR_ERR_INVALID, std::string("llama: batch ") + what + " are " +
+                                       (t->shape ? shape_str(t->shape, t->ndim) : "?") +
+                                       ", expected [" + std::to_string(n) + ", T]");
+    if (t->device.device_type != device.device_type || t->device.device_id != device.device_id)
+      throw Error(TSR_ERR_INVALID,
+                  std::string("llama: batch ") + what + " are not on the model's device");
+    if (t->strides && ((t->shape[1] != 1 && t->strides[1] != 1) ||
+                       (t->shape[0] != 1 && t->strides[0] != t->shape[1])))
+      throw Error(TSR_ERR_INVALID,
+                  std::string("llama: batch ") + what + " must be contiguous row-major");
+  }
+  const int64_t T = batch->inputs.shape[1];
+  if (with_targets && batch->targets.shape[1] != T)
+    throw Error(TSR_ERR_INVALID, "llama: batch targets have " +
+                                     std::to_string(batch->targets.shape[1]) +
+                                     " tokens per sequence, inputs " + std::to_string(T));
+  if (T < 1 || T > a.max_seq)
+    throw Error(TSR_ERR_INVALID, "llama: sequences of " + std::to_string(T) +
+                                     " tokens; the model's max_seq is " +
+                                     std::to_string(a.max_seq));
+  return T;
+}
+
+// ---- forward ----------------------------------------------------------------
+
+// Layer l from x_l (resid[l]) into set s; with `out` its output x_{l+1}
+// into resid[l + 1] (a recompute in backward stops before the down
+// projection, whose output backward does not read).
+void Llama::layer_forward(tsr_step *step, uint32_t l, const Set &s, int64_t B, int64_t T,
+                          bool out) {
+  const int64_t R = B * T, C = a.width, D = a.head_dim, Hq = a.heads, Hk = a.kv_heads;
+  const int64_t F = a.intermediate;
+  const float eps = static_cast<float>(a.rms_eps);
+  tsr_host_ctx *ctx = host->ctx;
+  const auto W = [&](LayerParam p) { return param(step, P(l, p)); };
+  View x = A(resid[l], {R, C}), h1 = A(s.h1, {R, C}), rstd1 = S(s.rstd1, {R});
+  DLTensor w = W(kInNorm);
+  check(ops->rmsnorm_forward(ctx, x.get(), &w, eps, h1.get(), rstd1.get()));
+  // q, k, v projections; with qk_norm q and k land in qraw/kraw first.
+  View q = A(a.qk_norm ? s.qraw : s.q, {R, QD()}), k = A(a.qk_norm ? s.kraw : s.k, {R, KD()});
+  View v = A(s.v, {R, KD()});
+  const LayerParam proj[3][2] = {{kQ, kQBias}, {kK, kKBias}, {kV, kVBias}};
+  View *dst[3] = {&q, &k, &v};
+  for (int i = 0; i < 3; ++i) {
+    DLTensor pw = W(proj[i][0]), pb{};
+    if (has(l, proj[i][1])) pb = W(proj[i][1]);
+    check(ops->linear(ctx, h1.get(), 0, &pw, 1, has(l, proj[i][1]) ? &pb : nullptr, TSR_ACT_NONE,
+                      dst[i]->get(), nullptr));
+  }
+  if (a.qk_norm) {  // per-head RMSNorm over D: rows R * H
+    View qr = A(s.qraw, {R * Hq, D}), kr = A(s.kraw, {R * Hk, D});
+    View qn = A(s.q, {R * Hq, D}), kn = A(s.k, {R * Hk, D});
+    View rq = S(s.rstdq, {R * Hq}), rk = S(s.rstdk, {R * Hk});
+    DLTensor wq = W(kQNorm), wk = W(kKNorm);
+    check(ops->rmsnorm_forward(ctx, qr.get(), &wq, eps, qn.get(), rq.get()));
+    check(ops->rmsnorm_forward(ctx, kr.get(), &wk, eps, kn.get(), rk.get()));
+  }
+  View q4 = A(s.q, {B, T, Hq, D}), k4 = A(s.k, {B, T, Hk, D}), v4 = A(s.v, {B, T, Hk, D});
+  View o4 = A(s.o, {B, T, Hq, D}), lse = S(s.lse, {B, Hq, T});
+  View pos_v = positions(B, T);
+  check(ops->rope_forward(ctx, &a.rope, pos_v.get(), q4.get(), k4.get()));
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  check(ops->attention_gqa_forward(ctx, q4.get(), k4.get(), v4.get(), scale, o4.get(), lse.get()));
+  // r = x + o_proj(o), and the post-attention norm of it, in one pass.
+  View o = A(s.o, {R, QD()}), r = A(s.r, {R, C}), h2 = A(s.h2, {R, C});
+  View rstd2 = S(s.rstd2, {R});
+  w = W(kO);
+  check(ops->linear(ctx, o.get(), 0, &w, 1, nullptr, TSR_ACT_NONE, r.get(), nullptr));
+  w = W(kPostNorm);
+  check(ops->add_rmsnorm_forward(ctx, x.get(), r.get(), &w, eps, r.get(), h2.get(), rstd2.get()));
+  // SwiGLU MLP.
+  View gate = A(s.gate, {R, F}), up = A(s.up, {R, F}), act_v = A(s.act, {R, F});
+  w = W(kGate);
+  check(ops->linear(ctx, h2.get(), 0, &w, 1, nullptr, TSR_ACT_NONE, gate.get(), nullptr));
+  w = W(kUp);
+  check(ops->linear(ctx, h2.get(), 0, &w, 1, nullptr, TSR_ACT_NONE, up.get(), nullptr));
+  check(ops->swiglu_forward(ctx, gate.get(), up.get(), act_v.get()));
+  if (!out) return;
+  View y = A(resid[l + 1], {R, C});
+  w = W(kDown);
+  check(ops->linear(ctx, act_v.get(), 0, &w, 1, nullptr, TSR_ACT_NONE, y.get(), nullptr));
+  check(ops->axpy(ctx, 1.0f, r.get(), y.get()));  // x_{l+1} = r + mlp
+}
+
+// Embedding and layers: x_L into resid[L]. Returns embed_tokens' view
+// (group 0 stays live until after the LM head: tied, it is the head).
+DLTensor Llama::trunk(tsr_step *step, const DLTensor &inputs, int64_t B, int64_t T) {
+  const int64_t R = B * T;
+  View ids(inputs, {R});
+  DLTensor e = param(step, embed);
+  ensure_dtype(e);
+  View x0 = A(resid[0], {R, a.width});
+  check(ops->embedding_forward(host->ctx, ids.get(), &e, x0.get(), 0));
+  for (uint32_t l = 0; l < L(); ++l) {
+    layer_forward(step, l, sets[recompute ? 0 : l], B, T, true);
+    params_done(step, l + 1);
+  }
+  return e;
+}
+
+DLTensor Llama::head_weight(tsr_step *step, const DLTensor &embed_view) {
+  return a.tie ? embed_view : param(step, lm_head);
+}
+
+void Llama::forward(tsr_step *step, const tsr_batch *batch, int32_t training,
+                    tsr_forward_result *out) {
+  ready = false;
+  if (!out) throw Error(TSR_ERR_INVALID, "llama: forward result is NULL");
+  const int64_t T = check_batch(batch);
+  const int64_t B = batch->size;
+  double loss_sum = 0;
+  int64_t count = 0, correct = 0;
+  if (B > 0) {
+    const int64_t R = B * T, C = a.width;
+    tsr_host_ctx *ctx = host->ctx;
+    DLTensor e = trunk(step, batch->inputs, B, T);
+    View xL = A(resid[L()], {R, C}), y = A(hf, {R, C}), rs = S(rstdf, {R});
+    DLTensor w = param(step, final_norm);
+    check(
+        ops->rmsnorm_forward(ctx, xL.get(), &w, static_cast<float>(a.rms_eps), y.get(), rs.get()));
+    DLTensor head = head_weight(step, e);
+    View z = A(logits, {R, a.vocab});
+    check(ops->linear(ctx, y.get(), 0, &head, 1, nullptr, TSR_ACT_NONE, z.get(), nullptr));
+    params_done(step, L() + 1);
+    params_done(step, 0);
+    // A training forward leaves the unscaled loss gradient over the logits
+    // (backward's matmuls apply loss_scale): one read of the logits.
+    View tgt(batch->targets, {R});
+    check(ops->cross_entropy(ctx, z.get(), tgt.get(), a.vocab, 1.0f, training ? z.get() : nullptr,
+                             &loss_sum, &count, &correct));
+  }
+  out->loss_sum = loss_sum;
+  out->count = count;
+  out->correct = correct;
+  ready = training != 0;
+  ready_n = B;
+  ready_T = T;
+}
+
+// ---- predict ----------------------------------------------------------------
+
+// float32 logits [B, vocab] of each sequence's last position: the trunk
+// over every position, then the final norm and the head on B rows.
+void Llama::predict(tsr_step *step, const tsr_batch *batch, DLTensor *out) {
+  ready = false;
+  if (out && !out->data) {  // the size query
+    if (out->ndim != 2 || !out->shape)
+      throw Error(TSR_ERR_INVALID, "llama: predict's size query needs logits of 2 dims");
+    out->shape[1] = a.vocab;
+    return;
+  }
+  const int64_t T = check_batch(batch, false);
+  const int64_t B = batch->size;
+  const int64_t C = a.width, V = a.vocab;
+  if (!out || !same_dtype(out->dtype, sdk::dtype_f32()) || out->ndim != 2 || !out->shape ||
+      out->shape[0] != B || out->shape[1] != V || (out->strides && B > 1 && out->strides[0] != V))
+    throw Error(TSR_ERR_INVALID, "llama: predict logits must be compact float32 [" +
+                                     std::to_string(B) + ", " + std::to_string(V) + "]");
+  if (B == 0) return;
+  tsr_host_ctx *ctx = host->ctx;
+  DLTensor e = trunk(step, batch->inputs, B, T);
+  for (int64_t b = 0; b < B; ++b) {
+    View src = A(resid[L()] + static_cast<size_t>((b * T + T - 1) * C), {C});
+    View dst = A(dsm + static_cast<size_t>(b * C), {C});
+    check(ops->copy(ctx, src.get(), dst.get()));
+  }
+  View last = A(dsm, {B, C}), y = A(hf, {B, C}), rs = S(rstdf, {B});
+  DLTensor w = param(step, final_norm);
+  check(
+      ops->rmsnorm_forward(ctx, last.get(), &w, static_cast<float>(a.rms_eps), y.get(), rs.get()));
+  DLTensor head = head_weight(step, e);
+  View z = A(logits, {B, V});
+  check(ops->linear(ctx, y.get(), 0, &head, 1, nullptr, TSR_ACT_NONE, z.get(), nullptr));
+  params_done(step, L() + 1);
+  params_done(step, 0);
+  const bool on_model =
+      out->device.device_type == device.device_type && out->device.device_id == device.device_id;
+  if (same_dtype(adt, sdk::dtype_f32())) {
+    check(ops->copy(ctx, z.get(), out));
+  } else if (on_model) {
+    check(ops->cast(ctx, z.get(), out));
+  } else {
+    if (predict_f32.bytes() < static_cast<size_t>(B * V) * 4)
+      predict_f32 =
+          Buffer(host, device, static_cast<size_t>(max_batch * V) * 4, TSR_MEM_ACTIVATIONS);
+    View zf(predict_f32.get(), 0, device, sdk::dtype_f32(), {B, V});
+    check(ops->cast(ctx, z.get(), zf.get()));
+    check(ops->copy(ctx, zf.get(), out));
+  }
+}
+
+// ---- backward ---------------------------------------------------------------
+
+// The attention half of layer l's backward: dres holds d r on entry (the
+// gradient of both x_l and o_proj's output) and d x_l on exit.
+void Llama::attention_backward(tsr_step *step, uint32_t l, const Set &s, int64_t B, int64_t T) {
+  const int64_t R = B * T, C = a.width, D = a.head_dim, Hq = a.heads, Hk = a.kv_heads;
+  tsr_host_ctx *ctx = host->ctx;
+  const auto W = [&](LayerParam p) { return param(step, P(l, p)); };
+  const auto G = [&](LayerParam p) { return grad(step, P(l, p)); };
+  View dres_v = A(dres, {R, C}), dsm_v = A(dsm, {R, C}), o = A(s.o, {R, QD()});
+  DLTensor g = G(kO), w = W(kO);
+  check(ops->matmul(ctx, dres_v.get(), 1, o.get(), 0, &g, 1.0f, 1.0f));
+  View dout_v = A(dout, {R, QD()});
+  check(ops->matmul(ctx, dres_v.get(), 0, &w, 0, dout_v.get(), 1.0f, 0.0f));
+  View q4 = A(s.q, {B, T, Hq, D}), k4 = A(s.k, {B, T, Hk, D}), v4 = A(s.v, {B, T, Hk, D});
+  View o4 = A(s.o, {B, T, Hq, D}), do4 = A(dout, {B, T, Hq, D}), lse = S(s.lse, {B, Hq, T});
+  View dq4 = A(dq, {B, T, Hq, D}), dk4 = A(dk, {B, T, Hk, D}), dv4 = A(dv, {B, T, Hk, D});
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  check(ops->attention_gqa_backward(ctx, q4.get(), k4.get(), v4.get(), o4.get(), do4.get(),
+                                    lse.get(), scale, dq4.get(), dk4.get(), dv4.get()));
+  View pos_v = positions(B, T);
+  check(ops->rope_backward(ctx, &a.rope, pos_v.get(), dq4.get(), dk4.get()));
+  size_t dqs = dq, dks = dk;  // the projections' output gradients
+  if (a.qk_norm) {
+    View dq2 = A(dq, {R * Hq, D}), dk2 = A(dk, {R * Hk, D});
+    View dqr = A(dqraw, {R * Hq, D}), dkr = A(dkraw, {R * Hk, D});
+    View qr = A(s.qraw, {R * Hq, D}), kr = A(s.kraw, {R * Hk, D});
+    View rq = S(s.rstdq, {R * Hq}), rk = S(s.rstdk, {R * Hk});
+    check(ops->fill(ctx, dqr.get(), 0.0f));
+    check(ops->fill(ctx, dkr.get(), 0.0f));
+    DLTensor wq = W(kQNorm), wk = W(kKNorm), gq = G(kQNorm), gk = G(kKNorm);
+    check(ops->rmsnorm_backward(ctx, dq2.get(), qr.get(), &wq, rq.get(), dqr.get(), &gq));
+    check(ops->rmsnorm_backward(ctx, dk2.get(), kr.get(), &wk, rk.get(), dkr.get(), &gk));
+    dqs = dqraw;
+    dks = dkraw;
+  }
+  View h1 = A(s.h1, {R, C});
+  const LayerParam proj[3][2] = {{kQ, kQBias}, {kK, kKBias}, {kV, kVBias}};
+  const size_t dsrc[3] = {dqs, dks, dv};
+  for (int i = 0; i < 3; ++i) {
+    const int64_t n = i == 0 ? QD() : KD();
+    View dy = A(dsrc[i], {R, n});
+    if (has(l, proj[i][1])) {
+      DLTensor gb = G(proj[i][1]);
+      check(ops->bias_grad(ctx, dy.get(), &gb));
+    }
+    DLTensor gw = G(proj[i][0]), pw = W(proj[i][0]);
+    check(ops->matmul(ctx, dy.get(), 1, h1.get(), 0, &gw, 1.0f, 1.0f));
+    check(ops->matmul(ctx, dy.get(), 0, &pw, 0, dsm_v.get(), 1.0f, i == 0 ? 0.0f : 1.0f));
+  }
+  View x = A(resid[l], {R, C}), rstd1 = S(s.rstd1, {R});
+  DLTensor wn = W(kInNorm), gn = G(kInNorm);
+  check(ops->rmsnorm_backward(ctx, dsm_v.get(), x.get(), &wn, rstd1.get(), dres_v.get(), &gn));
+}
+
+// Layer l's backward: dres holds d x_{l+1} on entry and d x_l on exit.
+void Llama::layer_backward(tsr_step *step, uint32_t l, const Set &s, int64_t B, int64_t T) {
+  const int64_t R = B * T, C = a.width, F = a.intermediate;
+  tsr_host_ctx *ctx = host->ctx;
+  const auto W = [&](LayerParam p) { return param(step, P(l, p)); };
+  const auto G = [&](LayerParam p) { return grad(step, P(l, p)); };
+  View dres_v = A(dres, {R, C}), dsm_v = A(dsm, {R, C});
+  View gate = A(s.gate, {R, F}), up = A(s.up, {R, F}), act_v = A(s.act, {R, F});
+  View h2 = A(s.h2, {R, C}), r = A(s.r, {R, C}), rstd2 = S(s.rstd2, {R});
+  View dact_v = A(dact, {R, F}), dgate_v = A(dgate, {R, F}), dup_v = A(dup, {R, F});
+  // x_{l+1} = r + down(swiglu(gate(h2), up(h2))), h2 = rmsnorm(r).
+  DLTensor g = G(kDown), w = W(kDown);
+  check(ops->matmul(ctx, dres_v.get(), 1, act_v.get(), 0, &g, 1.0f, 1.0f));
+  check(ops->matmul(ctx, dres_v.get(), 0, &w, 0, dact_v.get(), 1.0f, 0.0f));
+  check(ops->swiglu_backward(ctx, gate.get(), up.get(), dact_v.get(), dgate_v.get(), dup_v.get()));
+  g = G(kGate);
+  check(ops->matmul(ctx, dgate_v.get(), 1, h2.get(), 0, &g, 1.0f, 1.0f));
+  g = G(kUp);
+  check(ops->matmul(ctx, dup_v.get(), 1, h2.get(), 0, &g, 1.0f, 1.0f));
+  w = W(kGate);
+  check(ops->matmul(ctx, dgate_v.get(), 0, &w, 0, dsm_v.get(), 1.0f, 0.0f));
+  w = W(kUp);
+  check(ops->matmul(ctx, dup_v.get(), 0, &w, 0, dsm_v.get(), 1.0f, 1.0f));
+  w = W(kPostNorm);
+  g = G(kPostNorm);
+  check(ops->rmsnorm_backward(ctx, dsm_v.get(), r.get(), &w, rstd2.get(), dres_v.get(), &g));
+  attention_backward(step, l, s, B, T);
+}
+
+// The loss, LM head and final norm: dres becomes d x_L.
+void Llama::head_backward(tsr_step *step, int64_t B, int64_t T, float loss_scale) {
+  const int64_t R = B * T, C = a.width;
+  tsr_host_ctx *ctx = host->ctx;
+  View z = A(logits, {R, a.vocab}), y = A(hf, {R, C}), dsm_v = A(dsm, {R, C});
+  const uint32_t hi = a.tie ? embed : lm_head;
+  DLTensor w = param(step, hi), g = grad(step, hi);
+  check(ops->matmul(ctx, z.get(), 1, y.get(), 0, &g, loss_scale, 1.0f));
+  check(ops->matmul(ctx, z.get(), 0, &w, 0, dsm_v.get(), loss_scale, 0.0f));
+  View dres_v = A(dres, {R, C}), xL = A(resid[L()], {R, C}), rs = S(rstdf, {R});
+  check(ops->fill(ctx, dres_v.get(), 0.0f));
+  DLTensor nw = param(step, final_norm), ng = grad(step, final_norm);
+  check(ops->rmsnorm_backward(ctx, dsm_v.get(), xL.get(), &nw, rs.get(), dres_v.get(), &ng));
+}
+
+void Llama::backward(tsr_step *step, const tsr_batch *batch, float loss_scale) {
+  if (!ready)
+    throw Error(TSR_ERR_INVALID,
+                "llama: backward needs a forward with training = 1 just before it");
+  const int64_t T = check_batch(batch);
+  const int64_t B = batch->size;
+  if (B != ready_n || (B > 0 && T != ready_T))
+    throw Error(TSR_ERR_INVALID, "llama: backward got " + std::to_string(B) + " x " +
+                                     std::to_string(T) + " tokens, the forward before it had " +
+                                     std::to_string(ready_n) + " x " + std::to_string(ready_T));
+  ready = false;  // the logits hold the loss gradient: one backward per forward
+  if (B > 0) head_backward(step, B, T, loss_scale);
+  check(host->grads_done(step, L() + 1));
+  for (uint32_t l = L(); l-- > 0;) {
+    if (B > 0) {
+      const Set &s = sets[recompute ? 0 : l];
+      if (recompute) layer_forward(step, l, s, B, T, false);
+      layer_backward(step, l, s, B, T);
+    }
+    check(host->grads_done(step, l + 1));
+  }
+  if (B > 0) {
+    View ids(batch->inputs, {B * T}), dres_v = A(dres, {B * T, a.width});
+    DLTensor g = grad(step, embed);
+    check(ops->embedding_backward(host->ctx, ids.get(), dres_v.get(), &g));
+  }
+  check(host->grads_done(step, 0));
+}
+
+// ---- FLOPs ------------------------------------------------------------------
+
+// Per sample of T tokens: 6 N T for every matrix multiplied (the embedding
+// table only where tied: a lookup is no FLOPs), plus 6 L Hq D T^2 for the
+// causal attention's scores and their use, forward and backward.
+double Llama::flops_per_sample() const {
+  double N = 0;
+  for (size_t i = 0; i < infos.size(); ++i) {
+    if (i == embed && !a.tie) continue;
+    double n = 1;
+    for (int32_t k = 0; k < infos[i].ndim; ++k) n *= static_cast<double>(infos[i].shape[k]);
+    N += n;
+  }
+  const double T = static_cast<double>(data_T);
+  return 6.0 * N * T + 6.0 * static_cast<double>(a.layers * QD()) * T * T;
+}
+
+}  // namespace tessera::llama

@@ -1,0 +1,129 @@
+// The llama model's memory: the activation plan (offsets into allocations
+// made once at create), their allocation in the compute dtype, the
+// positions buffer, and the host's views of parameters and gradients.
+#include <string>
+
+#include "llama.hpp"
+
+namespace tessera::llama {
+
+void Llama::plan_memory() {
+  const size_t R = static_cast<size_t>(max_batch * a.max_seq);
+  const size_t C = static_cast<size_t>(a.width), F = static_cast<size_t>(a.intermediate);
+  const size_t Q = static_cast<size_t>(QD()), K = static_cast<size_t>(KD());
+  const size_t Hq = static_cast<size_t>(a.heads), Hk = static_cast<size_t>(a.kv_heads);
+  auto take = [](size_t &cursor, size_t n) {
+    const size_t at = cursor;
+    cursor += (n + 63) / 64 * 64;  // 256-byte aligned in float32
+    return at;
+  };
+  size_t x = 0, s = 0;
+  resid.clear();
+  for (uint32_t l = 0; l <= L(); ++l) resid.push_back(take(x, R * C));
+  sets.assign(recompute ? 1 : L(), Set{});
+  for (Set &e : sets) {
+    e.h1 = take(x, R * C);
+    e.qraw = a.qk_norm ? take(x, R * Q) : 0;
+    e.kraw = a.qk_norm ? take(x, R * K) : 0;
+    e.q = take(x, R * Q);
+    e.k = take(x, R * K);
+    e.v = take(x, R * K);
+    e.o = take(x, R * Q);
+    e.r = take(x, R * C);
+    e.h2 = take(x, R * C);
+    e.gate = take(x, R * F);
+    e.up = take(x, R * F);
+    e.act = take(x, R * F);
+    e.rstd1 = take(s, R);
+    e.rstd2 = take(s, R);
+    e.rstdq = a.qk_norm ? take(s, R * Hq) : 0;
+    e.rstdk = a.qk_norm ? take(s, R * Hk) : 0;
+    e.lse = take(s, R * Hq);
+  }
+  hf = take(x, R * C);
+  logits = take(x, R * static_cast<size_t>(a.vocab));
+  dres = take(x, R * C);
+  dsm = take(x, R * C);
+  dq = take(x, R * Q);
+  dk = take(x, R * K);
+  dv = take(x, R * K);
+  dout = take(x, R * Q);
+  dqraw = a.qk_norm ? take(x, R * Q) : 0;
+  dkraw = a.qk_norm ? take(x, R * K) : 0;
+  dgate = take(x, R * F);
+  dup = take(x, R * F);
+  dact = take(x, R * F);
+  discard = take(x, C);
+  rstdf = take(s, R);
+  act_elems = x;
+  stats_elems = s;
+}
+
+void Llama::allocate(DLDataType dtype) {
+  act.reset();
+  stats.reset();
+  adt = dtype;
+  esize = static_cast<size_t>(dtype.bits / 8);
+  act = Buffer(host, device, act_elems * esize, TSR_MEM_ACTIVATIONS);
+  stats = Buffer(host, device, stats_elems * 4, TSR_MEM_ACTIVATIONS);
+  if (!pos.get())
+    pos = Buffer(host, device, static_cast<size_t>(max_batch * a.max_seq) * 4, TSR_MEM_ACTIVATIONS);
+}
+
+// Parameters come in the compute dtype the host chose; activations follow.
+void Llama::ensure_dtype(const DLTensor &p) {
+  if (same_dtype(p.dtype, adt)) return;
+  if (p.dtype.lanes != 1 || !(p.dtype.code == kDLFloat || p.dtype.code == kDLBfloat) ||
+      !(p.dtype.bits == 32 || p.dtype.bits == 16))
+    throw Error(TSR_ERR_UNSUPPORTED, "llama: parameters are " + dtype_name(p.dtype) +
+                                         "; the llama model computes in float32, bfloat16 or "
+                                         "float16");
+  const std::string msg = "llama: the parameters are " + dtype_name(p.dtype) + ", not " +
+                          dtype_name(adt) + "; reallocating the activations";
+  host->log(host->ctx, TSR_LOG_WARN, msg.c_str());
+  allocate(p.dtype);
+}
+
+// Positions 0..T-1 of each of B sequences, int32 [B, T] on the device:
+// written from the host when (B, T) changes (a copy across when the
+// device is not the CPU).
+View Llama::positions(int64_t B, int64_t T) {
+  View v(pos.get(), 0, device, sdk::dtype_i32(), {B, T});
+  if (B == pos_B && T == pos_T) return v;
+  pos_host.resize(static_cast<size_t>(B * T));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      pos_host[static_cast<size_t>(b * T + t)] = static_cast<int32_t>(t);
+  View src(pos_host.data(), 0, DLDevice{kDLCPU, 0}, sdk::dtype_i32(), {B, T});
+  check(ops->copy(host->ctx, src.get(), v.get()));
+  pos_B = B;
+  pos_T = T;
+  return v;
+}
+
+DLTensor Llama::view_of(tsr_step *step, uint32_t index, bool grad) const {
+  DLTensor t;
+  std::memset(&t, 0, sizeof t);
+  check(grad ? host->grad(step, index, &t) : host->param(step, index, &t));
+  const tsr_param_info &p = infos[index];
+  int64_t want = 1, got = 1;
+  for (int32_t k = 0; k < p.ndim; ++k) want *= p.shape[k];
+  for (int32_t k = 0; k < t.ndim; ++k) got *= t.shape ? t.shape[k] : -1;
+  if (got != want)
+    throw Error(TSR_ERR_INTERNAL, std::string("llama: the host's ") +
+                                      (grad ? "gradient" : "parameter") + " view of '" + p.name +
+                                      "' has " + std::to_string(got) + " elements, expected " +
+                                      std::to_string(want));
+  if (t.strides) {  // compact only: reshaped views assume it
+    int64_t expect = 1;
+    for (int32_t k = t.ndim - 1; k >= 0; --k) {
+      if (t.shape[k] != 1 && t.strides[k] != expect)
+        throw Error(TSR_ERR_INTERNAL,
+                    std::string("llama: the host's view of '") + p.name + "' is not compact");
+      expect *= t.shape[k];
+    }
+  }
+  return t;
+}
+
+}  // namespace tessera::llama
