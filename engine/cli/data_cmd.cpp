@@ -24,6 +24,7 @@
 #include "data/tokenizer_json.hpp"
 #include "util/error.hpp"
 #include "util/regular_file.hpp"
+#include "util/text.hpp"
 
 namespace fs = std::filesystem;
 
@@ -79,19 +80,6 @@ output:
   --shard-tokens N          tokens per shard at most (default 100000000)
   -h, --help                this help
 )";
-
-std::string human_bytes(double b) {
-  char buf[32];
-  if (b >= 1e9)
-    std::snprintf(buf, sizeof buf, "%.2f GB", b / 1e9);
-  else if (b >= 1e6)
-    std::snprintf(buf, sizeof buf, "%.1f MB", b / 1e6);
-  else if (b >= 1e3)
-    std::snprintf(buf, sizeof buf, "%.1f kB", b / 1e3);
-  else
-    std::snprintf(buf, sizeof buf, "%.0f B", b);
-  return buf;
-}
 
 int64_t positive_option(const Parsed &p, const std::string &name, int64_t fallback) {
   const std::string v = p.get(name);
@@ -166,12 +154,12 @@ struct Progress {
     const double t = elapsed();
     const double rate = t > 0 ? static_cast<double>(done_bytes) / t : 0;
     std::fprintf(stderr, "%stokenize: %s of %s (%.1f%%), %lld tokens, %s/s%s", tty ? "\r" : "",
-                 human_bytes(static_cast<double>(done_bytes)).c_str(),
-                 human_bytes(static_cast<double>(total_bytes)).c_str(),
+                 format_bytes(static_cast<double>(done_bytes)).c_str(),
+                 format_bytes(static_cast<double>(total_bytes)).c_str(),
                  total_bytes
                      ? 100.0 * static_cast<double>(done_bytes) / static_cast<double>(total_bytes)
                      : 100.0,
-                 static_cast<long long>(tokens), human_bytes(rate).c_str(), tty ? "   " : "\n");
+                 static_cast<long long>(tokens), format_bytes(rate).c_str(), tty ? "   " : "\n");
     std::fflush(stderr);
     printed = true;
   }
@@ -360,9 +348,9 @@ void check_splits(const Parsed &p, const TokenizeOptions &o, const Splits &s) {
 void print_tokenize_summary(const TokenizeOptions &o, const DocEncoder &enc, const Splits &s,
                             uint64_t total_bytes, double secs) {
   std::printf("tokenized %zu input(s), %s, into %lld documents in %.1f s (%s/s)\n", o.inputs.size(),
-              human_bytes(static_cast<double>(total_bytes)).c_str(),
+              format_bytes(static_cast<double>(total_bytes)).c_str(),
               static_cast<long long>(s.documents), secs,
-              human_bytes(secs > 0 ? static_cast<double>(total_bytes) / secs : 0).c_str());
+              format_bytes(secs > 0 ? static_cast<double>(total_bytes) / secs : 0).c_str());
   std::printf("  tokenizer  %s, vocab %lld, uint%d tokens\n", enc.name.c_str(),
               static_cast<long long>(enc.vocab), data::token_width_for_vocab(enc.vocab) * 8);
   auto report = [&](const char *label, const SplitStats &st, const data::ShardWriter &w) {

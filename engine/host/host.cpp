@@ -12,6 +12,7 @@
 
 #include "backend/cpu/cpu_ops.hpp"
 #include "util/error.hpp"
+#include "util/text.hpp"
 #ifdef TESSERA_HAVE_CUDA
 #include "backend/cuda/cuda_ops.hpp"
 #include "backend/cuda/device.hpp"
@@ -278,12 +279,6 @@ tsr_status cb_device_memory(tsr_host_ctx *ctx, tsr_device_memory *out) {
   });
 }
 
-[[maybe_unused]] std::string mib_str(size_t bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / 1048576.0);
-  return buf;
-}
-
 }  // namespace
 
 Host::Host(RunFacts facts) : facts_(std::move(facts)), impl_(std::make_unique<Impl>()) {
@@ -430,11 +425,13 @@ Host::Impl::Kind alloc_kind(DLDevice device, bool cuda_run) {
   for (int i = 0; i < TSR_MEM_PURPOSE_COUNT; ++i) {
     if (now.current[static_cast<size_t>(i)] == 0) continue;
     if (!use.empty()) use += ", ";
-    use += std::string(purpose_name(i)) + " " + mib_str(now.current[static_cast<size_t>(i)]);
+    use += std::string(purpose_name(i)) + " " +
+           format_bytes(static_cast<double>(now.current[static_cast<size_t>(i)]));
   }
   throw Error(TSR_ERR_NO_MEMORY,
-              "run.max_gpu_memory = " + mib_str(f.max_gpu_memory) + " on rank " +
-                  std::to_string(f.rank) + ": " + mib_str(bytes) + " of " + purpose_name(purpose) +
+              "run.max_gpu_memory = " + format_bytes(static_cast<double>(f.max_gpu_memory)) +
+                  " on rank " + std::to_string(f.rank) + ": " +
+                  format_bytes(static_cast<double>(bytes)) + " of " + purpose_name(purpose) +
                   " do not fit (in use: " + (use.empty() ? std::string("nothing") : use) +
                   "); raise the cap, use a higher ZeRO stage or offload");
 }
@@ -451,10 +448,11 @@ void check_host_room(const Host &h, size_t bytes, tsr_mem_purpose purpose) {
   if (avail == 0 || bytes <= avail) return;
   const MemoryStats now = h.memory();
   throw Error(TSR_ERR_NO_MEMORY,
-              "rank " + std::to_string(h.facts().rank) + ": " + mib_str(bytes) + " of " +
-                  purpose_name(purpose) + " do not fit in the " + mib_str(avail) +
+              "rank " + std::to_string(h.facts().rank) + ": " +
+                  format_bytes(static_cast<double>(bytes)) + " of " + purpose_name(purpose) +
+                  " do not fit in the " + format_bytes(static_cast<double>(avail)) +
                   " of memory this host has available (" + host_mem.source + "; this rank holds " +
-                  mib_str(now.current_total) +
+                  format_bytes(static_cast<double>(now.current_total)) +
                   " already); use a smaller model, more ranks with a higher ZeRO stage, "
                   "or offload to NVMe");
 }
