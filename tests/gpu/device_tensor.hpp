@@ -9,18 +9,10 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <tessera/cpp/half.hpp>
 #include <vector>
 
 namespace tessera::test::gpu {
-
-inline float bf16_to_float(uint16_t h) {
-  uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 
 // Device memory in the run's dtype, filled from / read back as doubles.
 struct DeviceTensor {
@@ -59,7 +51,7 @@ struct DeviceTensor {
     if (bf16) {
       std::vector<uint16_t> h(n);
       REQUIRE(cudaMemcpy(h.data(), p, n * 2, cudaMemcpyDeviceToHost) == cudaSuccess);
-      for (size_t i = 0; i < n; ++i) out[i] = bf16_to_float(h[i]);
+      for (size_t i = 0; i < n; ++i) out[i] = tessera::sdk::bf16_to_float(h[i]);
     } else {
       std::vector<float> h(n);
       REQUIRE(cudaMemcpy(h.data(), p, n * 4, cudaMemcpyDeviceToHost) == cudaSuccess);

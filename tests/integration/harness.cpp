@@ -19,6 +19,7 @@
 #include <random>
 #include <sstream>
 #include <stdexcept>
+#include <tessera/cpp/formats/token_shard.hpp>
 #include <thread>
 
 namespace tessera::itest {
@@ -594,10 +595,7 @@ std::string still_running(const std::map<int, int> &workers) {
 }
 void write_token_shard(const fs::path &p, size_t count, uint32_t vocab, uint32_t seed) {
   fs::create_directories(p.parent_path());
-  std::vector<int32_t> header(256, 0);
-  header[0] = 20240520;
-  header[1] = 1;
-  header[2] = static_cast<int32_t>(count);
+  const auto header = formats::token_shard::header(2, static_cast<int64_t>(count));
   std::vector<uint16_t> t(count);
   uint32_t x = seed;
   for (size_t i = 0; i < count; ++i) {
@@ -605,7 +603,7 @@ void write_token_shard(const fs::path &p, size_t count, uint32_t vocab, uint32_t
     t[i] = static_cast<uint16_t>((seed == 0 ? i : x >> 16) % vocab);
   }
   std::ofstream out(p, std::ios::binary);
-  out.write(reinterpret_cast<const char *>(header.data()), 1024);
+  out.write(reinterpret_cast<const char *>(header.data()), sizeof header);
   out.write(reinterpret_cast<const char *>(t.data()), static_cast<std::streamsize>(t.size() * 2));
 }
 
