@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "cli/args.hpp"
+#include "data/sft_examples.hpp"
 #include "data/token_shard.hpp"
 #include "data/tokenizer_bpe.hpp"
 #include "data/tokenizer_json.hpp"
@@ -64,11 +66,29 @@ tokenizer:
                             has it
   Vocabularies over 65536 ids are written as uint32 shards.
 
+chat and instruction data (supervised fine-tuning; needs --tokenizer):
+  --format F                text (default): plain text, every token trained;
+                            chat: JSONL, one {"messages": [{"role",
+                            "content"}, ...]} per line (roles system, user,
+                            assistant), rendered in the model's chat format;
+                            prompt-completion: JSONL, one {"prompt",
+                            "completion"} per line. Shards then carry a loss
+                            mask: only assistant messages (with their
+                            end-of-turn token) or completions (with the end
+                            token) are trained
+  --chat-format NAME        llama3 or chatml (Qwen); default: recognised from
+                            the chat_template in tokenizer_config.json beside
+                            the tokenizer
+  --max-bad N               skip up to N lines that are not valid examples,
+                            each reported with FILE:LINE (default 0: the
+                            first one stops the run)
+
 documents and splits:
   --doc-separator LINE      a line equal to LINE ends a document (fortune
                             files: '%'); default: each INPUT is one document.
                             Byte-level shards keep the separator line after
-                            each document as its delimiter; BPE drops it
+                            each document as its delimiter; BPE drops it.
+                            JSONL formats: each line is one document
   --eval-fraction F         share of documents for the eval split, spread
                             evenly: document d (counting from 0 across all
                             inputs) is eval when round((d+1)F) > round(dF)
@@ -182,7 +202,45 @@ struct TokenizeOptions {
   double fraction = 0;
   int64_t shard_tokens = 0;
   std::optional<std::string> separator;
+  std::optional<data::SftKind> sft;  // --format chat or prompt-completion
+  std::string chat_format;
+  int64_t max_bad = 0;
 };
+
+// --format, --chat-format and --max-bad.
+void sft_options(const Parsed &p, TokenizeOptions &o) {
+  const std::string format = p.get("--format", "text");
+  if (format == "chat")
+    o.sft = data::SftKind::chat;
+  else if (format == "prompt-completion")
+    o.sft = data::SftKind::prompt_completion;
+  else if (format != "text")
+    throw UsageError("tessera data tokenize: --format '" + format +
+                     "' is not one of text, chat, prompt-completion");
+  o.chat_format = p.get("--chat-format");
+  if (!o.chat_format.empty() && o.sft != data::SftKind::chat)
+    throw UsageError("tessera data tokenize: --chat-format goes with --format chat");
+  if (o.sft && o.tokenizer_path.empty())
+    throw UsageError("tessera data tokenize: --format " + format +
+                     " needs --tokenizer DIR (the model's tokenizer.json and "
+                     "tokenizer_config.json)");
+  if (o.sft && o.separator)
+    throw UsageError("tessera data tokenize: --doc-separator is for text; in --format " + format +
+                     " each JSONL line is one example");
+  if (p.has("--max-bad")) {
+    const std::string v = p.get("--max-bad");
+    char *end = nullptr;
+    errno = 0;
+    const long long n = std::strtoll(v.c_str(), &end, 10);
+    if (v.empty() || *end != '\0' || errno != 0 || n < 0)
+      throw UsageError("tessera data tokenize: --max-bad '" + v + "' is not a count >= 0");
+    if (!o.sft)
+      throw UsageError(
+          "tessera data tokenize: --max-bad goes with --format chat or "
+          "prompt-completion");
+    o.max_bad = n;
+  }
+}
 
 TokenizeOptions tokenize_options(const Parsed &p) {
   TokenizeOptions o;
@@ -210,6 +268,7 @@ TokenizeOptions tokenize_options(const Parsed &p) {
   if (p.has("--doc-separator")) o.separator = p.get("--doc-separator");
   if (o.separator && o.separator->empty())
     throw UsageError("tessera data tokenize: --doc-separator needs a non-empty LINE");
+  sft_options(p, o);
   o.out_dir = out_arg;
   o.name = p.get("--name");
   if (o.name.empty()) o.name = fs::absolute(o.out_dir).lexically_normal().filename().string();
@@ -240,7 +299,8 @@ struct DocEncoder {
   std::optional<uint32_t> doc_token;  // a token before every document
   int64_t vocab = 256;
   std::string name = "byte-level";
-  std::string byte_delimiter;  // bytes only: the separator line after each document
+  std::string byte_delimiter;           // bytes only: the separator line after each document
+  std::optional<data::SftEncoder> sft;  // JSONL examples with loss masks
 
   void encode(std::string_view doc, const std::string &input, std::vector<uint32_t> &ids) const {
     ids.clear();
@@ -274,6 +334,13 @@ DocEncoder doc_encoder(const TokenizeOptions &o) {
     e.vocab = e.hf->vocab_size();
     if (e.hf->added_by_post_processor() == 0) e.doc_token = e.hf->token_id("<|endoftext|>");
     e.name = e.hf->name() + ": " + e.hf->describe();
+    if (o.sft) {
+      e.sft = data::sft_encoder(*o.sft, *e.hf, o.tokenizer_path, o.chat_format);
+      e.name += o.sft == data::SftKind::chat
+                    ? std::string(", chat format ") + data::chat_style_name(e.sft->format.style) +
+                          " (from " + e.sft->format_source + ")"
+                    : ", prompt-completion ending with " + e.sft->eos;
+    }
   }
   return e;
 }
@@ -301,29 +368,79 @@ struct Splits {
   data::ShardWriter train, eval;
   SplitStats train_stats, eval_stats;
   int64_t documents = 0;
+  int64_t bad_lines = 0;  // JSONL lines skipped (--max-bad)
 };
 
-// Every document of every input into its split (every 1/fraction-th to
-// eval, spread evenly), with a progress line on long work.
+// Whether document d (counting from 0 across all inputs) goes to eval:
+// every 1/fraction-th, spread evenly.
+bool document_to_eval(double fraction, int64_t d) {
+  const double x = static_cast<double>(d);
+  return fraction > 0 && std::floor((x + 1) * fraction + 0.5) > std::floor(x * fraction + 0.5);
+}
+
+// The text documents of one input into their splits.
+void tokenize_text(const TokenizeOptions &o, const DocEncoder &enc, const std::string &in,
+                   std::string_view text, Splits &s, const std::function<void(size_t)> &done) {
+  std::vector<uint32_t> ids;
+  for (std::string_view doc : split_documents(text, o.separator)) {
+    const bool to_eval = document_to_eval(o.fraction, s.documents++);
+    ++(to_eval ? s.eval_stats : s.train_stats).documents;
+    enc.encode(doc, in, ids);
+    (to_eval ? s.eval : s.train).add(ids);
+    done(static_cast<size_t>(doc.data() + doc.size() - text.data()));
+  }
+}
+
+// The JSONL examples of one input (--format chat|prompt-completion), one a
+// line, blank lines skipped, into their splits with their loss masks. A
+// line that is no valid example is reported as FILE:LINE and skipped, up
+// to --max-bad of them in all.
+void tokenize_examples(const TokenizeOptions &o, const DocEncoder &enc, const std::string &in,
+                       std::string_view text, Splits &s, const std::function<void(size_t)> &done) {
+  std::vector<uint32_t> ids;
+  std::vector<uint8_t> mask;
+  int64_t line_no = 0;
+  for (size_t pos = 0; pos < text.size();) {
+    const size_t eol = std::min(text.find('\n', pos), text.size());
+    std::string_view line = text.substr(pos, eol - pos);
+    pos = eol + 1;
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    const std::string why = enc.sft->encode_line(line, ids, mask);
+    if (!why.empty()) {
+      const std::string where = in + ":" + std::to_string(line_no) + ": " + why;
+      if (++s.bad_lines > o.max_bad)
+        throw Error(TSR_ERR_INVALID,
+                    where + " (" + std::to_string(s.bad_lines) + " bad line(s) so far, --max-bad " +
+                        std::to_string(o.max_bad) +
+                        "); fix the line, or pass a larger --max-bad to skip such lines");
+      if (s.bad_lines <= 20) std::fprintf(stderr, "warning: %s; line skipped\n", where.c_str());
+      continue;
+    }
+    const bool to_eval = document_to_eval(o.fraction, s.documents++);
+    ++(to_eval ? s.eval_stats : s.train_stats).documents;
+    (to_eval ? s.eval : s.train).add(ids, mask);
+    done(std::min(pos, text.size()));
+  }
+}
+
+// Every document of every input into its split, with a progress line on
+// long work.
 void tokenize_inputs(const TokenizeOptions &o, const DocEncoder &enc, uint64_t total_bytes,
                      Splits &s, Progress &progress) {
   progress.total_bytes = total_bytes;
   progress.enabled = total_bytes >= (uint64_t{16} << 20);
   progress.tty = ::isatty(STDERR_FILENO) != 0;
-  std::vector<uint32_t> ids;
   uint64_t done_bytes = 0;
   for (const auto &in : o.inputs) {
     const std::string text = read_input(in);
-    for (std::string_view doc : split_documents(text, o.separator)) {
-      const double d = static_cast<double>(s.documents++);
-      const bool to_eval = o.fraction > 0 && std::floor((d + 1) * o.fraction + 0.5) >
-                                                 std::floor(d * o.fraction + 0.5);
-      ++(to_eval ? s.eval_stats : s.train_stats).documents;
-      enc.encode(doc, in, ids);
-      (to_eval ? s.eval : s.train).add(ids);
-      progress.update(done_bytes + static_cast<uint64_t>(doc.data() + doc.size() - text.data()),
-                      s.train.tokens() + s.eval.tokens());
-    }
+    const auto done = [&](size_t in_file) {
+      progress.update(done_bytes + in_file, s.train.tokens() + s.eval.tokens());
+    };
+    if (enc.sft)
+      tokenize_examples(o, enc, in, text, s, done);
+    else
+      tokenize_text(o, enc, in, text, s, done);
     done_bytes += text.size();
   }
   s.train.finish();
@@ -347,22 +464,30 @@ void check_splits(const Parsed &p, const TokenizeOptions &o, const Splits &s) {
 
 void print_tokenize_summary(const TokenizeOptions &o, const DocEncoder &enc, const Splits &s,
                             uint64_t total_bytes, double secs) {
-  std::printf("tokenized %zu input(s), %s, into %lld documents in %.1f s (%s/s)\n", o.inputs.size(),
+  std::printf("tokenized %zu input(s), %s, into %lld %s in %.1f s (%s/s)\n", o.inputs.size(),
               format_bytes(static_cast<double>(total_bytes)).c_str(),
-              static_cast<long long>(s.documents), secs,
+              static_cast<long long>(s.documents), o.sft ? "examples" : "documents", secs,
               format_bytes(secs > 0 ? static_cast<double>(total_bytes) / secs : 0).c_str());
   std::printf("  tokenizer  %s, vocab %lld, uint%d tokens\n", enc.name.c_str(),
               static_cast<long long>(enc.vocab), data::token_width_for_vocab(enc.vocab) * 8);
   auto report = [&](const char *label, const SplitStats &st, const data::ShardWriter &w) {
-    std::printf("  %-9s  %lld documents, %lld tokens, %zu shard(s)", label,
-                static_cast<long long>(st.documents), static_cast<long long>(w.tokens()),
-                w.files().size());
+    std::printf("  %-9s  %lld %s, %lld tokens", label, static_cast<long long>(st.documents),
+                w.masked() ? "examples" : "documents", static_cast<long long>(w.tokens()));
+    if (w.masked())
+      std::printf(" (%lld trained, %.1f%%)", static_cast<long long>(w.trained_tokens()),
+                  w.tokens() ? 100.0 * static_cast<double>(w.trained_tokens()) /
+                                   static_cast<double>(w.tokens())
+                             : 0.0);
+    std::printf(", %zu shard(s)", w.files().size());
     if (!w.files().empty())
       std::printf(": %s%s", w.files().front().string().c_str(), w.files().size() > 1 ? " ..." : "");
     std::printf("\n");
   };
   report("train", s.train_stats, s.train);
   report("eval", s.eval_stats, s.eval);
+  if (s.bad_lines > 0)
+    std::printf("  skipped    %lld bad line(s) (--max-bad %lld)\n",
+                static_cast<long long>(s.bad_lines), static_cast<long long>(o.max_bad));
   std::printf("  dataset    [data.train] plugin = \"tokens\", files = \"%s\", vocab = %lld\n",
               (o.out_dir / (o.name + "_train_*.bin")).string().c_str(),
               static_cast<long long>(enc.vocab));
@@ -375,10 +500,12 @@ int tokenize_body(const Parsed &p) {
   const int width = data::token_width_for_vocab(enc.vocab);
   const std::string train_prefix = o.name + "_train", eval_prefix = o.name + "_eval";
   prepare_out_dir(o.out_dir, {train_prefix, eval_prefix});
-  Splits s{data::ShardWriter(o.out_dir, train_prefix, width, o.shard_tokens),
-           data::ShardWriter(o.out_dir, eval_prefix, width, o.shard_tokens),
+  const bool masked = o.sft.has_value();
+  Splits s{data::ShardWriter(o.out_dir, train_prefix, width, o.shard_tokens, masked),
+           data::ShardWriter(o.out_dir, eval_prefix, width, o.shard_tokens, masked),
            {},
            {},
+           0,
            0};
   Progress progress;
   tokenize_inputs(o, enc, total_bytes, s, progress);
@@ -408,6 +535,9 @@ int cmd_data(const Args &args) {
                         {"--shard-tokens", true, false},
                         {"--name", true, false},
                         {"--doc-separator", true, false},
+                        {"--format", true, false},
+                        {"--chat-format", true, false},
+                        {"--max-bad", true, false},
                         {"--help", false, false},
                         {"-h", false, false}});
   }

@@ -36,11 +36,13 @@ int token_width_for_vocab(int64_t vocab) {
   return vocab <= 65536 ? 2 : 4;
 }
 
-ShardWriter::ShardWriter(fs::path dir, std::string prefix, int width, int64_t shard_tokens)
+ShardWriter::ShardWriter(fs::path dir, std::string prefix, int width, int64_t shard_tokens,
+                         bool masked)
     : dir_(std::move(dir)),
       prefix_(std::move(prefix)),
       width_(width),
-      shard_tokens_(std::clamp<int64_t>(shard_tokens, 1, kShardMaxTokens)) {
+      shard_tokens_(std::clamp<int64_t>(shard_tokens, 1, kShardMaxTokens)),
+      masked_(masked) {
   if (width_ != 2 && width_ != 4)
     throw Error(TSR_ERR_INVALID,
                 "token shard: width must be 2 or 4 bytes, got " + std::to_string(width_));
@@ -79,7 +81,12 @@ void ShardWriter::flush_buffer() {
 
 void ShardWriter::close_current() {
   flush_buffer();
-  const auto header = formats::token_shard::header(width_, in_shard_);
+  if (masked_) {
+    if (std::fwrite(mask_.data(), 1, mask_.size(), file_) != mask_.size())
+      io_fail("cannot write token shard", tmp_path_, errno);
+    mask_.clear();
+  }
+  const auto header = formats::token_shard::header(width_, in_shard_, masked_);
   if (std::fseek(file_, 0, SEEK_SET) != 0 ||
       std::fwrite(header.data(), 1, sizeof header, file_) != sizeof header)
     io_fail("cannot write token shard header", tmp_path_, errno);
@@ -95,7 +102,7 @@ void ShardWriter::close_current() {
   files_.push_back(final_path_);
 }
 
-void ShardWriter::add(uint32_t token) {
+void ShardWriter::add(uint32_t token, bool trained) {
   if (width_ == 2 && token > 0xFFFF)
     throw Error(TSR_ERR_INVALID, "token shard '" + final_path_.string() + "': token " +
                                      std::to_string(token) + " does not fit in uint16");
@@ -104,9 +111,18 @@ void ShardWriter::add(uint32_t token) {
   std::memcpy(bytes, &token, 4);  // little-endian: the low bytes first
   buffer_.insert(buffer_.end(), bytes, bytes + width_);
   if (buffer_.size() >= (size_t{1} << 20)) flush_buffer();
+  if (masked_) mask_.push_back(trained ? 1 : 0);
+  trained_ += trained ? 1 : 0;
   ++in_shard_;
   ++total_;
   if (in_shard_ == shard_tokens_) close_current();
+}
+
+void ShardWriter::add(const std::vector<uint32_t> &tokens, const std::vector<uint8_t> &mask) {
+  if (mask.size() != tokens.size())
+    throw Error(TSR_ERR_INTERNAL, "token shard: " + std::to_string(tokens.size()) + " tokens but " +
+                                      std::to_string(mask.size()) + " mask entries");
+  for (size_t i = 0; i < tokens.size(); ++i) add(tokens[i], mask[i] != 0);
 }
 
 void ShardWriter::finish() {

@@ -22,22 +22,29 @@ int token_width_for_vocab(int64_t vocab);
 // PREFIX_000001.bin, ..., each holding at most `shard_tokens` tokens. A
 // shard is written under a temporary name and renamed when complete, so a
 // file with the final name is always whole. Throws tessera::Error naming the
-// file on any I/O failure.
+// file on any I/O failure. A `masked` writer writes tessera's masked form:
+// each token with a loss-mask byte (1: a trained target), the mask after the
+// shard's tokens.
 class ShardWriter {
  public:
-  ShardWriter(std::filesystem::path dir, std::string prefix, int width, int64_t shard_tokens);
+  ShardWriter(std::filesystem::path dir, std::string prefix, int width, int64_t shard_tokens,
+              bool masked = false);
   ~ShardWriter();
   ShardWriter(const ShardWriter &) = delete;
   ShardWriter &operator=(const ShardWriter &) = delete;
 
-  void add(uint32_t token);
+  void add(uint32_t token, bool trained = true);
   void add(const std::vector<uint32_t> &tokens) {
     for (uint32_t t : tokens) add(t);
   }
+  // `tokens` with their mask (same length; nonzero: trained).
+  void add(const std::vector<uint32_t> &tokens, const std::vector<uint8_t> &mask);
   // Completes the last shard. With no token written at all, writes no file.
   void finish();
 
   int64_t tokens() const { return total_; }
+  int64_t trained_tokens() const { return trained_; }
+  bool masked() const { return masked_; }
   const std::vector<std::filesystem::path> &files() const { return files_; }
 
  private:
@@ -51,8 +58,10 @@ class ShardWriter {
   int64_t shard_tokens_;
   std::FILE *file_ = nullptr;
   std::filesystem::path tmp_path_, final_path_;
-  int64_t in_shard_ = 0, total_ = 0;
+  bool masked_ = false;
+  int64_t in_shard_ = 0, total_ = 0, trained_ = 0;
   std::vector<unsigned char> buffer_;
+  std::vector<uint8_t> mask_;  // the current shard's, written at its end
   std::vector<std::filesystem::path> files_;
 };
 

@@ -41,6 +41,7 @@ Shard::Shard(std::string path) : path_(std::move(path)) {
     width_ = parsed.width;
     count_ = parsed.count;
     tokens_ = static_cast<const unsigned char *>(map_) + kHeaderBytes;
+    if (parsed.masked) mask_ = tokens_ + static_cast<size_t>(count_) * static_cast<size_t>(width_);
   } catch (...) {
     ::munmap(map_, map_bytes_);
     map_ = nullptr;
@@ -79,6 +80,14 @@ void Shard::copy(int64_t from, int64_t n, int32_t *out) const {
       out[k] = static_cast<int32_t>(v);
     }
   }
+}
+
+void Shard::copy_mask(int64_t from, int64_t n, uint8_t *out) const {
+  if (!mask_) {
+    std::memset(out, 1, static_cast<size_t>(n));
+    return;
+  }
+  std::memcpy(out, mask_ + from, static_cast<size_t>(n));
 }
 
 }  // namespace tessera::tokens

@@ -25,16 +25,23 @@ class Shard {
   const std::string &path() const { return path_; }
   int64_t count() const { return count_; }
   int width() const { return width_; }  // bytes per token: 2 or 4
+  // A masked shard (tessera's versions 1001/1007) carries a loss-mask byte
+  // per token, nonzero where the token is a trained target.
+  bool masked() const { return mask_ != nullptr; }
   // Token `i` (0 <= i < count()).
   uint32_t at(int64_t i) const;
   // Copies tokens [from, from + n) into `out` as int32.
   void copy(int64_t from, int64_t n, int32_t *out) const;
+  // Copies mask bytes [from, from + n) into `out`; a shard without a mask
+  // trains every token (all 1).
+  void copy_mask(int64_t from, int64_t n, uint8_t *out) const;
 
  private:
   std::string path_;
   void *map_ = nullptr;
   size_t map_bytes_ = 0;
   const unsigned char *tokens_ = nullptr;
+  const unsigned char *mask_ = nullptr;  // after the tokens, in a masked shard
   int64_t count_ = 0;
   int width_ = 2;
 };

@@ -6,7 +6,9 @@
 // count tokens holds floor((count - 1) / context) windows of context + 1
 // tokens, back to back without overlap; sample k is window k counting
 // through the shards in order. A window gives input = tokens[i, i + T) and
-// target = tokens[i + 1, i + T + 1), both int32 [T]. The sampler's shuffle
+// target = tokens[i + 1, i + T + 1), both int32 [T]; in a masked shard
+// (docs/data.md: chat and instruction data) a target whose mask byte is 0
+// is -100, which the loss ignores. The sampler's shuffle
 // is what makes the windows random. With `vocab` > 0 every token of a
 // window is checked to be below it as the window is read. `limit` keeps N
 // windows spread evenly over all of them.
@@ -33,8 +35,12 @@ namespace {
 // What `tessera plugins` says of it (the descriptor's summary).
 constexpr const char *kSummary =
     "Token shards in llm.c's format (1024-byte header; magic 20240520 version 1: uint16 "
-    "tokens; magic 20240801 version 7: uint32 tokens), memory-mapped: non-overlapping "
-    "windows of context + 1 tokens, int32 input [T] and next-token target [T].";
+    "tokens; magic 20240801 version 7: uint32 tokens; versions 1001/1007 with a loss mask), "
+    "memory-mapped: non-overlapping windows of context + 1 tokens, int32 input [T] and "
+    "next-token target [T] (-100 where the mask says the token is not trained).";
+
+// A target the loss ignores (ops.h: targets < 0), as Hugging Face writes it.
+constexpr int32_t kIgnoredTarget = -100;
 
 struct Dataset {
   static constexpr const char *kName = "tokens";  // for messages
@@ -219,6 +225,7 @@ void Dataset::read(const int64_t *indices, tsr_batch *out) const {
   auto *y = reinterpret_cast<int32_t *>(static_cast<char *>(out->targets.data) +
                                         out->targets.byte_offset);
   std::vector<int32_t> window(static_cast<size_t>(T + 1));
+  std::vector<uint8_t> mask(static_cast<size_t>(T + 1));
   for (int64_t i = 0; i < n; ++i) {
     const int64_t sample = indices[i];
     if (sample < 0 || sample >= length)
@@ -253,6 +260,11 @@ void Dataset::read(const int64_t *indices, tsr_batch *out) const {
     }
     std::memcpy(x + i * T, window.data(), static_cast<size_t>(T) * sizeof(int32_t));
     std::memcpy(y + i * T, window.data() + 1, static_cast<size_t>(T) * sizeof(int32_t));
+    if (shard.masked()) {
+      shard.copy_mask(start, T + 1, mask.data());
+      for (int64_t j = 0; j < T; ++j)
+        if (mask[static_cast<size_t>(j + 1)] == 0) y[i * T + j] = kIgnoredTarget;
+    }
   }
 }
 

@@ -5,6 +5,13 @@
 // exactly `count` tokens:
 //   magic 20240520, version 1: uint16 tokens (llm.c's GPT-2 shards)
 //   magic 20240801, version 7: uint32 tokens (llm.c's Llama-3 shards)
+// and tessera's masked forms, which add a loss mask after the tokens:
+// `count` bytes, one per token, 1 where the token is a trained target and 0
+// where it is context only (a prompt, a chat header; docs/data.md):
+//   magic 20240520, version 1001: uint16 tokens, then the mask
+//   magic 20240801, version 1007: uint32 tokens, then the mask
+// Versions far from llm.c's keep an llm.c reader from taking a masked shard
+// for a plain one (it refuses the version).
 #pragma once
 
 #include <array>
@@ -20,26 +27,30 @@ inline constexpr int32_t kMagicU16 = 20240520;
 inline constexpr int32_t kVersionU16 = 1;
 inline constexpr int32_t kMagicU32 = 20240801;
 inline constexpr int32_t kVersionU32 = 7;
+inline constexpr int32_t kVersionU16Masked = 1001;
+inline constexpr int32_t kVersionU32Masked = 1007;
 inline constexpr size_t kHeaderInts = 256;
 inline constexpr size_t kHeaderBytes = kHeaderInts * sizeof(int32_t);
 // The count is an int32 in the header.
 inline constexpr int64_t kMaxTokens = INT32_MAX;
 
 // The header of a shard of `count` tokens (<= kMaxTokens) of `width` bytes
-// (2 or 4).
-inline std::array<int32_t, kHeaderInts> header(int width, int64_t count) {
+// (2 or 4), with a loss mask after them when `masked`.
+inline std::array<int32_t, kHeaderInts> header(int width, int64_t count, bool masked = false) {
   std::array<int32_t, kHeaderInts> h{};
   h[0] = width == 2 ? kMagicU16 : kMagicU32;
-  h[1] = width == 2 ? kVersionU16 : kVersionU32;
+  h[1] = width == 2 ? (masked ? kVersionU16Masked : kVersionU16)
+                    : (masked ? kVersionU32Masked : kVersionU32);
   h[2] = static_cast<int32_t>(count);
   return h;
 }
 
 // What a shard's header says, checked against the file's size.
 struct Parsed {
-  int width = 0;      // bytes per token, 2 or 4
-  int64_t count = 0;  // tokens
-  std::string error;  // "" when valid; else what is wrong, to follow the file's name
+  int width = 0;        // bytes per token, 2 or 4
+  int64_t count = 0;    // tokens
+  bool masked = false;  // a loss mask of `count` bytes follows the tokens
+  std::string error;    // "" when valid; else what is wrong, to follow the file's name
 };
 
 // `head` holds the file's first bytes (at least 12; the caller has checked
@@ -54,26 +65,32 @@ inline Parsed parse(const void *head, uint64_t file_bytes) {
     return p;
   };
   if (magic == kMagicU16) {
-    if (version != kVersionU16)
+    if (version != kVersionU16 && version != kVersionU16Masked)
       return fail("has magic " + std::to_string(magic) + " (uint16 tokens) but version " +
-                  std::to_string(version) + ", expected " + std::to_string(kVersionU16));
+                  std::to_string(version) + ", expected " + std::to_string(kVersionU16) + " or " +
+                  std::to_string(kVersionU16Masked) + " (with a loss mask)");
     p.width = 2;
+    p.masked = version == kVersionU16Masked;
   } else if (magic == kMagicU32) {
-    if (version != kVersionU32)
+    if (version != kVersionU32 && version != kVersionU32Masked)
       return fail("has magic " + std::to_string(magic) + " (uint32 tokens) but version " +
-                  std::to_string(version) + ", expected " + std::to_string(kVersionU32));
+                  std::to_string(version) + ", expected " + std::to_string(kVersionU32) + " or " +
+                  std::to_string(kVersionU32Masked) + " (with a loss mask)");
     p.width = 4;
+    p.masked = version == kVersionU32Masked;
   } else {
     return fail("has magic " + std::to_string(magic) + ", expected " + std::to_string(kMagicU16) +
                 " (uint16 tokens) or " + std::to_string(kMagicU32) +
                 " (uint32 tokens): not a token shard");
   }
   if (count < 0) return fail("has a negative token count " + std::to_string(count));
-  const uint64_t expect = kHeaderBytes + static_cast<uint64_t>(count) * uint64_t(p.width);
+  const uint64_t per_token = uint64_t(p.width) + (p.masked ? 1 : 0);
+  const uint64_t expect = kHeaderBytes + static_cast<uint64_t>(count) * per_token;
   if (file_bytes < expect)
     return fail("is truncated: its header says " + std::to_string(count) + " tokens of " +
-                std::to_string(p.width) + " bytes (" + std::to_string(expect) +
-                " bytes with the header), the file has " + std::to_string(file_bytes) + " bytes");
+                std::to_string(p.width) + " bytes" + (p.masked ? " and their loss mask" : "") +
+                " (" + std::to_string(expect) + " bytes with the header), the file has " +
+                std::to_string(file_bytes) + " bytes");
   if (file_bytes > expect)
     return fail("has " + std::to_string(file_bytes - expect) + " bytes after the " +
                 std::to_string(count) + " tokens its header declares (" + std::to_string(expect) +
