@@ -12,14 +12,17 @@
 // 1e-4 relative, with both config.json forms (transformers 5's
 // rope_parameters, transformers 4's rope_theta/rope_scaling) and with TOML
 // keys alone. Also: init_from through the engine's loader (F64 tensors),
-// recompute, refusals naming key and file, and the export's names, shapes
+// recompute, freeze (frozen parameters get no gradient, the others still
+// Hugging Face's), refusals naming key and file, and the export's names, shapes
 // and dtypes against the golden model.safetensors.
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <tessera/cpp/formats/safetensors.hpp>
 #include <vector>
@@ -371,6 +374,65 @@ TEST_CASE("llama exports the golden layout: names, shapes, F32 values, config.js
     check_step(m2, g);
     std::error_code ec;
     fs::remove_all(out, ec);
+  }
+}
+
+TEST_CASE("llama freeze: frozen parameters get no gradient, the others Hugging Face's", "[llama]") {
+  const Golden g("llama3_L2_C64");
+  const std::string base = "hf_config = " + q(g.dir + "/config.json") + "\n";
+  auto starts = [](const std::string &n, const char *prefix) { return n.rfind(prefix, 0) == 0; };
+  struct Case {
+    const char *freeze;
+    std::function<bool(const std::string &)> frozen;  // which names it freezes
+  };
+  const Case cases[] = {
+      // A LoRA-style base: everything but layer 1's attention projections.
+      {R"(["model.embed_tokens.weight", "model.layers.0.*", "*layernorm*", "*mlp*", "model.norm.weight", "lm_head.weight"])",
+       [&](const std::string &n) { return !starts(n, "model.layers.1.self_attn."); }},
+      // Everything below layer 1: backward stops there.
+      {R"(["model.embed_tokens.*", "model.layers.0.*"])",
+       [&](const std::string &n) {
+         return starts(n, "model.embed_tokens.") || starts(n, "model.layers.0.");
+       }},
+      // Only the head trains.
+      {R"(["model.embed_tokens.weight", "model.layers.*"])",
+       [&](const std::string &n) { return !starts(n, "lm_head.") && n != "model.norm.weight"; }},
+      {R"(["*norm*"])", [](const std::string &n) { return n.find("norm") != std::string::npos; }},
+      {R"(["*"])", [](const std::string &) { return true; }},
+  };
+  for (const Case &c : cases) {
+    DYNAMIC_SECTION("freeze = " << c.freeze) {
+      Fixture f;
+      Model m(f, "llama");
+      REQUIRE(m.create(f.config("model", "llama", base + "freeze = " + c.freeze + "\n"),
+                       token_data(g.T, g.V), g.B) == TSR_OK);
+      State s(m);
+      g.load(s);
+      Batch batch = g.batch();
+      const tsr_forward_result r = train_step(m, s, batch);
+      CHECK(std::fabs(r.loss_sum / static_cast<double>(r.count) - g.loss()) <=
+            1e-6 * std::fabs(g.loss()));
+      CHECK(s.done == std::vector<uint32_t>{3, 2, 1, 0});
+      for (size_t i = 0; i < s.info.size(); ++i) {
+        const std::string name = s.info[i].name;
+        INFO(name);
+        const bool frozen = c.frozen(name);
+        CHECK(s.info[i].trainable == (frozen ? 0 : 1));
+        if (frozen) {
+          CHECK(s.grads_asked.count(static_cast<uint32_t>(i)) == 0);
+          CHECK(std::all_of(s.grad[i].begin(), s.grad[i].end(), [](float e) { return e == 0; }));
+        } else {
+          CHECK(rel_err(s.grad[i], g.ref.at("grad." + name).data) <= 1e-4);
+        }
+      }
+    }
+  }
+  SECTION("a pattern that matches nothing is an error naming it") {
+    Fixture f;
+    Model m(f, "llama");
+    CHECK(m.create(f.config("model", "llama", base + "freeze = [\"layers.0.*\"]\n"),
+                   token_data(g.T, g.V), g.B) == TSR_ERR_CONFIG);
+    CHECK_THAT(f.host.last_error(), Catch::Contains("'layers.0.*' matches no parameter"));
   }
 }
 

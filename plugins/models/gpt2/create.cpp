@@ -11,6 +11,7 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <tessera/cpp/name_pattern.hpp>
 #include <utility>
 #include <vector>
 
@@ -34,27 +35,6 @@ DLDataType compute_dtype(const tsr_run_info &run) {
   if (run.precision == TSR_PRECISION_BF16) return DLDataType{kDLBfloat, 16, 1};
   if (run.precision == TSR_PRECISION_FP16) return DLDataType{kDLFloat, 16, 1};
   return sdk::dtype_f32();
-}
-
-// '*' matches any run of characters (dots included), '?' any one.
-bool glob_match(const char *pat, const char *s) {
-  const char *star = nullptr, *resume = nullptr;
-  while (*s) {
-    if (*pat == '*') {
-      star = pat++;
-      resume = s;
-    } else if (*pat == '?' || *pat == *s) {
-      ++pat;
-      ++s;
-    } else if (star) {
-      pat = star + 1;
-      s = ++resume;
-    } else {
-      return false;
-    }
-  }
-  while (*pat == '*') ++pat;
-  return *pat == '\0';
 }
 
 // The host's ops table has the ops gpt2 computes with (ABI 1.1).
@@ -236,7 +216,7 @@ void apply_freeze(Gpt2 &m, const std::vector<std::string> &freeze) {
   for (const std::string &pat : freeze) {
     size_t hits = 0;
     for (tsr_param_info &p : m.infos)
-      if (glob_match(pat.c_str(), p.name)) {
+      if (sdk::name_matches(pat.c_str(), p.name)) {
         p.trainable = 0;
         ++hits;
       }

@@ -2,14 +2,17 @@
 // and/or a Hugging Face config.json, the dataset checked, the parameters
 // declared (Hugging Face names and shapes), init_from's tensors checked, and
 // the activation memory planned and allocated.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <map>
 #include <memory>
 #include <string>
+#include <tessera/cpp/name_pattern.hpp>
 #include <tessera/cpp/regular_file.hpp>
 #include <utility>
+#include <vector>
 
 #include "hf_config.hpp"
 #include "llama.hpp"
@@ -189,6 +192,28 @@ void declare_params(Llama &m) {
   if (!a.tie) m.lm_head = declare("lm_head.weight", {a.vocab, C}, gf, TSR_INIT_NORMAL);
 }
 
+// freeze: every pattern must name at least one parameter; then the lowest
+// backward stage (the parameter's group) that has a trainable parameter.
+void apply_freeze(Llama &m, const std::vector<std::string> &freeze) {
+  for (const std::string &pat : freeze) {
+    size_t hits = 0;
+    for (tsr_param_info &p : m.infos)
+      if (sdk::name_matches(pat.c_str(), p.name)) {
+        p.trainable = 0;
+        ++hits;
+      }
+    if (hits == 0)
+      throw Error(TSR_ERR_CONFIG, "llama: freeze pattern '" + pat +
+                                      "' matches no parameter (names are Hugging Face's, e.g. "
+                                      "'model.layers.0.self_attn.q_proj.weight'; * matches any "
+                                      "run)");
+  }
+  m.lowest_trainable_stage = static_cast<int64_t>(m.L()) + 2;
+  for (const tsr_param_info &p : m.infos)
+    if (p.trainable)
+      m.lowest_trainable_stage = std::min(m.lowest_trainable_stage, static_cast<int64_t>(p.group));
+}
+
 // init_from's weights: DIR/model.safetensors, else the shards of
 // DIR/model.safetensors.index.json (what save_pretrained writes for a large
 // model). Returns what the engine's loader is handed.
@@ -258,22 +283,24 @@ void check_data(Llama &m, const tsr_model_init &init) {
 }
 
 void log_summary(const Llama &m) {
-  double total = 0;
+  double total = 0, frozen = 0;
   for (const tsr_param_info &p : m.infos) {
     double n = 1;
     for (int32_t k = 0; k < p.ndim; ++k) n *= static_cast<double>(p.shape[k]);
     total += n;
+    if (!p.trainable) frozen += n;
   }
   const Arch &a = m.a;
   char buf[512];
   std::snprintf(buf, sizeof buf,
                 "llama: %s, %lld layers, width %lld, %lld/%lld heads of %lld, intermediate "
-                "%lld, vocab %lld (%s), rope %s theta %g, %.0f parameters, activations %.1f MiB%s",
+                "%lld, vocab %lld (%s), rope %s theta %g, %.0f parameters (%.0f frozen), "
+                "activations %.1f MiB%s",
                 a.architecture.c_str(), static_cast<long long>(a.layers),
                 static_cast<long long>(a.width), static_cast<long long>(a.heads),
                 static_cast<long long>(a.kv_heads), static_cast<long long>(a.head_dim),
                 static_cast<long long>(a.intermediate), static_cast<long long>(a.vocab),
-                a.tie ? "tied" : "untied", rope_type_name(a.rope.type), a.rope.theta, total,
+                a.tie ? "tied" : "untied", rope_type_name(a.rope.type), a.rope.theta, total, frozen,
                 static_cast<double>(m.act.bytes() + m.stats.bytes()) / (1024.0 * 1024.0),
                 m.recompute ? " (recompute)" : "");
   m.host->log(m.host->ctx, TSR_LOG_INFO, buf);
@@ -309,6 +336,7 @@ Llama *build(const tsr_host *host, const tsr_config *cfg, const tsr_model_init *
   check_arch(m->a);
   check_data(*m, *init);
   declare_params(*m);
+  apply_freeze(*m, c.get_string_array("freeze"));
   if (!init_from.empty()) {
     m->init_weights = weights_of(init_from);
     check_weights(*m, m->init_weights);

@@ -227,9 +227,13 @@ void Llama::attention_backward(tsr_step *step, uint32_t l, const Set &s, int64_t
   tsr_host_ctx *ctx = host->ctx;
   const auto W = [&](LayerParam p) { return param(step, P(l, p)); };
   const auto G = [&](LayerParam p) { return grad(step, P(l, p)); };
+  const auto trains = [&](LayerParam p) { return trainable(P(l, p)); };
   View dres_v = A(dres, {R, C}), dsm_v = A(dsm, {R, C}), o = A(s.o, {R, QD()});
-  DLTensor g = G(kO), w = W(kO);
-  check(ops->matmul(ctx, dres_v.get(), 1, o.get(), 0, &g, 1.0f, 1.0f));
+  DLTensor w = W(kO);
+  if (trains(kO)) {
+    DLTensor g = G(kO);
+    check(ops->matmul(ctx, dres_v.get(), 1, o.get(), 0, &g, 1.0f, 1.0f));
+  }
   View dout_v = A(dout, {R, QD()});
   check(ops->matmul(ctx, dres_v.get(), 0, &w, 0, dout_v.get(), 1.0f, 0.0f));
   View q4 = A(s.q, {B, T, Hq, D}), k4 = A(s.k, {B, T, Hk, D}), v4 = A(s.v, {B, T, Hk, D});
@@ -248,9 +252,11 @@ void Llama::attention_backward(tsr_step *step, uint32_t l, const Set &s, int64_t
     View rq = S(s.rstdq, {R * Hq}), rk = S(s.rstdk, {R * Hk});
     check(ops->fill(ctx, dqr.get(), 0.0f));
     check(ops->fill(ctx, dkr.get(), 0.0f));
-    DLTensor wq = W(kQNorm), wk = W(kKNorm), gq = G(kQNorm), gk = G(kKNorm);
-    check(ops->rmsnorm_backward(ctx, dq2.get(), qr.get(), &wq, rq.get(), dqr.get(), &gq));
-    check(ops->rmsnorm_backward(ctx, dk2.get(), kr.get(), &wk, rk.get(), dkr.get(), &gk));
+    DLTensor wq = W(kQNorm), wk = W(kKNorm);
+    View gq = norm_grad(step, P(l, kQNorm), D);
+    check(ops->rmsnorm_backward(ctx, dq2.get(), qr.get(), &wq, rq.get(), dqr.get(), gq.get()));
+    View gk = norm_grad(step, P(l, kKNorm), D);
+    check(ops->rmsnorm_backward(ctx, dk2.get(), kr.get(), &wk, rk.get(), dkr.get(), gk.get()));
     dqs = dqraw;
     dks = dkraw;
   }
@@ -260,17 +266,21 @@ void Llama::attention_backward(tsr_step *step, uint32_t l, const Set &s, int64_t
   for (int i = 0; i < 3; ++i) {
     const int64_t n = i == 0 ? QD() : KD();
     View dy = A(dsrc[i], {R, n});
-    if (has(l, proj[i][1])) {
+    if (has(l, proj[i][1]) && trains(proj[i][1])) {
       DLTensor gb = G(proj[i][1]);
       check(ops->bias_grad(ctx, dy.get(), &gb));
     }
-    DLTensor gw = G(proj[i][0]), pw = W(proj[i][0]);
-    check(ops->matmul(ctx, dy.get(), 1, h1.get(), 0, &gw, 1.0f, 1.0f));
+    if (trains(proj[i][0])) {
+      DLTensor gw = G(proj[i][0]);
+      check(ops->matmul(ctx, dy.get(), 1, h1.get(), 0, &gw, 1.0f, 1.0f));
+    }
+    DLTensor pw = W(proj[i][0]);
     check(ops->matmul(ctx, dy.get(), 0, &pw, 0, dsm_v.get(), 1.0f, i == 0 ? 0.0f : 1.0f));
   }
   View x = A(resid[l], {R, C}), rstd1 = S(s.rstd1, {R});
-  DLTensor wn = W(kInNorm), gn = G(kInNorm);
-  check(ops->rmsnorm_backward(ctx, dsm_v.get(), x.get(), &wn, rstd1.get(), dres_v.get(), &gn));
+  DLTensor wn = W(kInNorm);
+  View gn = norm_grad(step, P(l, kInNorm), C);
+  check(ops->rmsnorm_backward(ctx, dsm_v.get(), x.get(), &wn, rstd1.get(), dres_v.get(), gn.get()));
 }
 
 // Layer l's backward: dres holds d x_{l+1} on entry and d x_l on exit.
@@ -279,26 +289,30 @@ void Llama::layer_backward(tsr_step *step, uint32_t l, const Set &s, int64_t B, 
   tsr_host_ctx *ctx = host->ctx;
   const auto W = [&](LayerParam p) { return param(step, P(l, p)); };
   const auto G = [&](LayerParam p) { return grad(step, P(l, p)); };
+  const auto trains = [&](LayerParam p) { return trainable(P(l, p)); };
   View dres_v = A(dres, {R, C}), dsm_v = A(dsm, {R, C});
   View gate = A(s.gate, {R, F}), up = A(s.up, {R, F}), act_v = A(s.act, {R, F});
   View h2 = A(s.h2, {R, C}), r = A(s.r, {R, C}), rstd2 = S(s.rstd2, {R});
   View dact_v = A(dact, {R, F}), dgate_v = A(dgate, {R, F}), dup_v = A(dup, {R, F});
   // x_{l+1} = r + down(swiglu(gate(h2), up(h2))), h2 = rmsnorm(r).
-  DLTensor g = G(kDown), w = W(kDown);
-  check(ops->matmul(ctx, dres_v.get(), 1, act_v.get(), 0, &g, 1.0f, 1.0f));
+  const auto weight_grad = [&](LayerParam p, View &dy, View &x) {
+    if (!trains(p)) return;
+    DLTensor g = G(p);
+    check(ops->matmul(ctx, dy.get(), 1, x.get(), 0, &g, 1.0f, 1.0f));
+  };
+  weight_grad(kDown, dres_v, act_v);
+  DLTensor w = W(kDown);
   check(ops->matmul(ctx, dres_v.get(), 0, &w, 0, dact_v.get(), 1.0f, 0.0f));
   check(ops->swiglu_backward(ctx, gate.get(), up.get(), dact_v.get(), dgate_v.get(), dup_v.get()));
-  g = G(kGate);
-  check(ops->matmul(ctx, dgate_v.get(), 1, h2.get(), 0, &g, 1.0f, 1.0f));
-  g = G(kUp);
-  check(ops->matmul(ctx, dup_v.get(), 1, h2.get(), 0, &g, 1.0f, 1.0f));
+  weight_grad(kGate, dgate_v, h2);
+  weight_grad(kUp, dup_v, h2);
   w = W(kGate);
   check(ops->matmul(ctx, dgate_v.get(), 0, &w, 0, dsm_v.get(), 1.0f, 0.0f));
   w = W(kUp);
   check(ops->matmul(ctx, dup_v.get(), 0, &w, 0, dsm_v.get(), 1.0f, 1.0f));
   w = W(kPostNorm);
-  g = G(kPostNorm);
-  check(ops->rmsnorm_backward(ctx, dsm_v.get(), r.get(), &w, rstd2.get(), dres_v.get(), &g));
+  View g = norm_grad(step, P(l, kPostNorm), C);
+  check(ops->rmsnorm_backward(ctx, dsm_v.get(), r.get(), &w, rstd2.get(), dres_v.get(), g.get()));
   attention_backward(step, l, s, B, T);
 }
 
@@ -308,13 +322,19 @@ void Llama::head_backward(tsr_step *step, int64_t B, int64_t T, float loss_scale
   tsr_host_ctx *ctx = host->ctx;
   View z = A(logits, {R, a.vocab}), y = A(hf, {R, C}), dsm_v = A(dsm, {R, C});
   const uint32_t hi = a.tie ? embed : lm_head;
-  DLTensor w = param(step, hi), g = grad(step, hi);
-  check(ops->matmul(ctx, z.get(), 1, y.get(), 0, &g, loss_scale, 1.0f));
+  if (trainable(hi)) {
+    DLTensor g = grad(step, hi);
+    check(ops->matmul(ctx, z.get(), 1, y.get(), 0, &g, loss_scale, 1.0f));
+  }
+  // Only the LM head trains: nothing below needs the gradient of its input.
+  if (lowest_trainable_stage > L() && !trainable(final_norm)) return;
+  DLTensor w = param(step, hi);
   check(ops->matmul(ctx, z.get(), 0, &w, 0, dsm_v.get(), loss_scale, 0.0f));
   View dres_v = A(dres, {R, C}), xL = A(resid[L()], {R, C}), rs = S(rstdf, {R});
   check(ops->fill(ctx, dres_v.get(), 0.0f));
-  DLTensor nw = param(step, final_norm), ng = grad(step, final_norm);
-  check(ops->rmsnorm_backward(ctx, dsm_v.get(), xL.get(), &nw, rs.get(), dres_v.get(), &ng));
+  DLTensor nw = param(step, final_norm);
+  View ng = norm_grad(step, final_norm, C);
+  check(ops->rmsnorm_backward(ctx, dsm_v.get(), xL.get(), &nw, rs.get(), dres_v.get(), ng.get()));
 }
 
 void Llama::backward(tsr_step *step, const tsr_batch *batch, float loss_scale) {
@@ -328,17 +348,17 @@ void Llama::backward(tsr_step *step, const tsr_batch *batch, float loss_scale) {
                                      std::to_string(T) + " tokens, the forward before it had " +
                                      std::to_string(ready_n) + " x " + std::to_string(ready_T));
   ready = false;  // the logits hold the loss gradient: one backward per forward
-  if (B > 0) head_backward(step, B, T, loss_scale);
+  if (B > 0 && runs(L() + 1)) head_backward(step, B, T, loss_scale);
   check(host->grads_done(step, L() + 1));
   for (uint32_t l = L(); l-- > 0;) {
-    if (B > 0) {
+    if (B > 0 && runs(l + 1)) {
       const Set &s = sets[recompute ? 0 : l];
       if (recompute) layer_forward(step, l, s, B, T, false);
       layer_backward(step, l, s, B, T);
     }
     check(host->grads_done(step, l + 1));
   }
-  if (B > 0) {
+  if (B > 0 && runs(0) && trainable(embed)) {
     View ids(batch->inputs, {B * T}), dres_v = A(dres, {B * T, a.width});
     DLTensor g = grad(step, embed);
     check(ops->embedding_backward(host->ctx, ids.get(), dres_v.get(), &g));

@@ -167,6 +167,9 @@ struct Llama {
 
   bool ready = false;
   int64_t ready_n = 0, ready_T = 0;
+  // `freeze`: the lowest group (backward stage) holding a trainable
+  // parameter; below it backward computes nothing. L + 2 when all is frozen.
+  int64_t lowest_trainable_stage = 0;
 
   uint32_t L() const { return static_cast<uint32_t>(a.layers); }
   int64_t C() const { return a.width; }
@@ -174,6 +177,10 @@ struct Llama {
   int64_t KD() const { return a.kv_heads * a.head_dim; }
   uint32_t P(uint32_t l, LayerParam p) const { return layer[l][p]; }
   bool has(uint32_t l, LayerParam p) const { return layer[l][p] != kAbsent; }
+  bool trainable(uint32_t i) const { return infos[i].trainable != 0; }
+  // Whether backward runs stage `stage` (0 embedding, l + 1 layer l, L + 1
+  // the head): some parameter at or below it trains.
+  bool runs(int64_t stage) const { return stage >= lowest_trainable_stage; }
 
   // ---- memory (memory.cpp) ----
   void plan_memory();
@@ -189,6 +196,9 @@ struct Llama {
   DLTensor view_of(tsr_step *step, uint32_t index, bool grad) const;
   DLTensor param(tsr_step *step, uint32_t index) const { return view_of(step, index, false); }
   DLTensor grad(tsr_step *step, uint32_t index) const { return view_of(step, index, true); }
+  // A norm weight's gradient [n], or for a frozen one a zeroed scratch
+  // (rmsnorm_backward always writes the weight's gradient).
+  View norm_grad(tsr_step *step, uint32_t index, int64_t n) const;
   void params_done(tsr_step *step, uint32_t group) const {
     if (TSR_HAS_FIELD(host, tsr_host, params_done) && host->params_done)
       check(host->params_done(step, group));

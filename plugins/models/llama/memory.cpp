@@ -1,6 +1,7 @@
 // The llama model's memory: the activation plan (offsets into allocations
 // made once at create), their allocation in the compute dtype, the
 // positions buffer, and the host's views of parameters and gradients.
+#include <algorithm>
 #include <string>
 
 #include "llama.hpp"
@@ -53,7 +54,7 @@ void Llama::plan_memory() {
   dgate = take(x, R * F);
   dup = take(x, R * F);
   dact = take(x, R * F);
-  discard = take(x, C);
+  discard = take(x, std::max(C, static_cast<size_t>(a.head_dim)));  // frozen norms' gradient
   rstdf = take(s, R);
   act_elems = x;
   stats_elems = s;
@@ -99,6 +100,13 @@ View Llama::positions(int64_t B, int64_t T) {
   pos_B = B;
   pos_T = T;
   return v;
+}
+
+View Llama::norm_grad(tsr_step *step, uint32_t index, int64_t n) const {
+  if (trainable(index)) return View(grad(step, index), {n});
+  View scratch = A(discard, {n});
+  check(ops->fill(host->ctx, scratch.get(), 0.0f));
+  return scratch;
 }
 
 DLTensor Llama::view_of(tsr_step *step, uint32_t index, bool grad) const {

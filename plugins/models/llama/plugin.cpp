@@ -51,6 +51,10 @@ const tsr_param_decl kParams[] = {
     sdk::param("init_from", TSR_PARAM_STRING, "\"\"",
                "A Hugging Face model directory (config.json + model.safetensors): the "
                "architecture and the initial weights"),
+    sdk::param("freeze", TSR_PARAM_STRING_ARRAY, "[]",
+               "Parameter name patterns (* matches any run, ? one character) to freeze: no "
+               "gradient, no optimizer state; e.g. [\"model.embed_tokens.weight\", "
+               "\"model.layers.0.*\"]"),
     sdk::param("recompute", TSR_PARAM_BOOL, "false",
                "Keep only each layer's input and recompute its activations in backward"),
     sdk::param_min("init_std", TSR_PARAM_FLOAT, "0",
