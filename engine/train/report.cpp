@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "train/monitor.hpp"
+#include "train/run_lock.hpp"
 #include "util/error.hpp"
 
 namespace tessera {
@@ -230,6 +231,9 @@ std::string write_failed_summary(const std::string &run_dir, const std::string &
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_directory(run_dir, ec)) return "";
+  // A run.dir another job holds is that job's: a job refused by its lock
+  // (or failing beside it) writes nothing there, not even its failure.
+  if (run_dir_held_by_another(run_dir)) return "";
   const std::string path = run_dir + "/summary.json";
   nlohmann::json s = nlohmann::json::object();
   {

@@ -92,6 +92,15 @@ RunLock::RunLock(const std::vector<std::string> &dirs, const std::vector<std::st
   }
 }
 
+bool run_dir_held_by_another(const std::string &dir) {
+  const std::string file = (fs::path(dir) / ".tessera.lock").string();
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return false;  // never locked
+  const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  ::close(fd);  // drops the shared lock, if taken
+  return held;
+}
+
 RunLock::~RunLock() {
   for (int fd : fds_) ::close(fd);
 }

@@ -29,4 +29,9 @@ class RunLock {
   std::vector<int> fds_;
 };
 
+// True when another process holds `dir`'s lock now (a job running there).
+// A process that holds it itself through a RunLock gets true as well
+// (flock locks belong to open files): ask after releasing it.
+bool run_dir_held_by_another(const std::string &dir);
+
 }  // namespace tessera
