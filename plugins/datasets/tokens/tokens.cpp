@@ -107,7 +107,8 @@ std::unique_ptr<Dataset> build(const tsr_host *host, const tsr_config *cfg, cons
   int64_t tokens = 0, windows = 0;
   int widths = 0;  // bit 2 and/or 4
   for (const auto &path : expand(patterns, ds->section)) {
-    auto shard = std::make_unique<Shard>(path);
+    auto shard = std::make_unique<Shard>(
+        path, host->run ? "rank " + std::to_string(host->run->rank) : std::string());
     ds->first_window.push_back(windows);
     const int64_t n = shard->count();
     if (n > ds->context) windows += (n - 1) / ds->context;
