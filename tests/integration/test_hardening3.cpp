@@ -181,7 +181,7 @@ TEST_CASE("a job refused by the run.dir lock writes nothing into the other job's
   a.wait();
 }
 
-TEST_CASE("a frozen rank ends the job soon after its heartbeat; a killed rank reads properly",
+TEST_CASE("a frozen rank ends the job soon after its heartbeat, a killed rank reads properly",
           "[run][distributed]") {
   Setup s = setup("\n[comm]\nheartbeat_timeout_s = 3\n", "frozen3");
   const std::vector<std::string> cmd = {
