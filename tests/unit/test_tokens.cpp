@@ -496,28 +496,32 @@ namespace unit_test_tokens {
 TEST_CASE("a token shard truncated or replaced under a reader: an error, never SIGBUS",
           "[tokens][security]") {
   TempDir dir;
+  // Two shards of 4000 tokens (9024 bytes each, three pages): a window past
+  // the first page of a shard cut to 1026 bytes was a SIGBUS through the
+  // mapping (one inside the first page read zeros, silently).
   std::vector<uint32_t> tokens;
-  for (uint32_t i = 0; i < 40; ++i) tokens.push_back(100 + i);
-  const auto files = write_shards(dir.path(), "t_train", tokens, 2, 20);
+  for (uint32_t i = 0; i < 8000; ++i) tokens.push_back(100 + i);
+  const auto files = write_shards(dir.path(), "t_train", tokens, 2, 4000);
   REQUIRE(files.size() == 2);
   Fixture f;
   Dataset d(f, "files = ['" + dir.file("t_train_*.bin") + "']\ncontext = 3");
   REQUIRE(d.status == TSR_OK);
   Batch batch(1, 3);
-  REQUIRE(read(d, {8}, batch) == TSR_OK);  // window 2 of the second shard
-  CHECK(batch.input(0) == slice(tokens, 26, 3));
+  REQUIRE(read(d, {1335}, batch) == TSR_OK);  // window 2 of the second shard
+  CHECK(batch.input(0) == slice(tokens, 4006, 3));
   // Replaced by a rename: the open shard is the old file, read whole.
   const fs::path other = dir.path() / "new.bin";
   write_bytes(other, shard_bytes(20240520, 1, 20, std::vector<uint32_t>(20, 7), 2));
   fs::rename(other, files[1]);
-  REQUIRE(read(d, {8}, batch) == TSR_OK);
-  CHECK(batch.input(0) == slice(tokens, 26, 3));
-  // The first shard cut to its header and a token while open.
+  REQUIRE(read(d, {1335}, batch) == TSR_OK);
+  CHECK(batch.input(0) == slice(tokens, 4006, 3));
+  // The first shard cut to its header and a token while open; window 1000
+  // starts at token 3000, byte 7024.
   REQUIRE(::truncate(files[0].c_str(), 1024 + 2) == 0);
-  CHECK(read(d, {3}, batch) == TSR_ERR_IO);
+  CHECK(read(d, {1000}, batch) == TSR_ERR_IO);
   const std::string err = f.host.last_error();
   CHECK_THAT(err, Catch::Contains("shard '" + files[0].string() + "' (rank 0)") &&
-                      Catch::Contains("1064 bytes when opened, 1026 bytes now") &&
+                      Catch::Contains("9024 bytes when opened, 1026 bytes now") &&
                       Catch::Contains("truncated or rewritten in place"));
 }
 
