@@ -69,11 +69,12 @@ RunLock::RunLock(const std::vector<std::string> &dirs, const std::vector<std::st
         const std::string holder = read_holder(fd);
         ::close(fd);
         if (e == EWOULDBLOCK)
-          throw Error(TSR_ERR_CONFIG,
-                      role + " '" + dir + "' is in use by another tessera job (" + holder +
-                          "): two jobs in one directory mix their checkpoints and metrics. Wait "
-                          "for it to end, stop it, or give this run its own " +
-                          role);
+          throw RunDirInUse(
+              TSR_ERR_CONFIG,
+              role + " '" + dir + "' is in use by another tessera job (" + holder +
+                  "): two jobs in one directory mix their checkpoints and metrics. Wait "
+                  "for it to end, stop it, or give this run its own " +
+                  role);
         throw Error(TSR_ERR_IO,
                     role + " '" + dir + "': cannot lock " + file + ": " + std::strerror(e));
       }

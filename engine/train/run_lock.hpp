@@ -10,7 +10,16 @@
 #include <string>
 #include <vector>
 
+#include "util/error.hpp"
+
 namespace tessera {
+
+// The refusal of a directory another job holds: what a refused job must
+// not record in that directory (it is the other job's).
+class RunDirInUse : public Error {
+ public:
+  using Error::Error;
+};
 
 class RunLock {
  public:

@@ -135,7 +135,7 @@ TEST_CASE("a manifest edited to move tensors is refused with its checksum recomp
   }
 }
 
-TEST_CASE("a manifest of another version is refused; no refusal prints the checksum",
+TEST_CASE("a manifest of another version is refused, no refusal prints the checksum",
           "[checkpoint][security]") {
   TempDir dir("tessera_bind");
   const fs::path step = dir.path() / "step_00000001";
