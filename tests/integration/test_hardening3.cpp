@@ -287,8 +287,10 @@ TEST_CASE("plugin libraries that hang are probed side by side, once per launch",
   INFO(describe(r));
   CHECK(r.status == 0);
   // Three libraries of 10 s each, one after another, in the launcher and
-  // again in each worker: 60 s. Side by side and once: 10 s and the run.
-  CHECK(took < 30);
+  // again in each worker: 60 s (68 s measured). Side by side and once:
+  // 10 s and the run (12-14 s measured); side by side in every process
+  // would be 20 s and the run.
+  CHECK(took < 22);
   CHECK(contains(r.all(), "libtsr_test_ctor_hang_a.so: hung while loading"));
 }
 
