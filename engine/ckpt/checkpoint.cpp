@@ -307,7 +307,8 @@ namespace {
 // The owned masters and optimizer state, from the checkpoint into the
 // offload backend, every slot of each owned range.
 void load_state(const CheckpointParts &s, const nlohmann::json &m, const std::string &path,
-                const std::vector<std::string> &slots, const std::vector<tsr_owned_range> &ranges) {
+                const std::vector<std::string> &slots, const std::vector<tsr_owned_range> &ranges,
+                bool allow_nonfinite) {
   ShardReader reader(path, m);
   std::vector<float> buf;
   for (const auto &r : ranges) {
@@ -317,7 +318,9 @@ void load_state(const CheckpointParts &s, const nlohmann::json &m, const std::st
     buf.resize(n);
     for (uint32_t slot = 0; slot < slots.size(); ++slot) {
       reader.read(slots[slot], c0, n, buf.data());
-      if (slot == 0) require_finite_params(m, path, c0, buf.data(), n);  // the master weights
+      // Weights and optimizer state alike: a NaN moment turns the weights
+      // NaN at the first step, far from the file it came from.
+      if (!allow_nonfinite) require_finite_params(m, path, slots[slot], c0, buf.data(), n);
       plugin_ok(s.host,
                 s.offload.vt->write_state(s.offload.self, slot, r.owned_offset, n, buf.data()),
                 "offload", s.offload.name, "write_state from a checkpoint");
@@ -367,7 +370,8 @@ RunPosition position_of(const nlohmann::json &m) {
 
 }  // namespace
 
-RunPosition load_checkpoint(const CheckpointParts &s, const std::string &path) {
+RunPosition load_checkpoint(const CheckpointParts &s, const std::string &path,
+                            bool allow_nonfinite) {
   s.settle_update();  // no update may land over what is loaded
   nlohmann::json m = read_manifest(path);
   // The model must be the one saved: same parameters, same shapes.
@@ -391,7 +395,7 @@ RunPosition load_checkpoint(const CheckpointParts &s, const std::string &path) {
                     std::to_string(s.data_length) +
                     " samples of the training data: another dataset, or an edited manifest");
   const std::vector<tsr_owned_range> ranges = zero_owned_ranges(zero_calls(s));
-  load_state(s, m, path, slots, ranges);
+  load_state(s, m, path, slots, ranges, allow_nonfinite);
   compute_from_masters(s, ranges);
   return position_of(m);
 }

@@ -78,17 +78,21 @@ std::string resolve_checkpoint(const std::string &spec, const std::string &dir);
 
 // Loads the owned master weights and optimizer state into the offload
 // backend and the compute parameters from them; returns where training
-// stands. Every rank calls it.
-RunPosition load_checkpoint(const CheckpointParts &s, const std::string &path);
+// stands. Every rank calls it. A NaN or an infinity in the weights or the
+// optimizer state is refused naming the slot and parameter, unless
+// `allow_nonfinite` (checkpoint.allow_nonfinite).
+RunPosition load_checkpoint(const CheckpointParts &s, const std::string &path,
+                            bool allow_nonfinite = false);
 
 // Reads the full fp32 parameters (canonical order, every parameter) of a
 // checkpoint into `canonical`, verifying every block read.
 void read_canonical_params(const std::string &path, std::vector<float> *canonical,
                            nlohmann::json *manifest);
 
-// Verifies every file and tensor block of a checkpoint; returns problems
-// found (empty when sound).
-std::vector<std::string> verify_checkpoint(const std::string &path);
+// Verifies every file and tensor block of a checkpoint, each shard's header
+// against the manifest, and (unless `allow_nonfinite`) that every value of
+// every slot is a number; returns problems found (empty when sound).
+std::vector<std::string> verify_checkpoint(const std::string &path, bool allow_nonfinite = false);
 
 nlohmann::json read_manifest(const std::string &path);
 
@@ -99,9 +103,13 @@ std::string shape_text(const std::vector<int64_t> &shape);
 // ("fc0.weight: checkpoint [256, 784], model [128, 784]") and what to
 // check; "" when it fits.
 std::string params_mismatch(const nlohmann::json &table, const Layout &layout);
-// Throws Error naming the parameter (and `dir`) if canonical elements
-// [c0, c0 + n) of the weights, `values`, hold a NaN or an infinity.
-void require_finite_params(const nlohmann::json &manifest, const std::string &dir, size_t c0,
-                           const float *values, size_t n);
+// Throws Error naming the parameter, its element and `slot` (and `dir`) if
+// canonical elements [c0, c0 + n) of that slot, `values`, hold a NaN or an
+// infinity; the message names checkpoint.allow_nonfinite.
+void require_finite_params(const nlohmann::json &manifest, const std::string &dir,
+                           const std::string &slot, size_t c0, const float *values, size_t n);
+// "parameter 'fc0.weight' element 17": where canonical element `canonical`
+// of a checked manifest lies.
+std::string param_element(const nlohmann::json &manifest, size_t canonical);
 
 }  // namespace tessera

@@ -52,22 +52,12 @@ bool pread_all(int fd, char *dst, size_t n, uint64_t offset) {
 
 }  // namespace
 
-ShardReader::ShardReader(std::string dir, const nlohmann::json &m) : dir_(std::move(dir)) {
+ShardReader::ShardReader(std::string dir, const nlohmann::json &m)
+    : dir_(std::move(dir)), pieces_(stored_tensors(m)) {
   for (const auto &f : m.at("files")) {
     File &file = files_[f.at("name").get<std::string>()];
     file.bytes = f.at("bytes").get<uint64_t>();
     file.crc = f.at("crc32").get<uint32_t>();
-    for (const auto &t : f.at("tensors")) {
-      Piece p;
-      p.file = f.at("name").get<std::string>();
-      p.name = t.at("name").get<std::string>();
-      p.slot = t.at("slot").get<std::string>();
-      p.start = t.at("start").get<size_t>();
-      p.count = t.at("count").get<size_t>();
-      p.offset = t.at("offset").get<size_t>();
-      p.blocks = t.at("block_crc32").get<std::vector<uint32_t>>();
-      pieces_.push_back(std::move(p));
-    }
   }
   std::sort(pieces_.begin(), pieces_.end(), [](const Piece &a, const Piece &b) {
     return a.slot != b.slot ? a.slot < b.slot : a.start < b.start;
@@ -120,6 +110,12 @@ int ShardReader::open(const std::string &name) {
                                      ": fails its file checksum: its header, or the manifest's "
                                      "block checksums for it, changed since it was written" +
                                      refuse);
+  // The manifest's tensors must be where the file's own header puts them
+  // (and named for the slot and elements the manifest gives them).
+  if (std::string why = shard_header_mismatch(prefix, f.bytes, mine); !why.empty())
+    throw Error(
+        TSR_ERR_INVALID,
+        path + ": " + why + ": the manifest does not describe this shard (edited?)" + refuse);
   f.fd = in.release();
   return f.fd;
 }
@@ -161,20 +157,30 @@ void ShardReader::read(const std::string &slot, size_t c0, size_t n, float *dst)
                                      "' elements needed at canonical offset " + std::to_string(c0));
 }
 
-void require_finite_params(const nlohmann::json &m, const std::string &dir, size_t c0,
-                           const float *values, size_t n) {
+std::string param_element(const nlohmann::json &m, size_t canonical) {
   size_t at = 0;  // canonical start of each parameter
   for (const auto &p : m.at("params")) {
     size_t count = 1;
     for (const auto &d : p.at("shape")) count *= d.get<size_t>();
-    const size_t b = std::max(at, c0), e = std::min(at + count, c0 + n);
-    if (b < e)
-      require_finite(values + (b - c0), e - b,
-                     dir + ": parameter '" + p.at("name").get<std::string>() + "' (from element " +
-                         std::to_string(b - at) + ")");
+    if (canonical < at + count)
+      return "parameter '" + p.at("name").get<std::string>() + "' element " +
+             std::to_string(canonical - at);
     at += count;
-    if (at >= c0 + n) break;
   }
+  return "element " + std::to_string(canonical) + " (past the parameters)";
+}
+
+void require_finite_params(const nlohmann::json &m, const std::string &dir, const std::string &slot,
+                           size_t c0, const float *values, size_t n) {
+  const size_t bad = first_nonfinite(values, n);
+  if (bad == n) return;
+  const std::string what = slot == "master" ? "the weights" : "optimizer state '" + slot + "'";
+  throw Error(TSR_ERR_INVALID,
+              dir + ": " + what + " at " + param_element(m, c0 + bad) + " is " +
+                  nonfinite_name(values[bad]) +
+                  "; refusing to load a checkpoint whose values are not numbers (a diverged "
+                  "run's save, or a damaged or edited file); to resume from it deliberately, set "
+                  "checkpoint.allow_nonfinite = true");
 }
 
 nlohmann::json read_manifest(const std::string &path) {
@@ -244,11 +250,88 @@ void read_canonical_params(const std::string &path, std::vector<float> *canonica
                                      " bytes, its files hold " + std::to_string(stored));
   canonical->assign(total, 0.f);
   ShardReader(path, m).read("master", 0, total, canonical->data());
-  require_finite_params(m, path, 0, canonical->data(), total);
+  require_finite_params(m, path, "master", 0, canonical->data(), total);
   if (manifest) *manifest = std::move(m);
 }
 
-std::vector<std::string> verify_checkpoint(const std::string &path) {
+namespace {
+
+// The whole file against its size and CRC-32, read up to the declared size
+// only. Adds what is wrong to `problems`.
+void verify_file(const RegularFile &in, const std::string &file, const nlohmann::json &f,
+                 std::vector<char> &buf, std::vector<std::string> &problems) {
+  const uint64_t declared = f.at("bytes").get<uint64_t>();
+  if (in.size != declared) {
+    problems.push_back(file + ": " + std::to_string(in.size) + " bytes, manifest says " +
+                       std::to_string(declared));
+    return;
+  }
+  uLong c = crc32(0L, Z_NULL, 0);
+  for (uint64_t off = 0; off < declared; off += kBlock) {
+    const size_t len = static_cast<size_t>(std::min<uint64_t>(kBlock, declared - off));
+    if (!pread_all(in.fd, buf.data(), len, off)) {
+      problems.push_back(file + ": short read (the file shrank while it was checked?)");
+      return;
+    }
+    c = crc32(c, reinterpret_cast<const Bytef *>(buf.data()), static_cast<uInt>(len));
+  }
+  if (static_cast<uint32_t>(c) != f.at("crc32").get<uint32_t>())
+    problems.push_back(file + ": file checksum mismatch");
+}
+
+// The file's own safetensors header against the manifest's tensors of it.
+void verify_header(const RegularFile &in, const std::string &file, uint64_t declared,
+                   const std::vector<const StoredTensor *> &mine,
+                   std::vector<std::string> &problems) {
+  uint64_t header = declared;
+  for (const StoredTensor *t : mine) header = std::min<uint64_t>(header, t->offset);
+  if (header > kMaxShardHeader || header > in.size) {
+    problems.push_back(file + ": its first tensor starts at byte " + std::to_string(header) +
+                       ", past any safetensors header");
+    return;
+  }
+  std::string prefix(static_cast<size_t>(header), '\0');
+  if (!pread_all(in.fd, prefix.data(), prefix.size(), 0)) {
+    problems.push_back(file + ": short read of its header");
+    return;
+  }
+  if (std::string why = shard_header_mismatch(prefix, declared, mine); !why.empty())
+    problems.push_back(file + ": " + why + ": the manifest does not describe this shard");
+}
+
+// Each tensor's blocks against their checksums and, unless allowed, its
+// values against NaN and infinity (named by slot and parameter).
+void verify_tensor(const RegularFile &in, const std::string &file, const StoredTensor &t,
+                   const nlohmann::json &m, bool allow_nonfinite, std::vector<char> &buf,
+                   std::vector<std::string> &problems) {
+  const uint64_t nbytes = uint64_t{t.count} * 4;
+  for (uint64_t k = 0; k * kBlock < nbytes; ++k) {
+    const uint64_t b = t.offset + k * kBlock;
+    const size_t len = static_cast<size_t>(std::min<uint64_t>(kBlock, nbytes - k * kBlock));
+    if (b > in.size || len > in.size - b || k >= t.blocks.size() ||
+        !pread_all(in.fd, buf.data(), len, b) || crc32_of(buf.data(), len) != t.blocks[k]) {
+      problems.push_back(file + ": tensor '" + t.name + "' block " + std::to_string(k) +
+                         " fails its checksum");
+      return;
+    }
+    if (allow_nonfinite) continue;
+    std::vector<float> values(len / 4);
+    std::memcpy(values.data(), buf.data(), values.size() * 4);
+    const size_t bad = first_nonfinite(values.data(), values.size());
+    if (bad < values.size()) {
+      const size_t at = t.start + static_cast<size_t>(k * kBlock / 4) + bad;
+      problems.push_back(file + ": tensor '" + t.name + "' (slot '" + t.slot + "', " +
+                         param_element(m, at) + ") is " + nonfinite_name(values[bad]) +
+                         " (a diverged run's save, or a damaged or edited file; "
+                         "--allow-nonfinite accepts it)");
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> verify_checkpoint(const std::string &path, bool allow_nonfinite) {
   std::vector<std::string> problems;
   nlohmann::json m;
   try {
@@ -256,9 +339,11 @@ std::vector<std::string> verify_checkpoint(const std::string &path) {
   } catch (const std::exception &e) {
     return {e.what()};
   }
+  const std::vector<StoredTensor> tensors = stored_tensors(m);
   std::vector<char> buf(kBlock);
   for (const auto &f : m.at("files")) {
-    const std::string file = (fs::path(path) / f.at("name").get<std::string>()).string();
+    const std::string name = f.at("name").get<std::string>();
+    const std::string file = (fs::path(path) / name).string();
     // The manifest's size bounds every read: a shard replaced by a FIFO or
     // a link to /dev/zero is refused by type, one that grew is read only up
     // to what was written.
@@ -269,39 +354,13 @@ std::vector<std::string> verify_checkpoint(const std::string &path) {
                                                       : ": cannot open: " + in.why));
       continue;
     }
-    const uint64_t declared = f.at("bytes").get<uint64_t>();
-    if (in.size != declared) {
-      problems.push_back(file + ": " + std::to_string(in.size) + " bytes, manifest says " +
-                         std::to_string(declared));
-    } else {
-      uLong c = crc32(0L, Z_NULL, 0);
-      bool whole = true;
-      for (uint64_t off = 0; off < declared && whole; off += kBlock) {
-        const size_t len = static_cast<size_t>(std::min<uint64_t>(kBlock, declared - off));
-        whole = pread_all(in.fd, buf.data(), len, off);
-        if (whole)
-          c = crc32(c, reinterpret_cast<const Bytef *>(buf.data()), static_cast<uInt>(len));
-      }
-      if (!whole)
-        problems.push_back(file + ": short read (the file shrank while it was checked?)");
-      else if (static_cast<uint32_t>(c) != f.at("crc32").get<uint32_t>())
-        problems.push_back(file + ": file checksum mismatch");
-    }
-    for (const auto &t : f.at("tensors")) {
-      const uint64_t off = t.at("offset").get<uint64_t>(),
-                     nbytes = t.at("count").get<uint64_t>() * 4;
-      const auto blocks = t.at("block_crc32").get<std::vector<uint32_t>>();
-      for (uint64_t k = 0; k * kBlock < nbytes; ++k) {
-        const uint64_t b = off + k * kBlock;
-        const size_t len = static_cast<size_t>(std::min<uint64_t>(kBlock, nbytes - k * kBlock));
-        if (b > in.size || len > in.size - b || k >= blocks.size() ||
-            !pread_all(in.fd, buf.data(), len, b) || crc32_of(buf.data(), len) != blocks[k]) {
-          problems.push_back(file + ": tensor '" + t.at("name").get<std::string>() + "' block " +
-                             std::to_string(k) + " fails its checksum");
-          break;
-        }
-      }
-    }
+    verify_file(in, file, f, buf, problems);
+    std::vector<const StoredTensor *> mine;
+    for (const auto &t : tensors)
+      if (t.file == name) mine.push_back(&t);
+    verify_header(in, file, f.at("bytes").get<uint64_t>(), mine, problems);
+    for (const StoredTensor *t : mine)
+      verify_tensor(in, file, *t, m, allow_nonfinite, buf, problems);
   }
   return problems;
 }

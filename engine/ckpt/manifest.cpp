@@ -250,23 +250,29 @@ nlohmann::json parse_manifest(const std::string &text, const std::string &where)
   } catch (const nlohmann::json::exception &e) {
     throw Error(TSR_ERR_INVALID, where + ": not valid JSON: " + e.what());
   }
-  if (!j.is_object() || !j["format"].is_string() || !j["version"].is_number_integer() ||
-      j["format"] != "tessera-checkpoint" || (j["version"] != 2 && j["version"] != 3))
+  if (!j.is_object() || !j["format"].is_string() || j["format"] != "tessera-checkpoint")
+    throw Error(TSR_ERR_INVALID, where + ": not a tessera checkpoint manifest");
+  // Only version 3, which carries its own checksum. Version 2 (from before
+  // manifests had one) is refused too: anyone could turn an edited version 3
+  // manifest into a "version 2" one by changing the number and dropping the
+  // checksum, and so skip the check.
+  if (!j["version"].is_number_integer() || j["version"] != 3)
     throw Error(TSR_ERR_INVALID,
-                where + ": not a tessera checkpoint manifest (format version 2 or 3)");
-  // Version 3 carries its own checksum; version 2 (older tessera) has none.
-  if (j["version"] == 3) {
-    if (!j.contains("checksum") || !j["checksum"].is_string())
-      throw Error(TSR_ERR_INVALID, where +
-                                       ": has no 'checksum' (a version 3 manifest carries "
-                                       "one; edited, or damaged)");
-    const std::string want = manifest_checksum(j);
-    if (j["checksum"].get<std::string>() != want)
-      throw Error(TSR_ERR_INVALID,
-                  where + ": fails its checksum (it says " + j["checksum"].get<std::string>() +
-                      ", its content is " + want +
-                      "): the manifest was edited or damaged; refusing the checkpoint");
-  }
+                where + ": manifest format version " +
+                    (j["version"].is_number_integer() ? j["version"].dump() : "(not an integer)") +
+                    " is not one this tessera reads (version 3; version 2, from before "
+                    "manifests carried a checksum, is no longer read): refusing the checkpoint");
+  if (!j.contains("checksum") || !j["checksum"].is_string())
+    throw Error(TSR_ERR_INVALID, where +
+                                     ": has no 'checksum' (a version 3 manifest carries "
+                                     "one; edited, or damaged)");
+  // The message names neither checksum: printing the content's would hand
+  // whoever edited the manifest the value that makes the edit pass.
+  if (j["checksum"].get<std::string>() != manifest_checksum(j))
+    throw Error(TSR_ERR_INVALID,
+                where +
+                    ": fails its checksum: the manifest was edited or damaged since it was "
+                    "written; refusing the checkpoint");
   check_manifest(j, where);
   return j;
 }

@@ -27,8 +27,8 @@ void check_manifest(const nlohmann::json &m, const std::string &where);
 std::string manifest_checksum(const nlohmann::json &m);
 
 // Parses manifest.json's text (`where` names it in messages): valid JSON,
-// format "tessera-checkpoint" version 3 with a matching checksum (or
-// version 2, from before manifests had one), then check_manifest.
+// format "tessera-checkpoint" version 3 with a matching checksum (any
+// other version is refused), then check_manifest.
 nlohmann::json parse_manifest(const std::string &text, const std::string &where);
 
 // The checksum block of checkpoint tensors, in bytes (1 MiB).

@@ -5,7 +5,11 @@
 // written (nothing appended, nothing cut), and the CRC-32 of its header
 // combined with the manifest's block checksums is the file's recorded
 // checksum, so a changed header byte or an edited block checksum is
-// refused on resume as `ckpt verify` refuses it.
+// refused on resume as `ckpt verify` refuses it; and the file's own
+// safetensors header must name each of the manifest's tensors at the
+// manifest's place (shard_header.cpp), so a manifest edited to move a
+// tensor (its start, slot or offset) is refused even with every checksum
+// recomputed.
 #pragma once
 
 #include <cstddef>
@@ -16,6 +20,27 @@
 #include <vector>
 
 namespace tessera {
+
+// One stored tensor, as the manifest lists it: a run of canonical elements
+// of one slot, at a byte offset of one file, with its block checksums.
+struct StoredTensor {
+  std::string file, name, slot;
+  size_t start = 0, count = 0, offset = 0;  // canonical start, elements, byte offset in file
+  std::vector<uint32_t> blocks;
+};
+
+// Every tensor of a checked manifest, in the manifest's order.
+std::vector<StoredTensor> stored_tensors(const nlohmann::json &manifest);
+
+// Why the shard's own header does not hold `tensors` (all of one file, in
+// any order) where the manifest puts them, or "" when it does. `prefix` is
+// the file's first bytes up to its data (the 8-byte length and the JSON),
+// `file_bytes` its size. The writer names each tensor "SLOT@START" (its
+// slot and first canonical element) with shape [count], dtype F32 and the
+// byte range the manifest gives; the header holds nothing else. Messages
+// name the tensor and never a checksum.
+std::string shard_header_mismatch(const std::string &prefix, uint64_t file_bytes,
+                                  const std::vector<const StoredTensor *> &tensors);
 
 class ShardReader {
  public:
@@ -29,12 +54,7 @@ class ShardReader {
   void read(const std::string &slot, size_t c0, size_t n, float *dst);
 
  private:
-  // One stored tensor: a run of canonical elements of one slot.
-  struct Piece {
-    std::string file, name, slot;
-    size_t start, count, offset;  // canonical start, elements, byte offset in file
-    std::vector<uint32_t> blocks;
-  };
+  using Piece = StoredTensor;
   struct File {
     uint64_t bytes = 0;
     uint32_t crc = 0;

@@ -24,7 +24,7 @@ namespace tessera::cli {
 namespace {
 
 const char *kCkptUsage = R"(usage: tessera ckpt inspect PATH
-       tessera ckpt verify PATH
+       tessera ckpt verify PATH [--allow-nonfinite]
        tessera ckpt export PATH -o OUT [--dtype fp32|bf16] [--format auto|hf|tessera]
                            [--plugin-path DIR]...
 
@@ -33,8 +33,11 @@ PATH is a checkpoint directory (step_NNNNNNNN) or a checkpoint root holding
 
 inspect  step, world size, ZeRO stage, optimizer, files, parameters and sizes,
          and whether every checksum holds
-verify   reads every file and tensor block against the manifest's checksums;
-         exits 1 naming each damaged file and tensor
+verify   reads every file and tensor block against the manifest's checksums,
+         each shard's own header against the manifest's places for its
+         tensors, and every value of the weights and optimizer state (NaN
+         or infinity is a problem unless --allow-nonfinite); exits 1 naming
+         each damaged file and tensor
 export   the master weights (fp32, or rounded to bf16), loadable without
          tessera. --format auto (default): a model whose plugin offers a
          Hugging Face export (built from the checkpoint's config to write it)
@@ -87,9 +90,9 @@ int inspect(const std::string &path) {
   return problems.empty() ? 0 : 1;
 }
 
-int verify(const std::string &path) {
+int verify(const std::string &path, bool allow_nonfinite) {
   std::string dir = resolve(path);
-  std::vector<std::string> problems = verify_checkpoint(dir);
+  std::vector<std::string> problems = verify_checkpoint(dir, allow_nonfinite);
   for (const auto &p : problems) std::fprintf(stderr, "tessera ckpt verify: %s\n", p.c_str());
   if (problems.empty())
     std::printf("%s: every file and tensor block matches its checksum\n", dir.c_str());
@@ -215,7 +218,7 @@ int ckpt_body(const Parsed &p) {
   if (p.positional.size() != 2) throw UsageError("tessera ckpt: expected a subcommand and a PATH");
   const std::string &sub = p.positional[0], &path = p.positional[1];
   if (sub == "inspect") return inspect(path);
-  if (sub == "verify") return verify(path);
+  if (sub == "verify") return verify(path, p.has("--allow-nonfinite"));
   if (sub == "export")
     return export_ckpt(path, p.get("-o", p.get("--output")), p.get("--dtype", "fp32"),
                        p.get("--format", "auto"), p.all("--plugin-path"));
@@ -231,6 +234,7 @@ int cmd_ckpt(const Args &args) {
                       {"--dtype", true, false},
                       {"--format", true, false},
                       {"--plugin-path", true, true},
+                      {"--allow-nonfinite", false, false},
                       {"--help", false, false},
                       {"-h", false, false}});
 }

@@ -282,11 +282,12 @@ int train_here(const Parsed &p) {
     const auto *err = dynamic_cast<const Error *>(&e);
     const bool lost_peer = err && err->code() == TSR_ERR_COMM;
     // Another launcher (torchrun, mpirun, Slurm) writes no summary: the
-    // rank that failed on its own does.
-    if (!lost_peer && !std::getenv("TESSERA_LAUNCHED"))
+    // rank that failed on its own does (rank 0 may hold the lock still, so
+    // it is not asked), unless the directory is another job's.
+    if (!lost_peer && !std::getenv("TESSERA_LAUNCHED") && !dynamic_cast<const RunDirInUse *>(&e))
       write_failed_summary(job.settings.dir, job.settings.name,
                            "rank " + std::to_string(proc.rank) + " failed: " + why,
-                           static_cast<int>(proc.rank), proc.world_size);
+                           static_cast<int>(proc.rank), proc.world_size, false);
     dist->post_abort(std::string(lost_peer ? "[comm] " : "") + why);
     return lost_peer ? kStoppedByPeerStatus : 1;
   }

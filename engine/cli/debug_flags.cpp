@@ -52,13 +52,11 @@ void export_debug_flags(const Parsed &p, int world) {
     }
   }
   if (p.has("--debug-wait")) {
-    std::string v = p.get("--debug-wait");
-    char *end = nullptr;
-    long long s = std::strtoll(v.c_str(), &end, 10);
-    if (v.empty() || *end != '\0' || s < 0)
-      throw UsageError("tessera run: --debug-wait '" + v +
-                       "' is not a number of seconds (0: wait until a debugger attaches)");
-    o.wait_s = s;
+    try {
+      o.wait_s = parse_debug_wait(p.get("--debug-wait"), "--debug-wait");
+    } catch (const Error &e) {
+      throw UsageError(std::string("tessera run: ") + e.what());
+    }
   }
   o.with = p.get("--debug-with");
   if (!o.with.empty() && o.with != "gdb")

@@ -365,10 +365,7 @@ void DistContext::watch() {
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
         continue;
       }
-      auto colon = why.find(':');
-      std::fprintf(stderr, "tessera: %s failed:%s; stopping rank %u\n",
-                   why.substr(0, colon).c_str(),
-                   colon == std::string::npos ? "" : why.substr(colon + 1).c_str(), opt_.rank);
+      std::fprintf(stderr, "%s\n", peer_stop_message(why, opt_.rank).c_str());
       std::fflush(stderr);
       ::_exit(kStoppedByPeerStatus);
     } catch (const std::exception &e) {

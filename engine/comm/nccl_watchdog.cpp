@@ -164,10 +164,7 @@ void NcclComm::monitor() {
       try {
         const std::string why = peer_abort(*watch_store_);
         if (!why.empty()) {
-          const auto colon = why.find(':');
-          std::fprintf(stderr, "tessera: %s failed:%s; stopping rank %u\n",
-                       why.substr(0, colon).c_str(),
-                       colon == std::string::npos ? "" : why.substr(colon + 1).c_str(), rank_);
+          std::fprintf(stderr, "%s\n", peer_stop_message(why, rank_).c_str());
           std::fflush(stderr);
           abort_comm();
           ::_exit(kStoppedByPeerStatus);

@@ -147,4 +147,17 @@ inline void post_abort_cause(StoreClient &c, const std::string &prefix, const st
   if (c.add(abort_key(prefix) + "/count", 1) == 1) c.set(abort_key(prefix), why);
 }
 
+// What rank `rank` prints as it stops for the abort cause `why`. A rank's
+// own cause reads "rank R: text" ("rank 1 failed: text; stopping rank 0");
+// the launcher posts a death in its own words ("rank 1 was killed by signal
+// SIGKILL (9)"), which is printed as it is.
+inline std::string peer_stop_message(const std::string &why, uint32_t rank) {
+  const size_t colon = why.find(':');
+  size_t digits = 5;  // past "rank "
+  while (digits < why.size() && why[digits] >= '0' && why[digits] <= '9') ++digits;
+  const bool own = why.rfind("rank ", 0) == 0 && digits > 5 && colon == digits;
+  return "tessera: " + (own ? why.substr(0, colon) + " failed:" + why.substr(colon + 1) : why) +
+         "; stopping rank " + std::to_string(rank);
+}
+
 }  // namespace tessera

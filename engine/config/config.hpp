@@ -6,6 +6,8 @@
 
 #include <toml++/toml.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -24,6 +26,12 @@ class ConfigError : public Error {
 // regular file of at most 64 MiB; a FIFO, a device or a directory is
 // refused without reading it (reading could block forever).
 std::string read_config_file(const std::string &path, const std::string &what);
+
+// Bounds on what a config may hold (docs/security.md): a config file (TOML,
+// DeepSpeed JSON, hostfile, env file) of at most 4 MiB, every string in it
+// (after --set) of at most 64 KiB.
+inline constexpr uint64_t kMaxConfigFileBytes = uint64_t{4} << 20;
+inline constexpr size_t kMaxConfigString = size_t{64} << 10;
 
 class Document {
  public:
@@ -81,6 +89,10 @@ class Document {
 
 // The node at a dotted path ("data.train.plugin"), or nullptr.
 const toml::node *find(const toml::table &root, const std::string &dotted_key);
+
+// Throws ConfigError naming the key and where it came from when a string
+// of `doc` is longer than kMaxConfigString.
+void check_string_sizes(const Document &doc);
 
 // The closest candidate to `key` by edit distance, or "" when none is close.
 std::string did_you_mean(const std::string &key, const std::vector<std::string> &candidates);

@@ -32,10 +32,43 @@ std::vector<std::string> split_dots(const std::string &key) {
 std::string read_config_file(const std::string &path, const std::string &what) {
   std::string text, why;
   bool refused = false;
-  if (!sdk::read_regular_file(path, &text, &why, uint64_t{64} << 20, &refused))
+  // A config, a DeepSpeed JSON, a hostfile or an env file of more than
+  // this is not one (the largest in configs/ is a few KiB).
+  const uint64_t max = kMaxConfigFileBytes;
+  if (!sdk::read_regular_file(path, &text, &why, max, &refused)) {
+    if (!refused && why.rfind("is ", 0) == 0)  // larger than `max`
+      throw ConfigError(path + ": the " + what + " " + why + " (a " + what + " holds at most " +
+                        std::to_string(max >> 20) + " MiB)");
     throw ConfigError(refused ? path + ": the " + what + " " + why
                               : path + ": cannot open " + what + ": " + why);
+  }
   return text;
+}
+
+namespace {
+
+// Every string under `node` (tables, arrays) against kMaxConfigString.
+void check_strings(const Document &doc, const toml::node &node, const std::string &key) {
+  if (const auto *s = node.as_string()) {
+    if (s->get().size() > kMaxConfigString)
+      throw ConfigError(doc.where(key, &node) + ": " + key + " is a string of " +
+                        std::to_string(s->get().size()) + " bytes; a config string holds at most " +
+                        std::to_string(kMaxConfigString) +
+                        " (a path, a name, a pattern): it would be copied into every run's "
+                        "config.toml and summary.json");
+  } else if (const auto *t = node.as_table()) {
+    for (const auto &[k, v] : *t)
+      check_strings(doc, v, key.empty() ? std::string(k.str()) : key + "." + std::string(k.str()));
+  } else if (const auto *a = node.as_array()) {
+    for (size_t i = 0; i < a->size(); ++i)
+      check_strings(doc, *a->get(i), key + "[" + std::to_string(i) + "]");
+  }
+}
+
+}  // namespace
+
+void check_string_sizes(const Document &doc) {
+  check_strings(doc, doc.root(), "");
 }
 
 Document Document::load(const std::string &path) {

@@ -102,15 +102,20 @@ const tsr_param_decl kCheckpoint[] = {
     param("resume", TSR_PARAM_STRING, "\"\"",
           "\"auto\": continue from the latest checkpoint in dir, if any; a path: from that "
           "checkpoint; empty: start fresh"),
+    param("allow_nonfinite", TSR_PARAM_BOOL, "false",
+          "resume from a checkpoint whose weights or optimizer state hold NaN or infinity "
+          "(refused by default, naming the value)"),
 };
 
 const tsr_param_decl kComm[] = {
-    param_min("timeout_s", TSR_PARAM_INT, "300",
-              "seconds a collective or the rendezvous may wait before the job fails", 1),
-    param_min("heartbeat_timeout_s", TSR_PARAM_INT, "30",
-              "seconds without a heartbeat (twice a second) after which a rank is named as "
-              "stopped (SIGSTOP, a hung host) and the job fails; 0: off",
-              0),
+    // Durations bounded by a week: a larger number is a typo, and seconds
+    // past 2^63 ns overflow the clocks they are added to.
+    param_range("timeout_s", TSR_PARAM_INT, "300",
+                "seconds a collective or the rendezvous may wait before the job fails", 1, 604800),
+    param_range("heartbeat_timeout_s", TSR_PARAM_INT, "20",
+                "seconds without a heartbeat (twice a second) after which a rank is named as "
+                "stopped (SIGSTOP, a hung host) and the job fails; 0: off",
+                0, 604800),
     param("interface", TSR_PARAM_STRING, "\"\"",
           "network interface Gloo binds to (also GLOO_SOCKET_IFNAME); empty: the route to the "
           "master"),
@@ -314,6 +319,7 @@ void read_checkpoint(EngineSections &c, Settings &s) {
   s.resume = c.str("checkpoint", "resume");
   s.ckpt_keep = c.i64("checkpoint", "keep");
   s.ckpt_final = c.all["checkpoint"]["final"].value_or(true);
+  s.ckpt_allow_nonfinite = c.all["checkpoint"]["allow_nonfinite"].value_or(false);
 }
 
 }  // namespace

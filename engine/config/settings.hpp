@@ -54,13 +54,14 @@ struct Settings {
   Fp16Settings fp16;
   // [comm]
   int64_t comm_timeout_s = 300;
-  int64_t comm_heartbeat_timeout_s = 30;  // 0: off
+  int64_t comm_heartbeat_timeout_s = 20;  // 0: off
   std::string comm_interface;
   bool comm_shm = true;  // CPU collectives through /dev/shm when every rank is on one host
   // [checkpoint]
   std::string ckpt_dir, resume;
   int64_t ckpt_every = 0, ckpt_keep = 0;
-  bool ckpt_final = true;  // checkpoint.final: save after the last step
+  bool ckpt_final = true;             // checkpoint.final: save after the last step
+  bool ckpt_allow_nonfinite = false;  // checkpoint.allow_nonfinite: resume from NaN/inf values
   // [log] (log_section.cpp)
   bool log_breakdown = false, log_plot = true;
   std::string log_trace;                    // resolved path; "" = no trace

@@ -3,6 +3,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -51,19 +52,29 @@ void add_debug_ranks(DebugOptions &o, const std::string &value) {
   }
 }
 
+int64_t parse_debug_wait(const std::string &text, const std::string &what) {
+  errno = 0;
+  char *end = nullptr;
+  const long long s = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || s < 0)
+    throw Error(TSR_ERR_CONFIG, what + " '" + text +
+                                    "' is not a number of seconds (0: wait until a debugger "
+                                    "attaches)");
+  if (errno == ERANGE || s > kMaxDebugWaitS)
+    throw Error(TSR_ERR_CONFIG, what + " '" + text + "' is more than " +
+                                    std::to_string(kMaxDebugWaitS) +
+                                    " seconds (a week), the longest a rank waits for its "
+                                    "debugger; 0 waits without a limit");
+  return s;
+}
+
 DebugOptions debug_options_from_env() {
   DebugOptions o;
   const char *ranks = std::getenv("TESSERA_DEBUG_RANKS");
   if (!ranks || !*ranks) return o;
   add_debug_ranks(o, ranks);
-  if (const char *w = std::getenv("TESSERA_DEBUG_WAIT"); w && *w) {
-    char *end = nullptr;
-    long long s = std::strtoll(w, &end, 10);
-    if (*end != '\0' || s < 0)
-      throw Error(TSR_ERR_CONFIG, std::string("TESSERA_DEBUG_WAIT='") + w +
-                                      "' is not a number of seconds (0: no limit)");
-    o.wait_s = s;
-  }
+  if (const char *w = std::getenv("TESSERA_DEBUG_WAIT"); w && *w)
+    o.wait_s = parse_debug_wait(w, "TESSERA_DEBUG_WAIT");
   if (const char *w = std::getenv("TESSERA_DEBUG_WITH")) o.with = w;
   if (!o.with.empty() && o.with != "gdb")
     throw Error(TSR_ERR_CONFIG, "TESSERA_DEBUG_WITH='" + o.with + "': only 'gdb' is known");

@@ -38,6 +38,15 @@ void add_debug_ranks(DebugOptions &o, const std::string &value);
 
 // Reads the TESSERA_DEBUG_* variables (inactive when unset).
 DebugOptions debug_options_from_env();
+
+// The longest a rank may wait for its debugger: a week. Beyond it the
+// number is a typo (99999999999999999999 read as 292 billion years).
+inline constexpr int64_t kMaxDebugWaitS = 7 * 24 * 3600;
+
+// `text` (from `what`: "--debug-wait", "TESSERA_DEBUG_WAIT") as seconds in
+// [0, kMaxDebugWaitS]; throws Error (TSR_ERR_CONFIG) naming `what` and the
+// bound otherwise.
+int64_t parse_debug_wait(const std::string &text, const std::string &what);
 // Sets them for this process and the workers it starts.
 void export_debug_options(const DebugOptions &o);
 

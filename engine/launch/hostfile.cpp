@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -24,6 +25,12 @@ std::string strip_comment(const std::string &line) {
 }
 
 constexpr long kMaxSlotsPerHost = 1024;
+// A job's size as a hostfile may state it (docs/multi-node.md): far beyond
+// any cluster a job spans (16384 hosts of 8 GPUs), and small enough that
+// the plan of every rank stays a few MiB. A 100,000-host file planned
+// 102,400,000 ranks (676 MB) before these bounds.
+constexpr size_t kMaxHosts = 16384;
+constexpr size_t kMaxRanks = 131072;
 
 // A non-negative decimal integer, or -1.
 long parse_count(const std::string &s) {
@@ -81,6 +88,8 @@ std::vector<std::pair<std::string, std::vector<int>>> parse_filter(const std::st
 std::vector<HostSlots> parse_hostfile(const std::string &path) {
   std::istringstream in(config::read_config_file(path, "hostfile"));
   std::vector<HostSlots> hosts;
+  std::map<std::string, int> seen;  // host -> its line
+  size_t ranks = 0;
   std::string raw;
   for (int line = 1; std::getline(in, raw); ++line) {
     const std::string text = strip_comment(raw);
@@ -100,10 +109,19 @@ std::vector<HostSlots> parse_hostfile(const std::string &path) {
     if (n > kMaxSlotsPerHost)
       throw ConfigError(where + "'" + slots + "': at most " + std::to_string(kMaxSlotsPerHost) +
                         " slots per host (one worker each)");
-    for (const auto &h : hosts)
-      if (h.host == host)
-        throw ConfigError(where + "host '" + host + "' is listed twice (first at line " +
-                          std::to_string(h.line) + ")");
+    if (const auto it = seen.find(host); it != seen.end())
+      throw ConfigError(where + "host '" + host + "' is listed twice (first at line " +
+                        std::to_string(it->second) + ")");
+    seen[host] = line;
+    if (hosts.size() == kMaxHosts)
+      throw ConfigError(where + "more than " + std::to_string(kMaxHosts) +
+                        " hosts: a hostfile lists at most " + std::to_string(kMaxHosts) +
+                        " hosts and " + std::to_string(kMaxRanks) + " slots in all");
+    ranks += static_cast<size_t>(n);
+    if (ranks > kMaxRanks)
+      throw ConfigError(where + "the hosts so far hold " + std::to_string(ranks) +
+                        " slots: a hostfile lists at most " + std::to_string(kMaxRanks) +
+                        " slots (ranks) in all");
     HostSlots h;
     h.host = host;
     h.line = line;

@@ -145,9 +145,28 @@ struct Supervision {
   int stdin_fd = -1;
 };
 
+// Whether `pid` is stopped (SIGSTOP, a debugger's stop): its state in
+// /proc/PID/stat, the letter after the command's closing parenthesis.
+bool process_stopped(pid_t pid) {
+  char buf[512];
+  const int fd = ::open(("/proc/" + std::to_string(pid) + "/stat").c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  if (n <= 0) return false;
+  const std::string stat(buf, static_cast<size_t>(n));
+  const size_t paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() &&
+         (stat[paren + 2] == 'T' || stat[paren + 2] == 't');
+}
+
+// A stopped worker cannot act on SIGTERM until it is continued: it gets
+// SIGKILL at once instead of holding the job for the 5 s that SIGTERM is
+// given (a frozen rank was named after its heartbeat timeout and then kept
+// the launcher 7 s more: issue 53).
 void stop_all(Supervision &sv, int sig) {
   for (auto &w : sv.workers)
-    if (!w.exited) ::kill(w.pid, sig);
+    if (!w.exited) ::kill(w.pid, sig == SIGTERM && process_stopped(w.pid) ? SIGKILL : sig);
 }
 
 // Moves to `phase` with `sig` sent to every worker, the next step due

@@ -5,21 +5,18 @@
 
 #include <dlfcn.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <tessera/tessera.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <boost/dll/shared_library.hpp>
-#include <chrono>
-#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
 #include "config/config.hpp"
+#include "plugin/probe.hpp"
 #include "util/error.hpp"
 
 namespace fs = std::filesystem;
@@ -77,62 +74,6 @@ std::string unsafe_plugin_location_real(const fs::path &p, const char *what) {
   if (st.st_uid != 0 && st.st_uid != ::geteuid())
     return std::string(what) + " is owned by another user (uid " + std::to_string(st.st_uid) + ")";
   return "";
-}
-
-// Loading a library runs its code (static initialisers, then the entry
-// function) before any check: done first in a child process, so that a
-// library that crashes, exits or hangs there is refused with its file
-// named instead of taking every run down, whether or not the run uses it.
-// "" when the child got through; the parent then loads it for real.
-std::string probe_in_child(const std::string &path) {
-  int ok[2];
-  if (::pipe2(ok, O_CLOEXEC) != 0) return "";  // no probe: load as before
-  std::fflush(nullptr);
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    ::close(ok[0]);
-    ::close(ok[1]);
-    return "";
-  }
-  if (pid == 0) {
-    // Quiet: the parent loads it again, and prints whatever it prints then.
-    const int null = ::open("/dev/null", O_WRONLY);
-    if (null >= 0) {
-      ::dup2(null, 1);
-      ::dup2(null, 2);
-    }
-    void *h = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (h) {
-      using EntryFn = const tsr_plugin_library *(*)();
-      if (auto entry = reinterpret_cast<EntryFn>(::dlsym(h, TSR_ENTRY_SYMBOL))) (void)entry();
-    }
-    // Got through (or dlopen refused it, which the parent reports).
-    (void)!::write(ok[1], "ok", 2);
-    ::_exit(0);
-  }
-  ::close(ok[1]);
-  char buf[2] = {};
-  pollfd pfd{ok[0], POLLIN, 0};
-  // A library's initialisers have 10 s: one that hangs is refused, not waited on.
-  const bool answered = ::poll(&pfd, 1, 10000) > 0 && ::read(ok[0], buf, 2) == 2;
-  ::close(ok[0]);
-  if (!answered) ::kill(pid, SIGKILL);
-  int st = 0;
-  while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-  }
-  if (answered && buf[0] == 'o') return "";
-  std::string how;
-  if (WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL && !answered)
-    how = "hung while loading (10 s in its static initialisers or " TSR_ENTRY_SYMBOL "())";
-  else if (WIFSIGNALED(st))
-    how = std::string("crashed while loading (signal ") + std::to_string(WTERMSIG(st)) + ", " +
-          (sigabbrev_np(WTERMSIG(st)) ? std::string("SIG") + sigabbrev_np(WTERMSIG(st)) : "?") +
-          ", in its static initialisers or " TSR_ENTRY_SYMBOL "())";
-  else
-    how = "exited with status " + std::to_string(WIFEXITED(st) ? WEXITSTATUS(st) : -1) +
-          " while loading (its static initialisers end the process)";
-  return path + ": " + how +
-         "; refusing it (tested in a child process; remove it from the plugin path or fix it)";
 }
 
 }  // namespace
@@ -239,12 +180,26 @@ std::vector<tsr_param_decl> param_decls(const tsr_plugin_descriptor *d, const st
 
 }  // namespace
 
-void Registry::load_file(const std::string &path) {
+namespace {
+
+// The library and the directory it is in, against unsafe_plugin_location.
+void check_location(const std::string &path) {
   for (const auto &[p, what] : {std::pair<std::string, const char *>{path, "plugin library"},
                                 {fs::path(path).parent_path().string(), "plugin directory"}})
     if (std::string why = unsafe_plugin_location(p.empty() ? "." : p, what); !why.empty())
       throw Error(TSR_ERR_INVALID, why);
-  if (std::string why = probe_in_child(path); !why.empty()) throw Error(TSR_ERR_INVALID, why);
+}
+
+}  // namespace
+
+void Registry::load_file(const std::string &path) {
+  check_location(path);
+  if (std::string why = probe_libraries({path}).at(0); !why.empty())
+    throw Error(TSR_ERR_INVALID, why);
+  load_probed(path);
+}
+
+void Registry::load_probed(const std::string &path) {
   boost::dll::shared_library lib;
   std::error_code ec;
   lib.load(path, ec, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
@@ -300,14 +255,20 @@ void Registry::load_file(const std::string &path) {
 
 void Registry::scan(const std::vector<std::string> &dirs) {
   std::vector<std::string> seen;
+  // Every library of every directory that may be loaded, probed side by
+  // side under one deadline (plugin/probe.hpp), then loaded in order.
+  std::vector<std::string> candidates;
+  const auto refuse = [this](const std::string &why, const std::string &file) {
+    refusals_.push_back(why);
+    refused_files_.push_back(file);
+  };
   for (const auto &dir : dirs) {
     std::error_code ec;
     const bool there = fs::is_directory(dir, ec);
     dirs_.push_back(there ? dir : dir + " (missing)");
     if (!there) continue;
     if (std::string why = unsafe_plugin_location(dir, "plugin directory"); !why.empty()) {
-      refusals_.push_back(why);
-      refused_files_.push_back(dir);
+      refuse(why, dir);
       continue;
     }
     std::vector<fs::path> files;
@@ -319,11 +280,20 @@ void Registry::scan(const std::vector<std::string> &dirs) {
       if (std::find(seen.begin(), seen.end(), canon) != seen.end()) continue;
       seen.push_back(canon);
       try {
-        load_file(f.string());
+        check_location(f.string());
+        candidates.push_back(f.string());
       } catch (const Error &e) {
-        refusals_.push_back(e.what());
-        refused_files_.push_back(f.string());
+        refuse(e.what(), f.string());
       }
+    }
+  }
+  const std::vector<std::string> verdicts = probe_libraries(candidates);
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    try {
+      if (!verdicts[i].empty()) throw Error(TSR_ERR_INVALID, verdicts[i]);
+      load_probed(candidates[i]);
+    } catch (const Error &e) {
+      refuse(e.what(), candidates[i]);
     }
   }
 }

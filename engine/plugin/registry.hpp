@@ -67,6 +67,9 @@ class Registry {
   std::unique_ptr<Libs> libs_;
   std::vector<PluginEntry> entries_;
   std::vector<std::string> refusals_;
+  // load_file after its location checks and probe.
+  void load_probed(const std::string &path);
+
   std::vector<std::string> dirs_;           // every directory scan() searched, for messages
   std::vector<std::string> refused_files_;  // the library of each scan refusal
 };

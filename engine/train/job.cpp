@@ -38,6 +38,7 @@ config::Document load_document(const JobOptions &opts) {
   // starts the section afresh whatever the order on the command line.
   for (const auto &u : opts.unsets) doc.unset(u);
   for (const auto &s : opts.sets) doc.apply_set(s);
+  config::check_string_sizes(doc);
   return doc;
 }
 

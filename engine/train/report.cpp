@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "train/monitor.hpp"
+#include "train/run_lock.hpp"
 #include "util/error.hpp"
 
 namespace tessera {
@@ -226,10 +227,14 @@ void Reporter::write_summary(const nlohmann::json &given) {
 }
 
 std::string write_failed_summary(const std::string &run_dir, const std::string &name,
-                                 const std::string &reason, int failed_rank, uint32_t world_size) {
+                                 const std::string &reason, int failed_rank, uint32_t world_size,
+                                 bool unless_held) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_directory(run_dir, ec)) return "";
+  // A run.dir another job holds is that job's: a job refused by its lock
+  // (or failing beside it) writes nothing there, not even its failure.
+  if (unless_held && run_dir_held_by_another(run_dir)) return "";
   const std::string path = run_dir + "/summary.json";
   nlohmann::json s = nlohmann::json::object();
   {

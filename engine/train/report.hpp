@@ -53,10 +53,13 @@ std::string format_duration(double seconds);
 // A failed run's summary.json (docs/observability.md): status "failed",
 // `reason` and the failing rank (-1: none named), over whatever summary the
 // run had written, so `tessera runs` shows it failed rather than running.
-// Nothing is written when `run_dir` does not exist (the run never started).
-// Returns the file written, or "".
+// Nothing is written when `run_dir` does not exist (the run never started)
+// or, with `unless_held`, while another process holds its lock (another
+// job's directory; a rank of a running job must pass false, its rank 0
+// holds the lock). Returns the file written, or "".
 std::string write_failed_summary(const std::string &run_dir, const std::string &name,
-                                 const std::string &reason, int failed_rank, uint32_t world_size);
+                                 const std::string &reason, int failed_rank, uint32_t world_size,
+                                 bool unless_held = true);
 
 // "1.2 ms/step: data 2% | fwd 31% | ..." from a breakdown object of
 // metrics.jsonl (parts in seconds over `steps` steps).

@@ -69,11 +69,12 @@ RunLock::RunLock(const std::vector<std::string> &dirs, const std::vector<std::st
         const std::string holder = read_holder(fd);
         ::close(fd);
         if (e == EWOULDBLOCK)
-          throw Error(TSR_ERR_CONFIG,
-                      role + " '" + dir + "' is in use by another tessera job (" + holder +
-                          "): two jobs in one directory mix their checkpoints and metrics. Wait "
-                          "for it to end, stop it, or give this run its own " +
-                          role);
+          throw RunDirInUse(
+              TSR_ERR_CONFIG,
+              role + " '" + dir + "' is in use by another tessera job (" + holder +
+                  "): two jobs in one directory mix their checkpoints and metrics. Wait "
+                  "for it to end, stop it, or give this run its own " +
+                  role);
         throw Error(TSR_ERR_IO,
                     role + " '" + dir + "': cannot lock " + file + ": " + std::strerror(e));
       }
@@ -90,6 +91,15 @@ RunLock::RunLock(const std::vector<std::string> &dirs, const std::vector<std::st
     fds_.clear();
     throw;
   }
+}
+
+bool run_dir_held_by_another(const std::string &dir) {
+  const std::string file = (fs::path(dir) / ".tessera.lock").string();
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return false;  // never locked
+  const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  ::close(fd);  // drops the shared lock, if taken
+  return held;
 }
 
 RunLock::~RunLock() {

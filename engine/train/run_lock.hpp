@@ -10,7 +10,16 @@
 #include <string>
 #include <vector>
 
+#include "util/error.hpp"
+
 namespace tessera {
+
+// The refusal of a directory another job holds: what a refused job must
+// not record in that directory (it is the other job's).
+class RunDirInUse : public Error {
+ public:
+  using Error::Error;
+};
 
 class RunLock {
  public:
@@ -28,5 +37,10 @@ class RunLock {
  private:
   std::vector<int> fds_;
 };
+
+// True when another process holds `dir`'s lock now (a job running there).
+// A process that holds it itself through a RunLock gets true as well
+// (flock locks belong to open files): ask after releasing it.
+bool run_dir_held_by_another(const std::string &dir);
 
 }  // namespace tessera

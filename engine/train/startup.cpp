@@ -113,7 +113,7 @@ TrainState start_state(Session &s, const EpochPlan &e) {
       std::printf("tessera: no checkpoint in %s yet; starting fresh\n", st.ckpt_dir.c_str());
     return ts;
   }
-  const RunPosition at = load_checkpoint(s.checkpoint_parts(), path);
+  const RunPosition at = load_checkpoint(s.checkpoint_parts(), path, st.ckpt_allow_nonfinite);
   ts.step = at.step;
   ts.epoch = at.epoch;
   ts.samples = at.samples;

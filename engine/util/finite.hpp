@@ -11,6 +11,17 @@
 
 namespace tessera {
 
+// The index of the first NaN or infinity of p[0, n), or n when there is none.
+inline size_t first_nonfinite(const float *p, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    if (!std::isfinite(p[i])) return i;
+  return n;
+}
+
+inline const char *nonfinite_name(float v) {
+  return std::isnan(v) ? "NaN" : "infinite";
+}
+
 // Throws Error naming `what` (the file and tensor) and the first element of
 // p[0, n) that is NaN or infinite.
 inline void require_finite(const float *p, size_t n, const std::string &what) {

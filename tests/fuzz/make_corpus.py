@@ -2,7 +2,8 @@
 """Writes the fuzz targets' seed corpus (tests/fuzz/corpus/<target>/) from
 the project's own files (configs/, tests/data/) and small well-formed
 examples of each format. Run from anywhere; it replaces the corpus."""
-import gzip, json, os, shutil, struct, sys
+import gzip
+import hashlib, json, os, shutil, struct, sys
 
 root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 out = os.path.join(root, "tests", "fuzz", "corpus")
@@ -86,10 +87,18 @@ def main():
                          piece("exp_avg_sq.1", "exp_avg_sq", 8, 8, 264)]},
         ],
     }
-    put("ckpt_manifest", "manifest.json", json.dumps(manifest, indent=1))
+    # Version 3 with its checksum as manifest_checksum computes it (SHA-256
+    # of the compact dump, keys sorted): the only version tessera reads, so
+    # the fuzzer starts past the checksum into check_manifest.
+    def signed(m):
+        m = dict(m, version=3)
+        m.pop("checksum", None)
+        body = json.dumps(m, sort_keys=True, separators=(",", ":"))
+        return dict(m, checksum="sha256:" + hashlib.sha256(body.encode()).hexdigest())
+    put("ckpt_manifest", "manifest.json", json.dumps(signed(manifest), indent=1))
     fp16 = dict(manifest, loss_scaler={"cur_scale": 65536.0, "good_steps": 3, "cur_hysteresis": 2,
                                        "skipped_steps": 1})
-    put("ckpt_manifest", "manifest_fp16.json", json.dumps(fp16))
+    put("ckpt_manifest", "manifest_fp16.json", json.dumps(signed(fp16)))
     # check_manifest alone: the same manifest (version 3, its checksum not
     # checked here), and edits it must refuse: one tensor's start shifted
     # into its neighbour (an overlap and a gap), and out-of-range counters.

@@ -163,7 +163,7 @@ TEST_CASE("one flipped byte in a shard is refused, naming the file and tensor", 
              Catch::Contains("rank_00001.safetensors") && Catch::Contains("fails its checksum"));
 }
 
-TEST_CASE("SIGTERM saves a checkpoint and exits 0; the run resumes to the same end",
+TEST_CASE("SIGTERM saves a checkpoint and exits 0, the run resumes to the same end",
           "[checkpoint]") {
   Setup ref = setup(kCkpt, "term_ref");
   // A longer run so the signal lands mid-training.

@@ -101,7 +101,7 @@ TEST_CASE("an edited manifest is refused by ckpt verify and by resume", "[checkp
   }
 }
 
-TEST_CASE("two jobs cannot share a run directory; a dead job's lock is taken over",
+TEST_CASE("two jobs cannot share a run directory, a dead job's lock is taken over",
           "[run][security]") {
   Setup s = setup("", "shared");
   Process a = start_cli(run_args(s, {"--set", "run.steps=100000"}), opts(120));

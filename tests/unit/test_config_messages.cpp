@@ -89,7 +89,7 @@ TEST_CASE("an unknown plugin names the directories searched", "[config][plugins]
                       Catch::Contains("--plugin-path DIR (or run.plugin_path"));
 }
 
-TEST_CASE("evaluation needs batch.micro only; training the batch rule", "[config][eval]") {
+TEST_CASE("evaluation needs batch.micro only, training the batch rule", "[config][eval]") {
   TempDir dir;
   // A run's config.toml from 2 ranks: global = micro x world = 16.
   const std::string text = edit(kBase, "micro = 8", "global = 16\nmicro = 8\naccumulation = 1");

@@ -225,7 +225,7 @@ TEST_CASE("layernorm_forward matches a double-precision reference", "[ops]") {
   }
 }
 
-TEST_CASE("layernorm_forward: a constant row normalizes to the bias; in place", "[ops]") {
+TEST_CASE("layernorm_forward: a constant row normalizes to the bias, in place", "[ops]") {
   F32 x({2, 4}, 3.0f), w({4}, 2.0f), b({4}), y({2, 4}), mean({2}), rstd({2});
   b.v = {1, 2, 3, 4};
   REQUIRE(ops().layernorm_forward(nullptr, x.dl(), w.dl(), b.dl(), 1e-5f, y.dl(), mean.dl(),

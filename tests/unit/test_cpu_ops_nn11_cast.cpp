@@ -298,7 +298,7 @@ TEST_CASE("cast float32 to 16 bits matches the reference on random bit patterns"
   }
 }
 
-TEST_CASE("cast: same dtype copies, in place too; N-D shapes; pinned host memory", "[ops]") {
+TEST_CASE("cast: same dtype copies, in place too, N-D shapes, pinned host memory", "[ops]") {
   F32 x({2, 3}), y({6});
   randomize(x.v, 1);
   REQUIRE(ops().cast(nullptr, x.dl(), y.dl()) == TSR_OK);

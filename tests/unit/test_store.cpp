@@ -255,4 +255,16 @@ TEST_CASE("a rank turned away tries again, then says the store is flooded", "[se
   ::close(lfd);
 }
 
+// What a rank prints as it stops for another's failure (issue 53): a
+// rank's own cause "rank R: why" reads "rank R failed: why"; the
+// launcher's word for a death is printed as it is.
+TEST_CASE("a rank stopping for another's failure says so in a sentence", "[store][messages]") {
+  CHECK(tessera::peer_stop_message("rank 1: [zero] step: injected failure", 0) ==
+        "tessera: rank 1 failed: [zero] step: injected failure; stopping rank 0");
+  CHECK(tessera::peer_stop_message("rank 1 was killed by signal SIGKILL (9)", 0) ==
+        "tessera: rank 1 was killed by signal SIGKILL (9); stopping rank 0");
+  CHECK(tessera::peer_stop_message("rank 12 exited with status 3: odd", 2) ==
+        "tessera: rank 12 exited with status 3: odd; stopping rank 2");
+}
+
 }  // namespace unit_test_store

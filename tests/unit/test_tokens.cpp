@@ -6,6 +6,7 @@
 // test_tokens_bpe.cpp, tokenizer.json in test_tokenizer_json.cpp.
 #include <stdlib.h>
 #include <tessera/dataset.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <catch2/catch.hpp>
@@ -482,6 +483,46 @@ TEST_CASE("tokens reads the uint32 shards tokenize writes for a large vocabulary
   CHECK(batch.target(0).back() == 70400);
   CHECK(batch.input(1).front() == 70400);
   CHECK(batch.target(1) == std::vector<int32_t>{41, 70, 77, 328, 222, 88, 80, 83, 77, 69});
+}
+
+}  // namespace unit_test_tokens
+
+namespace unit_test_tokens {
+
+// Issue 53, item 2: a shard truncated while a job reads it was read through
+// a shared mapping, and the next window past the new end killed the rank
+// with SIGBUS. Now it is an error naming the file and the rank; a shard
+// renamed over while open is read as it was opened.
+TEST_CASE("a token shard truncated or replaced under a reader: an error, never SIGBUS",
+          "[tokens][security]") {
+  TempDir dir;
+  // Two shards of 4000 tokens (9024 bytes each, three pages): a window past
+  // the first page of a shard cut to 1026 bytes was a SIGBUS through the
+  // mapping (one inside the first page read zeros, silently).
+  std::vector<uint32_t> tokens;
+  for (uint32_t i = 0; i < 8000; ++i) tokens.push_back(100 + i);
+  const auto files = write_shards(dir.path(), "t_train", tokens, 2, 4000);
+  REQUIRE(files.size() == 2);
+  Fixture f;
+  Dataset d(f, "files = ['" + dir.file("t_train_*.bin") + "']\ncontext = 3");
+  REQUIRE(d.status == TSR_OK);
+  Batch batch(1, 3);
+  REQUIRE(read(d, {1335}, batch) == TSR_OK);  // window 2 of the second shard
+  CHECK(batch.input(0) == slice(tokens, 4006, 3));
+  // Replaced by a rename: the open shard is the old file, read whole.
+  const fs::path other = dir.path() / "new.bin";
+  write_bytes(other, shard_bytes(20240520, 1, 20, std::vector<uint32_t>(20, 7), 2));
+  fs::rename(other, files[1]);
+  REQUIRE(read(d, {1335}, batch) == TSR_OK);
+  CHECK(batch.input(0) == slice(tokens, 4006, 3));
+  // The first shard cut to its header and a token while open; window 1000
+  // starts at token 3000, byte 7024.
+  REQUIRE(::truncate(files[0].c_str(), 1024 + 2) == 0);
+  CHECK(read(d, {1000}, batch) == TSR_ERR_IO);
+  const std::string err = f.host.last_error();
+  CHECK_THAT(err, Catch::Contains("shard '" + files[0].string() + "' (rank 0)") &&
+                      Catch::Contains("9024 bytes when opened, 1026 bytes now") &&
+                      Catch::Contains("truncated or rewritten in place"));
 }
 
 }  // namespace unit_test_tokens

@@ -1,7 +1,6 @@
 #include "token_file.hpp"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -18,76 +17,94 @@ namespace sdk = tessera::sdk;
 static_assert(std::endian::native == std::endian::little,
               "token shards are little-endian; this reader assumes a little-endian host");
 
-Shard::Shard(std::string path) : path_(std::move(path)) {
+Shard::Shard(std::string path, std::string who) : path_(std::move(path)), who_(std::move(who)) {
   const std::string where = "tokens: shard '" + path_ + "'";
   // Checked before opening (and on the descriptor): open(2) on a FIFO
   // would wait for a writer.
   sdk::RegularFile f = sdk::open_regular_file(path_);
   if (f.refused) throw sdk::Error(TSR_ERR_INVALID, where + " " + f.why);
   if (!f) throw sdk::Error(TSR_ERR_IO, "tokens: cannot open shard '" + path_ + "': " + f.why);
-  const uint64_t size = f.size;
-  if (size < kHeaderBytes)
-    throw sdk::Error(TSR_ERR_INVALID, where + " is " + std::to_string(size) +
+  size_ = f.size;
+  if (size_ < kHeaderBytes)
+    throw sdk::Error(TSR_ERR_INVALID, where + " is " + std::to_string(size_) +
                                           " bytes, too short for the 1024-byte header");
-  void *m = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, f.fd, 0);
-  if (m == MAP_FAILED)
-    throw sdk::Error(TSR_ERR_IO,
-                     "tokens: cannot map shard '" + path_ + "': " + std::strerror(errno));
-  map_ = m;
-  map_bytes_ = size;
+  fd_ = f.release();
   try {
-    const auto parsed = formats::token_shard::parse(map_, size);
+    unsigned char head[kHeaderBytes];
+    read_at(head, sizeof head, 0);
+    const auto parsed = formats::token_shard::parse(head, size_);
     if (!parsed.error.empty()) throw sdk::Error(TSR_ERR_INVALID, where + " " + parsed.error);
     width_ = parsed.width;
     count_ = parsed.count;
-    tokens_ = static_cast<const unsigned char *>(map_) + kHeaderBytes;
-    if (parsed.masked) mask_ = tokens_ + static_cast<size_t>(count_) * static_cast<size_t>(width_);
+    masked_ = parsed.masked;
   } catch (...) {
-    ::munmap(map_, map_bytes_);
-    map_ = nullptr;
+    ::close(fd_);
+    fd_ = -1;
     throw;
   }
 }
 
 Shard::~Shard() {
-  if (map_) ::munmap(map_, map_bytes_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void Shard::read_at(void *dst, size_t bytes, uint64_t offset) const {
+  auto *p = static_cast<unsigned char *>(dst);
+  size_t got = 0;
+  while (got < bytes) {
+    const ssize_t r = ::pread(fd_, p + got, bytes - got, static_cast<off_t>(offset + got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r > 0) {
+      got += static_cast<size_t>(r);
+      continue;
+    }
+    // A short read: the file is shorter than when it was opened.
+    struct stat st {};
+    const std::string now =
+        ::fstat(fd_, &st) == 0 ? std::to_string(st.st_size) + " bytes now" : "its size unknown";
+    throw sdk::Error(TSR_ERR_IO,
+                     "tokens: shard '" + path_ + "'" + (who_.empty() ? "" : " (" + who_ + ")") +
+                         ": " +
+                         (r < 0 ? std::string("read failed: ") + std::strerror(errno)
+                                : "bytes [" + std::to_string(offset) + ", " +
+                                      std::to_string(offset + bytes) + ") are gone") +
+                         "; it held " + std::to_string(size_) + " bytes when opened, " + now +
+                         ": the file was truncated or rewritten in place while this job read it. "
+                         "Replace a shard by writing a new file and renaming it over the old, "
+                         "never by rewriting it");
+  }
 }
 
 uint32_t Shard::at(int64_t i) const {
-  if (width_ == 2) {
-    uint16_t v;
-    std::memcpy(&v, tokens_ + static_cast<size_t>(i) * 2, 2);
-    return v;
-  }
-  uint32_t v;
-  std::memcpy(&v, tokens_ + static_cast<size_t>(i) * 4, 4);
-  return v;
+  int32_t v = 0;
+  copy(i, 1, &v);
+  return static_cast<uint32_t>(v);
 }
 
 void Shard::copy(int64_t from, int64_t n, int32_t *out) const {
-  const unsigned char *p = tokens_ + static_cast<size_t>(from) * static_cast<size_t>(width_);
+  const size_t w = static_cast<size_t>(width_);
+  // Read into `out` itself (n * 4 bytes hold n tokens of either width),
+  // then widen uint16 in place from the back.
+  read_at(out, static_cast<size_t>(n) * w, kHeaderBytes + static_cast<uint64_t>(from) * w);
   if (width_ == 2) {
-    for (int64_t k = 0; k < n; ++k) {
+    const auto *p = reinterpret_cast<const unsigned char *>(out);
+    for (int64_t k = n - 1; k >= 0; --k) {
       uint16_t v;
       std::memcpy(&v, p + k * 2, 2);
       out[k] = v;
     }
-  } else {
-    // uint32 ids above INT32_MAX would wrap: the dataset rejects them.
-    for (int64_t k = 0; k < n; ++k) {
-      uint32_t v;
-      std::memcpy(&v, p + k * 4, 4);
-      out[k] = static_cast<int32_t>(v);
-    }
   }
+  // uint32 ids above INT32_MAX would wrap: the dataset rejects them.
 }
 
 void Shard::copy_mask(int64_t from, int64_t n, uint8_t *out) const {
-  if (!mask_) {
+  if (!masked_) {
     std::memset(out, 1, static_cast<size_t>(n));
     return;
   }
-  std::memcpy(out, mask_ + from, static_cast<size_t>(n));
+  // The mask follows all the tokens.
+  const uint64_t mask_at = kHeaderBytes + static_cast<uint64_t>(count_) * uint64_t(width_);
+  read_at(out, static_cast<size_t>(n), mask_at + static_cast<uint64_t>(from));
 }
 
 }  // namespace tessera::tokens

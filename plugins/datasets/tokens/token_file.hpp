@@ -1,6 +1,16 @@
 // Reading token shards (llm.c's format: tessera/cpp/formats/token_shard.hpp,
-// docs/data.md), memory-mapped read-only. The file must hold exactly its
-// header and the tokens it declares.
+// docs/data.md). The file must hold exactly its header and the tokens it
+// declares. Tokens are read with pread(2) into the caller's buffer, not
+// through a memory map: a shard truncated while a job reads it then gives
+// a short read and an error naming the file and the rank, where a mapping
+// would kill the process with SIGBUS (a handler for that would be
+// process-wide, shared with the engine and every other plugin, and would
+// have to jump out of a memcpy). One pread per window of T + 1 tokens costs
+// about a microsecond from the page cache, against milliseconds of model
+// work per window, and the kernel's readahead serves sequential windows as
+// it served the mapping. The descriptor stays open for the shard's life: a
+// shard replaced (renamed over) while a job reads it is read as it was
+// opened, consistently.
 #pragma once
 
 #include <cstddef>
@@ -14,10 +24,11 @@ inline constexpr size_t kHeaderBytes = formats::token_shard::kHeaderBytes;
 
 class Shard {
  public:
-  // Maps `path` and checks its header against its length. Throws
-  // tessera::sdk::Error naming the file: TSR_ERR_IO when it cannot be opened
-  // or mapped, TSR_ERR_INVALID when it is not a valid shard.
-  explicit Shard(std::string path);
+  // Opens `path` and checks its header against its length. Throws
+  // tessera::sdk::Error naming the file: TSR_ERR_IO when it cannot be
+  // opened or read, TSR_ERR_INVALID when it is not a valid shard. `who`
+  // ("rank 1") is named in the errors of later reads.
+  explicit Shard(std::string path, std::string who = "");
   ~Shard();
   Shard(const Shard &) = delete;
   Shard &operator=(const Shard &) = delete;
@@ -27,23 +38,27 @@ class Shard {
   int width() const { return width_; }  // bytes per token: 2 or 4
   // A masked shard (tessera's versions 1001/1007) carries a loss-mask byte
   // per token, nonzero where the token is a trained target.
-  bool masked() const { return mask_ != nullptr; }
+  bool masked() const { return masked_; }
   // Token `i` (0 <= i < count()).
   uint32_t at(int64_t i) const;
-  // Copies tokens [from, from + n) into `out` as int32.
+  // Copies tokens [from, from + n) into `out` as int32. Throws
+  // tessera::sdk::Error (TSR_ERR_IO) naming the file and `who` when the
+  // file no longer holds them (truncated since it was opened).
   void copy(int64_t from, int64_t n, int32_t *out) const;
   // Copies mask bytes [from, from + n) into `out`; a shard without a mask
   // trains every token (all 1).
   void copy_mask(int64_t from, int64_t n, uint8_t *out) const;
 
  private:
-  std::string path_;
-  void *map_ = nullptr;
-  size_t map_bytes_ = 0;
-  const unsigned char *tokens_ = nullptr;
-  const unsigned char *mask_ = nullptr;  // after the tokens, in a masked shard
+  // Reads `bytes` bytes at `offset` into dst, or throws naming the file.
+  void read_at(void *dst, size_t bytes, uint64_t offset) const;
+
+  std::string path_, who_;
+  int fd_ = -1;
+  uint64_t size_ = 0;
   int64_t count_ = 0;
   int width_ = 2;
+  bool masked_ = false;  // a loss mask of count_ bytes follows the tokens
 };
 
 }  // namespace tessera::tokens

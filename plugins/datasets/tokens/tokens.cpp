@@ -1,5 +1,5 @@
 // Dataset "tokens": token shards in llm.c's format (token_file.hpp,
-// docs/data.md), uint16 or uint32 tokens, memory-mapped read-only.
+// docs/data.md), uint16 or uint32 tokens, read with pread (token_file.hpp).
 //
 // `files` names the shards: glob patterns (one string or an array), whose
 // matches are taken together, sorted by path and deduplicated. A shard of
@@ -36,7 +36,7 @@ namespace {
 constexpr const char *kSummary =
     "Token shards in llm.c's format (1024-byte header; magic 20240520 version 1: uint16 "
     "tokens; magic 20240801 version 7: uint32 tokens; versions 1001/1007 with a loss mask), "
-    "memory-mapped: non-overlapping windows of context + 1 tokens, int32 input [T] and "
+    "read with pread: non-overlapping windows of context + 1 tokens, int32 input [T] and "
     "next-token target [T] (-100 where the mask says the token is not trained).";
 
 // A target the loss ignores (ops.h: targets < 0), as Hugging Face writes it.
@@ -113,7 +113,8 @@ std::unique_ptr<Dataset> build(const tsr_host *host, const tsr_config *cfg, cons
   int64_t tokens = 0, windows = 0;
   int widths = 0;  // bit 2 and/or 4
   for (const auto &path : expand(patterns, ds->section)) {
-    auto shard = std::make_unique<Shard>(path);
+    auto shard = std::make_unique<Shard>(
+        path, host->run ? "rank " + std::to_string(host->run->rank) : std::string());
     ds->first_window.push_back(windows);
     const int64_t n = shard->count();
     if (n > ds->context) windows += (n - 1) / ds->context;
