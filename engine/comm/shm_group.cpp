@@ -35,6 +35,7 @@ struct Header {
   uint64_t slot;
   // A futex word that a rank arriving at a full barrier bumps when ranks
   // sleep there, and how many do (a rank counts itself before it looks).
+  // Both start at zero: a new segment's pages are (posix_fallocate).
   std::atomic<uint32_t> wake_seq;
   std::atomic<uint32_t> sleepers;
 };
@@ -166,8 +167,6 @@ std::unique_ptr<ShmGroup> ShmGroup::open(StoreClient &store, const std::string &
           auto *h = static_cast<Header *>(base);
           h->world = world;
           h->slot = slot;
-          h->wake_seq.store(0);
-          h->sleepers.store(0);
           for (uint32_t r = 0; r < world; r++) counter(base, r)->store(0);
           // The others map it only after reading its name from the store,
           // which rank 0 writes after this: no fence needed.
