@@ -2,22 +2,25 @@
 #include "comm/shm_group.hpp"
 
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <fstream>
 #include <random>
 #include <stdexcept>
-#include <thread>
 #include <type_traits>
 
 #include "comm/store.hpp"
 #include "util/error.hpp"
+#include "util/spin_policy.hpp"
 
 namespace tessera {
 namespace {
@@ -25,11 +28,33 @@ namespace {
 constexpr size_t kLine = 64;  // one arrival counter per cache line
 constexpr uint64_t kMagic = 0x7465737365726131ull;
 
+// The first cache line; past it, one arrival counter per rank.
 struct Header {
   uint64_t magic;
   uint64_t world;
   uint64_t slot;
+  // A futex word that a rank arriving at a full barrier bumps when ranks
+  // sleep there, and how many do (a rank counts itself before it looks).
+  // Both start at zero: a new segment's pages are (posix_fallocate).
+  std::atomic<uint32_t> wake_seq;
+  std::atomic<uint32_t> sleepers;
 };
+static_assert(sizeof(Header) <= kLine);
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+// How long a rank waiting at a barrier may spin while a core is free for
+// it (spin_policy.hpp), before it sleeps on the futex: a peer is usually
+// microseconds behind, and a wake from sleep costs tens of microseconds.
+constexpr std::chrono::milliseconds kSpin{5};
+
+Header *header(void *base) {
+  return static_cast<Header *>(base);
+}
+
+// Shared, not FUTEX_PRIVATE: the word is in memory every rank maps.
+long futex(std::atomic<uint32_t> *word, int op, uint32_t value, const timespec *timeout) {
+  return ::syscall(SYS_futex, reinterpret_cast<uint32_t *>(word), op, value, timeout, nullptr, 0);
+}
 
 size_t counters_offset() {
   return kLine;
@@ -190,6 +215,9 @@ ShmGroup::ShmGroup(uint32_t rank, uint32_t world, size_t slot, void *base, size_
     : rank_(rank), world_(world), slot_(slot), base_(base), bytes_(bytes), timeout_(timeout) {
   whole_.resize(world);
   piece_.resize(world);
+  // Every rank of the group is on this node: a waiting rank spins only
+  // while the node's threads fit its cores.
+  spin_set_local_ranks(world);
 }
 
 ShmGroup::~ShmGroup() {
@@ -211,28 +239,52 @@ void ShmGroup::next_round() {
 
 void ShmGroup::barrier() {
   ++phase_;
-  counter(base_, rank_)->store(phase_, std::memory_order_release);
-  // Spin briefly (a peer is usually microseconds behind), then yield the
-  // core, then sleep: with as many ranks as cores a spinning rank would
-  // take the core its late peer needs.
-  const auto start = std::chrono::steady_clock::now();
-  for (uint64_t spins = 0;; spins++) {
-    bool all = true;
-    for (uint32_t q = 0; q < world_ && all; q++)
-      all = counter(base_, q)->load(std::memory_order_acquire) >= phase_;
-    if (all) return;
-    if (spins < 256) {
-#if defined(__x86_64__) || defined(__i386__)
-      __builtin_ia32_pause();
-#endif
-    } else if (spins < 200000) {
-      std::this_thread::yield();
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
-    if ((spins & 1023) == 1023 && std::chrono::steady_clock::now() - start > timeout_)
-      throw std::runtime_error("timed out in a shared-memory barrier");
+  // seq_cst, with the loads below and the sleepers' count: a rank about to
+  // sleep either sees this arrival or is seen asleep by the rank that sees
+  // the barrier full.
+  counter(base_, rank_)->store(phase_, std::memory_order_seq_cst);
+  const auto all_arrived = [this] {
+    for (uint32_t q = 0; q < world_; q++)
+      if (counter(base_, q)->load(std::memory_order_seq_cst) < phase_) return false;
+    return true;
+  };
+  // Spin while a core is free (a peer is usually microseconds behind),
+  // else sleep: with more runnable threads than cores a spinning or
+  // yielding rank takes the core its late peer needs, or is last in line
+  // for one once the peer is done.
+  if (!spin_until(all_arrived, kSpin, backoff_)) sleep_until(all_arrived);
+  Header *h = header(base_);
+  if (h->sleepers.load(std::memory_order_seq_cst) > 0) {
+    h->wake_seq.fetch_add(1, std::memory_order_seq_cst);
+    futex(&h->wake_seq, FUTEX_WAKE, INT_MAX, nullptr);
   }
+}
+
+// Sleeps on the futex until every rank has arrived; the rank that sees the
+// barrier full wakes the sleepers (a sleeper of the next barrier woken by
+// it looks and sleeps again). Gives up after comm.timeout_s.
+void ShmGroup::sleep_until(const std::function<bool()> &all_arrived) {
+  const auto start = std::chrono::steady_clock::now();
+  Header *h = header(base_);
+  h->sleepers.fetch_add(1, std::memory_order_seq_cst);
+  struct Leave {
+    Header *h;
+    ~Leave() { h->sleepers.fetch_sub(1, std::memory_order_seq_cst); }
+  } leave{h};
+  for (;;) {
+    const uint32_t seq = h->wake_seq.load(std::memory_order_seq_cst);
+    if (all_arrived()) break;
+    const auto left = timeout_ - (std::chrono::steady_clock::now() - start);
+    if (left <= std::chrono::steady_clock::duration::zero())
+      throw std::runtime_error("timed out in a shared-memory barrier");
+    // At most a second at a time, so the timeout is checked.
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+        std::min<std::chrono::steady_clock::duration>(left, std::chrono::seconds(1)));
+    const timespec ts{static_cast<time_t>(ns.count() / 1000000000),
+                      static_cast<long>(ns.count() % 1000000000)};
+    futex(&h->wake_seq, FUTEX_WAIT, seq, &ts);  // EAGAIN, ETIMEDOUT, EINTR: look again
+  }
+  backoff_.slept(std::chrono::steady_clock::now() - start, kSpin);
 }
 
 void ShmGroup::all_reduce(char *p, size_t n, DLDataType dt, tsr_reduce_op op) {

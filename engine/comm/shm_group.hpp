@@ -17,9 +17,12 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "util/spin_policy.hpp"
 
 namespace tessera {
 
@@ -51,6 +54,7 @@ class ShmGroup {
            std::chrono::milliseconds timeout);
   char *slot(uint32_t r) const;
   void next_round();
+  void sleep_until(const std::function<bool()> &all_arrived);
 
   uint32_t rank_, world_;
   size_t slot_;
@@ -59,6 +63,7 @@ class ShmGroup {
   std::chrono::milliseconds timeout_;
   uint64_t phase_ = 0;               // barriers passed
   uint32_t set_ = 0;                 // which of the two sets of slots this round uses
+  SpinBackoff backoff_;              // this rank's barrier spins
   std::vector<const char *> whole_;  // every rank's slot
   std::vector<const char *> piece_;  // reduce_scatter's pieces, per call
 };

@@ -22,6 +22,7 @@
 #include "train/startup.hpp"
 #include "train/step.hpp"
 #include "util/error.hpp"
+#include "util/spin_policy.hpp"
 
 namespace fs = std::filesystem;
 
@@ -244,6 +245,9 @@ void prepare_process(const Job &job, const ProcessInfo &proc) {
     cores = std::max(1u, cores);
     t = std::max<int64_t>(1, cores / std::max<uint32_t>(1, proc.local_world_size));
   }
+  // The CPU pool and the shared-memory barrier spin only while this node's
+  // threads (ranks x threads per rank) fit the cores.
+  spin_set_local_ranks(std::max<uint32_t>(1, proc.local_world_size));
   cpu_ops_set_threads(static_cast<int>(t));
 }
 

@@ -776,6 +776,47 @@ def bash_problems(text):
     return out + literal_problems(text)
 
 
+class CpuLoadedReport(unittest.TestCase):
+    """bench/cpu_loaded's result file from made-up figures: each row's
+    slowdown (quiet over loaded), those over 3x flagged, PyTorch's best
+    layout in each state beside tessera's, and the note when no PyTorch."""
+
+    def test_slowdowns_flagged_and_the_best_pytorch_rows(self):
+        sys.path.insert(0, os.path.join(ROOT, "bench", "cpu_loaded"))
+        import loaded
+
+        def fig(rate):
+            return harness.figure([harness.Sample(rate * x, 6.0, 100) for x in (0.98, 1.0, 1.02)])
+
+        figs = {}
+        for state, scale in (("quiet", 1.0), ("loaded", 0.4)):
+            figs[(state, ("mlp", "tessera", 1, 2, 0))] = fig(20000 * scale)
+            figs[(state, ("mlp", "tessera", 2, 1, 0))] = fig(
+                30000 * (0.2 * scale if state == "loaded" else 1))
+            figs[(state, ("mlp", "eager", 1, 2, None))] = fig(12000 * scale)
+            figs[(state, ("mlp", "eager-passive", 2, 1, None))] = fig(11000 * scale)
+        shares = {k: [{"others": 0.02, "steal": 0.0}] for k in figs}
+        snap = {"load": {"load1": 0.5, "load5": 0.5, "load15": 0.5}}
+        a = SimpleNamespace(hogs=2, cores=2, reps=3, python="python3")
+        machine_markdown = machine.markdown
+        machine.markdown = lambda before, after=None: ["## Environment"]
+        try:
+            out = loaded.markdown(a, figs, shares, snap, snap)
+            a.python = None
+            bare = loaded.markdown(a, {k: v for k, v in figs.items() if k[1][1] == "tessera"},
+                                   shares, snap, snap)
+        finally:
+            machine.markdown = machine_markdown
+        self.assertIn("| tessera 1 x 2 | 20,000 (19,600-20,400) | 8,000 (7,840-8,160) | "
+                      "2.50x (2.40-2.60) | 1.67x (1.60-1.73) |", out)
+        self.assertIn("**12.50x (12.01-13.01) over 3x**", out)
+        self.assertIn("**Slowdowns over 3x**: MLP 784-256-128-10 mlp-tessera-s0-2x1: 12.50x.", out)
+        self.assertIn("| PyTorch eager, 1 x 2 (best quiet and loaded) |", out)
+        self.assertNotIn("No PyTorch", out)
+        self.assertIn("**No PyTorch**", bare)
+        self.assertNotIn("| PyTorch", bare)
+
+
 class Scripts(unittest.TestCase):
     def test_every_bench_script_parses_and_has_help(self):
         scripts = bench_scripts()

@@ -1,12 +1,21 @@
-// The CPU ops' thread pool (cpu_pool.hpp). Between calls a worker first
-// spins for a short while (TESSERA_CPU_SPIN_US, default 100 us) watching
+// The CPU ops' thread pool (cpu_pool.hpp). Between calls a worker may
+// spin for a short while (TESSERA_CPU_SPIN_US, default 100 us) watching
 // for the next call, then sleeps on a condition variable. The ops of one
 // step follow each other within microseconds, and waking a sleeping thread
 // costs tens of microseconds on a VM (an interrupt to a halted virtual
 // CPU): in the quickstart MLP's 1.4 ms step that was most of the second
-// thread's gain. Past the spin the workers sleep, so an idle pool does not
-// hold cores that OpenBLAS, the data loader or another rank wants; 0 sleeps
-// at once (as OMP_WAIT_POLICY=PASSIVE does for OpenMP).
+// thread's gain. It spins only while a core is free for it
+// (util/spin_policy.hpp: this node's threads fit the cores, the machine's
+// runnable threads too) and less after spins that did not pay; otherwise
+// it sleeps at once, so a busy machine's cores go to the threads that have
+// work. 0 sleeps at once always (as OMP_WAIT_POLICY=PASSIVE does for
+// OpenMP).
+//
+// A call's parts are handed out, not assigned: the caller, once done with
+// part 0, takes the parts no worker has taken yet. A worker that is not on
+// a core when the call comes (a loaded machine, or asleep and slow to
+// wake) then costs the call nothing, where a fixed part per worker made
+// the caller wait for it.
 #include "backend/cpu/cpu_pool.hpp"
 
 #include <algorithm>
@@ -21,15 +30,7 @@
 #include <vector>
 
 #include "util/error.hpp"
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define TSR_CPU_RELAX() _mm_pause()
-#elif defined(__aarch64__)
-#define TSR_CPU_RELAX() asm volatile("yield")
-#else
-#define TSR_CPU_RELAX() std::this_thread::yield()
-#endif
+#include "util/spin_policy.hpp"
 
 namespace tessera::cpu {
 namespace {
@@ -48,24 +49,6 @@ std::atomic<long> &spin_us() {
 Clock::duration spin_time() {
   return std::chrono::duration_cast<Clock::duration>(
       std::chrono::microseconds(spin_us().load(std::memory_order_relaxed)));
-}
-
-// Spins until done() or the spin time has passed; true if done() held.
-template <typename Done>
-bool spin_until(const Done &done) {
-  if (done()) return true;
-  const Clock::duration budget = spin_time();
-  if (budget == Clock::duration::zero()) return false;
-  const Clock::time_point until = Clock::now() + budget;
-  for (unsigned i = 1;; ++i) {
-    TSR_CPU_RELAX();
-    // Every so often give the core away: with more threads than cores (a
-    // loaded machine, run.threads above the cores) the thread that holds
-    // the work may be waiting for this one's core.
-    if ((i & 63u) == 0) std::this_thread::yield();
-    if (done()) return true;
-    if ((i & 255u) == 0 && Clock::now() >= until) return done();
-  }
 }
 
 // Set on the pool's workers, and on a caller while its parallel call runs:
@@ -101,7 +84,7 @@ class Pool {
     stop_workers();
     // New workers wait for the next call, not one that ran before they were.
     const uint64_t now = generation_.load(std::memory_order_acquire);
-    for (size_t i = 0; i < want; ++i) workers_.emplace_back([this, i, now] { work(i + 1, now); });
+    for (size_t i = 0; i < want; ++i) workers_.emplace_back([this, now] { work(now); });
   }
 
   int threads() {
@@ -126,57 +109,95 @@ class Pool {
     // The call's fields are written before the generation is published
     // (release); a worker reads them after seeing it (acquire). Under mu_,
     // so that a worker about to sleep either sees the new generation or is
-    // counted in sleepers_ and woken.
+    // counted in sleepers_ and woken, and so that the fields a worker reads
+    // belong to the generation it read with them.
     bool wake;
+    uint64_t call_no;
     {
       std::lock_guard<std::mutex> lk(mu_);
       fn_ = &fn;
       n_ = n;
       parts_ = parts;
       pending_.store(static_cast<int>(parts - 1), std::memory_order_relaxed);
-      generation_.fetch_add(1, std::memory_order_release);
+      call_no = generation_.load(std::memory_order_relaxed) + 1;
+      claim_.store(claim_word(call_no, 1), std::memory_order_relaxed);  // part 0 is ours
+      generation_.store(call_no, std::memory_order_release);
       wake = sleepers_ > 0;
     }
     if (wake) wake_.notify_all();
     fn(0, n / parts);  // the caller takes part 0
-    if (!spin_until([this] { return pending_.load(std::memory_order_acquire) == 0; })) {
+    // Then the parts no worker has taken: one not on a core holds nothing up.
+    for (int64_t p; claim(call_no, parts, &p);) {
+      fn(n * p / parts, n * (p + 1) / parts);
+      pending_.fetch_sub(1, std::memory_order_acq_rel);
+    }
+    const auto done = [this] { return pending_.load(std::memory_order_acquire) == 0; };
+    if (!spin_until(done, spin_time(), caller_backoff_)) {
+      const Clock::time_point t0 = Clock::now();
       std::unique_lock<std::mutex> lk(mu_);
-      done_.wait(lk, [this] { return pending_.load(std::memory_order_acquire) == 0; });
+      done_.wait(lk, done);
+      caller_backoff_.slept(Clock::now() - t0, spin_time());
     }
   }
 
  private:
-  void work(size_t part, uint64_t seen) {
+  // claim_ holds the call's number (its low 48 bits) above the next part
+  // to hand out (16 bits: parts never exceed the threads).
+  static uint64_t claim_word(uint64_t call_no, int64_t part) {
+    return (call_no << 16) | static_cast<uint64_t>(part);
+  }
+
+  // Takes the next part of call `call_no` into *part; false when every
+  // part is taken or that call is over (a worker late for it must not take
+  // a part of the next one, whose fields it has not read).
+  bool claim(uint64_t call_no, int64_t parts, int64_t *part) {
+    uint64_t w = claim_.load(std::memory_order_acquire);
+    for (;;) {
+      if ((w >> 16) != (call_no & ((uint64_t{1} << 48) - 1))) return false;
+      const int64_t next = static_cast<int64_t>(w & 0xffffu);
+      if (next >= parts) return false;
+      if (claim_.compare_exchange_weak(w, w + 1, std::memory_order_acq_rel)) {
+        *part = next;
+        return true;
+      }
+    }
+  }
+
+  void work(uint64_t seen) {
     t_in_call = true;  // a parallel_for inside a chunk runs on this worker
+    SpinBackoff backoff;
     const auto next = [&] {
       return stop_.load(std::memory_order_acquire) ||
              generation_.load(std::memory_order_acquire) != seen;
     };
     for (;;) {
-      if (!spin_until(next)) {
+      if (!spin_until(next, spin_time(), backoff)) {
+        const Clock::time_point t0 = Clock::now();
         std::unique_lock<std::mutex> lk(mu_);
         ++sleepers_;
         wake_.wait(lk, next);
         --sleepers_;
+        lk.unlock();
+        backoff.slept(Clock::now() - t0, spin_time());
       }
       if (stop_.load(std::memory_order_acquire)) return;
       const std::function<void(int64_t, int64_t)> *fn;
       int64_t n, parts;
       {
         // The fields of the call just published; mu_ also orders them
-        // against a later call's writes, which wait for this one's pending_.
+        // against a later call's writes.
         std::lock_guard<std::mutex> lk(mu_);
         seen = generation_.load(std::memory_order_acquire);
         fn = fn_;
         n = n_;
         parts = parts_;
       }
-      const int64_t p = static_cast<int64_t>(part);
-      if (p >= parts) continue;  // not needed this time
-      (*fn)(n * p / parts, n * (p + 1) / parts);
-      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-        std::lock_guard<std::mutex> lk(mu_);  // the caller may be between its check and wait
-        done_.notify_one();
+      for (int64_t p; claim(seen, parts, &p);) {
+        (*fn)(n * p / parts, n * (p + 1) / parts);
+        if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+          std::lock_guard<std::mutex> lk(mu_);  // the caller may be between its check and wait
+          done_.notify_one();
+        }
       }
     }
   }
@@ -200,7 +221,9 @@ class Pool {
   int64_t n_ = 0, parts_ = 0;
   std::atomic<int> pending_{0};
   std::atomic<uint64_t> generation_{0};
-  int sleepers_ = 0;  // workers waiting on wake_, under mu_
+  std::atomic<uint64_t> claim_{0};  // claim_word: the call and its next part
+  SpinBackoff caller_backoff_;      // under call_mu_
+  int sleepers_ = 0;                // workers waiting on wake_, under mu_
   std::atomic<bool> stop_{false};
 };
 
@@ -212,6 +235,7 @@ Pool &pool() {
 }  // namespace
 
 void pool_set_threads(int n) {
+  spin_set_rank_threads(static_cast<unsigned>(std::max(n, 1)));
   pool().resize(n);
 }
 int pool_threads() {

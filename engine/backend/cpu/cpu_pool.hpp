@@ -15,9 +15,11 @@ namespace tessera::cpu {
 void pool_set_threads(int n);
 int pool_threads();
 
-// How long an idle worker (and a caller waiting for its workers) spins
+// How long an idle worker (and a caller waiting for its workers) may spin
 // before sleeping, in microseconds; 0 sleeps at once. The default is
-// TESSERA_CPU_SPIN_US, else 100.
+// TESSERA_CPU_SPIN_US, else 100. A bound, not a promise: a thread spins
+// only while a core is free for it (util/spin_policy.hpp), and less after
+// spins that did not pay.
 void pool_set_spin_us(long us);
 long pool_spin_us();
 // The spin time a TESSERA_CPU_SPIN_US value asks for: 100 when unset or
