@@ -67,6 +67,9 @@ struct StepPlan {
   // backward (see early_start in step.cpp).
   std::vector<tsr_owned_range> ranges;
   std::vector<char> started;
+  // A speculative round is open (step.cpp, speculates): the offload
+  // backend awaits the verdict once the norm is known.
+  bool speculating = false;
 };
 
 // One optimizer step over `accumulation` micro-batches from `loader`;
