@@ -271,13 +271,11 @@ void RunObserver::finish(nlohmann::json &summary) {
     tsr_speculate_stats t{};
     t.struct_size = tsr_speculate_stats_STRUCT_SIZE;
     if (sp->stats(s_.offload.self, &t) == TSR_OK)
-      summary["offload_speculation"] = {{"speculated_steps", t.steps},
-                                        {"redone_steps", t.redone},
-                                        {"restored_steps", t.restored},
-                                        {"redone_elements", t.elements_redone},
-                                        {"save_s", t.save_s},
-                                        {"redo_s", t.redo_s},
-                                        {"held_for_norm_s", t.held_s}};
+      summary["offload_speculation"] = {
+          {"speculated_steps", t.steps},  {"redone_steps", t.redone},
+          {"restored_steps", t.restored}, {"redone_elements", t.elements_redone},
+          {"save_s", t.save_s},           {"redo_s", t.redo_s},
+          {"held_for_norm_s", t.held_s}};
     else
       s_.host.clear_error();
   }

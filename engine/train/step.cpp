@@ -25,6 +25,7 @@ struct UpdateArgs {
 struct Clip {
   double factor = 1;
   bool overflow = false;
+  double norm = NAN;  // the global norm, where computed
 };
 
 Clip clip_of(StepPlan &p, const TrainState &ts, double loss) {
@@ -36,6 +37,7 @@ Clip clip_of(StepPlan &p, const TrainState &ts, double loss) {
             "grad norm");
   c.overflow = !std::isfinite(sq) || !std::isfinite(loss);
   const double norm = std::sqrt(sq) / ts.scaler.scale;
+  c.norm = norm;
   if (!c.overflow && p.st.gradient_clipping > 0 && norm > p.st.gradient_clipping)
     c.factor = p.st.gradient_clipping / (norm + 1e-6);
   return c;
@@ -164,7 +166,7 @@ tsr_status start_group(StepPlan &p, const TrainState &ts, uint32_t g) {
 // redone when the scale they got (unclipped) is not `u`'s.
 void resolve_speculation(StepPlan &p, const TrainState &ts, const UpdateArgs &u, bool apply) {
   const double ahead = 1.0 / ts.scaler.scale;  // before the scaler's update
-  const int32_t verdict = !apply                ? TSR_SPECULATE_SKIP
+  const int32_t verdict = !apply                  ? TSR_SPECULATE_SKIP
                           : u.grad_scale != ahead ? TSR_SPECULATE_RESTEP
                                                   : TSR_SPECULATE_KEEP;
   const auto *sp = p.s.offload.caps.offload.speculate;
@@ -255,6 +257,7 @@ void apply_update(StepPlan &p, TrainState &ts, double loss) {
     start_ranges(p, unclipped(p, ts), 0, SIZE_MAX);
   }
   const Clip clip = clip_of(p, ts, loss);
+  ts.grad_norm = clip.norm;
   UpdateArgs u;
   ts.lr = u.lr = schedule_lr(p.st.schedule, p.lr0, ts.step, ts.total);
   u.grad_scale = clip.factor / ts.scaler.scale;  // the scale the gradients carry now

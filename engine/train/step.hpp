@@ -39,6 +39,9 @@ struct TrainState {
   int64_t samples = 0;   // samples seen, over all ranks
   LossScaler scaler;
   double lr = 0;  // of the last update
+  // The last step's global gradient norm (unscaled), where the step
+  // computed it (clipping, fp16); NaN where not.
+  double grad_norm = NAN;
   // The interval since the last progress line.
   double interval_loss = 0;
   int64_t interval_steps = 0, interval_samples = 0;

@@ -75,6 +75,7 @@ struct Cpu {
   Ratio ratio;
   int32_t params_where = TSR_PARAMS_ON_DEVICE;  // `params`
   std::string speculation_memory;               // "auto", "0" or a size
+  bool speculation_worst_case = false;
 
   size_t n = 0;
   const tsr_optimizer_vtable *opt = nullptr;
@@ -150,13 +151,13 @@ std::unique_ptr<Cpu> build(const tsr_host *host, const tsr_config *cfg) {
   s->ratio = parse_ratio(c.get_string("ratio"), kWho);
   s->params_where = parse_params_home(c.get_string("params"), kWho, false);
   s->speculation_memory = c.get_string("speculation_memory");
+  s->speculation_worst_case = c.get_bool("speculation_worst_case");
   uint64_t bytes = 0;
   if (s->speculation_memory != "auto" && s->speculation_memory != "0" &&
       !sdk::parse_size(s->speculation_memory, &bytes))
-    throw Error(TSR_ERR_CONFIG,
-                fmt("%s: speculation_memory = \"%s\": expected \"auto\", \"0\" (no "
-                    "speculation) or a size such as \"4GiB\" or \"512MiB\"",
-                    kWho, s->speculation_memory.c_str()));
+    throw Error(TSR_ERR_CONFIG, fmt("%s: speculation_memory = \"%s\": expected \"auto\", \"0\" (no "
+                                    "speculation) or a size such as \"4GiB\" or \"512MiB\"",
+                                    kWho, s->speculation_memory.c_str()));
   if (s->params_where != TSR_PARAMS_ON_DEVICE && (s->ratio.automatic || s->ratio.fraction > 0))
     throw Error(TSR_ERR_INVALID,
                 fmt("%s: ratio keeps a share of the optimizer state and its step on the GPU, "
@@ -267,7 +268,7 @@ void log_setup(Cpu *s, std::pair<double, double> took) {
                    "pageable host memory holds the pre-step values of %s ranges stepped before "
                    "the gradient norm is known",
                    kWho, rank, mib(static_cast<double>(s->undo.bytes())),
-                   s->undo.bytes() == 0                             ? "no (speculation off):"
+                   s->undo.bytes() == 0                            ? "no (speculation off):"
                    : static_cast<double>(s->undo.bytes()) >= whole ? "all"
                                                                    : "the first")
                    .c_str());
@@ -315,6 +316,7 @@ void Cpu::setup(const tsr_offload_setup *st) {
   p.n = n;
   p.undo = undo.as<char>();
   p.undo_bytes = undo.bytes();
+  p.worst_case = speculation_worst_case;
   if (held) {
     p.params_home = cuda ? params_pinned.as<char>() : params_host.as<char>();
     home.init(kWho, n, compute_dtype, p.params_home, cuda, p.device);
@@ -400,6 +402,9 @@ const tsr_param_decl kParams[] = {
                "ranges stepped before the gradient norm is known, so they can be redone "
                "exactly; \"auto\" (every owned element, or half of the host memory left), "
                "\"0\" (each update waits for the norm) or a size (\"8GiB\")"),
+    sdk::param("speculation_worst_case", TSR_PARAM_BOOL, "false",
+               "for tests and measurements: the norm's verdict waits until every range handed "
+               "over has been stepped ahead, so every clipped step is redone in full"),
     sdk::param("params", TSR_PARAM_STRING, "\"none\"",
                "ZeRO stage 3: where this rank's compute parameters live, \"none\" (the GPU) or "
                "\"cpu\" (pinned host memory, fetched per group just before use; DeepSpeed's "
@@ -458,8 +463,8 @@ tsr_status spec_stats(void *self, tsr_speculate_stats *out) {
   });
 }
 
-const tsr_ext_offload_speculate kSpeculateExt = {tsr_ext_offload_speculate_STRUCT_SIZE,
-                                                 spec_begin, spec_resolve, spec_stats};
+const tsr_ext_offload_speculate kSpeculateExt = {tsr_ext_offload_speculate_STRUCT_SIZE, spec_begin,
+                                                 spec_resolve, spec_stats};
 const sdk::Extension kExtensions[] = {{TSR_EXT_OFFLOAD_PARAMS, &kParamsExt},
                                       {TSR_EXT_OFFLOAD_GRADS, &GradsExtension<Cpu>::table},
                                       {TSR_EXT_OFFLOAD_SPECULATE, &kSpeculateExt}};

@@ -187,8 +187,7 @@ HostUpdate HostPipeline::update_of(const Job &j) const {
 void HostPipeline::process(Job &j, size_t, void *events, void *of_events) {
   const RangeUpdate &r = j.u;
   const HostUpdate u = update_of(j);
-  const UndoLayout undo{r.count, s_.state_count,
-                        may_skip_ ? dtype_bytes(s_.compute_dtype) : 0};
+  const UndoLayout undo{r.count, s_.state_count, may_skip_ ? dtype_bytes(s_.compute_dtype) : 0};
 #if TSR_PLUGIN_CUDA
   const size_t cb = dtype_bytes(s_.compute_dtype);
   auto &ev = *static_cast<std::array<cudaEvent_t, 4> *>(events);
@@ -211,8 +210,8 @@ void HostPipeline::process(Job &j, size_t, void *events, void *of_events) {
   if (j.skip)
     j.status = TSR_OK;
   else if (j.undo != kNoUndo && !j.fix)
-    j.status = run_update_saving(*s_.pool, s_.opt, s_.opt_self, u, undo, s_.undo + j.undo,
-                                 &j.save_s);
+    j.status =
+        run_update_saving(*s_.pool, s_.opt, s_.opt_self, u, undo, s_.undo + j.undo, &j.save_s);
   else
     j.status = run_update(*s_.pool, s_.opt, s_.opt_self, u);
   j.host_s = seconds_since(t0);
@@ -246,7 +245,8 @@ void HostPipeline::raise(const Job &j) const {
 void HostPipeline::wait_done(size_t k, std::unique_lock<std::mutex> &lk) {
   // A range at or after the one the dispatcher holds for the verdict
   // cannot finish before spec_resolve: say so instead of waiting for ever.
-  done_.wait(lk, [&] { return jobs_[k].done || holding_ <= k; });
+  auto stuck = [&] { return !verdict_known_ && holding_ <= k; };
+  done_.wait(lk, [&] { return jobs_[k].done || stuck(); });
   if (!jobs_[k].done)
     throw sdk::Error(TSR_ERR_INTERNAL,
                      fmt("%s: waited for owned elements [%zu, %zu), held for the verdict of a "
@@ -363,13 +363,19 @@ void HostPipeline::spec_resolve(int32_t verdict, double grad_scale) {
   std::unique_lock<std::mutex> lk(mu_);
   if (!spec_open_)
     throw sdk::Error(TSR_ERR_INVALID, fmt("%s: speculation resolved without begin", s_.who));
+  if (s_.worst_case)
+    done_.wait(lk, [&] {
+      for (size_t k = 0; k < jobs_.size(); ++k)
+        if (!jobs_[k].done && holding_ > k) return false;  // the verdict is not known yet
+      return true;
+    });
   if (verdict == TSR_SPECULATE_SKIP && !may_skip_)
     throw sdk::Error(TSR_ERR_INVALID,
                      fmt("%s: speculation resolved as skip, but begun without "
                          "TSR_SPECULATE_MAY_SKIP (the compute parameters were not kept)",
                          s_.who));
   spec_open_ = false;
-  verdict_known_ = true;
+  verdict_known_ = true;  // a held range is held no longer, though the dispatcher may not know yet
   verdict_ = verdict;
   verdict_scale_ = grad_scale;
   ++spec_.steps;

@@ -82,6 +82,10 @@ struct PipelineSetup {
   // for the verdict.
   char *undo = nullptr;
   size_t undo_bytes = 0;
+  // The worst case, for tests and for measuring what a redo costs: the
+  // verdict waits until every range handed over is stepped ahead (or held
+  // for want of undo space), so every range that could be redone is.
+  bool worst_case = false;
 };
 
 class HostPipeline {

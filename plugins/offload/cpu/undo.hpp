@@ -72,9 +72,9 @@ inline tsr_status run_update_saving(ThreadPool &pool, const tsr_optimizer_vtable
     if (layout.param_bytes && u.params_out)
       std::memcpy(layout.params(undo) + b * pb, static_cast<const char *>(u.params_out) + b * pb,
                   n * pb);
-    copy_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
-                   std::chrono::steady_clock::now() - t0)
-                   .count();
+    copy_ns +=
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+            .count();
     HostUpdate part = u;
     part.master = u.master + b;
     for (uint32_t s = 0; s < u.state_count; ++s) part.state[s] = u.state[s] + b;
@@ -108,8 +108,7 @@ inline void restore_from_undo(ThreadPool &pool, const HostUpdate &u, const UndoL
     for (uint32_t s = 0; s < u.state_count; ++s)
       std::memcpy(u.state[s] + b, layout.slot(base, 1 + s) + b, n * sizeof(float));
     if (layout.param_bytes && u.params_out)
-      std::memcpy(static_cast<char *>(u.params_out) + b * pb, layout.params(base) + b * pb,
-                  n * pb);
+      std::memcpy(static_cast<char *>(u.params_out) + b * pb, layout.params(base) + b * pb, n * pb);
   });
 }
 
