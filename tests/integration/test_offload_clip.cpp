@@ -68,6 +68,8 @@ Trained train(int world, const std::string &stage, const std::string &variant, d
   REQUIRE(r.status == 0);
   Trained t;
   if (!none) CHECK_THAT(r.all(), Catch::Contains("speculation (clipping, fp16): an undo space of"));
+  // The start-up report places every byte rank 0 allocated.
+  CHECK_THAT(r.all(), Catch::Contains("where rank 0's bytes live: pageable host memory"));
   for (const auto &m : read_jsonl(s.run_dir / "metrics.jsonl")) {
     if (m.value("type", "") != "train") continue;
     REQUIRE(m.contains("grad_norm"));
