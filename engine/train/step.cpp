@@ -154,8 +154,13 @@ void start_ranges(StepPlan &p, const UpdateArgs &u, size_t lo, size_t hi) {
 }
 
 // Called as backward declares group g's gradients final (PassPhase::grads_final).
+// The speculative round begins with the first group, not before the last
+// micro-batch: by then its forward has waited for every group of the last
+// update, so the backend's begin (which settles that update) costs nothing,
+// where before the forward it would end the update's overlap with it.
 tsr_status start_group(StepPlan &p, const TrainState &ts, uint32_t g) {
   return guarded(p.s.host.ctx(), [&] {
+    if (!p.speculating && speculates(p)) begin_speculation(p);
     const size_t lo = p.s.layout.group_offset[g], hi = lo + p.s.layout.group_size[g];
     start_ranges(p, unclipped(p, ts), lo, hi);
   });
@@ -187,7 +192,6 @@ double train_step(StepPlan &p, TrainState &ts, Loader &loader) {
     if (mb.last && early_start(p)) {
       p.ranges = p.s.owned_ranges();
       p.started.assign(p.ranges.size(), 0);
-      if (speculates(p)) begin_speculation(p);
       mb.grads_final = [&p, &ts](uint32_t g) { return start_group(p, ts, g); };
     }
     loss += micro_step(p, ts, loader, mb);
