@@ -133,7 +133,7 @@ void check_verdict(int32_t verdict, size_t undo_bytes, bool worst_case) {
 
 }  // namespace
 
-TEST_CASE("speculative offload steps: keep, restep and skip give the plain step's bits",
+TEST_CASE("speculative offload steps: keep or restep or skip gives the plain step's bits",
           "[offload][speculate]") {
   for (int32_t v : {TSR_SPECULATE_KEEP, TSR_SPECULATE_RESTEP, TSR_SPECULATE_SKIP}) {
     INFO("verdict " << v);
