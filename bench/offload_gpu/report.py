@@ -125,6 +125,19 @@ def main(argv=None):
         out.append(f"- refused: {e}")
     if refused:
         out.append("")
+    for name, (f, parts) in rows.items():
+        if not any("redone_steps" in p.get("offload", {}) for p in parts):
+            continue
+        # The speculative step under clipping (issue 52): how often a step
+        # stepped ahead of the norm was redone, and what that cost.
+        redone = sum(p["offload"].get("redone_steps", 0) for p in parts)
+        out.append(f"Speculation ({name}): {redone} of {len(parts)} measured steps redone; per "
+                   f"step: keeping the pre-step state "
+                   f"{mean_part(parts, 'offload', 'speculation_save') * 1e3:.1f} ms, redoing "
+                   f"{mean_part(parts, 'offload', 'redo') * 1e3:.1f} ms, ranges held for the "
+                   f"norm {mean_part(parts, 'offload', 'held_for_norm') * 1e3:.1f} ms.")
+        if "cpu" in rows:
+            out.append(f"{name} against cpu without clipping: {vs(f, rows['cpu'][0])}.")
     alone = load_json(os.path.join(w, "alone.json"))
     if "cpu" in rows:
         f, parts = rows["cpu"]

@@ -40,6 +40,7 @@ struct Host::Impl {
   std::unordered_map<void *, Block> blocks;
   MemoryStats stats;       // the compute device's (GPU in CUDA runs)
   MemoryStats host_stats;  // host memory in CUDA runs (pageable + pinned)
+  size_t pinned = 0;       // of which pinned (page-locked for the copy engines)
   MemoryStats &stats_for(Kind k, bool cuda_run) {
     return (cuda_run && k != Kind::cuda) ? host_stats : stats;
   }
@@ -380,6 +381,11 @@ MemoryStats Host::memory() const {
   return impl_->stats;
 }
 
+size_t Host::pinned_bytes() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  return impl_->pinned;
+}
+
 MemoryStats Host::host_memory() const {
   std::lock_guard<std::mutex> lk(impl_->mu);
   return facts_.device.device_type == kDLCUDA ? impl_->host_stats : impl_->stats;
@@ -512,6 +518,7 @@ void *Host::alloc(DLDevice device, size_t bytes, tsr_mem_purpose purpose) {
   s.peak[purpose] = std::max(s.peak[purpose], s.current[purpose]);
   s.current_total += bytes;
   s.peak_total = std::max(s.peak_total, s.current_total);
+  if (kind == Impl::Kind::pinned) impl_->pinned += bytes;
   return p;
 }
 
@@ -529,6 +536,7 @@ void Host::free(void *ptr) {
     auto &s = impl_->stats_for(b.kind, facts_.device.device_type == kDLCUDA);
     s.current[b.purpose] -= b.bytes;
     s.current_total -= b.bytes;
+    if (b.kind == Impl::Kind::pinned) impl_->pinned -= b.bytes;
     impl_->blocks.erase(it);
   }
 #ifdef TESSERA_HAVE_CUDA

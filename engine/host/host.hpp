@@ -89,6 +89,8 @@ class Host {
   // runs, host memory otherwise), and in host memory (pageable and pinned).
   MemoryStats memory() const;
   MemoryStats host_memory() const;
+  // Of host_memory's bytes in a CUDA run, those pinned (page-locked).
+  size_t pinned_bytes() const;
   const RunFacts &facts() const { return facts_; }
   // The collectives behind the table's comm entries.
   Comm &comm() const;

@@ -53,6 +53,8 @@ OffloadCaps offload_caps(const tsr_plugin_descriptor *d) {
   if (c.params && !(c.params->home && c.params->fetch && c.params->ready)) c.params = nullptr;
   c.grads = CAPS_EXT(d, tsr_ext_offload_grads, TSR_EXT_OFFLOAD_GRADS, norm_sq);
   if (c.grads && !(c.grads->put && c.grads->release)) c.grads = nullptr;
+  c.speculate = CAPS_EXT(d, tsr_ext_offload_speculate, TSR_EXT_OFFLOAD_SPECULATE, stats);
+  if (c.speculate && !(c.speculate->begin && c.speculate->resolve)) c.speculate = nullptr;
   return c;
 }
 

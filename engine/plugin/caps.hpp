@@ -46,6 +46,9 @@ struct OffloadCaps {
   const tsr_ext_offload_params *params = nullptr;
   // Holds the owned gradients itself (put, release, norm_sq).
   const tsr_ext_offload_grads *grads = nullptr;
+  // ABI 1.7: steps ahead of the gradient norm and redoes (begin, resolve,
+  // stats).
+  const tsr_ext_offload_speculate *speculate = nullptr;
 };
 
 // One plugin's record; only the part of its kind is filled.

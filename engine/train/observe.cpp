@@ -121,6 +121,25 @@ nlohmann::json RunObserver::offload_interval() {
                       {"wait", s_.flight.wait_s - wait_last_}};
   offload_last_ = now;
   wait_last_ = s_.flight.wait_s;
+  if (const auto *sp = s_.offload.caps.offload.speculate) {
+    // Speculation (ABI 1.7): how often a step stepped ahead of the norm was
+    // redone or undone, and what keeping and redoing cost.
+    tsr_speculate_stats sn{};
+    sn.struct_size = tsr_speculate_stats_STRUCT_SIZE;
+    if (sp->stats(s_.offload.self, &sn) != TSR_OK) {
+      s_.host.clear_error();
+      return j;
+    }
+    const tsr_speculate_stats &o = spec_last_;
+    j["speculated_steps"] = sn.steps - o.steps;
+    j["redone_steps"] = sn.redone - o.redone;
+    j["restored_steps"] = sn.restored - o.restored;
+    j["redone_elements"] = sn.elements_redone - o.elements_redone;
+    j["speculation_save"] = sn.save_s - o.save_s;
+    j["redo"] = sn.redo_s - o.redo_s;
+    j["held_for_norm"] = sn.held_s - o.held_s;
+    spec_last_ = sn;
+  }
   return j;
 }
 
@@ -245,6 +264,21 @@ void RunObserver::finish(nlohmann::json &summary) {
   summary["time_breakdown_by_rank"] = gather_breakdown(breakdown);
   summary["time_breakdown"] = breakdown;
   summary["peak_memory_by_rank"] = gather_memory();
+  if (const auto *sp = s_.offload.caps.offload.speculate) {
+    // This rank's speculation over the run (ABI 1.7; the breakdown has it
+    // per interval): steps stepped ahead of the norm, how many were redone
+    // or undone, and the seconds keeping and redoing took.
+    tsr_speculate_stats t{};
+    t.struct_size = tsr_speculate_stats_STRUCT_SIZE;
+    if (sp->stats(s_.offload.self, &t) == TSR_OK)
+      summary["offload_speculation"] = {
+          {"speculated_steps", t.steps},  {"redone_steps", t.redone},
+          {"restored_steps", t.restored}, {"redone_elements", t.elements_redone},
+          {"save_s", t.save_s},           {"redo_s", t.redo_s},
+          {"held_for_norm_s", t.held_s}};
+    else
+      s_.host.clear_error();
+  }
   std::string trace_path = trace_first_ > 0 ? write_trace() : "";
 
   // Achieved FLOP/s from the model's own count; MFU needs the device's peak.

@@ -53,6 +53,7 @@ class RunObserver {
   int64_t trace_first_ = 0, trace_last_ = 0;  // inclusive; 0: no trace
   std::string started_at_;
   tsr_offload_stats offload_last_{};
+  tsr_speculate_stats spec_last_{};
   double wait_last_ = 0;
 };
 

@@ -9,6 +9,7 @@
 #include "plugin/legacy.hpp"
 #include "train/device_select.hpp"
 #include "util/error.hpp"
+#include "util/text.hpp"
 
 namespace tessera {
 
@@ -159,6 +160,33 @@ void print_offloaded_params(Session &s, int64_t on_device) {
       static_cast<double>(host_b) / 1048576.0, static_cast<double>(disk_b) / 1048576.0);
 }
 
+// Where every byte rank 0 has allocated lives now (the engine's and the
+// plugins' allocations through the host; activations come on top of the
+// GPU's, during the step): GPU, pinned and pageable host memory, and disk
+// where the offload backend keeps parameters there (a backend's own state
+// files are in its own line).
+void print_placement(Session &s) {
+  const MemoryStats host = s.host.host_memory();
+  uint64_t disk = 0;
+  if (s.offload.caps.offload.params)
+    s.offload.caps.offload.params->bytes(s.offload.self, nullptr, &disk);
+  const double pinned = static_cast<double>(s.host.pinned_bytes());
+  if (s.host.facts().device.device_type == kDLCUDA)
+    std::printf(
+        "tessera: where rank 0's bytes live: GPU %s, pinned host memory %s, pageable host memory "
+        "%s, disk %s (allocated so far; the step's activations come on top of the GPU's)\n",
+        format_bytes(static_cast<double>(s.host.memory().current_total)).c_str(),
+        format_bytes(pinned).c_str(),
+        format_bytes(static_cast<double>(host.current_total) - pinned).c_str(),
+        format_bytes(static_cast<double>(disk)).c_str());
+  else
+    std::printf(
+        "tessera: where rank 0's bytes live: pageable host memory %s (a CPU run: no GPU, nothing "
+        "pinned), disk %s (allocated so far)\n",
+        format_bytes(static_cast<double>(host.current_total)).c_str(),
+        format_bytes(static_cast<double>(disk)).c_str());
+}
+
 }  // namespace
 
 nlohmann::json report_memory(Session &s) {
@@ -222,6 +250,7 @@ nlohmann::json report_memory(Session &s) {
           "([offload] plugin '%s'): no gradient slice on the GPU (only the reduce-scatter "
           "buckets in flight), %.2f MiB in host memory\n",
           s.offload.name.c_str(), mib(cb * psi / w));
+    print_placement(s);
     std::fflush(stdout);
   }
   return by_rank;

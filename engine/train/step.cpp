@@ -1,6 +1,8 @@
 // One optimizer step, top-down (see step.hpp).
 #include "train/step.hpp"
 
+#include <cstdint>
+
 #include "host/zero_update.hpp"
 #include "train/model_pass.hpp"
 #include "train/schedule.hpp"
@@ -23,6 +25,7 @@ struct UpdateArgs {
 struct Clip {
   double factor = 1;
   bool overflow = false;
+  double norm = NAN;  // the global norm, where computed
 };
 
 Clip clip_of(StepPlan &p, const TrainState &ts, double loss) {
@@ -34,6 +37,7 @@ Clip clip_of(StepPlan &p, const TrainState &ts, double loss) {
             "grad norm");
   c.overflow = !std::isfinite(sq) || !std::isfinite(loss);
   const double norm = std::sqrt(sq) / ts.scaler.scale;
+  c.norm = norm;
   if (!c.overflow && p.st.gradient_clipping > 0 && norm > p.st.gradient_clipping)
     c.factor = p.st.gradient_clipping / (norm + 1e-6);
   return c;
@@ -90,34 +94,90 @@ void clear_grads(StepPlan &p, TrainState &ts) {
   ts.grads_dirty = false;
 }
 
+// Whether the update starts before the step's gradient scale is known,
+// speculatively (TSR_EXT_OFFLOAD_SPECULATE): with clipping or fp16 the
+// scale needs the global norm, which needs every gradient, so the backend
+// steps ranges with the unclipped scale and, once the norm is known, is
+// told to keep, redo or undo them (resolve_speculation), bit for bit the
+// step it would have made after the norm. Not where the backend holds the
+// gradients itself (the gradient sink): its norm is taken over the same
+// threads that would be stepping.
+bool speculates(const StepPlan &p) {
+  const Session &s = p.s;
+  return (p.st.gradient_clipping > 0 || p.st.precision == "fp16") &&
+         s.offload.caps.offload.speculate && s.offload.caps.offload.wait_params &&
+         !s.home.grads_streamed;
+}
+
 // Whether a step's update may start during its last backward, group by
-// group: the update needs nothing computed over the whole gradient first
-// (no clipping norm, no fp16 overflow check), the owned gradients are final
-// when backward declares them (one rank, not partitioned: no reduction to
-// wait for), and the backend overlaps (ABI 1.2). The ranges then go in
-// backward's order, the same updates as after backward, so the same bits.
+// group: the owned gradients are final when backward declares them (one
+// rank, not partitioned: no reduction to wait for), the backend overlaps
+// (ABI 1.2), and the update needs nothing computed over the whole gradient
+// first (no clipping norm, no fp16 overflow check) or the backend
+// speculates. The ranges then go in backward's order, the same updates as
+// after backward, so the same bits.
 bool early_start(const StepPlan &p) {
   const Session &s = p.s;
-  return p.st.gradient_clipping <= 0 && p.st.precision != "fp16" &&
-         s.host.facts().world_size == 1 && !s.plan.partition_grads &&
-         s.offload.caps.offload.wait_params;
+  const bool needs_norm = p.st.gradient_clipping > 0 || p.st.precision == "fp16";
+  return (!needs_norm || speculates(p)) && s.host.facts().world_size == 1 &&
+         !s.plan.partition_grads && s.offload.caps.offload.wait_params;
+}
+
+// A speculative round begins: the ranges handed over from now on may be
+// redone (fp16: or undone) once the norm is known.
+void begin_speculation(StepPlan &p) {
+  const auto *sp = p.s.offload.caps.offload.speculate;
+  const uint32_t flags = p.st.precision == "fp16" ? TSR_SPECULATE_MAY_SKIP : 0u;
+  plugin_ok(p.s.host, sp->begin(p.s.offload.self, flags), "offload", p.s.offload.name,
+            "speculate begin");
+  p.speculating = true;
+}
+
+// The unclipped update of this step (what every range gets before the
+// norm is known).
+UpdateArgs unclipped(const StepPlan &p, const TrainState &ts) {
+  UpdateArgs u;
+  u.lr = schedule_lr(p.st.schedule, p.lr0, ts.step, ts.total);
+  u.grad_scale = 1.0 / ts.scaler.scale;
+  u.step = ts.step + 1 - ts.scaler.skipped;
+  return u;
+}
+
+// Hands over the owned ranges in flat [lo, hi) not handed over yet.
+void start_ranges(StepPlan &p, const UpdateArgs &u, size_t lo, size_t hi) {
+  for (size_t i = 0; i < p.ranges.size(); ++i) {
+    const tsr_owned_range &r = p.ranges[i];
+    if (p.started[i] || r.flat_offset < lo || r.flat_offset >= hi) continue;
+    p.started[i] = 1;
+    plugin_ok(p.s.host, offload_step(p, u, r), "offload", p.s.offload.name, "step");
+  }
 }
 
 // Called as backward declares group g's gradients final (PassPhase::grads_final).
+// The speculative round begins with the first group, not before the last
+// micro-batch: by then its forward has waited for every group of the last
+// update, so the backend's begin (which settles that update) costs nothing,
+// where before the forward it would end the update's overlap with it.
 tsr_status start_group(StepPlan &p, const TrainState &ts, uint32_t g) {
   return guarded(p.s.host.ctx(), [&] {
-    UpdateArgs u;
-    u.lr = schedule_lr(p.st.schedule, p.lr0, ts.step, ts.total);
-    u.grad_scale = 1.0 / ts.scaler.scale;
-    u.step = ts.step + 1 - ts.scaler.skipped;
+    if (!p.speculating && speculates(p)) begin_speculation(p);
     const size_t lo = p.s.layout.group_offset[g], hi = lo + p.s.layout.group_size[g];
-    for (size_t i = 0; i < p.ranges.size(); ++i) {
-      const tsr_owned_range &r = p.ranges[i];
-      if (p.started[i] || r.flat_offset < lo || r.flat_offset >= hi) continue;
-      p.started[i] = 1;
-      plugin_ok(p.s.host, offload_step(p, u, r), "offload", p.s.offload.name, "step");
-    }
+    start_ranges(p, unclipped(p, ts), lo, hi);
   });
+}
+
+// The norm is known: the speculative round's verdict. `apply` false: an
+// fp16 overflow, the step is skipped; else the ranges stepped ahead are
+// redone when the scale they got (unclipped) is not `u`'s.
+void resolve_speculation(StepPlan &p, const TrainState &ts, const UpdateArgs &u, bool apply) {
+  const double ahead = 1.0 / ts.scaler.scale;  // before the scaler's update
+  const int32_t verdict = !apply                  ? TSR_SPECULATE_SKIP
+                          : u.grad_scale != ahead ? TSR_SPECULATE_RESTEP
+                                                  : TSR_SPECULATE_KEEP;
+  const auto *sp = p.s.offload.caps.offload.speculate;
+  plugin_ok(p.s.host, sp->resolve(p.s.offload.self, verdict, u.grad_scale), "offload",
+            p.s.offload.name, "speculate resolve");
+  p.speculating = false;
 }
 
 }  // namespace
@@ -192,15 +252,33 @@ void apply_update(StepPlan &p, TrainState &ts, double loss) {
                                      std::to_string(ts.step + 1) +
                                      "; lower optimizer.lr or set run.gradient_clipping");
   auto opt_t = p.obs.time(Part::optimizer, "optimizer step");
+  // The gradients are final on every rank: where backward could not start
+  // the update, a speculating backend starts it now, beside the norm.
+  if (speculates(p) && !p.speculating) {
+    p.ranges = s.owned_ranges();
+    p.started.assign(p.ranges.size(), 0);
+    begin_speculation(p);
+    start_ranges(p, unclipped(p, ts), 0, SIZE_MAX);
+  }
   const Clip clip = clip_of(p, ts, loss);
+  ts.grad_norm = clip.norm;
   UpdateArgs u;
   ts.lr = u.lr = schedule_lr(p.st.schedule, p.lr0, ts.step, ts.total);
   u.grad_scale = clip.factor / ts.scaler.scale;  // the scale the gradients carry now
+  u.step = ts.step + 1 - ts.scaler.skipped;
+  if (p.speculating) resolve_speculation(p, ts, u, !clip.overflow);
   // fp16: a step whose gradients overflowed is skipped (no update; the
   // gradients are still cleared); the optimizer counts applied steps only.
   const bool apply = ts.scaler.update(clip.overflow, ts.step + 1);
-  u.step = ts.step + 1 - ts.scaler.skipped;
-  if (apply) update_ranges(p, u);
+  if (apply) {
+    update_ranges(p, u);
+  } else if (!p.started.empty()) {
+    // Skipped after speculation: the backend puts the ranges back; the
+    // next forward must see that done.
+    flight_handed_over(s.flight);
+    flight_settle(s.flight);
+    p.started.clear();
+  }
   ts.grads_dirty = true;  // the next backward clears them
   opt_t.stop();
 }

@@ -39,6 +39,9 @@ struct TrainState {
   int64_t samples = 0;   // samples seen, over all ranks
   LossScaler scaler;
   double lr = 0;  // of the last update
+  // The last step's global gradient norm (unscaled), where the step
+  // computed it (clipping, fp16); NaN where not.
+  double grad_norm = NAN;
   // The interval since the last progress line.
   double interval_loss = 0;
   int64_t interval_steps = 0, interval_samples = 0;
@@ -67,6 +70,9 @@ struct StepPlan {
   // backward (see early_start in step.cpp).
   std::vector<tsr_owned_range> ranges;
   std::vector<char> started;
+  // A speculative round is open (step.cpp, speculates): the offload
+  // backend awaits the verdict once the norm is known.
+  bool speculating = false;
 };
 
 // One optimizer step over `accumulation` micro-batches from `loader`;

@@ -105,9 +105,11 @@ void log_interval(Loop &l, TrainState &ts) {
               "average the loss over ranks");
   }
   ts.last_loss = mean;
+  nlohmann::json extra = l.obs.at_log(ts.interval_steps);
+  if (std::isfinite(ts.grad_norm)) extra["grad_norm"] = ts.grad_norm;  // the last step's
   l.rep.progress(ts.step, ts.epoch, ts.last_loss, ts.lr,
                  dt > 0 ? static_cast<double>(ts.interval_samples) / dt : 0,
-                 seconds_since(ts.train_start), l.obs.at_log(ts.interval_steps));
+                 seconds_since(ts.train_start), extra);
   ts.interval_loss = 0;
   ts.interval_steps = 0;
   ts.interval_samples = 0;

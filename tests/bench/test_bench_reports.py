@@ -231,18 +231,24 @@ class Reports(unittest.TestCase):
         self.assertIn('"%-8s failed (%s %s)\\n"', src)
 
     def test_offload_gpu(self):
-        for name, step_s in (("none", 0.124), ("cpu", 0.454), ("cpu_auto", 0.124)):
+        for name, step_s in (("none", 0.124), ("cpu", 0.454), ("cpu_auto", 0.124),
+                             ("cpu_clip", 0.454)):
             n = 4 + int(22 / step_s)
             pts = steps(step_s, n)
             path = os.path.join(self.work, name, "metrics.jsonl")
             os.makedirs(os.path.dirname(path), exist_ok=True)
+            offload = {"wait": 0.3, "cpu_step": 0.4, "d2h": 0.06, "h2d": 0.07}
+            if name == "cpu_clip":  # the speculative step: every other step redone
+                offload.update({"speculated_steps": 1, "speculation_save": 0.002,
+                                "redo": 0.1, "held_for_norm": 0.0})
             with open(path, "w") as f:
                 for s, t in pts:
+                    if name == "cpu_clip":
+                        offload["redone_steps"] = s % 2
                     f.write(json.dumps({"type": "train", "step": s, "loss": 3.0, "elapsed_s": t,
                                         "breakdown": {"steps": 1, "forward": step_s * 0.8,
                                                       "backward": step_s * 0.2,
-                                                      "offload": {"wait": 0.3, "cpu_step": 0.4,
-                                                                  "d2h": 0.06, "h2d": 0.07}}})
+                                                      "offload": offload}})
                             + "\n")
             self.put(f"{name}/summary.json", {"samples": n * 4, "steps": n, "wall_s": 60.0,
                                               "train_s": 40.0, "peak_memory_bytes": 7 * 2**30})
@@ -258,12 +264,15 @@ class Reports(unittest.TestCase):
         self.put("alone.json", {"step_s": 0.38, "params": 1.56e9, "threads": 16,
                                 "kernel": "avx512", "params_per_s": 4.1e9, "GBps": 115})
         rc, out = self.report("offload_gpu", "--work", self.work, "--windows", "3",
-                              "--commit", "abc", "none", "cpu", "cpu_auto")
+                              "--commit", "abc", "none", "cpu", "cpu_auto", "cpu_clip")
         self.assertEqual(rc, 1, out)
         self.assertIn("| tessera offload cpu | 9,022 (9,022-9,022) | 1.67x", out)
         self.assertIn("refused: DeepSpeed 0.19.8", out)
         self.assertIn("Offloaded step (offload cpu, ratio 0)", out)
         self.assertIn("step 454", out)
+        self.assertIn("Speculation (cpu_clip): 24 of 48 measured steps redone; per step: keeping "
+                      "the pre-step state 2.0 ms, redoing 100.0 ms", out)
+        self.assertIn("cpu_clip against cpu without clipping: 1.00x", out)
         self.assertIn("## Environment", out)
 
 

@@ -90,6 +90,7 @@ std::string fmnist_config(const Job &j, const fs::path &run_dir) {
     if (j.offload == "nvme")
       s << "path = \"" << (run_dir / "nvme").string() << "\"\nsub_group_size = 4096\n";
     if (!j.params.empty()) s << "params = \"" << j.params << "\"\n";
+    s << j.offload_more;
   }
   return s.str();
 }

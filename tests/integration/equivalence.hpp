@@ -29,6 +29,7 @@ struct Job {
   std::string device = "cpu", precision = "fp32";  // run.device, run.precision
   std::string offload = "none", ratio = "";        // [offload] plugin and (cpu) ratio
   std::string params = "";                         // [offload] params (stage 3), if set
+  std::string offload_more = "";                   // more [offload] lines (name it with `tag`)
   // Another model and data: the [model] and [data.train] sections' TOML
   // replacing the MLP on Fashion-MNIST, and a name for them (llama's jobs).
   std::string model_data = "", tag = "";

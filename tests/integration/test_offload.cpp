@@ -17,12 +17,14 @@
 #include <regex>
 
 #include "harness.hpp"
+#include "offload_support.hpp"
 
 // Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
 // helpers and using-directives stay out of the other files' way.
 namespace itest_test_offload {
 
 using namespace tessera::itest;
+using namespace tessera::itest::offload_support;
 
 namespace {
 
@@ -45,44 +47,6 @@ RunOptions opts() {
   RunOptions o;
   o.timeout_s = 100;
   return o;
-}
-
-std::map<std::string, F32Tensor> exported(const fs::path &run_dir, const std::string &name) {
-  const fs::path out = scratch() / (name + ".safetensors");
-  RunResult r = run_cli({"ckpt", "export", (run_dir / "ckpt").string(), "-o", out.string()});
-  INFO(describe(r));
-  REQUIRE(r.status == 0);
-  return read_safetensors_f32(out);
-}
-
-// Largest |a - b| / |b| over every parameter (|b| floored at 1e-30), and
-// whether every value is bitwise equal.
-struct Diff {
-  double rel = 0;
-  bool bitwise = true;
-};
-Diff compare(const std::map<std::string, F32Tensor> &a, const std::map<std::string, F32Tensor> &b) {
-  REQUIRE(a.size() == b.size());
-  Diff d;
-  for (const auto &[name, t] : b) {
-    auto it = a.find(name);
-    REQUIRE(it != a.end());
-    REQUIRE(it->second.data.size() == t.data.size());
-    for (size_t i = 0; i < t.data.size(); ++i) {
-      const float x = it->second.data[i], y = t.data[i];
-      if (std::memcmp(&x, &y, sizeof x) != 0) d.bitwise = false;
-      d.rel = std::max(d.rel, std::fabs(double(x) - y) / std::max(std::fabs(double(y)), 1e-30));
-    }
-  }
-  return d;
-}
-
-std::string offload_section(const std::string &plugin, const fs::path &nvme_dir = {},
-                            const std::string &ratio = "") {
-  std::string s = "\n[offload]\nplugin = \"" + plugin + "\"\nthreads = 4\n";
-  if (plugin == "nvme") s += "path = \"" + nvme_dir.string() + "\"\nsub_group_size = 4096\n";
-  if (!ratio.empty()) s += "ratio = \"" + ratio + "\"\n";
-  return s;
 }
 
 // Trains `stage` on `world` ranks without offload, with cpu (its update

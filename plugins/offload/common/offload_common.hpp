@@ -268,6 +268,25 @@ struct HostUpdate {
   int64_t step = 0;
 };
 
+// The optimizer's CPU step over all of `u` in one call, on this thread.
+inline tsr_status step_block(const tsr_optimizer_vtable *opt, void *opt_self, const HostUpdate &u) {
+  auto a = sdk::make<tsr_optimizer_step_args>();
+  a.device = DLDevice{kDLCPU, 0};
+  a.params = u.master;
+  a.grads = static_cast<const float *>(u.grads);
+  a.state = u.state.data();
+  a.n = u.count;
+  a.segments = u.segments;
+  a.num_segments = u.num_segments;
+  a.lr = u.lr;
+  a.grad_scale = u.grad_scale;
+  a.step = u.step;
+  a.compute_params = u.params_out;
+  a.compute_dtype = u.out_dtype;
+  a.grads_dtype = u.grads_dtype;
+  return opt->step(opt_self, &a);
+}
+
 // Runs the optimizer's CPU step over `u`, split into chunks of at least
 // `min_chunk` elements, one per pool thread, with boundaries on 64-byte
 // multiples of the owned index space. Returns the first failing status (the
@@ -291,23 +310,16 @@ inline tsr_status run_update(ThreadPool &pool, const tsr_optimizer_vtable *opt, 
     if (b >= e) return;
     std::vector<tsr_segment> segs;
     slice_segments(u.segments, u.num_segments, b, e, segs);
-    std::array<float *, kMaxStates> st{};
-    for (uint32_t s = 0; s < u.state_count; ++s) st[s] = u.state[s] + b;
-    auto a = sdk::make<tsr_optimizer_step_args>();
-    a.device = DLDevice{kDLCPU, 0};
-    a.params = u.master + b;
-    a.grads = reinterpret_cast<const float *>(static_cast<const char *>(u.grads) + b * gb);
-    a.state = st.data();
-    a.n = e - b;
-    a.segments = segs.data();
-    a.num_segments = segs.size();
-    a.lr = u.lr;
-    a.grad_scale = u.grad_scale;
-    a.step = u.step;
-    a.compute_params = u.params_out ? static_cast<char *>(u.params_out) + b * pb : nullptr;
-    a.compute_dtype = u.out_dtype;
-    a.grads_dtype = u.grads_dtype;
-    const tsr_status s = opt->step(opt_self, &a);
+    HostUpdate part = u;
+    part.master = u.master + b;
+    for (uint32_t s = 0; s < u.state_count; ++s) part.state[s] = u.state[s] + b;
+    part.grads = static_cast<const char *>(u.grads) + b * gb;
+    part.params_out = u.params_out ? static_cast<char *>(u.params_out) + b * pb : nullptr;
+    part.owned = u.owned + b;
+    part.count = e - b;
+    part.segments = segs.data();
+    part.num_segments = segs.size();
+    const tsr_status s = step_block(opt, opt_self, part);
     tsr_status ok = TSR_OK;
     if (s != TSR_OK) first.compare_exchange_strong(ok, s);
   });

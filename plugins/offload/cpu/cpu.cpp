@@ -28,6 +28,14 @@
 // It also takes the gradients as each bucket is reduce-scattered (the
 // gradient sink), into the pinned download buffer: none stay on the GPU.
 //
+// With gradient clipping (or fp16 loss scaling) the step's gradient scale
+// needs the global norm, which needs every gradient. The backend speculates
+// (TSR_EXT_OFFLOAD_SPECULATE, pipeline.hpp, undo.hpp): ranges are stepped as
+// their gradients come, each keeping its pre-step state in the undo space
+// (`speculation_memory`) first, and a verdict that changes the step puts
+// them back and steps them again, so the result is the unspeculated step's
+// bit for bit.
+//
 // ZeRO: stages 1-3 at any world size, stage 0 on one rank. Stage 0 at more
 // ranks is refused: every rank would keep (and update) a full copy of the
 // state in host memory.
@@ -66,6 +74,8 @@ struct Cpu {
   bool pin = true, pin_threads = true;
   Ratio ratio;
   int32_t params_where = TSR_PARAMS_ON_DEVICE;  // `params`
+  std::string speculation_memory;               // "auto", "0" or a size
+  bool speculation_worst_case = false;
 
   size_t n = 0;
   const tsr_optimizer_vtable *opt = nullptr;
@@ -77,6 +87,7 @@ struct Cpu {
   sdk::Buffer grads_pinned, params_pinned;
   sdk::Buffer params_host;  // parameter offload in a CPU run: the home
   sdk::Buffer grads_host;   // parameter offload in a CPU run: the gradient sink's
+  sdk::Buffer undo;         // speculation: the pre-step values of ranges stepped ahead
   ParamHome home;           // parameter offload (declared after the buffers it reads)
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<HostPipeline> pipeline;
@@ -95,6 +106,18 @@ struct Cpu {
   }
   void sink_release(uint64_t ticket) { pipeline->sink_release(ticket); }
   double sink_norm_sq() { return pipeline->sink_norm_sq(); }
+  // Speculation (SpeculateExtension below).
+  // The device share defers its steps to the verdict (device_share.hpp);
+  // the host's are stepped ahead and undone where the verdict says
+  // (pipeline.hpp).
+  void spec_begin(uint32_t flags) {
+    pipeline->spec_begin((flags & TSR_SPECULATE_MAY_SKIP) != 0);
+    share.defer();
+  }
+  void spec_resolve(int32_t verdict, double grad_scale) {
+    pipeline->spec_resolve(verdict, grad_scale);
+    share.resolve(verdict, grad_scale);
+  }
 
   // The vtable's entries (sdk::offload_vtable): the short ones here.
   ~Cpu();
@@ -127,6 +150,14 @@ std::unique_ptr<Cpu> build(const tsr_host *host, const tsr_config *cfg) {
   s->pin_threads = c.get_bool("pin_threads");
   s->ratio = parse_ratio(c.get_string("ratio"), kWho);
   s->params_where = parse_params_home(c.get_string("params"), kWho, false);
+  s->speculation_memory = c.get_string("speculation_memory");
+  s->speculation_worst_case = c.get_bool("speculation_worst_case");
+  uint64_t bytes = 0;
+  if (s->speculation_memory != "auto" && s->speculation_memory != "0" &&
+      !sdk::parse_size(s->speculation_memory, &bytes))
+    throw Error(TSR_ERR_CONFIG, fmt("%s: speculation_memory = \"%s\": expected \"auto\", \"0\" (no "
+                                    "speculation) or a size such as \"4GiB\" or \"512MiB\"",
+                                    kWho, s->speculation_memory.c_str()));
   if (s->params_where != TSR_PARAMS_ON_DEVICE && (s->ratio.automatic || s->ratio.fraction > 0))
     throw Error(TSR_ERR_INVALID,
                 fmt("%s: ratio keeps a share of the optimizer state and its step on the GPU, "
@@ -181,6 +212,35 @@ std::pair<double, double> allocate(Cpu *s) {
           std::chrono::duration<double>(t2 - t1).count()};
 }
 
+// The undo space of speculation (undo.hpp): every owned element's master,
+// state and compute parameter, or what `speculation_memory` allows of it
+// ("auto": at most half of the host memory this rank has left once its
+// state is allocated). First-touched like the state, so a speculative step
+// takes no page faults.
+void allocate_undo(Cpu *s) {
+  const double cb = static_cast<double>(dtype_bytes(s->compute_dtype));
+  // Each range's arrays start 64-byte aligned: 1 MiB covers that slack for
+  // any plausible number of ranges.
+  const double whole = s->n * (4.0 * (1 + s->state_count) + cb) + 1048576.0;
+  double bytes = whole;
+  if (s->speculation_memory == "0") {
+    bytes = 0;
+  } else if (s->speculation_memory == "auto") {
+    const sdk::HostMemory avail = sdk::host_memory_available();
+    const uint32_t local = s->host->run ? std::max<uint32_t>(1, s->host->run->local_world_size) : 1;
+    if (avail.bytes > 0) bytes = std::min(whole, static_cast<double>(avail.bytes) / local / 2);
+  } else {
+    uint64_t b = 0;
+    sdk::parse_size(s->speculation_memory, &b);  // checked in build()
+    bytes = std::min(whole, static_cast<double>(b));
+    check_host_memory(s->host, kWho, bytes, "the speculation's undo space (speculation_memory)");
+  }
+  if (bytes < 4096) return;
+  s->undo = sdk::Buffer(s->host, DLDevice{kDLCPU, 0}, static_cast<size_t>(bytes), TSR_MEM_OTHER);
+  advise_huge_pages(s->undo.get(), s->undo.bytes());
+  first_touch(*s->pool, s->undo.get(), s->undo.bytes());
+}
+
 void log_setup(Cpu *s, std::pair<double, double> took) {
   std::string names;
   for (uint32_t i = 0; i < s->state_count; ++i) {
@@ -202,6 +262,16 @@ void log_setup(Cpu *s, std::pair<double, double> took) {
           s->pin ? "pinned" : "pageable", took.first + took.second, took.first, took.second,
           s->pool->size(), s->cuda ? "GPU" : "forward", s->share.describe().c_str())
           .c_str());
+  const double whole = s->n * (4.0 * (1 + s->state_count) + dtype_bytes(s->compute_dtype));
+  s->host->log(s->host->ctx, TSR_LOG_INFO,
+               fmt("%s (rank %u): speculation (clipping, fp16): an undo space of %.2f MiB in "
+                   "pageable host memory holds the pre-step values of %s ranges stepped before "
+                   "the gradient norm is known",
+                   kWho, rank, mib(static_cast<double>(s->undo.bytes())),
+                   s->undo.bytes() == 0                            ? "no (speculation off):"
+                   : static_cast<double>(s->undo.bytes()) >= whole ? "all"
+                                                                   : "the first")
+                   .c_str());
   if (s->home.active())
     s->host->log(s->host->ctx, TSR_LOG_INFO,
                  fmt("%s (rank %u): compute parameters of the %zu owned elements in %s host "
@@ -228,6 +298,7 @@ void Cpu::setup(const tsr_offload_setup *st) {
                     fmt("the master weights and optimizer state%s of %zu owned elements",
                         held ? ", the offloaded parameters" : "", n));
   const std::pair<double, double> took = allocate(this);
+  allocate_undo(this);
   PipelineSetup p;
   p.host = host;
   p.who = kWho;
@@ -243,6 +314,9 @@ void Cpu::setup(const tsr_offload_setup *st) {
   p.params_pinned = params_pinned.as<char>();
   p.grads_host = grads_host.as<char>();
   p.n = n;
+  p.undo = undo.as<char>();
+  p.undo_bytes = undo.bytes();
+  p.worst_case = speculation_worst_case;
   if (held) {
     p.params_home = cuda ? params_pinned.as<char>() : params_host.as<char>();
     home.init(kWho, n, compute_dtype, p.params_home, cuda, p.device);
@@ -323,6 +397,14 @@ const tsr_param_decl kParams[] = {
                "share of the owned state kept and stepped on the GPU, \"0\" to \"1\" (DeepSpeed's "
                "offload_optimizer.ratio), or \"auto\": the largest share that fits beside the "
                "first step's peak under run.max_gpu_memory"),
+    sdk::param("speculation_memory", TSR_PARAM_STRING, "\"auto\"",
+               "with gradient clipping or fp16: host memory that keeps the pre-step state of the "
+               "ranges stepped before the gradient norm is known, so they can be redone "
+               "exactly; \"auto\" (every owned element, or half of the host memory left), "
+               "\"0\" (each update waits for the norm) or a size (\"8GiB\")"),
+    sdk::param("speculation_worst_case", TSR_PARAM_BOOL, "false",
+               "for tests and measurements: the norm's verdict waits until every range handed "
+               "over has been stepped ahead, so every clipped step is redone in full"),
     sdk::param("params", TSR_PARAM_STRING, "\"none\"",
                "ZeRO stage 3: where this rank's compute parameters live, \"none\" (the GPU) or "
                "\"cpu\" (pinned host memory, fetched per group just before use; DeepSpeed's "
@@ -359,15 +441,40 @@ void params_bytes(void *self, uint64_t *host_bytes, uint64_t *disk_bytes) {
 
 const tsr_ext_offload_params kParamsExt = {tsr_ext_offload_params_STRUCT_SIZE, params_home,
                                            fetch_params, params_ready, params_bytes};
+
+// ---- speculation (TSR_EXT_OFFLOAD_SPECULATE) ----
+
+tsr_status spec_begin(void *self, uint32_t flags) {
+  auto *s = static_cast<Cpu *>(self);
+  return sdk::guard(s->host, [&] { s->spec_begin(flags); });
+}
+
+tsr_status spec_resolve(void *self, int32_t verdict, double grad_scale) {
+  auto *s = static_cast<Cpu *>(self);
+  return sdk::guard(s->host, [&] { s->spec_resolve(verdict, grad_scale); });
+}
+
+tsr_status spec_stats(void *self, tsr_speculate_stats *out) {
+  auto *s = static_cast<Cpu *>(self);
+  return sdk::guard(s->host, [&] {
+    if (!out || out->struct_size < TSR_STRUCT_SIZE(tsr_speculate_stats, held_s))
+      throw Error(TSR_ERR_INVALID, fmt("%s: speculation stats struct missing or too small", kWho));
+    sdk::copy_out(s->pipeline->spec_stats(), out);
+  });
+}
+
+const tsr_ext_offload_speculate kSpeculateExt = {tsr_ext_offload_speculate_STRUCT_SIZE, spec_begin,
+                                                 spec_resolve, spec_stats};
 const sdk::Extension kExtensions[] = {{TSR_EXT_OFFLOAD_PARAMS, &kParamsExt},
-                                      {TSR_EXT_OFFLOAD_GRADS, &GradsExtension<Cpu>::table}};
+                                      {TSR_EXT_OFFLOAD_GRADS, &GradsExtension<Cpu>::table},
+                                      {TSR_EXT_OFFLOAD_SPECULATE, &kSpeculateExt}};
 const void *get_extension(const char *id) {
   return sdk::find_extension(kExtensions, id);
 }
 
 const tsr_offload_vtable kVtable = sdk::offload_vtable<Cpu, build>();
 
-const tsr_plugin_descriptor kCpu = sdk::describe(TSR_KIND_OFFLOAD, "cpu", "1.4.0", kSummary,
+const tsr_plugin_descriptor kCpu = sdk::describe(TSR_KIND_OFFLOAD, "cpu", "1.5.0", kSummary,
                                                  kParams, kDevices, &kVtable, get_extension);
 
 }  // namespace

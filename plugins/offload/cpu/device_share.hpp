@@ -3,6 +3,12 @@
 // stream, while the host's threads step the rest. Owned elements
 // [0, split) are the device's.
 //
+// A speculative round (TSR_EXT_OFFLOAD_SPECULATE) defers the share's steps
+// until the verdict rather than undoing them: on the GPU they are short
+// kernels on the compute stream, and deferring them keeps no copy of any
+// state. resolve() then runs them with the verdict's scale (or drops them
+// for a skip), the same calls a plain step makes, so the same bits.
+//
 // In a CPU run the compute device is the host: the share is stepped by the
 // optimizer's CPU kernel on the calling thread, over the host arrays
 // themselves, beside the dispatcher's threads (the same math, so the same
@@ -83,9 +89,34 @@ class DeviceShare {
             gib(static_cast<double>(m.limit))));
   }
 
+  // From now until resolve(), step() keeps what it is handed.
+  void defer() {
+    deferring_ = true;
+    deferred_.clear();
+  }
+  // The verdict of a speculative round (extensions.h): the deferred steps
+  // run, with grad_scale for a restep, or are dropped for a skip.
+  void resolve(int32_t verdict, double grad_scale) {
+    deferring_ = false;
+    std::vector<Deferred> run = std::move(deferred_);
+    deferred_.clear();
+    if (verdict == TSR_SPECULATE_SKIP) return;
+    for (Deferred &d : run) {
+      d.st.segments = d.segments.data();
+      if (verdict == TSR_SPECULATE_RESTEP) d.st.grad_scale = grad_scale;
+      step(&d.st, d.begin, d.end);
+    }
+  }
+
   // Steps elements [begin, end) of `st` (relative to st->offset, all below
   // the split) where the share lives.
   void step(const tsr_offload_step *st, size_t begin, size_t end) {
+    if (deferring_) {
+      Deferred d{*st, std::vector<tsr_segment>(st->segments, st->segments + st->num_segments),
+                 begin, end};
+      deferred_.push_back(std::move(d));
+      return;
+    }
     const auto t0 = std::chrono::steady_clock::now();
     const size_t off = st->offset + begin, cb = dtype_bytes(dtype_);
     std::vector<tsr_segment> segs;
@@ -173,6 +204,15 @@ class DeviceShare {
   float *host_slot_[1 + kMaxStates] = {};
   std::vector<sdk::Buffer> dev_;
   double seconds_ = 0;
+  // A speculative round's steps, until its verdict (the step's pointers
+  // stay valid until then: the host keeps the gradients until wait_grads).
+  struct Deferred {
+    tsr_offload_step st;
+    std::vector<tsr_segment> segments;
+    size_t begin = 0, end = 0;
+  };
+  bool deferring_ = false;
+  std::vector<Deferred> deferred_;
 };
 
 }  // namespace tessera::offload

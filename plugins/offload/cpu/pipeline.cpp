@@ -56,13 +56,25 @@ void HostPipeline::submit(RangeUpdate u) {
   if (!jobs_.empty() && u.step != step_) retire();
   step_ = u.step;
   std::unique_lock<std::mutex> lk(mu_);
+  Job j;
+  j.u = std::move(u);
+  j.spec = spec_open_;
+  push(std::move(j), true);
+  lk.unlock();
+  work_.notify_one();
+}
+
+// Appends a job (under mu_). In a CUDA run its gradients' copy to the host
+// goes first, unless `copy_grads` is false (a fix job reads what its
+// original's copy brought).
+void HostPipeline::push(Job j, bool copy_grads) {
 #if TSR_PLUGIN_CUDA
   if (s_.cuda) {
     const size_t k = jobs_.size();
     // Ordered after what the compute stream has queued so far: the backward
     // that produced these gradients (and, when the range comes during
     // backward, its use of the range's parameters before it said so).
-    copies_.after_compute(s_.host->compute_stream);
+    if (copy_grads) copies_.after_compute(s_.host->compute_stream);
     if (events_.size() <= k) {
       std::array<cudaEvent_t, 4> ev{};
       for (cudaEvent_t &e : ev) cuda_check(cudaEventCreate(&e), s_.who, "event");
@@ -73,16 +85,16 @@ void HostPipeline::submit(RangeUpdate u) {
     cuda_check(cudaEventRecord(ev[0], copies_.d2h), s_.who, "record");
     // No gradients handed over: the sink's copies put them in place
     // already, and ev[1] comes after those on the same stream.
-    if (u.grads)
-      cuda_check(cudaMemcpyAsync(s_.grads_pinned + u.offset * cb, u.grads, u.count * cb,
+    if (copy_grads && j.u.grads)
+      cuda_check(cudaMemcpyAsync(s_.grads_pinned + j.u.offset * cb, j.u.grads, j.u.count * cb,
                                  cudaMemcpyDeviceToHost, copies_.d2h),
                  s_.who, "copy gradients to the host");
     cuda_check(cudaEventRecord(ev[1], copies_.d2h), s_.who, "record");
   }
+#else
+  (void)copy_grads;
 #endif
-  jobs_.push_back(Job{std::move(u), false, TSR_OK, {}, 0});
-  lk.unlock();
-  work_.notify_one();
+  jobs_.push_back(std::move(j));
 }
 
 void HostPipeline::serve() {
@@ -93,26 +105,60 @@ void HostPipeline::serve() {
   for (;;) {
     work_.wait(lk, [&] { return stop_ || next_ < jobs_.size(); });
     if (stop_) return;
+    Job &j = jobs_[next_];
+    if (!take(j, lk)) return;
     const size_t k = next_++;
-    Job &j = jobs_[k];
-    void *events = nullptr;
+    void *events = nullptr, *of_events = nullptr;
 #if TSR_PLUGIN_CUDA
-    if (s_.cuda) events = &events_[k];
+    if (s_.cuda) {
+      events = &events_[k];
+      of_events = &events_[j.of];
+    }
 #endif
     lk.unlock();
-    process(j, k, events);
+    process(j, k, events, of_events);
     lk.lock();
     host_s_ += j.host_s;
-    elements_ += j.u.count;
+    if (!j.skip) elements_ += j.u.count;
+    spec_.save_s += j.save_s;
+    if (j.fix) spec_.redo_s += j.host_s;
     j.done = true;
     done_.notify_all();
   }
 }
 
-// One range, on the dispatcher thread. Failures are kept with the job and
-// raised on the thread that waits for it.
-void HostPipeline::process(Job &j, size_t, void *events) {
+// Decides how the dispatcher runs job j (under mu_, which it may release
+// while it waits): a range of an open speculative round is stepped ahead
+// where the undo space has room for its pre-step values, else held until
+// the verdict; once the verdict is known, a range not yet stepped takes
+// its scale (or is skipped). Returns false when the pipeline stops.
+bool HostPipeline::take(Job &j, std::unique_lock<std::mutex> &lk) {
+  if (!j.spec) return true;
+  if (!verdict_known_) {
+    const UndoLayout l{j.u.count, s_.state_count, may_skip_ ? dtype_bytes(s_.compute_dtype) : 0};
+    if (undo_used_ + l.bytes() <= s_.undo_bytes) {
+      j.undo = undo_used_;
+      undo_used_ += l.bytes();
+      return true;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    holding_ = next_;
+    done_.notify_all();  // a wait for this range now fails rather than hangs (wait_done)
+    work_.wait(lk, [&] { return stop_ || verdict_known_; });
+    holding_ = kNoUndo;
+    spec_.held_s += seconds_since(t0);
+    if (stop_) return false;
+  }
+  if (verdict_ == TSR_SPECULATE_RESTEP) j.u.grad_scale = verdict_scale_;
+  j.skip = verdict_ == TSR_SPECULATE_SKIP;
+  return true;
+}
+
+// The host update of job j's range: its master, state, gradients and where
+// its compute parameters go.
+HostUpdate HostPipeline::update_of(const Job &j) const {
   const RangeUpdate &r = j.u;
+  const size_t cb = dtype_bytes(s_.compute_dtype);
   HostUpdate u;
   u.master = s_.slots[0] + r.offset;
   u.state_count = s_.state_count;
@@ -126,36 +172,60 @@ void HostPipeline::process(Job &j, size_t, void *events) {
   u.step = r.step;
   u.grads_dtype = s_.compute_dtype;
   u.out_dtype = s_.compute_dtype;
-  u.grads = r.grads ? r.grads : s_.grads_host + r.offset * dtype_bytes(s_.compute_dtype);
+  u.grads = r.grads ? r.grads : s_.grads_host + r.offset * cb;
   u.params_out = r.params;
+  if (s_.cuda) {
+    u.grads = s_.grads_pinned + r.offset * cb;
+    u.params_out = s_.params_pinned + r.offset * cb;
+  }
+  if (s_.params_home) u.params_out = s_.params_home + r.offset * cb;
+  return u;
+}
+
+// One range, on the dispatcher thread. Failures are kept with the job and
+// raised on the thread that waits for it.
+void HostPipeline::process(Job &j, size_t, void *events, void *of_events) {
+  const RangeUpdate &r = j.u;
+  const HostUpdate u = update_of(j);
+  const UndoLayout undo{r.count, s_.state_count, may_skip_ ? dtype_bytes(s_.compute_dtype) : 0};
 #if TSR_PLUGIN_CUDA
   const size_t cb = dtype_bytes(s_.compute_dtype);
   auto &ev = *static_cast<std::array<cudaEvent_t, 4> *>(events);
   if (s_.cuda) {
-    if (cudaEventSynchronize(ev[1]) != cudaSuccess) {
+    // A fix job rewrites the pinned parameters its original's upload reads.
+    cudaEvent_t first = j.fix ? (*static_cast<std::array<cudaEvent_t, 4> *>(of_events))[3] : ev[1];
+    if (cudaEventSynchronize(first) != cudaSuccess || cudaEventSynchronize(ev[1]) != cudaSuccess) {
       j.status = TSR_ERR_INTERNAL;
       j.error =
           std::string("copy of gradients to the host: ") + cudaGetErrorString(cudaGetLastError());
       return;
     }
-    u.grads = s_.grads_pinned + r.offset * cb;
-    u.params_out = s_.params_pinned + r.offset * cb;
   }
 #else
   (void)events;
+  (void)of_events;
 #endif
-  if (s_.params_home) u.params_out = s_.params_home + r.offset * dtype_bytes(s_.compute_dtype);
   const auto t0 = std::chrono::steady_clock::now();
-  j.status = run_update(*s_.pool, s_.opt, s_.opt_self, u);
+  if (j.fix) restore_from_undo(*s_.pool, u, undo, s_.undo + j.undo);
+  if (j.skip)
+    j.status = TSR_OK;
+  else if (j.undo != kNoUndo && !j.fix)
+    j.status =
+        run_update_saving(*s_.pool, s_.opt, s_.opt_self, u, undo, s_.undo + j.undo, &j.save_s);
+  else
+    j.status = run_update(*s_.pool, s_.opt, s_.opt_self, u);
   j.host_s = seconds_since(t0);
   if (j.status != TSR_OK) {
     j.error = "the optimizer's CPU step failed";
     return;
   }
 #if TSR_PLUGIN_CUDA
+  // A skipped range that was never stepped changed nothing on the host:
+  // its upload is only the two events, so waits for it stay in order.
+  const bool upload = !(j.skip && !j.fix);
   if (s_.cuda && !s_.params_home) {
     cudaError_t e = cudaEventRecord(ev[2], copies_.h2d);
-    if (e == cudaSuccess)
+    if (e == cudaSuccess && upload)
       e = cudaMemcpyAsync(r.params, s_.params_pinned + r.offset * cb, r.count * cb,
                           cudaMemcpyHostToDevice, copies_.h2d);
     if (e == cudaSuccess) e = cudaEventRecord(ev[3], copies_.h2d);
@@ -173,7 +243,15 @@ void HostPipeline::raise(const Job &j) const {
 }
 
 void HostPipeline::wait_done(size_t k, std::unique_lock<std::mutex> &lk) {
-  done_.wait(lk, [&] { return jobs_[k].done; });
+  // A range at or after the one the dispatcher holds for the verdict
+  // cannot finish before spec_resolve: say so instead of waiting for ever.
+  auto stuck = [&] { return !verdict_known_ && holding_ <= k; };
+  done_.wait(lk, [&] { return jobs_[k].done || stuck(); });
+  if (!jobs_[k].done)
+    throw sdk::Error(TSR_ERR_INTERNAL,
+                     fmt("%s: waited for owned elements [%zu, %zu), held for the verdict of a "
+                         "speculative step: the host must resolve the speculation first",
+                         s_.who, jobs_[k].u.offset, jobs_[k].u.offset + jobs_[k].u.count));
   if (jobs_[k].status != TSR_OK) raise(jobs_[k]);
 }
 
@@ -261,6 +339,74 @@ void HostPipeline::sink_release(uint64_t ticket) {
 double HostPipeline::sink_norm_sq() {
   wait_range(0, s_.n);  // nothing else uses the pool meanwhile
   return sink_.norm_sq();
+}
+
+void HostPipeline::spec_begin(bool may_skip) {
+  // The last round's fix jobs are done (they use the undo space); so is
+  // every range of the last step, as at any new step.
+  if (!jobs_.empty()) retire();
+  std::lock_guard<std::mutex> lk(mu_);
+  spec_open_ = true;
+  may_skip_ = may_skip;
+  verdict_known_ = false;
+  verdict_ = TSR_SPECULATE_KEEP;
+  verdict_scale_ = 1;
+  undo_used_ = 0;
+}
+
+void HostPipeline::spec_resolve(int32_t verdict, double grad_scale) {
+  if (verdict != TSR_SPECULATE_KEEP && verdict != TSR_SPECULATE_RESTEP &&
+      verdict != TSR_SPECULATE_SKIP)
+    throw sdk::Error(TSR_ERR_INVALID, fmt("%s: speculation verdict %d is none of keep (0), "
+                                          "restep (1), skip (2)",
+                                          s_.who, static_cast<int>(verdict)));
+  std::unique_lock<std::mutex> lk(mu_);
+  if (!spec_open_)
+    throw sdk::Error(TSR_ERR_INVALID, fmt("%s: speculation resolved without begin", s_.who));
+  if (s_.worst_case)
+    done_.wait(lk, [&] {
+      for (size_t k = 0; k < jobs_.size(); ++k)
+        if (!jobs_[k].done && holding_ > k) return false;  // the verdict is not known yet
+      return true;
+    });
+  if (verdict == TSR_SPECULATE_SKIP && !may_skip_)
+    throw sdk::Error(TSR_ERR_INVALID,
+                     fmt("%s: speculation resolved as skip, but begun without "
+                         "TSR_SPECULATE_MAY_SKIP (the compute parameters were not kept)",
+                         s_.who));
+  spec_open_ = false;
+  verdict_known_ = true;  // a held range is held no longer, though the dispatcher may not know yet
+  verdict_ = verdict;
+  verdict_scale_ = grad_scale;
+  ++spec_.steps;
+  bool any = false;
+  if (verdict != TSR_SPECULATE_KEEP) {
+    const size_t end = jobs_.size();
+    for (size_t k = 0; k < end; ++k) {
+      const Job &o = jobs_[k];
+      if (!o.spec || o.undo == kNoUndo) continue;  // not stepped ahead: takes the verdict
+      Job f;
+      f.u = o.u;
+      f.u.grad_scale = grad_scale;
+      f.fix = true;
+      f.skip = verdict == TSR_SPECULATE_SKIP;
+      f.undo = o.undo;
+      f.of = k;
+      spec_.elements_redone += o.u.count;
+      push(std::move(f), false);
+      any = true;
+    }
+  }
+  if (any) ++(verdict == TSR_SPECULATE_SKIP ? spec_.restored : spec_.redone);
+  lk.unlock();
+  work_.notify_all();
+}
+
+tsr_speculate_stats HostPipeline::spec_stats() {
+  std::lock_guard<std::mutex> lk(mu_);
+  tsr_speculate_stats out = spec_;
+  out.struct_size = tsr_speculate_stats_STRUCT_SIZE;
+  return out;
 }
 
 tsr_offload_stats HostPipeline::stats() {

@@ -21,6 +21,17 @@
 //
 // The update math is run_update's (offload_common.hpp): the same chunks and
 // the same optimizer kernel as a synchronous step, so the same bits.
+//
+// Speculation (TSR_EXT_OFFLOAD_SPECULATE, with clipping or fp16): between
+// spec_begin and spec_resolve the ranges are stepped with the scale they
+// came with, each keeping its pre-step values in the undo space first
+// (undo.hpp); a range the dispatcher reaches once the verdict is known is
+// stepped with the verdict's scale and keeps nothing. A verdict that
+// changes the step appends one "fix" job per range stepped ahead: it puts
+// the kept values back and steps again with the right scale (or, for a
+// skip, only puts them back), and in a CUDA run uploads the parameters
+// again; waits for a range cover its fix jobs as any job. When the undo
+// space is full the dispatcher holds the next range until the verdict.
 #pragma once
 
 #include <condition_variable>
@@ -31,6 +42,7 @@
 
 #include "grad_sink.hpp"
 #include "offload_common.hpp"
+#include "undo.hpp"
 
 namespace tessera::offload {
 
@@ -65,6 +77,15 @@ struct PipelineSetup {
   // element, host memory) and nothing goes back to the device; the zero
   // plugin fetches from it (param_home.hpp).
   char *params_home = nullptr;
+  // Speculation: the space that keeps the pre-step values of the ranges
+  // stepped ahead of the verdict (undo.hpp); 0 bytes: every range waits
+  // for the verdict.
+  char *undo = nullptr;
+  size_t undo_bytes = 0;
+  // The worst case, for tests and for measuring what a redo costs: the
+  // verdict waits until every range handed over is stepped ahead (or held
+  // for want of undo space), so every range that could be redone is.
+  bool worst_case = false;
 };
 
 class HostPipeline {
@@ -98,17 +119,33 @@ class HostPipeline {
   double sink_norm_sq();
   // Cumulative seconds: d2h, host step, h2d; elements updated.
   tsr_offload_stats stats();
+  // Speculation (TSR_EXT_OFFLOAD_SPECULATE, main thread): the ranges
+  // submitted from spec_begin on are stepped ahead of the verdict (with
+  // may_skip, keeping the compute parameters too); spec_resolve gives it.
+  void spec_begin(bool may_skip);
+  void spec_resolve(int32_t verdict, double grad_scale);
+  tsr_speculate_stats spec_stats();
 
  private:
+  static constexpr size_t kNoUndo = SIZE_MAX;
   struct Job {
     RangeUpdate u;
     bool done = false;
     tsr_status status = TSR_OK;
     std::string error;
     double host_s = 0;  // the pool's time on it
+    // Speculation: submitted between spec_begin and spec_resolve; where its
+    // pre-step values are kept (kNoUndo: stepped with a known scale);
+    // a fix job restores job `of`'s, and steps again unless `skip`.
+    bool spec = false, fix = false, skip = false;
+    size_t undo = kNoUndo, of = 0;
+    double save_s = 0;  // keeping the pre-step values (the threads' time, averaged)
   };
+  void push(Job j, bool copy_grads);
   void serve();
-  void process(Job &j, size_t index, void *events);
+  bool take(Job &j, std::unique_lock<std::mutex> &lk);
+  HostUpdate update_of(const Job &j) const;
+  void process(Job &j, size_t index, void *events, void *of_events);
   void wait_done(size_t index, std::unique_lock<std::mutex> &lk);
   void retire();
   void raise(const Job &j) const;
@@ -123,6 +160,14 @@ class HostPipeline {
   std::thread thread_;
   double host_s_ = 0, d2h_s_ = 0, h2d_s_ = 0;
   uint64_t elements_ = 0;
+  // Speculation (under mu_): a round is open from spec_begin to
+  // spec_resolve; the verdict, once known; the undo space in use.
+  bool spec_open_ = false, may_skip_ = false, verdict_known_ = true;
+  int32_t verdict_ = TSR_SPECULATE_KEEP;
+  double verdict_scale_ = 1;
+  size_t undo_used_ = 0;
+  size_t holding_ = kNoUndo;  // the job the dispatcher holds for the verdict
+  tsr_speculate_stats spec_{};
 #if TSR_PLUGIN_CUDA
   CopyStreams copies_;
   // Per job index: d2h begin/end, h2d begin/end (timed, for the breakdown).

@@ -175,6 +175,55 @@ typedef struct tsr_ext_offload_grads {
 } tsr_ext_offload_grads;
 #define tsr_ext_offload_grads_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_ext_offload_grads, norm_sq)
 
+/* ABI 1.7: an offload backend whose overlapped step (ABI 1.2 wait_params)
+ * may start before the step's gradient scale is known. With gradient
+ * clipping or fp16 loss scaling the scale needs the global gradient norm,
+ * which needs every gradient; the host then calls begin() before handing
+ * the step's first range over, hands ranges over as their gradients are
+ * final with grad_scale as if no clipping applied (1 / loss scale), and
+ * calls resolve() once the norm is known, before anything reads the
+ * parameters or the state:
+ *
+ *   TSR_SPECULATE_KEEP    the scale handed over was right; nothing to redo.
+ *   TSR_SPECULATE_RESTEP  every range handed over since begin() is updated
+ *                         as if step() had been given grad_scale instead:
+ *                         bit for bit the parameters, master weights and
+ *                         state a plain step with grad_scale gives.
+ *   TSR_SPECULATE_SKIP    no range handed over since begin() is updated
+ *                         (fp16 overflow): parameters, master weights and
+ *                         state stay bit for bit what they were.
+ *
+ * The gradients handed over stay untouched until wait_grads(), as for any
+ * overlapped step. begin's flags: TSR_SPECULATE_MAY_SKIP when resolve may
+ * say SKIP (the backend then also keeps what it needs to restore the
+ * compute parameters). How the backend keeps what it needs to undo, and
+ * how much it speculates, is its own (offload cpu: docs/offload.md);
+ * stats reports it for the breakdown. */
+#define TSR_EXT_OFFLOAD_SPECULATE "tessera.offload.speculate/1"
+#define TSR_SPECULATE_KEEP 0
+#define TSR_SPECULATE_RESTEP 1
+#define TSR_SPECULATE_SKIP 2
+#define TSR_SPECULATE_MAY_SKIP 1u
+/* Cumulative counts and seconds since setup. */
+typedef struct tsr_speculate_stats {
+  size_t struct_size;
+  uint64_t steps;           /* begin() .. resolve() rounds */
+  uint64_t redone;          /* rounds resolved RESTEP with a range already updated */
+  uint64_t restored;        /* rounds resolved SKIP with a range already updated */
+  uint64_t elements_redone; /* elements restored (and stepped again, for RESTEP) */
+  double save_s;            /* keeping what an undo needs, inside the speculative steps */
+  double redo_s;            /* restoring and stepping again */
+  double held_s;            /* the update waited for the verdict (nothing left to undo with) */
+} tsr_speculate_stats;
+#define tsr_speculate_stats_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_speculate_stats, held_s)
+typedef struct tsr_ext_offload_speculate {
+  size_t struct_size;
+  tsr_status (*begin)(void *self, uint32_t flags);
+  tsr_status (*resolve)(void *self, int32_t verdict, double grad_scale);
+  tsr_status (*stats)(void *self, tsr_speculate_stats *out);
+} tsr_ext_offload_speculate;
+#define tsr_ext_offload_speculate_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_ext_offload_speculate, stats)
+
 /* A zero plugin that can hand its reduced gradients to a tsr_grad_sink
  * instead of keeping them: use() once, before setup; it fails (naming why)
  * where the stage does not partition gradients. The plugin then keeps no

@@ -5,8 +5,12 @@
 // CUDA kernel) train the MLP on Fashion-MNIST in bf16 as offload `none`
 // does, within the bf16 bars of the two-GPU jobs (test_jobs_gpu.cpp says
 // where they come from): loss at every step within 3%, parameters tensor by
-// tensor within 10% in L2. With clipping on, too: the norm is taken on the
-// GPU before any range is handed over.
+// tensor within 10% in L2. With clipping on, too: each range's CPU step
+// starts during backward, before the norm is known, and the ranges already
+// stepped are redone with the clipped scale once it is (issue 52); and
+// with speculation_worst_case, where every range of every clipped step is
+// stepped ahead and redone (the redo's uploads then replace the
+// speculative ones).
 //
 // Stage 3 with the parameters in pinned host memory (offload params
 // "cpu"): each group is fetched before use and every reduced gradient
@@ -87,6 +91,23 @@ TEST_CASE("one GPU, bf16: offload cpu, overlapped and with a GPU share, matches 
 
 TEST_CASE("one GPU, bf16, clipping on: offload cpu matches offload none", "[gpu][jobs][offload]") {
   equivalence(128, offload_jobs(0.5), kAdamBf16);
+}
+
+TEST_CASE("one GPU, bf16, clipping on, clipped steps redone in full: offload cpu matches none",
+          "[gpu][jobs][offload]") {
+  Job r = gpu_job(1, 128, 0.05);
+  r.offload = "none";
+  const Trained ref = train_job(r);
+  for (Job j : offload_jobs(0.05)) {
+    j.offload_more = "speculation_worst_case = true\n";
+    j.tag = "worst";
+    const Trained t = train_job(j);
+    INFO(describe(t.run));
+    check_equivalent(ref, t, kAdamBf16);
+    REQUIRE(t.summary.contains("offload_speculation"));
+    CHECK(t.summary["offload_speculation"]["speculated_steps"].get<int64_t>() == j.steps);
+    CHECK(t.summary["offload_speculation"]["redone_steps"].get<int64_t>() > 0);
+  }
 }
 
 TEST_CASE("one GPU, bf16, stage 3: parameters and gradients offloaded match offload none",
