@@ -32,6 +32,23 @@ const char *type_name(tsr_param_type t) {
 
 namespace {
 
+std::vector<std::string> choice_list(const char *choices);
+
+}  // namespace
+
+bool takes_number(const tsr_param_decl &d) {
+  if (d.type != TSR_PARAM_STRING) return false;
+  for (const auto &c : choice_list(d.choices))
+    if (c == "#") return true;
+  return false;
+}
+
+std::string decl_type_name(const tsr_param_decl &d) {
+  return takes_number(d) ? "a number or a word" : type_name(d.type);
+}
+
+namespace {
+
 std::string render(const toml::node &n) {
   std::ostringstream os;
   n.visit([&](const auto &v) {
@@ -59,14 +76,6 @@ std::vector<std::string> choice_list(const char *choices) {
   std::istringstream is(choices ? choices : "");
   while (std::getline(is, item, '|')) out.push_back(item);
   return out;
-}
-
-// A STRING declared with the choice '#' takes a number too (abi.h).
-bool takes_number(const tsr_param_decl &d) {
-  if (d.type != TSR_PARAM_STRING) return false;
-  for (const auto &c : choice_list(d.choices))
-    if (c == "#") return true;
-  return false;
 }
 
 // Checks a number against the declared range.
