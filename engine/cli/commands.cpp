@@ -8,6 +8,7 @@
 
 #include "cli/args.hpp"
 #include "cli/debug_flags.hpp"
+#include "cli/deepspeed_forms.hpp"
 #include "comm/dist_context.hpp"
 #include "config/config.hpp"
 #include "launch/hostfile.hpp"
@@ -17,6 +18,7 @@
 #include "train/device_select.hpp"
 #include "train/job.hpp"
 #include "train/monitor.hpp"
+#include "train/param_home.hpp"
 #include "train/run_lock.hpp"
 #include "train/trainer.hpp"
 #include "util/error.hpp"
@@ -27,8 +29,11 @@ namespace {
 
 const char *kRunUsage = R"(usage: tessera run [-n N] CONFIG [options]
        tessera run --hostfile FILE CONFIG [options]
+       tessera run [--num_gpus N] --deepspeed --deepspeed_config ds.json [--model M --data D]
 
-Trains the job in CONFIG (TOML, or a DeepSpeed JSON on top of one).
+Trains the job in CONFIG (TOML, a DeepSpeed JSON on top of one, or a
+DeepSpeed JSON alone: its model and data from --model/--data or from the
+TOML of the same name beside it, ds.toml for ds.json).
 Without -n (or with -n 1) training runs in this process, so a debugger can
 start it directly. With -n N, N workers of this binary start with RANK,
 LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set;
@@ -71,6 +76,16 @@ several nodes over ssh (docs/multi-node.md):
                             ./.tessera_env (KEY=VALUE lines) are forwarded anyway
   --dry-run                 print each node's ssh command and exit
 
+DeepSpeed's launcher options, on one node (each mapping is printed at start):
+  --num_gpus N              -n N, the workers seeing the first N devices
+                            (CUDA_VISIBLE_DEVICES, or 0..N-1)
+  --include localhost:0,1   -n 2, the workers seeing devices 0 and 1
+  --exclude localhost:1     all of --num_gpus N (or CUDA_VISIBLE_DEVICES) but 1
+  --num_nodes 1             this node (more nodes need --hostfile)
+  --master_addr A --master_port P
+                            --master A:P
+  --deepspeed               DeepSpeed's switch: nothing to switch on
+
 A worker started by another launcher (torchrun's RANK/WORLD_SIZE/...,
 mpirun's OMPI_COMM_WORLD_*, Slurm's SLURM_PROCID/...) runs without ours.
 
@@ -91,9 +106,14 @@ options:
   --unset KEY               remove a key or a whole section, e.g. --unset optimizer.momentum
                             when --set optimizer.plugin=adam replaces sgd (repeatable;
                             removals apply before every --set)
-  --deepspeed_config FILE   layer a DeepSpeed JSON config over CONFIG (also --deepspeed)
+  --deepspeed_config FILE   layer a DeepSpeed JSON config over CONFIG (also --deepspeed FILE);
+                            without CONFIG, the JSON alone
+  --model M                 [model] from the TOML file M, or the model plugin named M
+  --data D                  [data] from the TOML file D, or [data.train]'s plugin named D
   --plugin-path DIR         search DIR for plugins first (repeatable)
-  --local_rank N            accepted as DeepSpeed-style launchers pass it (LOCAL_RANK works too)
+  --local_rank N            the local rank of a worker started by another launcher (as
+                            DeepSpeed's passes it; must agree with LOCAL_RANK). Refused
+                            with -n, --num_gpus or --hostfile: each worker gets its own
   --verbose                 debug logging
   -h, --help                this help
 
@@ -111,6 +131,7 @@ config's [data.eval] dataset (or [data.train] when there is none).
   --set KEY=VALUE           override a config key (repeatable)
   --unset KEY               remove a key or a whole section (repeatable)
   --deepspeed_config FILE   layer a DeepSpeed JSON config over CONFIG
+  --model M, --data D       the model and data of a DeepSpeed JSON (as for 'tessera run')
   --plugin-path DIR         search DIR for plugins first (repeatable)
   --local_rank N            accepted for DeepSpeed-style launchers
   -h, --help                this help
@@ -122,7 +143,8 @@ const char *kConfigUsage = R"(usage: tessera config check CONFIG [options]
 check    validates CONFIG against the engine's schema and every chosen
          plugin's declared parameters, then prints the resolved config
          (defaults filled in). Options: --set, --unset,
-         --deepspeed_config, --plugin-path as for 'tessera run'.
+         --deepspeed_config, --model, --data, --plugin-path as for
+         'tessera run'.
 convert  prints the TOML equivalent of a DeepSpeed JSON config.
 )";
 
@@ -139,12 +161,20 @@ int local_rank_of(const Parsed &p) {
   }
 }
 
+// CONFIG: the one positional argument, or DeepSpeed's form without one
+// (`--deepspeed_config ds.json` alone: the JSON is the config).
+std::string config_of(const Parsed &p, const std::string &command) {
+  if (p.positional.size() == 1) return p.positional[0];
+  if (p.positional.empty() && p.has("--deepspeed_config")) return p.get("--deepspeed_config");
+  throw UsageError("tessera " + command + ": expected exactly one CONFIG file");
+}
+
 JobOptions job_options(const Parsed &p, const std::string &command) {
-  if (p.positional.size() != 1)
-    throw UsageError("tessera " + command + ": expected exactly one CONFIG file");
   JobOptions o;
-  o.config_path = p.positional[0];
-  o.deepspeed_path = p.get("--deepspeed_config", p.get("--deepspeed", ""));
+  o.config_path = config_of(p, command);
+  if (!p.positional.empty()) o.deepspeed_path = p.get("--deepspeed_config");
+  o.model = p.get("--model");
+  o.data = p.get("--data");
   o.sets = p.all("--set");
   o.unsets = p.all("--unset");
   o.plugin_paths = p.all("--plugin-path");
@@ -157,6 +187,7 @@ constexpr const char *kConfigCheckedVar = "TESSERA_CONFIG_CHECKED";
 
 void print_warnings(const Job &job) {
   if (std::getenv(kConfigCheckedVar)) return;  // the launcher printed them, once per job
+  for (const auto &n : job.doc.notes()) spdlog::info("{}", n);
   for (const auto &w : job.doc.warnings()) spdlog::warn("{}", w);
   for (const auto &r : job.registry->refusals()) spdlog::warn("plugin refused: {}", r);
 }
@@ -345,11 +376,26 @@ int run_hostfile(const Parsed &p) {
   return launch_over_ssh(so, node_args(*g_run_args));
 }
 
+// --local_rank names the one worker a launcher started; given to ours,
+// which starts several, every worker would get the same one (on a GPU
+// host, the same GPU): each gets its own LOCAL_RANK instead.
+void refuse_local_rank(const Parsed &p) {
+  for (const char *o : {"--local_rank", "--local-rank"})
+    if (p.has(o))
+      throw UsageError(std::string("tessera run: ") + o + " " + p.get(o) +
+                       " is what a launcher gives each worker it starts; this launcher starts " +
+                       "several and gives each its own LOCAL_RANK: remove " + o +
+                       " (docs/distributed.md, \"Local rank\")");
+}
+
 int run_body(const Parsed &p) {
   if (p.has("--hostfile")) {
-    if (p.positional.size() != 1) throw UsageError("tessera run: expected exactly one CONFIG file");
+    config_of(p, "run");
+    refuse_local_rank(p);
     return run_hostfile(p);
   }
+  // (--include, --exclude, --num_gpus and --num_nodes 1 on one node were
+  // mapped onto -n by map_deepspeed_forms.)
   for (const char *o : {"--include", "--exclude", "--num_nodes", "--num_gpus", "--ssh-port",
                         "--ssh-opts", "--env", "--dry-run"})
     if (p.has(o)) throw UsageError(std::string("tessera run: ") + o + " needs --hostfile");
@@ -358,7 +404,8 @@ int run_body(const Parsed &p) {
   const bool watch = p.has("--watch-stdin");
   export_debug_flags(p, n <= 1 && nnodes <= 1 && !watch ? 0 : n * nnodes);
   if (n <= 1 && nnodes <= 1 && !watch) return train_here(p);
-  if (p.positional.size() != 1) throw UsageError("tessera run: expected exactly one CONFIG file");
+  config_of(p, "run");
+  refuse_local_rank(p);
   LaunchOptions lo;
   lo.watch_stdin = watch;
   lo.interface = configured_interface(p);
@@ -417,6 +464,8 @@ int config_body(const Parsed &p) {
   if (sub == "check") {
     JobOptions o = job_options(rest, "config check");
     Job job = load_job(o, 1, true);
+    // What the run refuses when it joins the plugins, refused here too.
+    param_home_check(job);
     print_warnings(job);
     std::cout << "# resolved from " << o.config_path << " (valid)\n" << job.resolved_toml() << "\n";
     return 0;
@@ -434,9 +483,27 @@ int config_body(const Parsed &p) {
   throw UsageError("tessera config: unknown subcommand '" + sub + "' (check, convert)");
 }
 
+// DeepSpeed's forms of `args` in tessera's, the mappings printed once (the
+// workers get the mapped arguments); false after printing a usage error.
+bool deepspeed_forms(const Args &args, bool launcher, const char *command, const char *usage,
+                     Args *out) {
+  try {
+    DeepSpeedForms f = map_deepspeed_forms(args, launcher, std::getenv("CUDA_VISIBLE_DEVICES"));
+    for (const auto &n : f.notes) spdlog::info("tessera {}: {}", command, n);
+    if (!f.visible_devices.empty()) ::setenv("CUDA_VISIBLE_DEVICES", f.visible_devices.c_str(), 1);
+    *out = std::move(f.args);
+    return true;
+  } catch (const UsageError &e) {
+    std::fprintf(stderr, "%s\n\n%s", e.what(), usage);
+    return false;
+  }
+}
+
 }  // namespace
 
-int cmd_run(const Args &args) {
+int cmd_run(const Args &given) {
+  static Args args;  // the workers' arguments come from here (g_run_args)
+  if (!deepspeed_forms(given, true, "run", kRunUsage, &args)) return 2;
   auto specs = config_options();
   for (const char *o :
        {"-n", "--nproc", "--nnodes", "--node-rank", "--master", "--max-restarts", "--grace",
@@ -450,13 +517,17 @@ int cmd_run(const Args &args) {
   return run_command("run", kRunUsage, run_body, args, specs);
 }
 
-int cmd_eval(const Args &args) {
+int cmd_eval(const Args &given) {
+  Args args;
+  if (!deepspeed_forms(given, false, "eval", kEvalUsage, &args)) return 2;
   auto specs = config_options();
   specs.push_back({"--ckpt", true, false});
   return run_command("eval", kEvalUsage, eval_body, args, specs);
 }
 
-int cmd_config(const Args &args) {
+int cmd_config(const Args &given) {
+  Args args;
+  if (!deepspeed_forms(given, false, "config", kConfigUsage, &args)) return 2;
   return run_command("config", kConfigUsage, config_body, args, config_options());
 }
 

@@ -98,10 +98,14 @@ int plugins_body(const Parsed &p) {
                         pd.has_max ? "]" : ")");
           range = buf;
         }
+        // '#' among the choices: a number in the range (abi.h).
+        std::string choices = pd.choices ? pd.choices : "";
+        if (const auto at = choices.find('#'); at != std::string::npos)
+          choices.replace(at, 1, "a number");
         std::printf("    %-18s %-22s default %s%s%s%s\n      %s\n", pd.name,
-                    config::type_name(pd.type), pd.default_value ? pd.default_value : "(required)",
-                    range.c_str(), pd.choices ? "  one of " : "", pd.choices ? pd.choices : "",
-                    pd.doc ? pd.doc : "");
+                    config::decl_type_name(pd).c_str(),
+                    pd.default_value ? pd.default_value : "(required)", range.c_str(),
+                    pd.choices ? "  one of " : "", choices.c_str(), pd.doc ? pd.doc : "");
       }
     }
     return 0;

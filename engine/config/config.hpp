@@ -6,6 +6,7 @@
 
 #include <toml++/toml.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -77,7 +78,16 @@ class Document {
   toml::table &root() { return root_; }
   const toml::table &root() const { return root_; }
   const std::vector<std::string> &warnings() const { return warnings_; }
-  void warn(const std::string &w) { warnings_.push_back(w); }
+  // Each warning once: the same JSON layered twice (run.deepspeed and
+  // --deepspeed_config) says each thing once.
+  void warn(const std::string &w) {
+    if (std::find(warnings_.begin(), warnings_.end(), w) == warnings_.end()) warnings_.push_back(w);
+  }
+  // What the run will do that the user may not expect from what they wrote
+  // (the settings a TOML adds under a DeepSpeed JSON): printed at start,
+  // not warnings.
+  const std::vector<std::string> &notes() const { return notes_; }
+  void note(const std::string &n) { notes_.push_back(n); }
 
  private:
   toml::table root_;
@@ -85,6 +95,7 @@ class Document {
   std::map<std::string, std::string> origins_;      // dotted key -> "--set" / "ds.json"
   std::map<std::string, std::string> if_declared_;  // dotted key -> feature
   std::vector<std::string> warnings_;
+  std::vector<std::string> notes_;
 };
 
 // The node at a dotted path ("data.train.plugin"), or nullptr.

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <vector>
 
 #include "config/config.hpp"
 
@@ -51,6 +52,46 @@ struct Mapper {
     }
   }
 
+  // A feature tessera lacks, written as switched off: what tessera does.
+  static bool is_off(const std::string &k, const json &v) {
+    if (v.is_null() || v == false) return true;
+    if (v.is_object()) return v.empty() || (v.contains("enabled") && v["enabled"] == false);
+    const bool size = k.size() > 5 && k.compare(k.size() - 5, 5, "_size") == 0;
+    return v.is_number() && (v == 0 || (size && (v == 1 || v == -1)));
+  }
+
+  // Every key of `o`, DeepSpeed's section `name` at `at` in the JSON: one
+  // tessera maps passes (its mapping checks the value), a tuning knob is
+  // warned about, a feature tessera lacks is refused unless switched off,
+  // and anything else is a typo, refused with the closest key.
+  void check(const std::string &name, const std::string &at, const json &o) const {
+    const DeepSpeedSection *s = deepspeed_section(name);
+    if (!s || !o.is_object()) return;
+    for (const auto &[k, v] : o.items()) {
+      const std::string key = at.empty() ? k : at + "." + k;
+      if (DeepSpeedSection::has(s->used, k)) continue;
+      if (DeepSpeedSection::has(s->knobs, k)) {
+        // activation_checkpointing's keys at false are what tessera does.
+        if (at == "activation_checkpointing" && v == false) continue;
+        doc.warn(path + ": " + (at.empty() ? "'" + k + "'" : key) +
+                 " is not used by tessera; ignored");
+        continue;
+      }
+      if (DeepSpeedSection::has(s->lacking, k)) {
+        if (is_off(k, v)) continue;
+        fail(key,
+             "tessera does not have this DeepSpeed feature (docs/config.md, \"DeepSpeed "
+             "JSON\"); remove it or switch it off, got " +
+                 v.dump());
+      }
+      std::string msg = path + ": '" + key + "' is not a DeepSpeed config key";
+      const std::string dym = did_you_mean(k, s->all());
+      msg += dym.empty() ? " (docs/config.md, \"DeepSpeed JSON\", lists the keys tessera maps)"
+                         : "; did you mean '" + (at.empty() ? dym : at + "." + dym) + "'?";
+      throw ConfigError(msg);
+    }
+  }
+
   void need_number(const json &v, const std::string &key) const {
     if (!v.is_number()) fail(key, "expected a number, got " + v.dump());
   }
@@ -77,6 +118,7 @@ struct Mapper {
   void optimizer(const json &o) {
     if (!o.is_object() || !o.contains("type") || !o["type"].is_string())
       fail("optimizer", "expected {\"type\": \"Adam\", \"params\": {...}}");
+    check("optimizer", "optimizer", o);
     std::string type = o["type"];
     std::string lower;
     for (char c : type) lower.push_back(static_cast<char>(std::tolower(c)));
@@ -104,30 +146,29 @@ struct Mapper {
     } else {
       fail("optimizer.type", "'" + type + "' is not supported (SGD, Adam, AdamW)");
     }
-    for (const auto &[k, v] : params.items()) {
-      if (k == "amsgrad" && v == true)
-        fail("optimizer.params.amsgrad",
-             "AMSGrad is not supported by tessera's adam; remove it or set false");
-      if (k == "adam_w_mode" || k == "torch_adam" || (k == "amsgrad" && v == false)) continue;
-      if (!keys.count(k)) {
-        doc.warn(path + ": optimizer.params." + k + " is not used by tessera's " + lower +
-                 "; ignored");
-        continue;
-      }
-      put("optimizer." + k, v, "optimizer.params." + k);
-    }
+    if (params.contains("amsgrad") && params["amsgrad"] == true)
+      fail("optimizer.params.amsgrad",
+           "AMSGrad is not supported by tessera's adam; remove it or set false");
+    if (lower != "sgd" && params.contains("bias_correction") && params["bias_correction"] != true)
+      fail("optimizer.params.bias_correction",
+           "tessera's adam always corrects the moments' bias; remove it or set true, got " +
+               params["bias_correction"].dump());
+    check(std::string("optimizer.params:") + (lower == "sgd" ? "sgd" : "adam"), "optimizer.params",
+          params);
+    for (const auto &[k, v] : params.items())
+      if (keys.count(k)) put("optimizer." + k, v, "optimizer.params." + k);
   }
 
   void scheduler(const json &s) {
     if (!s.is_object() || !s.contains("type") || !s["type"].is_string())
       fail("scheduler", "expected {\"type\": \"WarmupLR\", \"params\": {...}}");
+    check("scheduler", "scheduler", s);
     std::string type = s["type"];
     json p = s.value("params", json::object());
     if (!p.is_object()) fail("scheduler.params", "expected an object");
+    check("scheduler.params:" + type, "scheduler.params", p);  // none for unknown types
     doc.erase("schedule");
-    std::set<std::string> used;
     auto set_if = [&](const char *ds, const char *ours) {
-      used.insert(ds);
       if (p.contains(ds))
         put(std::string("schedule.") + ours, p[ds], std::string("scheduler.params.") + ds);
     };
@@ -152,7 +193,6 @@ struct Mapper {
       if (type == "WarmupDecayLR") set_if("total_num_steps", "total_steps");
       // The peak of the ramp is the optimizer's lr. Without warmup_max_lr,
       // WarmupLR keeps the optimizer's lr and WarmupDecayLR peaks at 0.001.
-      used.insert("warmup_max_lr");
       if (p.contains("warmup_max_lr")) {
         need_number(p["warmup_max_lr"], "scheduler.params.warmup_max_lr");
         put("optimizer.lr", p["warmup_max_lr"], "scheduler.params.warmup_max_lr");
@@ -184,11 +224,6 @@ struct Mapper {
       fail("scheduler.type",
            "'" + type + "' is not supported (WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle)");
     }
-    used.insert("last_batch_iteration");
-    for (const auto &[k, v] : p.items())
-      if (!used.count(k))
-        doc.warn(path + ": scheduler.params." + k + " is not used by tessera's " + type +
-                 "; ignored");
   }
 
   void precision(const json &j) {
@@ -196,6 +231,7 @@ struct Mapper {
       if (!j.contains(sec)) return false;
       const json &o = j[sec];
       if (!o.is_object()) fail(sec, "expected an object like {\"enabled\": true}");
+      check(sec, sec, o);
       if (!o.contains("enabled")) return false;
       if (!o["enabled"].is_boolean())
         fail(sec + ".enabled", "expected true or false, got " + o["enabled"].dump());
@@ -215,12 +251,6 @@ struct Mapper {
       if (f.contains("hysteresis")) put("fp16.hysteresis", f["hysteresis"], "fp16.hysteresis");
       if (f.contains("min_loss_scale"))
         put("fp16.min_loss_scale", f["min_loss_scale"], "fp16.min_loss_scale");
-      static const std::set<std::string> fp16_keys = {
-          "enabled",           "loss_scale", "initial_scale_power",
-          "loss_scale_window", "hysteresis", "min_loss_scale"};
-      for (const auto &[k, v] : f.items())
-        if (!fp16_keys.count(k))
-          doc.warn(path + ": fp16." + k + " is not used by tessera; ignored");
     } else if (bf16) {
       doc.set("run.precision", toml::value<std::string>("bf16"), origin("bf16.enabled"));
     }
@@ -239,10 +269,7 @@ struct Mapper {
     const std::string dev = o.value("device", std::string("none"));
     if (dev != "none" && dev != "cpu" && dev != "nvme")
       fail(key + ".device", "expected none, cpu or nvme, got '" + dev + "'");
-    for (const auto &[k, v] : o.items())
-      if (k != "device" && k != "nvme_path" && k != "pin_memory" && k != "buffer_count" &&
-          k != "buffer_size" && k != "max_in_cpu")
-        doc.warn(path + ": " + key + "." + k + " is not used by tessera; ignored");
+    check(key, key, o);
     if (dev == "none") return;
     std::string backend =
         doc.root().at_path("offload.plugin").value<std::string>().value_or("none");
@@ -260,6 +287,7 @@ struct Mapper {
 
   void zero(const json &z) {
     if (!z.is_object()) fail("zero_optimization", "expected an object");
+    check("zero_optimization", "zero_optimization", z);
     if (z.contains("stage")) {
       if (!z["stage"].is_number_integer() || z["stage"].get<int64_t>() < 0 ||
           z["stage"].get<int64_t>() > 3)
@@ -272,6 +300,7 @@ struct Mapper {
     if (z.contains("offload_optimizer")) {
       const json &o = z["offload_optimizer"];
       if (!o.is_object()) fail("zero_optimization.offload_optimizer", "expected an object");
+      check("zero_optimization.offload_optimizer", "zero_optimization.offload_optimizer", o);
       if (o.contains("device") && !o["device"].is_string())
         fail("zero_optimization.offload_optimizer.device",
              "expected \"none\", \"cpu\" or \"nvme\", got " + o["device"].dump());
@@ -295,10 +324,10 @@ struct Mapper {
         doc.set("offload.ratio", toml::value<std::string>(text),
                 origin("zero_optimization.offload_optimizer.ratio"));
       }
-      for (const auto &[k, v] : o.items())
-        if (k != "device" && k != "nvme_path" && !(k == "ratio" && dev == "cpu"))
-          doc.warn(path + ": zero_optimization.offload_optimizer." + k +
-                   " is not used by tessera; ignored");
+      if (o.contains("ratio") && dev != "cpu")
+        doc.warn(path +
+                 ": zero_optimization.offload_optimizer.ratio is used with device \"cpu\" "
+                 "only; ignored");
     }
     if (z.contains("offload_param")) offload_param(z["offload_param"]);
     // Bucket size: DeepSpeed counts elements; ours is MiB of fp32 gradients.
@@ -324,10 +353,6 @@ struct Mapper {
       doc.set("zero.prefetch",
               toml::value<bool>(z["stage3_prefetch_bucket_size"].get<double>() > 0),
               origin("zero_optimization.stage3_prefetch_bucket_size"));
-    for (const auto &[k, v] : z.items())
-      if (k != "stage" && k != "offload_optimizer" && k != "offload_param" &&
-          k != "reduce_bucket_size" && k != "overlap_comm" && k != "stage3_prefetch_bucket_size")
-        doc.warn(path + ": zero_optimization." + k + " is not used by tessera; ignored");
   }
 
   // DeepSpeed's monitor outputs, onto [monitor.tensorboard] and
@@ -341,6 +366,7 @@ struct Mapper {
         fail(key,
              "expected an object like {\"enabled\": true, \"output_path\": \"logs/\", "
              "\"job_name\": \"run1\"}");
+      check(key, key, o);
       if (o.contains("enabled") && !o["enabled"].is_boolean())
         fail(key + ".enabled", "expected true or false, got " + o["enabled"].dump());
       if (key == "wandb" || key == "comet") {
@@ -350,10 +376,6 @@ struct Mapper {
       }
       doc.erase(to);
       for (const auto &[f, v] : o.items()) {
-        if (f != "enabled" && f != "output_path" && f != "job_name") {
-          doc.warn(path + ": " + key + "." + f + " is not used by tessera; ignored");
-          continue;
-        }
         if (f != "enabled" && !v.is_string())
           fail(key + "." + f, "expected a string, got " + v.dump());
         put(to + "." + f, v, key + "." + f);
@@ -374,34 +396,15 @@ struct Mapper {
     if (!a.is_object())
       fail("activation_checkpointing",
            "expected an object like {\"partition_activations\": false}");
+    // Model parallelism, CPU copies and profiling of the checkpoints: false
+    // is what tessera does anyway, anything else is not done (check()).
+    check("activation_checkpointing", "activation_checkpointing", a);
     doc.set_if_declared("model.recompute", toml::value<bool>(true),
                         origin("activation_checkpointing"), "activation checkpointing");
-    // Model parallelism, CPU copies and profiling of the checkpoints: false
-    // is what tessera does anyway, anything else is not done.
-    for (const auto &[k, v] : a.items())
-      if (!(v.is_boolean() && !v.get<bool>()))
-        doc.warn(path + ": activation_checkpointing." + k + " is not used by tessera; ignored");
   }
 
   void apply(const json &j) {
     if (!j.is_object()) throw ConfigError(path + ": a DeepSpeed config must be a JSON object");
-    static const std::set<std::string> handled = {"activation_checkpointing",
-                                                  "train_batch_size",
-                                                  "train_micro_batch_size_per_gpu",
-                                                  "gradient_accumulation_steps",
-                                                  "optimizer",
-                                                  "scheduler",
-                                                  "fp16",
-                                                  "bf16",
-                                                  "bfloat16",
-                                                  "gradient_clipping",
-                                                  "zero_optimization",
-                                                  "steps_per_print",
-                                                  "wall_clock_breakdown",
-                                                  "tensorboard",
-                                                  "csv_monitor",
-                                                  "wandb",
-                                                  "comet"};
     // A value of the wrong JSON type deep inside a section (e.g. "enabled":
     // "auto") surfaces as nlohmann's type_error: name the file and section.
     auto guarded = [&](const char *key, auto &&fn) {
@@ -411,7 +414,7 @@ struct Mapper {
         fail(key, std::string("unexpected value: ") + e.what());
       }
     };
-    check_keys(j);
+    check("", "", j);  // typos first, before anything is mapped
     batch(j);
     if (j.contains("optimizer")) guarded("optimizer", [&] { optimizer(j["optimizer"]); });
     if (j.contains("scheduler")) guarded("scheduler", [&] { scheduler(j["scheduler"]); });
@@ -436,23 +439,7 @@ struct Mapper {
     guarded("monitor", [&] { monitor(j); });
     if (j.contains("activation_checkpointing"))
       activation_checkpointing(j["activation_checkpointing"]);
-    for (const auto &[k, v] : j.items())
-      if (!handled.count(k)) doc.warn(path + ": '" + k + "' is not used by tessera; ignored");
     if (j.contains("optimizer") && !j.contains("scheduler")) say_which_schedule();
-  }
-
-  // A key DeepSpeed itself would not know is a typo, not a feature tessera
-  // lacks: an error, with the closest DeepSpeed key.
-  void check_keys(const json &j) const {
-    const auto &known = deepspeed_known_keys();
-    for (const auto &[k, v] : j.items()) {
-      if (std::find(known.begin(), known.end(), k) != known.end()) continue;
-      std::string msg = path + ": '" + k + "' is not a DeepSpeed config key";
-      std::string dym = did_you_mean(k, known);
-      msg += dym.empty() ? " (docs/config.md, \"DeepSpeed JSON\", lists the keys tessera maps)"
-                         : "; did you mean '" + dym + "'?";
-      throw ConfigError(msg);
-    }
   }
 
   // DeepSpeed without a "scheduler" keeps the rate constant; a [schedule]
@@ -473,11 +460,56 @@ struct Mapper {
 
 }  // namespace
 
+namespace {
+
+// Parses `text`, refusing a key given twice in one object (nlohmann, as
+// Python's json that DeepSpeed reads with, keeps the last silently): the
+// parser's callback sees each object open, each key and each close.
+json parse_strict(const std::string &text, const std::string &path) {
+  struct Open {
+    std::string at;  // dotted path of this object ("" at the top)
+    std::set<std::string> keys;
+    bool object;
+  };
+  std::vector<Open> open;
+  std::string last_key;  // the key whose value comes next
+  auto child = [&]() {
+    if (open.empty()) return std::string();
+    const Open &p = open.back();
+    if (!p.object) return p.at;  // an array's elements share its path
+    return p.at.empty() ? last_key : p.at + "." + last_key;
+  };
+  json::parser_callback_t cb = [&](int, json::parse_event_t ev, json &parsed) {
+    switch (ev) {
+      case json::parse_event_t::object_start:
+      case json::parse_event_t::array_start:
+        open.push_back({child(), {}, ev == json::parse_event_t::object_start});
+        break;
+      case json::parse_event_t::object_end:
+      case json::parse_event_t::array_end:
+        if (!open.empty()) open.pop_back();
+        break;
+      case json::parse_event_t::key:
+        last_key = parsed.get<std::string>();
+        if (!open.empty() && !open.back().keys.insert(last_key).second)
+          throw ConfigError(path + ": '" + child() +
+                            "' is given twice; DeepSpeed would silently take the last");
+        break;
+      default:
+        break;
+    }
+    return true;
+  };
+  return json::parse(text, cb);
+}
+
+}  // namespace
+
 void deepspeed_apply(Document &doc, const std::string &path) {
   const std::string text = read_config_file(path, "DeepSpeed config");
   json j;
   try {
-    j = json::parse(text);
+    j = parse_strict(text, path);
   } catch (const json::parse_error &e) {
     throw ConfigError(path + ": invalid JSON: " + e.what());
   }

@@ -1,7 +1,10 @@
 // Validation of config sections against declared parameters.
 #include "config/validate.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <functional>
 #include <sstream>
 
 namespace tessera::config {
@@ -29,6 +32,23 @@ const char *type_name(tsr_param_type t) {
 
 namespace {
 
+std::vector<std::string> choice_list(const char *choices);
+
+}  // namespace
+
+bool takes_number(const tsr_param_decl &d) {
+  if (d.type != TSR_PARAM_STRING) return false;
+  for (const auto &c : choice_list(d.choices))
+    if (c == "#") return true;
+  return false;
+}
+
+std::string decl_type_name(const tsr_param_decl &d) {
+  return takes_number(d) ? "a number or a word" : type_name(d.type);
+}
+
+namespace {
+
 std::string render(const toml::node &n) {
   std::ostringstream os;
   n.visit([&](const auto &v) {
@@ -50,6 +70,46 @@ std::string fmt_num(double x) {
   return os.str();
 }
 
+std::vector<std::string> choice_list(const char *choices) {
+  std::vector<std::string> out;
+  std::string item;
+  std::istringstream is(choices ? choices : "");
+  while (std::getline(is, item, '|')) out.push_back(item);
+  return out;
+}
+
+// Checks a number against the declared range.
+void check_range(const tsr_param_decl &d, double x, const toml::node &n,
+                 const std::function<void(const std::string &)> &fail) {
+  if (!std::isfinite(x)) fail("expected a finite number, got " + render(n));
+  if (d.has_min && x < d.min) fail("must be >= " + fmt_num(d.min) + ", got " + render(n));
+  if (d.has_max && x > d.max) fail("must be <= " + fmt_num(d.max) + ", got " + render(n));
+}
+
+// A number or a word (takes_number): a number (or its text, as written
+// before numbers were taken) in range, or one of the words.
+void check_number_or_word(const tsr_param_decl &d, const toml::node &n,
+                          const std::function<void(const std::string &)> &fail) {
+  std::vector<std::string> words;
+  for (const auto &c : choice_list(d.choices))
+    if (c != "#") words.push_back(c);
+  std::string expected = "a number from " + fmt_num(d.min) + " to " + fmt_num(d.max);
+  for (const auto &w : words) expected += " or \"" + w + "\"";
+  if (n.is_integer()) return check_range(d, static_cast<double>(n.as_integer()->get()), n, fail);
+  if (n.is_floating_point()) return check_range(d, n.as_floating_point()->get(), n, fail);
+  if (!n.is_string()) fail("expected " + expected + ", got " + render(n));
+  const std::string v = n.as_string()->get();
+  if (std::find(words.begin(), words.end(), v) != words.end()) return;
+  char *end = nullptr;
+  const double x = std::strtod(v.c_str(), &end);
+  if (v.empty() || end != v.c_str() + v.size()) {
+    const std::string dym = did_you_mean(v, words);
+    fail("\"" + v + "\" is not " + expected +
+         (dym.empty() ? "" : "; did you mean \"" + dym + "\"?"));
+  }
+  check_range(d, x, n, fail);
+}
+
 // Checks a scalar of the declared element type and its range. Integers are
 // accepted where numbers are expected and widened.
 void check_scalar(const tsr_param_decl &d, tsr_param_type elem, const toml::node &n,
@@ -60,6 +120,7 @@ void check_scalar(const tsr_param_decl &d, tsr_param_type elem, const toml::node
       if (!n.is_boolean()) fail("expected a boolean (true or false), got " + render(n));
       return;
     case TSR_PARAM_STRING:
+      if (takes_number(d)) return check_number_or_word(d, n, fail);
       if (!n.is_string())
         fail("expected a string, got " + render(n) +
              (n.is_number() ? " (write it in quotes: \"" + render(n) + "\")" : ""));
@@ -93,9 +154,7 @@ void check_scalar(const tsr_param_decl &d, tsr_param_type elem, const toml::node
              ", got " + render(n));
         return;
       }
-      if (!std::isfinite(x)) fail("expected a finite number, got " + render(n));
-      if (d.has_min && x < d.min) fail("must be >= " + fmt_num(d.min) + ", got " + render(n));
-      if (d.has_max && x > d.max) fail("must be <= " + fmt_num(d.max) + ", got " + render(n));
+      check_range(d, x, n, fail);
       return;
     }
     default:
@@ -145,6 +204,12 @@ void check_value(const tsr_param_decl &d, toml::table &out, const toml::node &n,
       check_scalar(d, elem, arr.back(), at, key);
     }
     out.insert_or_assign(d.name, std::move(arr));
+    return;
+  }
+  // A number where a number or a word is declared: the plugin reads its text.
+  if (takes_number(d) && n.is_number()) {
+    check_scalar(d, elem, n, at, key);
+    out.insert_or_assign(d.name, render(n));
     return;
   }
   if (elem == TSR_PARAM_FLOAT && n.is_integer()) {

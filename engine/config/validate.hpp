@@ -26,4 +26,10 @@ toml::table parse_default(const tsr_param_decl &d, const std::string &owner);
 
 const char *type_name(tsr_param_type t);
 
+// A STRING declared with the choice '#' takes a number too (abi.h).
+bool takes_number(const tsr_param_decl &d);
+// The declaration's type as `plugins show` says it: "a number or a word"
+// for one that takes_number, else type_name's.
+std::string decl_type_name(const tsr_param_decl &d);
+
 }  // namespace tessera::config

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <set>
 
+#include "config/deepspeed.hpp"
 #include "config/validate.hpp"
 
 namespace fs = std::filesystem;
@@ -11,9 +12,19 @@ namespace tessera {
 
 config::Document load_document(const JobOptions &opts) {
   if (opts.config_path.empty()) throw config::ConfigError("no config file given");
-  config::Document doc = opts.config_text.empty()
-                             ? config::Document::load(opts.config_path)
-                             : config::Document::from_string(opts.config_text, opts.config_path);
+  // `tessera run ds.json`: the JSON over the TOML beside it, if any.
+  const std::string &path = opts.config_path;
+  const bool json_alone =
+      opts.config_text.empty() && path.size() > 5 && path.compare(path.size() - 5, 5, ".json") == 0;
+  config::Document doc = json_alone ? config::deepspeed_base(path)
+                         : opts.config_text.empty()
+                             ? config::Document::load(path)
+                             : config::Document::from_string(opts.config_text, path);
+  std::string jsons;  // the DeepSpeed JSONs layered, for messages
+  auto layer = [&](const std::string &json) {
+    doc.apply_deepspeed(json);
+    jsons += (jsons.empty() ? "" : " and ") + json;
+  };
   // run.deepspeed names a JSON relative to the config file (or to the
   // working directory when --set gives it). The overrides are applied to a
   // copy first so that --set run.deepspeed=F counts too.
@@ -30,15 +41,21 @@ config::Document load_document(const JobOptions &opts) {
       fs::path full = fs::path(p).is_absolute() || from_set
                           ? fs::path(p)
                           : fs::path(opts.config_path).parent_path() / p;
-      doc.apply_deepspeed(full.string());
+      layer(full.string());
     }
   }
-  if (!opts.deepspeed_path.empty()) doc.apply_deepspeed(opts.deepspeed_path);
+  if (json_alone) layer(path);
+  if (!opts.deepspeed_path.empty()) layer(opts.deepspeed_path);
+  if (!jsons.empty()) config::note_toml_additions(doc, jsons);
+  if (!opts.model.empty()) config::take_model(doc, opts.model);
+  if (!opts.data.empty()) config::take_data(doc, opts.data);
   // Removals first, so that `--unset optimizer --set optimizer.plugin=adam`
   // starts the section afresh whatever the order on the command line.
   for (const auto &u : opts.unsets) doc.unset(u);
   for (const auto &s : opts.sets) doc.apply_set(s);
   config::check_string_sizes(doc);
+  if (json_alone) config::require_model_and_data(doc, path);
+  if (!jsons.empty()) config::default_duration(doc, jsons);
   return doc;
 }
 

@@ -22,6 +22,9 @@ struct JobOptions {
   std::vector<std::string> sets;          // --set key=value, in order
   std::vector<std::string> unsets;        // --unset key: applied before every --set
   std::vector<std::string> plugin_paths;  // --plugin-path
+  // --model / --data: a TOML file whose [model] / [data] replaces the
+  // config's, or a plugin's name (config/deepspeed.hpp, take_model).
+  std::string model, data;
 };
 
 struct PluginChoice {

@@ -2,6 +2,7 @@
 #include "train/param_home.hpp"
 
 #include <string>
+#include <type_traits>
 
 #include "host/plugin_call.hpp"
 #include "util/error.hpp"
@@ -49,6 +50,28 @@ void param_home_attach(ParamHome &home, Host &host, const Instance<tsr_zero_vtab
   home.source.ready = op->ready;
   plugin_ok(host, ext->use(zero.self, &home.source), who + "so [zero] plugin '" + zero.name + "'");
   sink_grads(home, host, zero, offload);
+}
+
+void param_home_check(const Job &job) {
+  if (!job.has("zero") || !job.has("offload")) return;
+  Host host{Host::RunFacts{}};
+  Instance<tsr_zero_vtable> zero;
+  Instance<tsr_offload_vtable> offload;
+  auto create = [&](auto &inst, const std::string &section) {
+    const PluginChoice &c = job.plugin(section);
+    inst.vt = static_cast<std::remove_reference_t<decltype(*inst.vt)> *>(c.entry->desc->vtable);
+    inst.name = c.entry->desc->name;
+    inst.caps = c.entry->caps;
+    tsr_config *cfg = host.make_config(section, inst.name, c.values);
+    plugin_ok(host, inst.vt->create(host.table(), cfg, &inst.self),
+              "[" + section + "] plugin '" + inst.name + "' (" + c.entry->file + ")");
+  };
+  create(zero, "zero");
+  create(offload, "offload");
+  ParamHome home;
+  param_home_attach(home, host, zero, offload);
+  offload.reset();  // the backend first, as the session lets them go
+  zero.reset();
 }
 
 }  // namespace tessera

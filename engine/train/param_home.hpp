@@ -10,6 +10,7 @@
 
 #include "host/host.hpp"
 #include "train/instance.hpp"
+#include "train/job.hpp"
 
 namespace tessera {
 
@@ -28,5 +29,12 @@ struct ParamHome {
 // zero plugin. Both are created; the zero plugin is not set up yet.
 void param_home_attach(ParamHome &home, Host &host, const Instance<tsr_zero_vtable> &zero,
                        const Instance<tsr_offload_vtable> &offload);
+
+// `tessera config check`: the job's zero and offload plugins created as a
+// run creates them (on the CPU, one rank; creation reads their config and
+// allocates nothing) and joined by param_home_attach, so that a pair the run
+// refuses at start-up (parameter offload below ZeRO stage 3) is refused
+// here, in the plugins' own words.
+void param_home_check(const Job &job);
 
 }  // namespace tessera

@@ -44,7 +44,17 @@ ProcessInfo process_info(int cli_local_rank) {
   } else {
     p.local_rank = static_cast<uint32_t>(env_int("LOCAL_RANK", 0));
   }
-  if (cli_local_rank >= 0) p.local_rank = static_cast<uint32_t>(cli_local_rank);
+  // --local_rank (DeepSpeed's launcher passes it with LOCAL_RANK set to the
+  // same) must agree with the launcher's variable; alone, it is the rank.
+  if (cli_local_rank >= 0) {
+    const char *env = std::getenv("LOCAL_RANK");
+    if (env && *env && env_int("LOCAL_RANK", 0) != cli_local_rank)
+      throw Error(TSR_ERR_CONFIG, "--local_rank " + std::to_string(cli_local_rank) +
+                                      " disagrees with LOCAL_RANK=" + env +
+                                      " from the launcher; give one of them");
+    p.local_rank = static_cast<uint32_t>(cli_local_rank);
+  }
+
   if (p.world_size == 0) throw Error(TSR_ERR_CONFIG, "WORLD_SIZE is 0");
   if (p.rank >= p.world_size)
     throw Error(TSR_ERR_CONFIG, "RANK " + std::to_string(p.rank) + " is not below WORLD_SIZE " +

@@ -145,17 +145,24 @@ namespace {
 // per place (the backend says what it holds in host memory and on disk).
 // On the GPU only gathered groups live, and none yet at start-up: the
 // largest group, whole, is what one of them takes while it is used.
+// Where compute happens, in the words of the device the run uses: a CPU
+// run's report must not speak of a GPU.
+const char *compute_place(Session &s) {
+  return s.host.facts().device.device_type == kDLCUDA ? "on the GPU"
+                                                      : "in the CPU's compute buffers";
+}
+
 void print_offloaded_params(Session &s, int64_t on_device) {
   uint64_t host_b = 0, disk_b = 0;
   s.offload.caps.offload.params->bytes(s.offload.self, &host_b, &disk_b);
   size_t largest = 0;
   for (size_t g : s.layout.group_size) largest = std::max(largest, g);
   std::printf(
-      "tessera: parameters of rank 0 live in %s ([offload] plugin '%s'): %.2f MiB on the GPU "
+      "tessera: parameters of rank 0 live in %s ([offload] plugin '%s'): %.2f MiB %s "
       "now (groups are gathered as they are used, the largest %.2f MiB whole), %.2f MiB in "
       "host memory, %.2f MiB on disk\n",
       s.home.where == TSR_PARAMS_ON_DISK ? "a file" : "host memory", s.offload.name.c_str(),
-      static_cast<double>(on_device) / 1048576.0,
+      static_cast<double>(on_device) / 1048576.0, compute_place(s),
       static_cast<double>(largest * s.compute_bytes()) / 1048576.0,
       static_cast<double>(host_b) / 1048576.0, static_cast<double>(disk_b) / 1048576.0);
 }
@@ -246,10 +253,11 @@ nlohmann::json report_memory(Session &s) {
     if (offloaded) print_offloaded_params(s, all[0]);
     if (s.home.grads_streamed)
       std::printf(
-          "tessera: gradients of rank 0 leave the GPU as each bucket is reduce-scattered "
-          "([offload] plugin '%s'): no gradient slice on the GPU (only the reduce-scatter "
+          "tessera: gradients of rank 0 leave %s as each bucket is reduce-scattered "
+          "([offload] plugin '%s'): no gradient slice %s (only the reduce-scatter "
           "buckets in flight), %.2f MiB in host memory\n",
-          s.offload.name.c_str(), mib(cb * psi / w));
+          s.host.facts().device.device_type == kDLCUDA ? "the GPU" : "the CPU's compute buffers",
+          s.offload.name.c_str(), compute_place(s), mib(cb * psi / w));
     print_placement(s);
     std::fflush(stdout);
   }

@@ -275,12 +275,16 @@ void params_same_as_stage3(const std::string &tag, const std::vector<std::string
     REQUIRE(r.status == 0);
     // The start-up report says where the parameters live, in bytes.
     CHECK_THAT(r.all(), Catch::Contains("parameters of rank 0 live in " + c.report) &&
-                            Catch::Contains("on the GPU now (groups are gathered as they are "
-                                            "used, the largest ") &&
+                            Catch::Contains("in the CPU's compute buffers now (groups are "
+                                            "gathered as they are used, the largest ") &&
                             Catch::Contains("compute parameters of the ") &&
                             Catch::Contains("not on the device"));
     CHECK_THAT(r.all(), Catch::Contains("live groups only"));
-    const std::string sunk = "gradients of rank 0 leave the GPU as each bucket is reduce-scattered";
+    // A CPU run speaks of the CPU (it spoke of "the GPU" before).
+    CHECK_FALSE(contains(r.all(), "on the GPU"));
+    CHECK_FALSE(contains(r.all(), "GPU 0 MiB"));
+    const std::string sunk =
+        "gradients of rank 0 leave the CPU's compute buffers as each bucket is reduce-scattered";
     CHECK_THAT(r.all(), Catch::Contains(sunk) && Catch::Contains("buckets only"));
     if (c.plugin == "nvme") {
       CHECK_THAT(r.all(), Catch::Contains("offload nvme (rank 0): gradients of the ") &&

@@ -136,9 +136,13 @@ TEST_CASE("DeepSpeed's tensorboard, csv_monitor and wandb keys map onto [monitor
     CHECK_THAT(msg, Catch::Contains("ds.json: wandb.enabled") &&
                         Catch::Contains("Weights & Biases is not supported"));
   }
-  SECTION("a key of tensorboard tessera does not use is a warning") {
-    auto doc = q.doc(R"({"tensorboard": {"enabled": false, "flush_secs": 5}})");
-    CHECK(ds::any_warning(doc, "tensorboard.flush_secs is not used by tessera; ignored"));
+  SECTION("a key DeepSpeed's tensorboard does not have is refused; its wandb knobs are warned") {
+    // DeepSpeed's own config refuses flush_secs (its monitor configs forbid
+    // unknown keys); before, tessera warned and went on.
+    CHECK_THAT(q.doc_error(R"({"tensorboard": {"enabled": false, "flush_secs": 5}})"),
+               Catch::Contains("'tensorboard.flush_secs' is not a DeepSpeed config key"));
+    auto doc = q.doc(R"({"wandb": {"enabled": false, "project": "p"}})");
+    CHECK(ds::any_warning(doc, "wandb.project is not used by tessera; ignored"));
   }
 }
 

@@ -160,7 +160,8 @@ std::unique_ptr<Cpu> build(const tsr_host *host, const tsr_config *cfg) {
                                     kWho, s->speculation_memory.c_str()));
   if (s->params_where != TSR_PARAMS_ON_DEVICE && (s->ratio.automatic || s->ratio.fraction > 0))
     throw Error(TSR_ERR_INVALID,
-                fmt("%s: ratio keeps a share of the optimizer state and its step on the GPU, "
+                fmt("%s: ratio keeps a share of the optimizer state and its step on the compute "
+                    "device (the GPU in a CUDA run), "
                     "which updates parameters there; with params = \"cpu\" they live in host "
                     "memory: set ratio = \"0\"",
                     kWho));
@@ -393,10 +394,11 @@ const tsr_param_decl kParams[] = {
                "CUDA runs: the gradient and parameter transfer buffers in pinned host memory"),
     sdk::param("pin_threads", TSR_PARAM_BOOL, "true",
                "keep each thread of the CPU step on its own core"),
-    sdk::param("ratio", TSR_PARAM_STRING, "\"0\"",
-               "share of the owned state kept and stepped on the GPU, \"0\" to \"1\" (DeepSpeed's "
-               "offload_optimizer.ratio), or \"auto\": the largest share that fits beside the "
-               "first step's peak under run.max_gpu_memory"),
+    sdk::param_number_or("ratio", "0",
+                         "share of the owned state kept and stepped on the GPU, 0 to 1 "
+                         "(DeepSpeed's offload_optimizer.ratio), or \"auto\": the largest share "
+                         "that fits beside the first step's peak under run.max_gpu_memory",
+                         0.0, 1.0, "auto|#"),
     sdk::param("speculation_memory", TSR_PARAM_STRING, "\"auto\"",
                "with gradient clipping or fp16: host memory that keeps the pre-step state of the "
                "ranges stepped before the gradient norm is known, so they can be redone "

@@ -199,11 +199,11 @@ void CpuBf16::setup(const tsr_offload_setup *st) {
   }
   const std::string msg =
       fmt("%s (rank %u): fp32 master weights (%.2f MiB) and %u optimizer state array%s in bf16 "
-          "(%.2f MiB) of %zu owned elements in host memory: host %.2f MiB, GPU 0 MiB, disk 0 MiB; "
+          "(%.2f MiB) of %zu owned elements in host memory: host %.2f MiB,%s disk 0 MiB; "
           "step on the CPU on %u thread(s)",
           kWho, host->run ? host->run->rank : 0u, n * 4.0 / 1048576.0, state_count,
           state_count == 1 ? "" : "s", state_count * n * 2.0 / 1048576.0, n,
-          n * (4.0 + 2.0 * state_count) / 1048576.0, threads);
+          n * (4.0 + 2.0 * state_count) / 1048576.0, cuda ? " GPU 0 MiB," : "", threads);
   host->log(host->ctx, TSR_LOG_INFO, msg.c_str());
 }
 

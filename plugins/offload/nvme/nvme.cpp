@@ -169,12 +169,12 @@ void log_setup(Nvme *s, unsigned threads, double staging) {
   const std::string msg =
       fmt("%s (rank %u): fp32 master weights and %u optimizer state array%s%s%s%s of %zu owned "
           "elements on disk: disk %.2f MiB in %s (%s, %s), host %.2f MiB of %s staging "
-          "buffers, GPU 0 MiB; step on the CPU on %u thread(s), blocks of %zu elements",
+          "buffers%s; step on the CPU on %u thread(s), blocks of %zu elements",
           kWho, rank, s->state_count, s->state_count == 1 ? "" : "s", names.empty() ? "" : " (",
           names.c_str(), names.empty() ? "" : ")", s->n, mib(double(s->blocks * s->block_bytes)),
           s->file.c_str(), s->direct ? "O_DIRECT" : "buffered",
           s->io.ring() ? "io_uring" : "pread/pwrite", mib(staging), s->cuda ? "pinned" : "aligned",
-          threads, s->block);
+          s->cuda ? ", GPU 0 MiB" : "", threads, s->block);
   s->host->log(s->host->ctx, TSR_LOG_INFO, msg.c_str());
   if (s->params_where == TSR_PARAMS_ON_DEVICE) return;
   const double cb = double(dtype_bytes(s->compute_dtype));

@@ -92,7 +92,10 @@ typedef struct tsr_param_decl {
   double min;
   int32_t has_max;
   double max;
-  /* For STRING: allowed values separated by '|', or NULL for any. */
+  /* For STRING: allowed values separated by '|', or NULL for any. An item
+   * '#' also allows a number within min..max (has_min/has_max), written as a
+   * number or as its text, which the plugin reads as a string ("0.5"): a
+   * value that is a number or a word ("auto|#"). */
   const char *choices;
 } tsr_param_decl;
 

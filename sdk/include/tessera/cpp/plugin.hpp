@@ -199,6 +199,14 @@ constexpr tsr_param_decl param_choice(const char *name, const char *def, const c
   return tsr_param_decl{
       sizeof(tsr_param_decl), name, TSR_PARAM_STRING, def, doc, 0, 0.0, 0, 0.0, choices};
 }
+// A number from lo to hi or one of the words of `choices`, whose '#' item
+// says that a number is taken ("auto|#"): the user writes `ratio = 0.5` or
+// `ratio = "auto"`, and the plugin reads either as a string ("0.5").
+constexpr tsr_param_decl param_number_or(const char *name, const char *def, const char *doc,
+                                         double lo, double hi, const char *choices) {
+  return tsr_param_decl{
+      sizeof(tsr_param_decl), name, TSR_PARAM_STRING, def, doc, 1, lo, 1, hi, choices};
+}
 
 // A plugin's descriptor, from what differs between plugins; the struct's
 // size is this build's. `params` may be empty ({}: no config keys), and a
