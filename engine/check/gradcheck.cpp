@@ -292,16 +292,20 @@ double numeric_derivative(Session &s, const tsr_batch &batch, float *x, double h
   return best;
 }
 
-// How much fp32 rounding moves the mean loss: a central difference divides
-// this by its step, so it sets the smallest error the check can see. Each
-// sample moves one element by 2^-20 of itself (a few ulps, so that the
-// loss's true change, a * dx, is far below the noise and is subtracted
-// anyway) and takes what is left of the change; the largest of up to 16
-// samples spread over the tensors, and never less than fp32's unit
-// roundoff of the loss itself.
+// How much rounding moves the mean loss: a central difference divides this
+// by its step, so it sets the smallest error the check can see. A loss
+// summed in fp32 (its sum is an fp32 number) is off by up to half an ulp of
+// the sum. Beyond that, each sample moves one element by 2^-20 of itself (a
+// few ulps, so that the loss's true change, a * dx, is far below the noise
+// and is subtracted anyway) and takes what is left of the change; the
+// largest of up to 16 samples spread over the tensors.
 double measure_loss_noise(Session &s, const tsr_batch &batch, const std::vector<float> &grads,
                           double loss) {
-  double noise = std::ldexp(std::fabs(loss), -24);
+  const tsr_forward_result r = forward(s, batch);
+  const bool fp32_sum =
+      static_cast<double>(static_cast<float>(r.loss_sum)) == r.loss_sum && r.loss_sum != 0;
+  double noise = fp32_sum ? std::ldexp(std::fabs(r.loss_sum), -24) / static_cast<double>(r.count)
+                          : std::ldexp(std::fabs(loss), -52);
   std::vector<const ParamSlot *> trainable;
   for (const ParamSlot &p : s.layout.params)
     if (p.trainable && p.numel > 0) trainable.push_back(&p);
@@ -387,22 +391,28 @@ int GradCheckReport::blamed() const {
   std::vector<size_t> order = backward_order;
   if (order.empty())  // no gradient taken at all: declared order, last first
     for (size_t i = tensors.size(); i-- > 0;) order.push_back(i);
-  int best = -1;
-  double best_jump = 0, before = 0;
+  // Each failing tensor's jump: its excess over that of the tensor backward
+  // computed just before it (at least 1, a pass).
+  std::vector<std::pair<size_t, double>> jumps;
+  double before = 0, most = 0;
   for (size_t i : order) {
     if (i >= tensors.size() || !tensors[i].trainable) continue;
     const double e = tensors[i].excess;
-    const double jump = e / std::max(1.0, before);
-    if (!tensors[i].ok && jump > best_jump) {
-      best = static_cast<int>(i);
-      best_jump = jump;
+    if (!tensors[i].ok) {
+      jumps.emplace_back(i, e / std::max(1.0, before));
+      most = std::max(most, jumps.back().second);
     }
     before = e;
   }
+  // The first in backward order whose jump is near the largest: a barely
+  // failing tensor before it is noise, and a later jump as large is the
+  // same fault met again (the op used in an earlier layer).
+  for (const auto &[i, jump] : jumps)
+    if (jump >= 0.5 * most) return static_cast<int>(i);
   // A failing tensor backward never took a gradient of (so not in order).
-  for (size_t i = 0; best < 0 && i < tensors.size(); ++i)
-    if (!tensors[i].ok) best = static_cast<int>(i);
-  return best;
+  for (size_t i = 0; i < tensors.size(); ++i)
+    if (!tensors[i].ok) return static_cast<int>(i);
+  return -1;
 }
 
 std::string GradCheckReport::first_failure(double tolerance) const {
