@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -456,11 +457,12 @@ int eval_launch(const Parsed &p, int n) {
   Job job = load_eval_job(p, static_cast<uint32_t>(n));
   print_warnings(job);
   ::setenv(kConfigCheckedVar, "1", 1);
-  char path[] = "/tmp/tessera-eval-XXXXXX";
-  const int fd = mkstemp(path);
-  if (fd < 0) throw Error(TSR_ERR_IO, std::string("cannot create ") + path);
+  std::string tmpl = (std::filesystem::temp_directory_path() / "tessera-eval-XXXXXX").string();
+  const int fd = mkstemp(tmpl.data());
+  if (fd < 0) throw Error(TSR_ERR_IO, "cannot create " + tmpl);
   ::close(fd);
-  ::setenv(kEvalResultVar, path, 1);
+  const std::string path = tmpl;
+  ::setenv(kEvalResultVar, path.c_str(), 1);
   LaunchOptions lo;
   lo.nproc = n;
   lo.interface = configured_interface(p);
@@ -469,7 +471,7 @@ int eval_launch(const Parsed &p, int n) {
   const int status = launch(lo, args);
   std::ifstream f(path);
   nlohmann::json r = status == 0 ? nlohmann::json::parse(f, nullptr, false) : nlohmann::json();
-  std::remove(path);
+  std::remove(path.c_str());
   if (status != 0) return status;
   if (!r.is_object()) throw Error(TSR_ERR_INTERNAL, "the eval workers left no result");
   print_eval(r);

@@ -35,7 +35,7 @@ TEST_CASE("env reports a machine without a usable GPU, with what to install", "[
   INFO(describe(r));
   REQUIRE(r.status == 0);
   for (const char *section : {"build:", "cuda:", "cpu:", "host:", "plugins:"})
-    CHECK(contains(r.out, std::string("\n") + section + "\n") || starts_with(r.out, section));
+    CHECK((contains(r.out, std::string("\n") + section + "\n") || starts_with(r.out, section)));
   const std::vector<std::string> ls = lines(r.out);
   // The verdict on CUDA: missing, absent, and runs use the CPU.
   CHECK(any_line_has(ls, {"missing", "CUDA runs", "absent", "runs use the CPU"}));
