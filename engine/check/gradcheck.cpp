@@ -21,6 +21,7 @@ struct Probe {
   std::vector<int> read_fwd, read_bwd, grad_taken;  // per parameter
   std::vector<int> done;                            // per layout group
   std::vector<std::string> late;                    // gradients taken after grads_done
+  std::vector<size_t> grad_order;                   // parameters by first gradient taken
 
   explicit Probe(const Layout &l)
       : layout(l),
@@ -38,7 +39,7 @@ struct Probe {
     };
     h.grad = [this, base = h.grad](uint32_t i, DLTensor *out) {
       if (i < grad_taken.size()) {
-        ++grad_taken[i];
+        if (grad_taken[i]++ == 0) grad_order.push_back(i);
         const ParamSlot &p = layout.params[i];
         if (done[p.group] > 0) late.push_back(p.name);
       }
@@ -274,20 +275,54 @@ double one_sided_difference(Session &s, const tsr_batch &batch, float *x, double
 }
 
 // The numeric derivative at element `x`: the central difference, unless it
-// disagrees with the analytic `a`; then the closest of a tenth of the step,
-// centred and one-sided, which a kink near x spoils at most one side of. A
-// wrong backward disagrees with all of them.
+// disagrees with the analytic `a` by more than the tolerance and fp32's
+// `floor`; then the closest of a tenth of the step, centred and one-sided,
+// which a kink near x spoils at most one side of. A wrong backward
+// disagrees with all of them.
 double numeric_derivative(Session &s, const tsr_batch &batch, float *x, double h, double a,
-                          double tolerance) {
+                          double tolerance, double floor) {
   double best = central_difference(s, batch, x, h);
   auto off = [&](double n) { return std::fabs(n - a); };
-  if (off(best) <= tolerance * std::max({std::fabs(a), std::fabs(best), 1e-6})) return best;
+  if (off(best) <= tolerance * std::max(std::fabs(a), std::fabs(best)) + floor) return best;
   const double l0 = mean_loss(s, batch);
   for (double n :
        {central_difference(s, batch, x, h / 10), one_sided_difference(s, batch, x, h / 10, l0),
         one_sided_difference(s, batch, x, -h / 10, l0)})
     if (off(n) < off(best)) best = n;
   return best;
+}
+
+// How much rounding moves the mean loss: a central difference divides this
+// by its step, so it sets the smallest error the check can see. A loss
+// summed in fp32 (its sum is an fp32 number) is off by up to half an ulp of
+// the sum. Beyond that, each sample moves one element by 2^-20 of itself (a
+// few ulps, so that the loss's true change, a * dx, is far below the noise
+// and is subtracted anyway) and takes what is left of the change; the
+// largest of up to 16 samples spread over the tensors.
+double measure_loss_noise(Session &s, const tsr_batch &batch, const std::vector<float> &grads,
+                          double loss) {
+  const tsr_forward_result r = forward(s, batch);
+  const bool fp32_sum =
+      static_cast<double>(static_cast<float>(r.loss_sum)) == r.loss_sum && r.loss_sum != 0;
+  double noise = fp32_sum ? std::ldexp(std::fabs(r.loss_sum), -24) / static_cast<double>(r.count)
+                          : std::ldexp(std::fabs(loss), -52);
+  std::vector<const ParamSlot *> trainable;
+  for (const ParamSlot &p : s.layout.params)
+    if (p.trainable && p.numel > 0) trainable.push_back(&p);
+  for (size_t k = 0; k < 16 && !trainable.empty(); ++k) {
+    const ParamSlot &p = *trainable[k % trainable.size()];
+    float *x = param_data(s, p);
+    const size_t i = (k / trainable.size() * 7919 + k) % p.numel;  // spread over the tensor
+    const float x0 = x[i];
+    if (x0 == 0.f) continue;
+    const float moved = x0 + std::ldexp(x0, -20);
+    x[i] = moved;
+    const double l = mean_loss(s, batch);
+    x[i] = x0;
+    const double dx = static_cast<double>(moved) - static_cast<double>(x0);
+    noise = std::max(noise, std::fabs(l - loss - grads[p.offset + i] * dx));
+  }
+  return noise;
 }
 
 std::vector<int64_t> unravel(size_t flat, const std::vector<int64_t> &shape) {
@@ -300,7 +335,7 @@ std::vector<int64_t> unravel(size_t flat, const std::vector<int64_t> &shape) {
 }
 
 TensorCheck check_tensor(Session &s, const tsr_batch &batch, const ParamSlot &p, const float *grad,
-                         const GradCheckOptions &o, std::mt19937_64 &rng) {
+                         const GradCheckOptions &o, double loss_noise, std::mt19937_64 &rng) {
   TensorCheck t;
   t.name = p.name;
   t.shape = p.shape;
@@ -313,10 +348,14 @@ TensorCheck check_tensor(Session &s, const tsr_batch &batch, const ParamSlot &p,
   // A step of 1e-2 relative to the tensor's scale (at least 1e-2): large
   // enough that fp32 rounding of the loss stays small against it.
   t.step = 1e-2 * std::max(1.0, std::sqrt(sq / static_cast<double>(p.numel)));
+  // Both losses of the central difference carry up to loss_noise of
+  // rounding: their difference over 2h errs by up to loss_noise / h. Twice
+  // that, as the measure is a sample.
+  t.floor = 2 * loss_noise / t.step;
   double err_sq = 0, num_sq = 0, ana_sq = 0, worst = -1;
   for (size_t i : pick_elements(grad, p.numel, o, rng)) {
     const double a = grad[i];
-    const double n = numeric_derivative(s, batch, x + i, t.step, a, o.tolerance);
+    const double n = numeric_derivative(s, batch, x + i, t.step, a, o.tolerance, t.floor);
     err_sq += (n - a) * (n - a);
     num_sq += n * n;
     ana_sq += a * a;
@@ -331,7 +370,10 @@ TensorCheck check_tensor(Session &s, const tsr_batch &batch, const ParamSlot &p,
   const double denom = std::sqrt(std::max(num_sq, ana_sq));
   // Both gradients zero (to rounding): nothing to compare, and nothing wrong.
   t.rel_error = denom > 1e-12 ? std::sqrt(err_sq) / denom : 0;
-  t.ok = t.rel_error <= o.tolerance;
+  const double allowed = o.tolerance * denom + t.floor * std::sqrt(static_cast<double>(t.checked));
+  t.excess = allowed > 0 ? std::sqrt(err_sq) / allowed : 0;
+  t.ok = t.excess <= 1;
+  t.near_noise = t.checked > 0 && denom / std::sqrt(static_cast<double>(t.checked)) < 10 * t.floor;
   return t;
 }
 
@@ -345,14 +387,51 @@ bool GradCheckReport::ok() const {
   return true;
 }
 
-std::string GradCheckReport::first_failure(double tolerance) const {
-  for (const auto &t : tensors)
-    if (!t.ok) {
-      char buf[160];
-      std::snprintf(buf, sizeof buf, "relative error %.3g, tolerance %.3g", t.rel_error, tolerance);
-      return t.name + ": the analytic gradient (backward) does not match the numeric one (" + buf +
-             "); check the backward of " + t.name;
+int GradCheckReport::blamed() const {
+  std::vector<size_t> order = backward_order;
+  if (order.empty())  // no gradient taken at all: declared order, last first
+    for (size_t i = tensors.size(); i-- > 0;) order.push_back(i);
+  // Each failing tensor's jump: its excess over that of the tensor backward
+  // computed just before it (at least 1, a pass).
+  std::vector<std::pair<size_t, double>> jumps;
+  double before = 0, most = 0;
+  for (size_t i : order) {
+    if (i >= tensors.size() || !tensors[i].trainable) continue;
+    const double e = tensors[i].excess;
+    if (!tensors[i].ok) {
+      jumps.emplace_back(i, e / std::max(1.0, before));
+      most = std::max(most, jumps.back().second);
     }
+    before = e;
+  }
+  // The first in backward order whose jump is near the largest: a barely
+  // failing tensor before it is noise, and a later jump as large is the
+  // same fault met again (the op used in an earlier layer).
+  for (const auto &[i, jump] : jumps)
+    if (jump >= 0.5 * most) return static_cast<int>(i);
+  // A failing tensor backward never took a gradient of (so not in order).
+  for (size_t i = 0; i < tensors.size(); ++i)
+    if (!tensors[i].ok) return static_cast<int>(i);
+  return -1;
+}
+
+std::string GradCheckReport::first_failure(double tolerance) const {
+  if (const int b = blamed(); b >= 0) {
+    const TensorCheck &t = tensors[static_cast<size_t>(b)];
+    size_t others = 0;
+    for (const auto &u : tensors) others += u.ok ? 0 : 1;
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "relative error %.3g, tolerance %.3g + fp32 noise %.2g",
+                  t.rel_error, tolerance, t.floor);
+    std::string out = t.name +
+                      ": the analytic gradient (backward) does not match the numeric one (" + buf +
+                      "); check the backward of " + t.name;
+    if (others > 1)
+      out += ", where the error starts: " + std::to_string(others - 1) +
+             " other tensors fail, those whose gradients backward computes after it (a wrong "
+             "gradient flows on to them)";
+    return out;
+  }
   for (const auto &c : conventions)
     if (!c.ok) return c.what + ": " + c.detail;
   return "";
@@ -372,9 +451,12 @@ GradCheckReport check_model(Session &s, const tsr_batch &batch, const GradCheckO
   rep.conventions.push_back(check_groups(s, probe));
   rep.conventions.push_back(check_grads_done(s, probe));
   rep.conventions.push_back(check_determinism(s, batch));
+  rep.loss_noise = measure_loss_noise(s, batch, grads, rep.loss);
+  rep.backward_order = probe.grad_order;
   std::mt19937_64 rng(o.seed);
   for (const ParamSlot &p : s.layout.params) {
-    rep.tensors.push_back(check_tensor(s, batch, p, grads.data() + p.offset, o, rng));
+    rep.tensors.push_back(
+        check_tensor(s, batch, p, grads.data() + p.offset, o, rep.loss_noise, rng));
     if (on_tensor) on_tensor(rep.tensors.back());
   }
   return rep;

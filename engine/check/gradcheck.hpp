@@ -33,6 +33,15 @@ struct TensorCheck {
   bool trainable = true;
   double step = 0;       // the finite-difference step h
   double rel_error = 0;  // |numeric - analytic|_2 / max(|numeric|_2, |analytic|_2) over `checked`
+  // fp32's resolution of a numeric derivative at this step: the loss's
+  // rounding noise (GradCheckReport::loss_noise) over the step, per element.
+  double floor = 0;
+  // |numeric - analytic|_2 over what passes: tolerance * max(|numeric|_2,
+  // |analytic|_2) + floor * sqrt(checked). Above 1 fails.
+  double excess = 0;
+  // The gradients are within 10x of `floor`: the check cannot see an error
+  // smaller than the noise there (a larger init scale makes them larger).
+  bool near_noise = false;
   std::vector<int64_t> worst_index;  // the element with the largest |numeric - analytic|
   double worst_analytic = 0, worst_numeric = 0;
   bool ok = true;
@@ -49,9 +58,17 @@ struct ConventionCheck {
 struct GradCheckReport {
   std::vector<ConventionCheck> conventions;
   std::vector<TensorCheck> tensors;
-  double loss = 0;  // the batch's mean loss
+  double loss = 0;        // the batch's mean loss
+  double loss_noise = 0;  // how much fp32 rounding moves it (measured)
+  // Indices into `tensors` in the order backward first took their gradients.
+  std::vector<size_t> backward_order;
   bool ok() const;
-  // The first failure, for the command's last line ("" when all passed).
+  // The failing tensor nearest the bug: a wrong gradient flows from where
+  // it enters to every tensor backward computes after it, so the one whose
+  // excess jumps most over the tensor backward computed just before it;
+  // -1 when every tensor passes.
+  int blamed() const;
+  // The failure to name on the command's last line ("" when all passed).
   std::string first_failure(double tolerance) const;
 };
 

@@ -16,6 +16,7 @@ int cmd_plugin(const Args &args);
 int cmd_plugin_check(const Args &args);  // `plugin check` (plugin_check.cpp)
 int cmd_config(const Args &args);
 int cmd_version(const Args &args);
+int cmd_env(const Args &args);  // `env` (env_cmd.cpp)
 int cmd_debug(const Args &args);
 int cmd_ckpt(const Args &args);
 int cmd_plot(const Args &args);

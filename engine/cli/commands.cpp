@@ -1,8 +1,11 @@
 // run, eval, config: the commands that read a config.
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <memory>
 
@@ -121,13 +124,23 @@ The run directory (run.dir, default runs/<run.name>) receives config.toml
 (the resolved config), metrics.jsonl and summary.json.
 )";
 
-const char *kEvalUsage = R"(usage: tessera eval CONFIG --ckpt PATH [options]
+const char *kEvalUsage = R"(usage: tessera eval CONFIG --ckpt PATH [-n N] [options]
+       tessera eval CONFIG --init-from HF_DIR [-n N] [options]
 
-Evaluates a trained model, frozen (no gradients, no optimizer state), on the
-config's [data.eval] dataset (or [data.train] when there is none).
+Evaluates a model, frozen (no gradients, no optimizer state), on the
+config's [data.eval] dataset (or [data.train] when there is none): the mean
+loss over every target and, for a classifier, the accuracy. With -n N, N
+workers each evaluate a contiguous share of the samples (no sample twice,
+none left out) and the loss sums, target counts and correct counts are
+summed over the ranks, so the result is the one-process result.
 
   --ckpt PATH               a checkpoint directory (step_NNNNNNNN), a checkpoint
                             root holding 'latest', or a .safetensors file
+  --init-from HF_DIR        no checkpoint: the [model] plugin's own weights from a
+                            Hugging Face directory (config.json + model.safetensors).
+                            The same as --set model.init_from='HF_DIR', for a model
+                            plugin that declares init_from (llama: docs/llama.md)
+  -n, --nproc N             workers on this node (as for 'tessera run')
   --set KEY=VALUE           override a config key (repeatable)
   --unset KEY               remove a key or a whole section (repeatable)
   --deepspeed_config FILE   layer a DeepSpeed JSON config over CONFIG
@@ -135,6 +148,8 @@ config's [data.eval] dataset (or [data.train] when there is none).
   --plugin-path DIR         search DIR for plugins first (repeatable)
   --local_rank N            accepted for DeepSpeed-style launchers
   -h, --help                this help
+
+Prints one line ('eval | loss ...') and the result as JSON.
 )";
 
 const char *kConfigUsage = R"(usage: tessera config check CONFIG [options]
@@ -435,24 +450,101 @@ int run_body(const Parsed &p) {
   return status;
 }
 
-int eval_body(const Parsed &p) {
+// Where an eval worker under `tessera eval -n N` leaves rank 0's result for
+// the launcher to print (the workers' own output is prefixed by rank).
+constexpr const char *kEvalResultVar = "TESSERA_EVAL_RESULT";
+
+void print_eval(const nlohmann::json &r) {
+  std::printf("eval | loss %.4f", r["eval_loss"].get<double>());
+  if (!r["eval_accuracy"].is_null())
+    std::printf(" | accuracy %.4f", r["eval_accuracy"].get<double>());
+  const std::string from = r.contains("init_from") ? r["init_from"].get<std::string>()
+                                                   : r["checkpoint"].get<std::string>();
+  std::printf(" | %lld samples | %s\n", static_cast<long long>(r["samples"].get<int64_t>()),
+              from.c_str());
+  std::cout << r.dump() << std::endl;
+}
+
+// --init-from HF_DIR as the override it stands for: model.init_from, a
+// string the model plugin declares (the engine reads only the file the
+// plugin then names, through TSR_EXT_MODEL_INIT_FROM).
+std::string init_from_set(const std::string &dir) {
+  if (dir.find('\'') == std::string::npos) return "model.init_from='" + dir + "'";
+  std::string quoted;
+  for (char c : dir) quoted += c == '"' || c == '\\' ? std::string("\\") + c : std::string(1, c);
+  return "model.init_from=\"" + quoted + "\"";
+}
+
+JobOptions eval_options(const Parsed &p) {
   JobOptions o = job_options(p, "eval");
-  if (!p.has("--ckpt")) throw UsageError("tessera eval: --ckpt PATH is required");
+  const bool ckpt = p.has("--ckpt"), init = p.has("--init-from");
+  if (ckpt == init)
+    throw UsageError(ckpt ? "tessera eval: --ckpt and --init-from exclude each other"
+                          : "tessera eval: --ckpt PATH or --init-from HF_DIR is required");
+  if (init) o.sets.push_back(init_from_set(p.get("--init-from")));
+  return o;
+}
+
+Job load_eval_job(const Parsed &p, uint32_t world_size) {
+  try {
+    return load_job(eval_options(p), world_size, false);
+  } catch (const config::ConfigError &e) {
+    if (!p.has("--init-from") || std::string(e.what()).find("init_from") == std::string::npos)
+      throw;
+    throw config::ConfigError(std::string(e.what()) +
+                              " (tessera eval --init-from sets model.init_from: the [model] "
+                              "plugin must declare it, as llama does)");
+  }
+}
+
+const Args *g_eval_args = nullptr;
+
+// `tessera eval -n N`: the config checked once here, N workers, and rank 0's
+// result printed as one process prints it.
+int eval_launch(const Parsed &p, int n) {
+  Job job = load_eval_job(p, static_cast<uint32_t>(n));
+  print_warnings(job);
+  ::setenv(kConfigCheckedVar, "1", 1);
+  std::string tmpl = (std::filesystem::temp_directory_path() / "tessera-eval-XXXXXX").string();
+  const int fd = mkstemp(tmpl.data());
+  if (fd < 0) throw Error(TSR_ERR_IO, "cannot create " + tmpl);
+  ::close(fd);
+  const std::string path = tmpl;
+  ::setenv(kEvalResultVar, path.c_str(), 1);
+  LaunchOptions lo;
+  lo.nproc = n;
+  lo.interface = configured_interface(p);
+  std::vector<std::string> args = without_options(*g_eval_args, {"-n", "--nproc"}, {});
+  args[0] = "eval";
+  const int status = launch(lo, args);
+  std::ifstream f(path);
+  nlohmann::json r = status == 0 ? nlohmann::json::parse(f, nullptr, false) : nlohmann::json();
+  std::remove(path.c_str());
+  if (status != 0) return status;
+  if (!r.is_object()) throw Error(TSR_ERR_INTERNAL, "the eval workers left no result");
+  print_eval(r);
+  return 0;
+}
+
+int eval_body(const Parsed &p) {
+  const int n = int_option(p, "-n", int_option(p, "--nproc", 1));
+  if (n > 1) return eval_launch(p, n);
   ProcessInfo proc = process_info(local_rank_of(p));
   if (proc.rank != 0) spdlog::set_level(spdlog::level::warn);
-  Job job = load_job(o, proc.world_size, false);
+  Job job = load_eval_job(p, proc.world_size);
   print_warnings(job);
   // Under a launcher every rank evaluates its share and the sums meet.
   std::unique_ptr<DistContext> dist = join_job(job, proc);
   nlohmann::json r = evaluate_checkpoint(job, proc, p.get("--ckpt"));
-  if (proc.rank == 0) {
-    std::printf("eval | loss %.4f", r["eval_loss"].get<double>());
-    if (!r["eval_accuracy"].is_null())
-      std::printf(" | accuracy %.4f", r["eval_accuracy"].get<double>());
-    std::printf(" | %lld samples | %s\n", static_cast<long long>(r["samples"].get<int64_t>()),
-                r["checkpoint"].get<std::string>().c_str());
-    std::cout << r.dump() << std::endl;
+  if (p.has("--init-from")) r["init_from"] = p.get("--init-from");
+  if (proc.rank != 0) return 0;
+  if (const char *out = std::getenv(kEvalResultVar); out && *out) {
+    std::ofstream f(out, std::ios::trunc);
+    f << r.dump();
+    if (!f.flush()) throw Error(TSR_ERR_IO, std::string("cannot write ") + out);
+    return 0;
   }
+  print_eval(r);
   return 0;
 }
 
@@ -521,7 +613,9 @@ int cmd_eval(const Args &given) {
   Args args;
   if (!deepspeed_forms(given, false, "eval", kEvalUsage, &args)) return 2;
   auto specs = config_options();
-  specs.push_back({"--ckpt", true, false});
+  for (const char *o : {"--ckpt", "--init-from", "-n", "--nproc"})
+    specs.push_back({o, true, false});
+  g_eval_args = &args;
   return run_command("eval", kEvalUsage, eval_body, args, specs);
 }
 

@@ -34,6 +34,8 @@ commands:
   data encode|decode --tokenizer F
                     text on stdin to ids as JSON, or JSON ids to text
   debug vscode [D]  write D/.vscode/launch.json to debug tessera in VS Code
+  env [--json]      what this build and machine give tessera: CUDA, GPUs,
+                    NCCL, cuDNN, io_uring, CPU features, plugins
   version           print version and ABI
 
 Run 'tessera <command> --help' for a command's options.
@@ -59,6 +61,7 @@ int main(int argc, char **argv) {
   if (cmd == "plugin") return cmd_plugin(rest);
   if (cmd == "config") return cmd_config(rest);
   if (cmd == "version" || cmd == "--version") return cmd_version(rest);
+  if (cmd == "env") return cmd_env(rest);
   if (cmd == "debug") return cmd_debug(rest);
   if (cmd == "ckpt") return cmd_ckpt(rest);
   if (cmd == "plot") return cmd_plot(rest);

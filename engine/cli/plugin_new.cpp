@@ -224,9 +224,14 @@ int plugin_new_body(const Parsed &p) {
   for (const auto &[out, tpl] : files) std::printf("  %s\n", (dir / out).string().c_str());
   std::printf(
       "next:\n  cd %s\n  cmake -S . -B build -DCMAKE_PREFIX_PATH=%s\n"
-      "  cmake --build build\n  tessera run %s.toml --plugin-path build\n",
+      "  cmake --build build\n%s  tessera run %s.toml --plugin-path build\n",
       sh_quote(dir.string()).c_str(),
-      prefix.empty() ? "<tessera install prefix>" : sh_quote(prefix).c_str(), name.c_str());
+      prefix.empty() ? "<tessera install prefix>" : sh_quote(prefix).c_str(),
+      kind_name == "model" ? ("  tessera plugin check " + name +
+                              ".toml --plugin-path build   # gradients and ABI conventions\n")
+                                 .c_str()
+                           : "",
+      name.c_str());
   if (prefix.empty())
     std::printf(
         "(this tessera is not an installed one: install it with\n"

@@ -52,7 +52,8 @@ int verify_body(const Parsed &p) {
 }
 
 const char *kVersionUsage =
-    "usage: tessera version\n\nPrints the tessera version and its plugin ABI.\n";
+    "usage: tessera version\n\nPrints the tessera version and its plugin ABI; 'tessera env' "
+    "reports the rest\n(CUDA, GPUs, NCCL, cuDNN, io_uring, CPU features, plugins).\n";
 
 std::string devices_of(uint32_t d) {
   std::string s;
@@ -128,6 +129,7 @@ int version_body(const Parsed &p) {
   if (!p.positional.empty())
     throw UsageError("tessera version: unexpected argument '" + p.positional[0] + "'");
   std::printf("tessera %s (plugin ABI %d.%d)\n", TESSERA_VERSION, TSR_ABI_MAJOR, TSR_ABI_MINOR);
+  std::printf("build options, CUDA, GPUs, NCCL, cuDNN, CPU features and plugins: tessera env\n");
   return 0;
 }
 

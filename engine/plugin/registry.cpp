@@ -247,7 +247,8 @@ void Registry::load_probed(const std::string &path) {
       if (e.kind == kind && std::string(e.desc->name) == d->name)
         throw Error(TSR_ERR_INVALID,
                     path + " declares two " + kind + " plugins named '" + d->name + "'");
-    found.push_back(PluginEntry{d, std::move(params), kind, path, caps_resolve(kind, d)});
+    found.push_back(PluginEntry{d, std::move(params), kind, path, caps_resolve(kind, d),
+                                l->abi_major, l->abi_minor});
   }
   for (auto &e : found) entries_.push_back(std::move(e));
   libs_->libs.push_back(std::move(lib));

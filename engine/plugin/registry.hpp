@@ -21,6 +21,8 @@ struct PluginEntry {
   std::string file;  // the library it came from
   // Its optional entries and extensions, resolved when it loaded.
   PluginCaps caps;
+  // The ABI its library was built for (tsr_plugin_library), for reports.
+  uint32_t abi_major = 0, abi_minor = 0;
 
   // The plugin's table for extension `id` (extensions.h, TSR_EXT_*), or
   // nullptr when it offers none by that id (or predates ABI 1.2).

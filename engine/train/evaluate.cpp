@@ -60,9 +60,11 @@ nlohmann::json evaluate_checkpoint(const Job &job, const ProcessInfo &proc,
                                    const std::string &ckpt) {
   prepare_process(job, proc);
   std::string file;
-  Session s(job, run_facts(job, proc), false, [&](const Layout &layout, float *flat) {
-    file = load_model_params(ckpt, layout, flat);
-  });
+  // No checkpoint: the model's own initial weights (its init_from file).
+  ParamInitializer load;
+  if (!ckpt.empty())
+    load = [&](const Layout &layout, float *flat) { file = load_model_params(ckpt, layout, flat); };
+  Session s(job, run_facts(job, proc), false, load);
   EvalResult r = evaluate(s, job.settings.micro_batch);
   MemoryStats mem = s.host.memory();
   return {{"checkpoint", file},

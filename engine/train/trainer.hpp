@@ -36,7 +36,9 @@ nlohmann::json train(const Job &job, const ProcessInfo &proc);
 // none), every rank a share, summed over ranks.
 EvalResult evaluate(Session &s, int64_t batch_size);
 
-// Loads a checkpoint into a frozen model and evaluates it.
+// Loads a checkpoint into a frozen model and evaluates it; with `ckpt` "",
+// the model's own initial weights (its init_from file, else its declared
+// initialisers).
 nlohmann::json evaluate_checkpoint(const Job &job, const ProcessInfo &proc,
                                    const std::string &ckpt);
 

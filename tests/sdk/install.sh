@@ -55,7 +55,7 @@ incdir=$(echo "$cflags" | tr ' ' '\n' | grep -m1 '^-I' | cut -c3-)
 [ "$(real "$incdir")" = "$(real "$prefix/include")" ] || fail "pkg-config --cflags tessera: $cflags"
 [ "$(real "$(pkg-config --variable=plugindir tessera)")" = "$(real "$prefix/lib/tessera/plugins")" ] ||
   fail "pkg-config plugindir is $(pkg-config --variable=plugindir tessera)"
-[ "$(pkg-config --variable=abi_version tessera)" = "$("$prefix/bin/tessera" version |
+[ "$(pkg-config --variable=abi_version tessera)" = "$("$prefix/bin/tessera" version | head -1 |
   sed -E 's/.*ABI ([0-9.]+).*/\1/')" ] || fail "pkg-config abi_version differs from tessera version"
 mkdir -p "$elsewhere/pc"
 # shellcheck disable=SC2046

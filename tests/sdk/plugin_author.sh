@@ -12,8 +12,9 @@
 #  - the 2-rank run evaluated with its own config.toml, to the accuracy
 #    its summary.json reports;
 #  - a copy whose backward doubles the weight gradient fails the check,
-#    exit 1, naming head.weight (head.bias, untouched, still passes); one
-#    that never calls grads_done fails naming the call to add.
+#    exit 1, naming head.weight (head.bias, untouched, still passes); its
+#    rebuild with a warning (-Werror) fails and leaves no library to check;
+#    one that never calls grads_done fails naming the call to add.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$here/lib.sh"
@@ -105,6 +106,19 @@ grep -q "^  FAIL  head.weight " <<<"$out" || fail "head.weight is not marked FAI
 grep -q "^  ok    head.bias " <<<"$out" || fail "head.bias should still pass"
 grep -q "tessera plugin check: failed: head.weight: the analytic gradient" <<<"$out" ||
   fail "the last line does not name head.weight"
+
+# A rebuild that fails (-Werror: an unused variable) leaves no library:
+# the check then says so instead of checking the last good build.
+lib="$work/build-broken/libtsr_model_author.so"
+[ -f "$lib" ] || fail "the broken build left no $lib"
+printf '\nstatic int unused_for_the_test() { int x = 1; return 0; }\n' >>"$work/broken/author.cpp"
+if cmake --build "$work/build-broken" >"$work/build-broken-werror.log" 2>&1; then
+  fail "a build with a warning passed (-Werror?)"
+fi
+[ ! -e "$lib" ] || fail "a failed build left the previous $lib to be checked"
+check "$work/broken" "$work/build-broken" >/dev/null
+[ "$status" -ne 0 ] || fail "plugin check passed with no library built"
+grep -q "author" <<<"$out" || fail "plugin check does not name the missing plugin: $out"
 
 # And one that forgets to say its group is done: the convention is named,
 # with the call to add.

@@ -48,6 +48,9 @@ expect 0 "created" "$tessera" plugin new sampler blocks2 sub/dir --force
 if grep -q "// edited" sub/dir/blocks2.cpp; then fail "--force did not overwrite"; fi
 touch a_file
 expect 1 "a_file exists and is not a directory" "$tessera" plugin new model m a_file
+# The next steps of a model plugin name the check, between the build and the run.
+next=$("$tessera" plugin new model m2 | sed -n '/^next:/,$p' | grep -n 'cmake --build\|plugin check m2.toml --plugin-path build\|tessera run m2.toml' | cut -d: -f1 | tr '\n' ' ')
+[ "$next" = "4 5 6 " ] || fail "plugin new model: the next steps do not go build, plugin check, run (lines $next)"
 # Hyphens are allowed in names; the CMake target gets underscores.
 expect 0 "created" "$tessera" plugin new dataset my-data
 grep -q 'tessera_add_plugin(tsr_dataset_my_data ' my-data/CMakeLists.txt ||
