@@ -7,7 +7,9 @@
 // (what it keeps + one tensor of the file) + 10%. Reading the file whole
 // (the loader before issue 51) peaks at three times what the rank keeps;
 // keeping the pages mapped, at that plus the file; a full buffer at ZeRO
-// stage 3, at twice the slice: each fails the bound.
+// stage 3, at twice the slice: each fails the bound. And the conversions:
+// F32, F16, BF16 and F64 tensors load bit for bit where the value fits,
+// only into the kept ranges.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,6 +20,7 @@
 #include <fstream>
 #include <string>
 #include <tessera/cpp/formats/safetensors.hpp>
+#include <tessera/cpp/half.hpp>
 #include <vector>
 
 #include "plugin/layout.hpp"
@@ -182,6 +185,63 @@ TEST_CASE("init_from's peak host memory: what the rank keeps + one tensor + 10%"
     CHECK(used >= 0.9 * static_cast<double>(m.kept_bytes));  // the measure sees the kept part
     CHECK(m.wrong == 0);
     CHECK(m.touched_outside == 0);
+  }
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+}
+
+TEST_CASE("init_from converts F32, F16, BF16 and F64, and writes only the kept ranges",
+          "[init_from]") {
+  // Values each dtype holds exactly (F16: its largest and smallest
+  // subnormal; BF16: a large exponent), so each must come back bit for bit.
+  const std::vector<float> values = {0.f,      -2.5f, 0.375f,  1024.f, 65504.f, -1.f,
+                                     0x1p-24f, 3.f,   -0.125f, 7.f,    0.0625f, -96.f,
+                                     1.5f,     2.f,   -4.f,    0.5f};
+  // The BF16 tensor's: beyond F16's range.
+  const std::vector<float> big = {0x1p126f, -3.f, 0.25f, 0x1.8p-120f};
+  std::vector<float> f32 = values;
+  std::vector<uint16_t> f16, bf16;
+  for (float v : values) f16.push_back(tessera::sdk::float_to_f16(v));
+  for (float v : big) bf16.push_back(tessera::sdk::float_to_bf16(v));
+  std::vector<double> f64(values.begin(), values.end());
+  const int64_t n = static_cast<int64_t>(values.size()), nb = static_cast<int64_t>(big.size());
+  const std::vector<st::Tensor> tensors = {{"a", "F32", {2, n / 2}, f32.data(), f32.size() * 4},
+                                           {"b", "F16", {2, n / 2}, f16.data(), f16.size() * 2},
+                                           {"c", "BF16", {nb}, bf16.data(), bf16.size() * 2},
+                                           {"d", "F64", {2, n / 2}, f64.data(), f64.size() * 8}};
+  const fs::path dir =
+      fs::temp_directory_path() / ("tessera-init-from-dtypes-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  st::write((dir / "model.safetensors").string(), tensors, {});
+  tessera::Layout l;
+  l.world = 2;
+  for (const auto &t : tensors) {
+    tessera::ParamSlot p;
+    p.name = t.name;
+    p.shape = t.shape;
+    p.group = static_cast<uint32_t>(l.params.size());
+    p.offset = l.total;
+    p.numel = t.name == "c" ? big.size() : values.size();
+    l.params.push_back(p);
+    l.group_offset.push_back(l.total);
+    l.group_size.push_back(p.numel);
+    l.total += p.numel;
+  }
+  for (const bool partitioned : {false, true}) {
+    INFO((partitioned ? "rank 1 of 2's slices" : "everything"));
+    const std::vector<tessera::FlatRange> keep = tessera::kept_ranges(l, partitioned, 1);
+    std::vector<float> flat(l.total, -7.f);
+    tessera::init_from_safetensors(dir.string(), l, flat.data(), &keep);
+    for (const tessera::ParamSlot &p : l.params) {
+      const std::vector<float> &want = p.name == "c" ? big : values;
+      const auto parts = tessera::kept_parts(&keep, p.offset, p.numel);
+      for (size_t i = 0; i < p.numel; ++i) {
+        INFO(p.name << "[" << i << "]");
+        bool kept = false;
+        for (const auto &[a, b] : parts) kept = kept || (i >= a && i < b);
+        CHECK(flat[p.offset + i] == (kept ? want[i] : -7.f));
+      }
+    }
   }
   std::error_code ec;
   fs::remove_all(dir, ec);

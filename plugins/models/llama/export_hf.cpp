@@ -98,6 +98,12 @@ constexpr const char *kTokenizerFiles[] = {"tokenizer.json",
                                            "chat_template.jinja",
                                            "generation_config.json"};
 
+uint64_t param_bytes(const tsr_param_info &p, size_t esize) {
+  uint64_t bytes = esize;
+  for (int32_t k = 0; k < p.ndim; ++k) bytes *= static_cast<uint64_t>(p.shape[k]);
+  return bytes;
+}
+
 // The parameters in declaration order, split into runs of at most
 // max_bytes (a larger tensor gets a file of its own), as save_pretrained
 // splits them.
@@ -105,9 +111,7 @@ std::vector<std::vector<size_t>> plan_shards(const Llama &m, size_t esize, uint6
   std::vector<std::vector<size_t>> shards(1);
   uint64_t in_shard = 0;
   for (size_t i = 0; i < m.infos.size(); ++i) {
-    uint64_t bytes = esize;
-    for (int32_t k = 0; k < m.infos[i].ndim; ++k)
-      bytes *= static_cast<uint64_t>(m.infos[i].shape[k]);
+    const uint64_t bytes = param_bytes(m.infos[i], esize);
     if (!shards.back().empty() && in_shard + bytes > max_bytes) {
       shards.emplace_back();
       in_shard = 0;
@@ -230,10 +234,7 @@ void write_export(const Llama &m, const tsr_export_args &args) {
       const std::string name = shard_name(k, shards.size());
       write_shard(m, args, shards[k], out.dir / name);
       for (size_t i : shards[k]) {
-        uint64_t bytes = bf16 ? 2 : 4;
-        for (int32_t d = 0; d < m.infos[i].ndim; ++d)
-          bytes *= static_cast<uint64_t>(m.infos[i].shape[d]);
-        total += bytes;
+        total += param_bytes(m.infos[i], bf16 ? 2 : 4);
         index["weight_map"][m.infos[i].name] = name;
       }
     }
