@@ -1,11 +1,12 @@
 """bench/cpu_vs_torch: tessera against PyTorch at its best, on the same CPU cores.
 
-  bench/cpu_vs_torch/run [--bin TESSERA] [--python PY] [--cores N] [--only mlp|gpt2]
+  bench/cpu_vs_torch/run [--bin TESSERA] [--python PY] [--cores N] [--only mlp|gpt2|llama]
                          [--reps R] [--seconds S] [--no-compile] [--out OUT.md]
 
 Workloads (issue 13): the quickstart MLP (784-256-128-10, global batch 128,
 AdamW) and gpt2-tiny-cpu (4 layers, width 128, context 128, micro batch 16
-per rank). Layouts on N cores (--cores, default all): 1 rank x N threads
+per rank), and llama-tiny-cpu (2 layers, width 128, GQA 4/2, context 128, micro
+batch 16 per rank). Layouts on N cores (--cores, default all): 1 rank x N threads
 and 2 ranks x N/2 threads (and N x 1 where N > 2). tessera runs each layout
 at ZeRO stage 0, and at stage 2 where there is more than one rank; PyTorch
 runs each layout eager and with torch.compile (DDP over gloo at more than
@@ -50,6 +51,8 @@ WORKLOADS = {
                 label="MLP 784-256-128-10, global batch 128"),
     "gpt2": dict(config="configs/gpt2-tiny-cpu.toml", warmup=5, probe=15, torch_probe=5, tokens=128,
                  label="gpt2-tiny-cpu, micro batch 16 per rank"),
+    "llama": dict(config="configs/llama-tiny-cpu.toml", warmup=5, probe=15, torch_probe=5,
+                  tokens=128, label="llama-tiny-cpu (2 x 128, GQA 4/2), micro batch 16 per rank"),
 }
 
 
@@ -160,7 +163,7 @@ class Bench:
                    "--threads", str(threads), "--seconds", f"{seconds:g}", "--warmup", str(warmup),
                    "--probe", str(spec["torch_probe"]), "--metrics", f"{d}/metrics.jsonl",
                    "--port", str(29611 + rep)]
-            if w == "gpt2":
+            if w != "mlp":
                 cmd += ["--data", f"{self.fortunes}/fortunes_train_*.bin"]
             if impl.startswith("compile"):
                 cmd.append("--compile")
@@ -265,7 +268,7 @@ def main():
     a.python = find_python(a.python, scratch_dir())
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(scratch_dir(), "inductor"))
     b = Bench(a)
-    if a.only in (None, "gpt2") and not os.path.exists(f"{b.fortunes}/fortunes_train_000000.bin"):
+    if a.only != "mlp" and not os.path.exists(f"{b.fortunes}/fortunes_train_000000.bin"):
         subprocess.run([os.path.join(ROOT, "tools", "prepare-fortunes"), "--tessera", a.bin,
                         "--out", b.fortunes], check=True, stdout=subprocess.DEVNULL)
     before = machine.snapshot(a.bin, a.python)

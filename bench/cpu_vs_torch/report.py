@@ -154,7 +154,7 @@ def markdown(a, b, figs, before, after, workloads):
     out += ["", load_sentence(a, loads, [x for v in b.shares.values() for x in v if x]), ""]
     out += ["## How it runs", "",
             "- tessera: `tessera run` on configs/quickstart.toml (micro batch 128 / ranks) and "
-            "configs/gpt2-tiny-cpu.toml, `run.threads` per rank, no evaluation, checkpoint or "
+            "configs/gpt2-tiny-cpu.toml and configs/llama-tiny-cpu.toml, `run.threads` per rank, no evaluation, checkpoint or "
             "trace inside the run; a probe run of each layout sets `run.steps` and "
             "`run.log_every` (a line about every 0.1 s); the window runs from the first logged "
             "step past the warm-up to the last (metrics.jsonl's `elapsed_s`, evaluation "

@@ -2,12 +2,16 @@
 
   python3 torch_cpu.py mlp  --ranks 1 --threads 2 --seconds 7 --metrics M.jsonl
   python3 torch_cpu.py gpt2 --ranks 2 --threads 1 --compile --data 'FORTUNES/fortunes_train_*.bin'
+  python3 torch_cpu.py llama --ranks 1 --threads 2 --data 'FORTUNES/fortunes_train_*.bin'
 
 mlp:  784-256-128-10 ReLU, global batch 128 (micro 128 / ranks), AdamW lr 1e-3,
       Fashion-MNIST from /usr/share/datasets (pixels / 255), shuffled.
 gpt2: 4 layers, 4 heads, width 128, context 128, vocab 256 (the
       gpt2-tiny-cpu config), micro batch 16 per rank, AdamW (0.9, 0.95,
       weight decay 0.1), random windows of a llm.c token shard.
+llama: 2 layers, width 128, 4 query / 2 key-value heads of 32, intermediate
+      384, context 128, vocab 256 (configs/llama-tiny-cpu.toml;
+      torch_llama.py), otherwise as gpt2.
 
 More than one rank: torch.multiprocessing, DistributedDataParallel over the
 gloo backend, each rank with --threads threads. --compile: torch.compile of
@@ -32,6 +36,9 @@ import torch.nn.functional as F
 # The GPT-2 of the GPU benchmark's anchor, at gpt2-tiny-cpu's size here.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gpt2_gpu"))
 from torch_gpt2 import GPT  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_llama import Llama  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import harness  # noqa: E402
@@ -83,7 +90,7 @@ def make_job(a, rank, world):
         sys.exit(f"no token shards match {a.data} (run tools/prepare-fortunes)")
     tokens = torch.from_numpy(np.concatenate([read_shard(f) for f in files]))
     T, micro = 128, 16
-    model = GPT(4, 4, 128, T, 256)
+    model = GPT(4, 4, 128, T, 256) if a.workload == "gpt2" else Llama()
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3, betas=(0.9, 0.95), weight_decay=0.1,
                             fused=True)
 
@@ -148,7 +155,7 @@ def worker(rank, a, world, port, out):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("workload", choices=["mlp", "gpt2"])
+    p.add_argument("workload", choices=["mlp", "gpt2", "llama"])
     p.add_argument("--ranks", type=int, default=1)
     p.add_argument("--threads", type=int, default=1, help="threads per rank")
     p.add_argument("--seconds", type=float, default=7.0, help="the timed window, seconds")

@@ -11,6 +11,7 @@
 
 #include "ckpt/checkpoint.hpp"
 #include "cli/args.hpp"
+#include "config/settings.hpp"
 #include "host/plugin_call.hpp"
 #include "train/frozen_model.hpp"
 #include "util/error.hpp"
@@ -26,7 +27,7 @@ namespace {
 const char *kCkptUsage = R"(usage: tessera ckpt inspect PATH
        tessera ckpt verify PATH [--allow-nonfinite]
        tessera ckpt export PATH -o OUT [--dtype fp32|bf16] [--format auto|hf|tessera]
-                           [--plugin-path DIR]...
+                           [--shard-size SIZE] [--plugin-path DIR]...
 
 PATH is a checkpoint directory (step_NNNNNNNN) or a checkpoint root holding
 'latest'.
@@ -46,7 +47,12 @@ export   the master weights (fp32, or rounded to bf16), loadable without
                     for transformers' GPT2LMHeadModel.from_pretrained(OUT):
                     model.safetensors (wte trimmed to the real vocabulary)
                     and config.json; an OUT ending in .safetensors is written
-                    as that file, with config.json beside it
+                    as that file, with config.json beside it. llama: OUT is
+                    a directory for AutoModelForCausalLM.from_pretrained:
+                    config.json, model.safetensors or, past --shard-size
+                    (default 5GB), model-0000k-of-0000n.safetensors with
+                    model.safetensors.index.json, and the tokenizer files
+                    of the model's init_from (or hf_config) directory
            tessera  one consolidated safetensors file OUT with the model's
                     own tensor names and shapes (what tessera eval --ckpt
                     FILE reads)
@@ -106,7 +112,8 @@ int verify(const std::string &path, bool allow_nonfinite) {
 // model built here: the caller writes the tessera format instead).
 bool export_by_model(const std::string &dir, const nlohmann::json &m,
                      const std::vector<float> &canonical, const std::string &out, bool bf16,
-                     const std::vector<std::string> &plugin_paths, bool quiet_missing) {
+                     uint64_t shard_bytes, const std::vector<std::string> &plugin_paths,
+                     bool quiet_missing) {
   const std::string manifest_path = (fs::path(dir) / "manifest.json").string();
   // The model's plugin, and the model itself, built here; with
   // quiet_missing a failure of either is a warning and the tessera format.
@@ -164,6 +171,7 @@ bool export_by_model(const std::string &dir, const nlohmann::json &m,
   a.params = values.data();
   a.summary = summary.data();
   a.summary_cap = summary.size();
+  a.max_shard_bytes = shard_bytes;
   plugin_ok(model.host(), ext->write(model.self, &a), "model", model.name, "Hugging Face export");
   summary.resize(std::strlen(summary.c_str()));
   std::printf("exported from %s: %s\n", dir.c_str(), summary.c_str());
@@ -171,18 +179,23 @@ bool export_by_model(const std::string &dir, const nlohmann::json &m,
 }
 
 int export_ckpt(const std::string &path, const std::string &out, const std::string &dtype,
-                const std::string &format, const std::vector<std::string> &plugin_paths) {
+                const std::string &format, const std::string &shard_size,
+                const std::vector<std::string> &plugin_paths) {
   if (out.empty()) throw UsageError("tessera ckpt export: -o OUT is required");
   if (dtype != "fp32" && dtype != "bf16")
     throw UsageError("tessera ckpt export: --dtype must be fp32 or bf16");
   if (format != "auto" && format != "hf" && format != "tessera")
     throw UsageError("tessera ckpt export: --format must be auto, hf or tessera");
+  const uint64_t shard_bytes = config::parse_bytes(shard_size, "tessera ckpt export --shard-size");
+  if (!shard_size.empty() && shard_bytes == 0)
+    throw UsageError("tessera ckpt export: --shard-size must be more than 0 bytes");
   std::string dir = resolve(path);
   nlohmann::json m = read_manifest(dir);
   std::vector<float> canonical;
   read_canonical_params(dir, &canonical, &m);
   if (format != "tessera") {
-    if (export_by_model(dir, m, canonical, out, dtype == "bf16", plugin_paths, format == "auto"))
+    if (export_by_model(dir, m, canonical, out, dtype == "bf16", shard_bytes, plugin_paths,
+                        format == "auto"))
       return 0;
     if (format == "hf")
       throw UsageError("tessera ckpt export: --format hf: model '" + m.value("model", "") +
@@ -221,7 +234,7 @@ int ckpt_body(const Parsed &p) {
   if (sub == "verify") return verify(path, p.has("--allow-nonfinite"));
   if (sub == "export")
     return export_ckpt(path, p.get("-o", p.get("--output")), p.get("--dtype", "fp32"),
-                       p.get("--format", "auto"), p.all("--plugin-path"));
+                       p.get("--format", "auto"), p.get("--shard-size"), p.all("--plugin-path"));
   throw UsageError("tessera ckpt: unknown subcommand '" + sub + "' (inspect, verify, export)");
 }
 
@@ -233,6 +246,7 @@ int cmd_ckpt(const Args &args) {
                       {"--output", true, false},
                       {"--dtype", true, false},
                       {"--format", true, false},
+                      {"--shard-size", true, false},
                       {"--plugin-path", true, true},
                       {"--allow-nonfinite", false, false},
                       {"--help", false, false},

@@ -1,4 +1,5 @@
-// run, eval, config: the commands that read a config.
+// run and eval: the commands that train or evaluate a config (config check
+// and convert: config_cmd.cpp).
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include <memory>
 
 #include "cli/args.hpp"
+#include "cli/command_support.hpp"
 #include "cli/debug_flags.hpp"
 #include "cli/deepspeed_forms.hpp"
 #include "comm/dist_context.hpp"
@@ -21,7 +23,6 @@
 #include "train/device_select.hpp"
 #include "train/job.hpp"
 #include "train/monitor.hpp"
-#include "train/param_home.hpp"
 #include "train/run_lock.hpp"
 #include "train/trainer.hpp"
 #include "util/error.hpp"
@@ -152,17 +153,6 @@ summed over the ranks, so the result is the one-process result.
 Prints one line ('eval | loss ...') and the result as JSON.
 )";
 
-const char *kConfigUsage = R"(usage: tessera config check CONFIG [options]
-       tessera config convert DS.json
-
-check    validates CONFIG against the engine's schema and every chosen
-         plugin's declared parameters, then prints the resolved config
-         (defaults filled in). Options: --set, --unset,
-         --deepspeed_config, --model, --data, --plugin-path as for
-         'tessera run'.
-convert  prints the TOML equivalent of a DeepSpeed JSON config.
-)";
-
 int local_rank_of(const Parsed &p) {
   std::string v = p.get("--local_rank", p.get("--local-rank", ""));
   if (v.empty()) return -1;
@@ -184,6 +174,8 @@ std::string config_of(const Parsed &p, const std::string &command) {
   throw UsageError("tessera " + command + ": expected exactly one CONFIG file");
 }
 
+}  // namespace
+
 JobOptions job_options(const Parsed &p, const std::string &command) {
   JobOptions o;
   o.config_path = config_of(p, command);
@@ -196,9 +188,13 @@ JobOptions job_options(const Parsed &p, const std::string &command) {
   return o;
 }
 
+namespace {
+
 // Set by the launcher for its workers once it has checked the config and
 // printed its warnings: the workers then keep quiet about them.
 constexpr const char *kConfigCheckedVar = "TESSERA_CONFIG_CHECKED";
+
+}  // namespace
 
 void print_warnings(const Job &job) {
   if (std::getenv(kConfigCheckedVar)) return;  // the launcher printed them, once per job
@@ -206,6 +202,8 @@ void print_warnings(const Job &job) {
   for (const auto &w : job.doc.warnings()) spdlog::warn("{}", w);
   for (const auto &r : job.registry->refusals()) spdlog::warn("plugin refused: {}", r);
 }
+
+namespace {
 
 int int_option(const Parsed &p, const std::string &name, int fallback) {
   std::string v = p.get(name);
@@ -548,32 +546,7 @@ int eval_body(const Parsed &p) {
   return 0;
 }
 
-int config_body(const Parsed &p) {
-  if (p.positional.empty()) throw UsageError("tessera config: expected 'check' or 'convert'");
-  std::string sub = p.positional[0];
-  Parsed rest = p;
-  rest.positional.erase(rest.positional.begin());
-  if (sub == "check") {
-    JobOptions o = job_options(rest, "config check");
-    Job job = load_job(o, 1, true);
-    // What the run refuses when it joins the plugins, refused here too.
-    param_home_check(job);
-    print_warnings(job);
-    std::cout << "# resolved from " << o.config_path << " (valid)\n" << job.resolved_toml() << "\n";
-    return 0;
-  }
-  if (sub == "convert") {
-    if (rest.positional.size() != 1)
-      throw UsageError("tessera config convert: expected one DeepSpeed JSON file");
-    config::Document doc;
-    doc.apply_deepspeed(rest.positional[0]);
-    for (const auto &w : doc.warnings()) spdlog::warn("{}", w);
-    std::cout << "# converted from " << rest.positional[0] << "\n"
-              << config::to_toml(doc.root()) << "\n";
-    return 0;
-  }
-  throw UsageError("tessera config: unknown subcommand '" + sub + "' (check, convert)");
-}
+}  // namespace
 
 // DeepSpeed's forms of `args` in tessera's, the mappings printed once (the
 // workers get the mapped arguments); false after printing a usage error.
@@ -590,8 +563,6 @@ bool deepspeed_forms(const Args &args, bool launcher, const char *command, const
     return false;
   }
 }
-
-}  // namespace
 
 int cmd_run(const Args &given) {
   static Args args;  // the workers' arguments come from here (g_run_args)
@@ -617,12 +588,6 @@ int cmd_eval(const Args &given) {
     specs.push_back({o, true, false});
   g_eval_args = &args;
   return run_command("eval", kEvalUsage, eval_body, args, specs);
-}
-
-int cmd_config(const Args &given) {
-  Args args;
-  if (!deepspeed_forms(given, false, "config", kConfigUsage, &args)) return 2;
-  return run_command("config", kConfigUsage, config_body, args, config_options());
 }
 
 }  // namespace tessera::cli

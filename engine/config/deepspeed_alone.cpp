@@ -34,7 +34,7 @@ void take_section(Document &doc, const std::string &section, const std::string &
     doc.set_value(section + "." + std::string(k.str()), v, flag + " " + source);
 }
 
-std::string render(const toml::node &n) {
+std::string render_setting(const toml::node &n) {
   std::ostringstream os;
   n.visit([&](const auto &v) {
     if constexpr (toml::is_table<decltype(v)>)
@@ -69,7 +69,7 @@ void collect_file_keys(const Document &doc, const toml::table &t, const std::str
     const std::string at_file = doc.path() + ":", where = doc.where(key, &v);
     if (where.rfind(at_file, 0) == 0 && where.size() > at_file.size() &&
         std::isdigit(static_cast<unsigned char>(where[at_file.size()])))
-      out->push_back(key + " = " + render(v));
+      out->push_back(key + " = " + render_setting(v));
   }
 }
 

@@ -183,28 +183,41 @@ std::vector<tsr_segment> Layout::segments(size_t begin, size_t count) const {
 
 namespace {
 
-void init_one(const ParamSlot &p, float *flat, uint64_t seed) {
+// Draws p's values in order from a generator seeded by its name, storing
+// those `parts` (relative [first, last)) cover: a kept element gets the
+// value it gets when everything is kept.
+template <typename Draw>
+void fill_parts(float *x, const std::vector<std::pair<size_t, size_t>> &parts, Draw draw) {
+  size_t pos = 0;
+  for (const auto &[a, b] : parts) {
+    for (; pos < a; ++pos) draw();
+    for (; pos < b; ++pos) x[pos] = draw();
+  }
+}
+
+void init_one(const ParamSlot &p, float *flat, uint64_t seed, const std::vector<FlatRange> *keep) {
   // Seed from the name so a parameter's initial value is independent of
   // layout, world size and which thread fills it.
   uint64_t h = seed ^ 0xcbf29ce484222325ULL;
   for (char c : p.name) h = (h ^ static_cast<uint8_t>(c)) * 0x100000001b3ULL;
   std::mt19937_64 gen(h);
   float *x = flat + p.offset;
+  const auto parts = kept_parts(keep, p.offset, p.numel);
   switch (p.init) {
     case TSR_INIT_ZEROS:
-      std::fill(x, x + p.numel, 0.f);
+      for (const auto &[a, b] : parts) std::fill(x + a, x + b, 0.f);
       break;
     case TSR_INIT_ONES:
-      std::fill(x, x + p.numel, 1.f);
+      for (const auto &[a, b] : parts) std::fill(x + a, x + b, 1.f);
       break;
     case TSR_INIT_NORMAL: {
       std::normal_distribution<float> d(p.init_a, p.init_b);
-      for (size_t i = 0; i < p.numel; ++i) x[i] = d(gen);
+      fill_parts(x, parts, [&] { return d(gen); });
       break;
     }
     case TSR_INIT_UNIFORM: {
       std::uniform_real_distribution<float> d(p.init_a, p.init_b);
-      for (size_t i = 0; i < p.numel; ++i) x[i] = d(gen);
+      fill_parts(x, parts, [&] { return d(gen); });
       break;
     }
     default:
@@ -214,7 +227,29 @@ void init_one(const ParamSlot &p, float *flat, uint64_t seed) {
 
 }  // namespace
 
-void init_params(const Layout &layout, float *flat, uint64_t seed) {
+std::vector<std::pair<size_t, size_t>> kept_parts(const std::vector<FlatRange> *keep, size_t offset,
+                                                  size_t n) {
+  if (!keep) return {{0, n}};
+  std::vector<std::pair<size_t, size_t>> out;
+  for (const FlatRange &r : *keep) {
+    const size_t a = std::max(r.begin, offset), b = std::min(r.begin + r.count, offset + n);
+    if (a < b) out.emplace_back(a - offset, b - offset);
+  }
+  return out;
+}
+
+std::vector<FlatRange> kept_ranges(const Layout &layout, bool partitioned, uint32_t rank) {
+  if (!partitioned) return {FlatRange{0, layout.total}};
+  std::vector<FlatRange> out;
+  for (size_t g = 0; g < layout.group_offset.size(); ++g) {
+    const size_t per = layout.group_size[g] / layout.world;
+    out.push_back({layout.group_offset[g] + rank * per, per});
+  }
+  return out;
+}
+
+void init_params(const Layout &layout, float *flat, uint64_t seed,
+                 const std::vector<FlatRange> *keep) {
   for (const auto &p : layout.params)
     if (p.init != TSR_INIT_ZEROS && p.init != TSR_INIT_ONES && p.init != TSR_INIT_NORMAL &&
         p.init != TSR_INIT_UNIFORM)
@@ -229,7 +264,7 @@ void init_params(const Layout &layout, float *flat, uint64_t seed) {
             [](const ParamSlot *a, const ParamSlot *b) { return a->numel > b->numel; });
   std::atomic<size_t> next{0};
   auto work = [&] {
-    for (size_t i; (i = next.fetch_add(1)) < order.size();) init_one(*order[i], flat, seed);
+    for (size_t i; (i = next.fetch_add(1)) < order.size();) init_one(*order[i], flat, seed, keep);
   };
   const unsigned threads = std::min<unsigned>(std::max(1u, std::thread::hardware_concurrency()),
                                               static_cast<unsigned>(order.size()));

@@ -7,6 +7,7 @@
 #include <tessera/optimizer.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tessera {
@@ -54,9 +55,26 @@ struct Layout {
 Layout make_layout(const tsr_model_vtable *vt, void *model, uint32_t world,
                    const std::string &model_name, uint32_t local_ranks = 1);
 
+// A run of flat elements [begin, begin + count).
+struct FlatRange {
+  size_t begin = 0, count = 0;
+};
+
+// The parts of flat [offset, offset + n) that `keep` (sorted, disjoint
+// ranges; null: everything) covers, as [first, last) relative to offset.
+std::vector<std::pair<size_t, size_t>> kept_parts(const std::vector<FlatRange> *keep, size_t offset,
+                                                  size_t n);
+
+// The flat ranges a rank keeps of the parameters: all of them, or with
+// `partitioned` (ZeRO stage 3) slice `rank` of every group (zero.h).
+std::vector<FlatRange> kept_ranges(const Layout &layout, bool partitioned, uint32_t rank);
+
 // Fills the flat fp32 buffer with each parameter's initialiser, from a
 // generator seeded per parameter name so the result does not depend on the
-// layout or the world size.
-void init_params(const Layout &layout, float *flat, uint64_t seed);
+// layout or the world size. With `keep`, only the elements it covers are
+// written (the same values they get without it); the others are not
+// touched, so a rank that keeps a slice never faults in the rest.
+void init_params(const Layout &layout, float *flat, uint64_t seed,
+                 const std::vector<FlatRange> *keep = nullptr);
 
 }  // namespace tessera

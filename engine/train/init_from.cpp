@@ -89,8 +89,37 @@ std::vector<std::string> checkpoint_files(const std::string &given) {
   return {shards.begin(), shards.end()};
 }
 
-// One tensor into its parameter's slot, converted to float32.
-void load_tensor(const StTensor &t, const ParamSlot &p, const std::string &path, float *flat) {
+// Elements [a, b) of a tensor of `dtype` at `data`, converted to float32.
+void convert(const std::string &dtype, const void *data, size_t a, size_t b, float *dst) {
+  if (dtype == "F32") {
+    std::memcpy(dst + a, static_cast<const char *>(data) + a * 4, (b - a) * 4);
+  } else if (dtype == "BF16" || dtype == "F16") {
+    const char *src = static_cast<const char *>(data);
+    for (size_t i = a; i < b; ++i) {
+      uint16_t h;
+      std::memcpy(&h, src + i * 2, 2);
+      if (dtype == "F16") {
+        dst[i] = half_to_float(h);
+      } else {
+        const uint32_t u = static_cast<uint32_t>(h) << 16;
+        std::memcpy(&dst[i], &u, 4);
+      }
+    }
+  } else {  // F64: references, some exports
+    const char *src = static_cast<const char *>(data);
+    for (size_t i = a; i < b; ++i) {
+      double v;
+      std::memcpy(&v, src + i * 8, 8);  // the data may be unaligned for double
+      dst[i] = static_cast<float>(v);
+    }
+  }
+}
+
+// One tensor into its parameter's slot (the parts of it `keep` covers),
+// converted to float32; its pages of the mapping dropped afterwards.
+void load_tensor(const SafetensorsFile &file, const StTensor &t, const ParamSlot &p, float *flat,
+                 const std::vector<FlatRange> *keep) {
+  const std::string &path = file.path();
   bool ok = t.shape.size() == p.shape.size() && !t.shape.empty();
   for (size_t d = 0; ok && d < t.shape.size(); ++d)
     ok = d == 0 ? (t.shape[0] <= p.shape[0] && t.shape[0] > 0) : t.shape[d] == p.shape[d];
@@ -100,38 +129,23 @@ void load_tensor(const StTensor &t, const ParamSlot &p, const std::string &path,
                     ", model " + shape_str(p.shape) +
                     "; the file holds another model than [model] describes (only the "
                     "first dimension may be smaller in the file, as a padded vocabulary's)");
+  if (t.dtype != "F32" && t.dtype != "F16" && t.dtype != "BF16" && t.dtype != "F64")
+    throw Error(TSR_ERR_UNSUPPORTED, "[model] init_from " + path + ": tensor '" + p.name + "' is " +
+                                         t.dtype + "; F32, F16, BF16 or F64 expected");
   size_t n = 1;
   for (int64_t d : t.shape) n *= static_cast<size_t>(d);
   float *dst = flat + p.offset;
-  if (t.dtype == "F32") {
-    std::memcpy(dst, t.data, n * 4);
-  } else if (t.dtype == "BF16" || t.dtype == "F16") {
-    const auto *src = static_cast<const uint16_t *>(t.data);
-    for (size_t i = 0; i < n; ++i) {
-      if (t.dtype == "F16") {
-        dst[i] = half_to_float(src[i]);
-      } else {
-        uint32_t u = static_cast<uint32_t>(src[i]) << 16;
-        std::memcpy(&dst[i], &u, 4);
-      }
-    }
-  } else if (t.dtype == "F64") {  // float64 checkpoints (references, some exports)
-    const char *src = static_cast<const char *>(t.data);
-    for (size_t i = 0; i < n; ++i) {
-      double v;
-      std::memcpy(&v, src + i * 8, 8);  // the data may be unaligned for double
-      dst[i] = static_cast<float>(v);
-    }
-  } else {
-    throw Error(TSR_ERR_UNSUPPORTED, "[model] init_from " + path + ": tensor '" + p.name + "' is " +
-                                         t.dtype + "; F32, F16, BF16 or F64 expected");
+  for (const auto &[a, b] : kept_parts(keep, p.offset, n)) {
+    convert(t.dtype, t.data, a, b, dst);
+    require_finite(dst + a, b - a, "[model] init_from " + path + ": tensor '" + p.name + "'");
   }
-  require_finite(dst, n, "[model] init_from " + path + ": tensor '" + p.name + "'");
+  file.release(t);
 }
 
 }  // namespace
 
-std::string init_from_safetensors(const std::string &given, const Layout &layout, float *flat) {
+std::string init_from_safetensors(const std::string &given, const Layout &layout, float *flat,
+                                  const std::vector<FlatRange> *keep) {
   const std::vector<std::string> paths = checkpoint_files(given);
   std::vector<std::unique_ptr<SafetensorsFile>> files;
   size_t in_files = 0, loaded = 0;
@@ -152,7 +166,7 @@ std::string init_from_safetensors(const std::string &given, const Layout &layout
       throw Error(TSR_ERR_INVALID, "[model] init_from " + where + ": no tensor '" + p.name +
                                        "' (the model declares it with shape " + shape_str(p.shape) +
                                        ")");
-    load_tensor(*t, p, paths[k - 1], flat);
+    load_tensor(*files[k - 1], *t, p, flat, keep);
     ++loaded;
   }
   const size_t skipped = in_files - loaded;

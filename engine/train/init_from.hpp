@@ -8,6 +8,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "plugin/layout.hpp"
 
@@ -20,6 +21,13 @@ namespace tessera {
 // shape difference, or a declared parameter the file lacks, is an error
 // naming the file and the tensor. Tensors the model does not declare are
 // skipped (counted in the returned message). Returns a one-line summary.
-std::string init_from_safetensors(const std::string &path, const Layout &layout, float *flat);
+//
+// The files are memory-mapped and read tensor by tensor, each tensor's
+// pages dropped once converted: the loader adds at most one tensor of the
+// file to what the process holds. With `keep` (kept_ranges: a ZeRO stage
+// that partitions parameters keeps slice `rank` of each group), only those
+// elements of `flat` are written and only their bytes of the file read.
+std::string init_from_safetensors(const std::string &path, const Layout &layout, float *flat,
+                                  const std::vector<FlatRange> *keep = nullptr);
 
 }  // namespace tessera

@@ -12,6 +12,7 @@
 #include "plugin/legacy.hpp"
 #include "train/init_from.hpp"
 #include "util/error.hpp"
+#include "util/zeroed_pages.hpp"
 
 namespace tessera {
 
@@ -102,28 +103,10 @@ void build_model(Session &s) {
                          s.host.facts().local_world_size);
 }
 
-// Initial values, the same on every rank (seeded per parameter name): the
-// caller's initializer, else each parameter's declared initialiser or the
-// model's file of initial weights (by parameter name).
-std::vector<float> initial_weights(Session &s, const ParamInitializer &initializer) {
-  std::vector<float> initial(s.layout.total, 0.f);
-  if (initializer) {
-    initializer(s.layout, initial.data());
-    return initial;
-  }
-  init_params(s.layout, initial.data(), s.host.table()->seed_for(s.host.ctx(), "init", 0));
-  if (auto from = model_weights_file(s.job.plugin("model"), s.model.self)) {
-    const std::string msg = init_from_safetensors(*from, s.layout, initial.data());
-    if (s.host.facts().rank == 0) spdlog::info("[model] {}", msg);
-  }
-  return initial;
-}
-
-// The zero plugin, planned and set up with the initial values in the
-// compute dtype. The offload backend comes first when training: where it
-// keeps the parameters itself, the zero plugin must know before it
-// allocates them.
-void place_parameters(Session &s, const std::vector<float> &initial) {
+// The zero plugin and, when training, the offload backend (where it keeps
+// the parameters itself, the zero plugin must know before it allocates
+// them), planned: the plan says which parameters this rank keeps.
+void plan_parameters(Session &s) {
   create_simple(s, s.zero, "zero");
   s.plan = tsr_zero_plan{};
   s.plan.struct_size = tsr_zero_plan_STRUCT_SIZE;
@@ -133,6 +116,32 @@ void place_parameters(Session &s, const std::vector<float> &initial) {
     create_simple(s, s.offload, "offload");
     param_home_attach(s.home, s.host, s.zero, s.offload);
   }
+}
+
+// Initial values, the same on every rank (seeded per parameter name): the
+// caller's initializer, else each parameter's declared initialiser or the
+// model's file of initial weights (by parameter name). Only the ranges in
+// `keep` are written (a rank at a stage that partitions parameters keeps
+// slice `rank` of each group): the rest of the buffer stays untouched
+// zero pages, so no rank holds a full copy of the model it does not keep.
+ZeroedPages<float> initial_weights(Session &s, const ParamInitializer &initializer,
+                                   const std::vector<FlatRange> &keep) {
+  ZeroedPages<float> initial(s.layout.total);
+  if (initializer) {
+    initializer(s.layout, initial.data());
+    return initial;
+  }
+  init_params(s.layout, initial.data(), s.host.table()->seed_for(s.host.ctx(), "init", 0), &keep);
+  if (auto from = model_weights_file(s.job.plugin("model"), s.model.self)) {
+    const std::string msg = init_from_safetensors(*from, s.layout, initial.data(), &keep);
+    if (s.host.facts().rank == 0) spdlog::info("[model] {}", msg);
+  }
+  return initial;
+}
+
+// The zero plugin set up with the initial values in the compute dtype
+// (narrowed only where this rank keeps them).
+void place_parameters(Session &s, const float *initial, const std::vector<FlatRange> &keep) {
   tsr_zero_setup zs{};
   zs.struct_size = tsr_zero_setup_STRUCT_SIZE;
   zs.num_groups = s.layout.group_offset.size();
@@ -141,15 +150,17 @@ void place_parameters(Session &s, const std::vector<float> &initial) {
   zs.total = s.layout.total;
   zs.device = s.host.facts().device;
   zs.dtype = s.compute_dtype();
-  std::vector<uint16_t> initial_narrow;
+  ZeroedPages<uint16_t> initial_narrow;
   if (s.compute_bytes() == 2 && s.home.where == TSR_PARAMS_ON_DEVICE) {
-    initial_narrow.resize(initial.size());
+    initial_narrow = ZeroedPages<uint16_t>(s.layout.total);
     const bool bf16 = s.compute_dtype().code == kDLBfloat;
-    for (size_t i = 0; i < initial.size(); ++i)
-      initial_narrow[i] = bf16 ? sdk::float_to_bf16(initial[i]) : sdk::float_to_f16(initial[i]);
+    uint16_t *narrow = initial_narrow.data();
+    for (const FlatRange &r : keep)
+      for (size_t i = r.begin; i < r.begin + r.count; ++i)
+        narrow[i] = bf16 ? sdk::float_to_bf16(initial[i]) : sdk::float_to_f16(initial[i]);
     zs.initial_params = initial_narrow.data();
   } else {
-    zs.initial_params = initial.data();
+    zs.initial_params = initial;
   }
   zs.training = s.training ? 1 : 0;
   plugin_ok(s.host, s.zero.vt->setup(s.zero.self, &zs),
@@ -159,7 +170,7 @@ void place_parameters(Session &s, const std::vector<float> &initial) {
 // The optimizer behind the offload backend, the fp32 master copy of what
 // this rank owns from the initial values, and which owned ranges each
 // group's parameters wait for while an update is in flight.
-void attach_update(Session &s, const std::vector<float> &initial) {
+void attach_update(Session &s, const float *initial) {
   create_simple(s, s.optimizer, "optimizer");
   s.state_count = s.optimizer.vt->state_count(s.optimizer.self);
   tsr_offload_setup os{};
@@ -177,7 +188,7 @@ void attach_update(Session &s, const std::vector<float> &initial) {
   for (const tsr_owned_range &r : owned)
     plugin_ok(s.host,
               s.offload.vt->write_state(s.offload.self, 0, r.owned_offset, r.count,
-                                        initial.data() + r.flat_offset),
+                                        initial + r.flat_offset),
               "[offload] initial master weights");
   flight_attach(s.flight, s.host, s.offload, s.layout, owned, s.plan.partition_params != 0);
 }
@@ -191,9 +202,12 @@ Session::Session(const Job &j, Host::RunFacts facts, bool train, ParamInitialize
             "a training session needs its datasets (model_data is for frozen models)");
   open_data(*this, model_data);
   build_model(*this);
-  const std::vector<float> initial = initial_weights(*this, initializer);
-  place_parameters(*this, initial);
-  if (training) attach_update(*this, initial);
+  plan_parameters(*this);
+  const std::vector<FlatRange> keep =
+      kept_ranges(layout, plan.partition_params != 0, host.facts().rank);
+  const ZeroedPages<float> initial = initial_weights(*this, initializer, keep);
+  place_parameters(*this, initial.data(), keep);
+  if (training) attach_update(*this, initial.data());
 }
 
 std::vector<tsr_owned_range> Session::owned_ranges() {

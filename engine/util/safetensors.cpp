@@ -1,6 +1,10 @@
 #include "util/safetensors.hpp"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -15,21 +19,20 @@ namespace tessera {
 
 namespace {
 
-// The JSON header of a safetensors file held in `bytes`; *data_start: where
-// the tensors' bytes begin.
-nlohmann::json read_header(const std::string &bytes, const std::string &path, size_t *data_start) {
-  const size_t size = bytes.size();
+// The JSON header of a safetensors file mapped at `bytes` (`size` long);
+// *data_start: where the tensors' bytes begin.
+nlohmann::json read_header(const char *bytes, size_t size, const std::string &path,
+                           size_t *data_start) {
   if (size < 8) throw Error(TSR_ERR_INVALID, path + ": too short for a safetensors file");
   uint64_t hlen;
-  std::memcpy(&hlen, bytes.data(), 8);
+  std::memcpy(&hlen, bytes, 8);
   if (hlen > size - 8 || hlen > (100u << 20))
     throw Error(TSR_ERR_INVALID, path + ": header length " + std::to_string(hlen) +
                                      " exceeds the file (" + std::to_string(size) + " bytes)");
   *data_start = 8 + hlen;
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(bytes.begin() + 8,
-                              bytes.begin() + static_cast<ptrdiff_t>(*data_start));
+    j = nlohmann::json::parse(bytes + 8, bytes + *data_start);
   } catch (const nlohmann::json::exception &e) {
     throw Error(TSR_ERR_INVALID, path + ": header is not valid JSON: " + e.what());
   }
@@ -107,12 +110,46 @@ void check_no_overlap(const std::string &path, std::vector<ByteRange> &ranges) {
 }  // namespace
 
 SafetensorsFile::SafetensorsFile(const std::string &path) : path_(path) {
-  // Held in memory whole (the tensors point into it): as large as the
-  // file, which must be a regular one (a FIFO or /dev/zero would never end).
-  bytes_ = read_regular(path, "safetensors file", std::numeric_limits<uint64_t>::max());
+  // Mapped, not read (the tensors point into the mapping); a regular file
+  // only (a FIFO or a device has no length to map).
+  RegularFile f = open_regular(path, "safetensors file");
+  if (f.size < 8) throw Error(TSR_ERR_INVALID, path + ": too short for a safetensors file");
+  if (f.size > std::numeric_limits<size_t>::max())
+    throw Error(TSR_ERR_INVALID, path + ": larger than the address space");
+  size_ = static_cast<size_t>(f.size);
+  void *m = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, f.fd, 0);
+  if (m == MAP_FAILED)
+    throw Error(TSR_ERR_IO, path + ": cannot map the safetensors file: " + std::strerror(errno));
+  map_ = static_cast<const char *>(m);
+  try {
+    parse();
+  } catch (...) {
+    ::munmap(m, size_);
+    throw;
+  }
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_) ::munmap(const_cast<char *>(map_), size_);
+}
+
+void SafetensorsFile::release(const void *data, size_t bytes) const {
+  const char *p = static_cast<const char *>(data);
+  if (!map_ || bytes == 0 || p < map_ || p + bytes > map_ + size_) return;
+  // Whole pages only outward-rounded: the neighbours' bytes in a shared
+  // edge page are read again from the file if touched (the mapping is
+  // read-only, so nothing is lost).
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t b = reinterpret_cast<uintptr_t>(p) & ~(page - 1);
+  const uintptr_t e = reinterpret_cast<uintptr_t>(p + bytes);
+  ::madvise(reinterpret_cast<void *>(b), e - b, MADV_DONTNEED);
+}
+
+void SafetensorsFile::parse() {
+  const std::string &path = path_;
   size_t data_start = 0;
-  const nlohmann::json j = read_header(bytes_, path, &data_start);
-  const size_t data_len = bytes_.size() - data_start;
+  const nlohmann::json j = read_header(map_, size_, path, &data_start);
+  const size_t data_len = size_ - data_start;
   std::vector<ByteRange> ranges;
   for (auto &item : j.items()) {
     const std::string name = item.key();
@@ -125,10 +162,11 @@ SafetensorsFile::SafetensorsFile(const std::string &path) : path_(path) {
     }
     size_t offset = 0;
     StTensor st = read_tensor_entry(path, name, t, data_len, &offset, ranges);
-    st.data = bytes_.data() + data_start + offset;
+    st.data = map_ + data_start + offset;
     tensors_[name] = std::move(st);
   }
   check_no_overlap(path, ranges);
+  release(map_, data_start);  // the header, parsed
 }
 
 const StTensor &SafetensorsFile::get(const std::string &name) const {

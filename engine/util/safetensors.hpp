@@ -33,19 +33,34 @@ inline std::string safetensors_prefix(const std::vector<StTensor> &tensors,
   return formats::safetensors::prefix(tensors, metadata, align);
 }
 
-// A file read into memory; every header field is checked against the file's
-// real length before use.
+// A file mapped read-only into memory (mmap): a tensor's bytes are read
+// from disk when first touched, so opening a checkpoint costs its header,
+// not its size, and a reader that calls release() after each tensor holds
+// at most one tensor's pages of it at a time (a model's checkpoint is never
+// a second copy of the model in host memory). Every header field is checked
+// against the file's real length before use. The file must not shrink while
+// open (reading a truncated mapping faults, as reading any mmap'd file).
 class SafetensorsFile {
  public:
   explicit SafetensorsFile(const std::string &path);
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile &) = delete;
+  SafetensorsFile &operator=(const SafetensorsFile &) = delete;
   const std::map<std::string, StTensor> &tensors() const { return tensors_; }
   const std::map<std::string, std::string> &metadata() const { return metadata_; }
   const StTensor &get(const std::string &name) const;
   const std::string &path() const { return path_; }
+  // Drops the pages of bytes [data, data + bytes) of the mapping from this
+  // process's memory (they are read again if touched again): what a reader
+  // calls once it has copied a tensor out.
+  void release(const void *data, size_t bytes) const;
+  void release(const StTensor &t) const { release(t.data, t.bytes); }
 
  private:
+  void parse();  // the header into tensors_ and metadata_
   std::string path_;
-  std::string bytes_;
+  const char *map_ = nullptr;
+  size_t size_ = 0;
   std::map<std::string, StTensor> tensors_;
   std::map<std::string, std::string> metadata_;
 };

@@ -101,6 +101,22 @@ TEST_CASE("SGD with gradient clipping: every ZeRO stage at world size 4 matches 
 // per-head q/k norms, tied head) on token windows, every ZeRO
 // stage against world-1 stage 0 after 20 steps.
 
+namespace {
+
+// Every ZeRO stage at 2 ranks, 20 steps of micro batch 4, against world-1
+// stage 0, with the llama `sections` ([model] and [data.train]).
+void llama_every_stage(const std::string &tag, const std::string &sections) {
+  std::vector<Job> jobs = every_stage(2, 8, {4});
+  for (Job &j : jobs) {
+    j.steps = 20;
+    j.model_data = sections;
+    j.tag = tag;
+  }
+  equivalence(8, jobs);
+}
+
+}  // namespace
+
 TEST_CASE("llama: every ZeRO stage at 2 CPU ranks matches the world-1 stage-0 run",
           "[distributed][equivalence][llama]") {
   const fs::path tokens = scratch() / "llama_tokens" / "tok_train_000000.bin";
@@ -111,13 +127,23 @@ TEST_CASE("llama: every ZeRO stage at 2 CPU ranks matches the world-1 stage-0 ru
       "max_seq = 16\ntie_embeddings = true\nrms_eps = 1e-6\n\n"
       "[data.train]\nplugin = \"tokens\"\nfiles = \"" +
       tokens.string() + "\"\ncontext = 16\nvocab = 80\n";
-  std::vector<Job> jobs = every_stage(2, 8, {4});
-  for (Job &j : jobs) {
-    j.steps = 20;
-    j.model_data = sections;
-    j.tag = "llama";
-  }
-  equivalence(8, jobs);
+  llama_every_stage("llama", sections);
+}
+
+// The golden Llama imported through init_from at 2 CPU ranks: at stage 3
+// each rank initialises and reads only its slice of every group (the
+// others stay untouched zero pages), so a slice read from the wrong place
+// would part from the world-1 run.
+TEST_CASE("llama init_from: every ZeRO stage at 2 CPU ranks matches the world-1 stage-0 run",
+          "[distributed][equivalence][llama]") {
+  const fs::path tokens = scratch() / "llama_init_tokens" / "tok_train_000000.bin";
+  write_token_shard(tokens, 200 * 16 + 1, 256, 4243);
+  const std::string sections = std::string("[model]\nplugin = \"llama\"\ninit_from = \"") +
+                               TESSERA_SOURCE_DIR +
+                               "/tests/data/llama3_L2_C64\"\nmax_seq = 16\n\n"
+                               "[data.train]\nplugin = \"tokens\"\nfiles = \"" +
+                               tokens.string() + "\"\ncontext = 16\nvocab = 256\n";
+  llama_every_stage("llama_init", sections);
 }
 
 // ---------------------------------------------------------------------------

@@ -83,7 +83,7 @@ std::pair<fs::path, fs::path> output_files(const std::string &out) {
 }
 
 void write_export(const Gpt2 &m, const tsr_export_args &a) {
-  if (a.struct_size < tsr_export_args_STRUCT_SIZE || !a.out || !a.params)
+  if (a.struct_size < tsr_export_args_STRUCT_SIZE_1_2 || !a.out || !a.params)
     throw Error(TSR_ERR_INVALID, "gpt2 export: the host's export arguments are incomplete");
   if (a.num_params != m.infos.size())
     throw Error(TSR_ERR_INVALID, "gpt2 export: " + std::to_string(a.num_params) +

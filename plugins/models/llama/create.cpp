@@ -332,6 +332,8 @@ Llama *build(const tsr_host *host, const tsr_config *cfg, const tsr_model_init *
                 "llama: give model.init_from (a directory: config.json and weights) or "
                 "model.hf_config (a config.json: random weights), not both");
   const std::string config_path = !init_from.empty() ? init_from + "/config.json" : hf_config;
+  if (const size_t slash = config_path.find_last_of('/'); !config_path.empty())
+    m->source_dir = slash == std::string::npos ? "." : config_path.substr(0, slash);
   m->a = resolve_arch(c, config_path);
   check_arch(m->a);
   check_data(*m, *init);

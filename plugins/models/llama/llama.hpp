@@ -141,6 +141,9 @@ struct Llama {
   int64_t max_batch = 0, data_T = 0;
   bool recompute = false;
   std::string init_weights;  // init_from's safetensors ("" without)
+  // init_from's directory, or hf_config's: the tokenizer files there go
+  // with a Hugging Face export ("" without either).
+  std::string source_dir;
   std::deque<std::string> names;
   std::vector<tsr_param_info> infos;
   uint32_t embed = 0, final_norm = 0, lm_head = kAbsent;

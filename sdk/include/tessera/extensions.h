@@ -63,8 +63,17 @@ typedef struct tsr_export_args {
   const float *const *params; /* params[i]: parameter i's values, fp32, its declared shape */
   char *summary;              /* out: NUL-terminated, at most summary_cap bytes with the NUL */
   size_t summary_cap;
+  /* ---- ABI 1.7 (check TSR_HAS_FIELD(args, tsr_export_args, max_shard_bytes)) ----
+   * The largest weights file to write (--shard-size); a larger model goes
+   * into shards with an index, as save_pretrained's max_shard_size. 0: the
+   * plugin's default (Hugging Face's 5 GB). A plugin that writes one file
+   * whatever the size may ignore it. */
+  uint64_t max_shard_bytes;
 } tsr_export_args;
-#define tsr_export_args_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_export_args, summary_cap)
+/* Writers set the full size; a plugin accepts anything from the 1.2 size
+ * (through summary_cap) on. */
+#define tsr_export_args_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_export_args, max_shard_bytes)
+#define tsr_export_args_STRUCT_SIZE_1_2 TSR_STRUCT_SIZE(tsr_export_args, summary_cap)
 
 typedef struct tsr_ext_model_export_hf {
   size_t struct_size;

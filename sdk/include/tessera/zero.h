@@ -33,7 +33,9 @@ typedef struct tsr_zero_setup {
   DLDevice device;            /* where compute runs */
   DLDataType dtype;           /* compute dtype of parameters and gradients */
   /* The initial parameters of the whole flat space in `dtype`, in host
-   * memory, valid only during setup: the plugin copies what it keeps. */
+   * memory, valid only during setup: the plugin copies what it keeps.
+   * Where the plan partitions parameters, only slice `rank` of each group
+   * holds them (the host reads and converts no more; the rest is zeros). */
   const void *initial_params;
   /* 0 for a frozen model (evaluation): no gradient buffers. */
   int32_t training;
