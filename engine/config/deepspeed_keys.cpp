@@ -17,6 +17,9 @@ using Keys = std::vector<std::string>;
 
 // The optimizer's and scheduler's params depend on their type: the
 // section's name carries it ("optimizer.params:SGD").
+// long-function: one table of DeepSpeed's keys, section by section, read
+// top to bottom beside DeepSpeed's config reference; split, it would only
+// be harder to check against it.
 const std::vector<std::pair<std::string, DeepSpeedSection>> &sections() {
   static const std::vector<std::pair<std::string, DeepSpeedSection>> all = {
       {"",

@@ -144,7 +144,7 @@ TEST_CASE("commands refuse arguments they do not take", "[cli][errors]") {
   }
 }
 
-TEST_CASE("--help works for tessera and every command", "[cli][help]") {
+TEST_CASE("help: --help works for tessera and every command", "[cli][help]") {
   const std::vector<std::vector<std::string>> cases = {{"--help"},
                                                        {"-h"},
                                                        {"help"},

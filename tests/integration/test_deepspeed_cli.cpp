@@ -141,7 +141,8 @@ TEST_CASE("configs/deepspeed-tutorial.toml brings model and data and nothing els
   CHECK(t["data"]["train"]["plugin"].value_or(std::string()) == "idx");
 }
 
-TEST_CASE("--local_rank given to a launcher of several workers is refused", "[run][launcher]") {
+TEST_CASE("launcher: --local_rank given to a launcher of several workers is refused",
+          "[run][launcher]") {
   Setup s = setup();
   // Before: every worker got --local_rank 0 (on a GPU host, both on GPU 0).
   RunResult r = refused({"run", "-n", "2", s.config.string(), "--local_rank", "0"});

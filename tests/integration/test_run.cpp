@@ -416,6 +416,9 @@ TEST_CASE("the shipped configs are valid, and the quickstart trains on other dat
   int checked = 0;
   for (const auto &e : fs::directory_iterator(configs)) {
     if (e.path().extension() != ".toml") continue;
+    // Model and data only, for a DeepSpeed JSON to complete: checked with
+    // the tutorial's JSON in test_deepspeed_cli.cpp.
+    if (e.path().filename() == "deepspeed-tutorial.toml") continue;
     ++checked;
     RunResult r = run_cli({"config", "check", e.path().string()});
     INFO(describe(r));

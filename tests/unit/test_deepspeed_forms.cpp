@@ -42,7 +42,7 @@ std::string usage_error(const Args &args, const char *visible = nullptr) {
 
 }  // namespace
 
-TEST_CASE("--deepspeed as DeepSpeed's flag and as a file", "[cli][deepspeed]") {
+TEST_CASE("DeepSpeed forms: --deepspeed as DeepSpeed's flag and as a file", "[cli][deepspeed]") {
   // DeepSpeed's scripts: a flag, with the JSON in --deepspeed_config.
   DeepSpeedForms f = run_forms({"--deepspeed", "--deepspeed_config", "ds.json"});
   CHECK(f.args == Args{"--deepspeed_config", "ds.json"});
@@ -60,8 +60,9 @@ TEST_CASE("--deepspeed as DeepSpeed's flag and as a file", "[cli][deepspeed]") {
   CHECK(f.args == Args{"config", "--deepspeed_config", "ds.json"});
 }
 
-TEST_CASE("--num_gpus and --num_nodes 1 on one node are -n and the visible devices",
-          "[cli][deepspeed]") {
+TEST_CASE(
+    "DeepSpeed forms: --num_gpus and --num_nodes 1 on one node are -n and the visible devices",
+    "[cli][deepspeed]") {
   DeepSpeedForms f = run_forms({"ds.json", "--num_gpus", "2", "--num_nodes", "1"});
   CHECK(f.args == Args{"ds.json", "-n", "2"});
   CHECK(f.visible_devices == "0,1");
@@ -80,7 +81,8 @@ TEST_CASE("--num_gpus and --num_nodes 1 on one node are -n and the visible devic
   CHECK_THAT(usage_error({"ds.json", "--num_gpus", "0"}), Catch::Contains("--num_gpus"));
 }
 
-TEST_CASE("--include and --exclude on one node choose the devices", "[cli][deepspeed]") {
+TEST_CASE("DeepSpeed forms: --include and --exclude on one node choose the devices",
+          "[cli][deepspeed]") {
   DeepSpeedForms f = run_forms({"ds.json", "--include", "localhost:0,1"});
   CHECK(f.args == Args{"ds.json", "-n", "2"});
   CHECK(f.visible_devices == "0,1");
@@ -114,7 +116,7 @@ TEST_CASE("with --hostfile the host selection stays the hostfile's", "[cli][deep
   CHECK(f.visible_devices.empty());
 }
 
-TEST_CASE("--master_addr and --master_port are --master", "[cli][deepspeed]") {
+TEST_CASE("DeepSpeed forms: --master_addr and --master_port are --master", "[cli][deepspeed]") {
   DeepSpeedForms f = run_forms({"ds.json", "--master_addr", "10.0.0.1", "--master_port", "29600"});
   CHECK(f.args == Args{"ds.json", "--master", "10.0.0.1:29600"});
   CHECK_THAT(
