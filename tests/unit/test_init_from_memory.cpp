@@ -181,8 +181,15 @@ TEST_CASE("init_from's peak host memory: what the rank keeps + one tensor + 10%"
          << " MiB, peak over the start " << used / 1048576.0 << " MiB, bound " << bound / 1048576.0
          << " MiB");
     CHECK(file_bytes >= 2 * m.kept_bytes);
+#if defined(__SANITIZE_ADDRESS__)
+    // ASan's allocator, quarantine and shadow pages make the peak RSS say
+    // nothing about the loader: the bound is held in the plain builds.
+    (void)bound;
+    (void)used;
+#else
     CHECK(used <= bound);
     CHECK(used >= 0.9 * static_cast<double>(m.kept_bytes));  // the measure sees the kept part
+#endif
     CHECK(m.wrong == 0);
     CHECK(m.touched_outside == 0);
   }
