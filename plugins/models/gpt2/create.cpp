@@ -213,24 +213,8 @@ void declare_params(Gpt2 &m, double init_std) {
 // backward stage with a trainable parameter (wte counts for the embeddings,
 // stage 0; the LM head always runs when anything trains).
 void apply_freeze(Gpt2 &m, const std::vector<std::string> &freeze) {
-  for (const std::string &pat : freeze) {
-    size_t hits = 0;
-    for (tsr_param_info &p : m.infos)
-      if (sdk::name_matches(pat.c_str(), p.name)) {
-        p.trainable = 0;
-        ++hits;
-      }
-    if (hits == 0)
-      throw Error(TSR_ERR_CONFIG, "gpt2: freeze pattern '" + pat +
-                                      "' matches no parameter (names look like "
-                                      "'transformer.h.0.attn.c_attn.weight'; * matches any run)");
-  }
-  m.lowest_trainable_stage = m.d.layers + 2;
-  for (size_t i = 0; i < m.infos.size(); ++i) {
-    if (!m.infos[i].trainable) continue;
-    const int64_t stage = static_cast<int64_t>(m.infos[i].group);  // group == stage
-    m.lowest_trainable_stage = std::min(m.lowest_trainable_stage, stage);
-  }
+  m.lowest_trainable_stage = sdk::apply_freeze(
+      m.infos, freeze, "gpt2", "transformer.h.0.attn.c_attn.weight", m.d.layers + 2);
 }
 
 // init_from: the engine overlays the file's tensors on the declared

@@ -195,23 +195,9 @@ void declare_params(Llama &m) {
 // freeze: every pattern must name at least one parameter; then the lowest
 // backward stage (the parameter's group) that has a trainable parameter.
 void apply_freeze(Llama &m, const std::vector<std::string> &freeze) {
-  for (const std::string &pat : freeze) {
-    size_t hits = 0;
-    for (tsr_param_info &p : m.infos)
-      if (sdk::name_matches(pat.c_str(), p.name)) {
-        p.trainable = 0;
-        ++hits;
-      }
-    if (hits == 0)
-      throw Error(TSR_ERR_CONFIG, "llama: freeze pattern '" + pat +
-                                      "' matches no parameter (names are Hugging Face's, e.g. "
-                                      "'model.layers.0.self_attn.q_proj.weight'; * matches any "
-                                      "run)");
-  }
-  m.lowest_trainable_stage = static_cast<int64_t>(m.L()) + 2;
-  for (const tsr_param_info &p : m.infos)
-    if (p.trainable)
-      m.lowest_trainable_stage = std::min(m.lowest_trainable_stage, static_cast<int64_t>(p.group));
+  m.lowest_trainable_stage =
+      sdk::apply_freeze(m.infos, freeze, "llama", "model.layers.0.self_attn.q_proj.weight",
+                        static_cast<int64_t>(m.L()) + 2);
 }
 
 // init_from's weights: DIR/model.safetensors, else the shards of
