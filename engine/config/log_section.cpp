@@ -12,6 +12,7 @@ namespace {
 
 using sdk::param;
 using sdk::param_min;
+using sdk::param_number_or;
 
 const tsr_param_decl kLog[] = {
     param("breakdown", TSR_PARAM_BOOL, "false",
@@ -21,8 +22,10 @@ const tsr_param_decl kLog[] = {
     param("trace", TSR_PARAM_STRING, "\"\"",
           "write a Chrome trace (chrome://tracing, ui.perfetto.dev) of trace_steps to this file; "
           "relative to run.dir; empty: off"),
-    param("trace_steps", TSR_PARAM_STRING, "\"\"",
-          "steps the trace covers: \"A-B\" (inclusive), \"N\", or \"all\"; empty: steps 2-6"),
+    // A step number or a window ("#|*": parse_window reads the text).
+    param_number_or("trace_steps", "\"\"",
+                    "steps the trace covers: \"A-B\" (inclusive), N, or \"all\"; empty: steps 2-6",
+                    1, 9e18, "#|*"),
     param("plot", TSR_PARAM_BOOL, "true", "write <run dir>/plot.svg at the end of the run"),
     param_min("peak_tflops", TSR_PARAM_FLOAT, "0.0",
               "peak TFLOP/s of one rank's device, for MFU in the summary; 0: unknown (no MFU)", 0),

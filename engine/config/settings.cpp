@@ -13,6 +13,7 @@ namespace tessera::config {
 using sdk::param;
 using sdk::param_choice;
 using sdk::param_min;
+using sdk::param_number_or;
 using sdk::param_range;
 
 namespace {
@@ -42,9 +43,11 @@ const tsr_param_decl kRun[] = {
                 4096),
     param_min("gradient_clipping", TSR_PARAM_FLOAT, "0.0",
               "clip gradients to this global L2 norm; 0: off", 0),
-    param("max_gpu_memory", TSR_PARAM_STRING, "\"\"",
-          "cap on the GPU memory one rank may allocate (\"24GiB\", \"500MB\", bytes); empty: "
-          "no cap"),
+    // A number of bytes or a size with its unit ("#|*": parse_bytes reads the text).
+    param_number_or("max_gpu_memory", "\"\"",
+                    "cap on the GPU memory one rank may allocate (\"24GiB\", \"500MB\", bytes); "
+                    "empty: no cap",
+                    0, 1e18, "#|*"),
 };
 const tsr_param_decl kBatch[] = {
     param_min("global", TSR_PARAM_INT, "0",

@@ -91,15 +91,21 @@ void check_range(const tsr_param_decl &d, double x, const toml::node &n,
 void check_number_or_word(const tsr_param_decl &d, const toml::node &n,
                           const std::function<void(const std::string &)> &fail) {
   std::vector<std::string> words;
-  for (const auto &c : choice_list(d.choices))
-    if (c != "#") words.push_back(c);
+  bool any_text = false;  // '*': any text, which the key's own reader checks
+  for (const auto &c : choice_list(d.choices)) {
+    if (c == "*")
+      any_text = true;
+    else if (c != "#")
+      words.push_back(c);
+  }
   std::string expected = "a number from " + fmt_num(d.min) + " to " + fmt_num(d.max);
   for (const auto &w : words) expected += " or \"" + w + "\"";
+  if (any_text) expected += " or a string";
   if (n.is_integer()) return check_range(d, static_cast<double>(n.as_integer()->get()), n, fail);
   if (n.is_floating_point()) return check_range(d, n.as_floating_point()->get(), n, fail);
   if (!n.is_string()) fail("expected " + expected + ", got " + render(n));
   const std::string v = n.as_string()->get();
-  if (std::find(words.begin(), words.end(), v) != words.end()) return;
+  if (any_text || std::find(words.begin(), words.end(), v) != words.end()) return;
   char *end = nullptr;
   const double x = std::strtod(v.c_str(), &end);
   if (v.empty() || end != v.c_str() + v.size()) {

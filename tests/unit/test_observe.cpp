@@ -77,6 +77,13 @@ TEST_CASE("[log] resolves its defaults, the trace path and the step window", "[c
   CHECK((s.trace_first == 4 && s.trace_last == 4));
   s = settings_of("[log]\ntrace_steps = \"all\"\n");
   CHECK((s.trace_first == 1 && s.trace_last == INT64_MAX));
+  // A number is taken where a number is meant, and a bad one named.
+  s = settings_of("[log]\ntrace_steps = 4\n");
+  CHECK((s.trace_first == 4 && s.trace_last == 4));
+  CHECK_THAT(error_of("[log]\ntrace_steps = 0\n"),
+             Catch::Contains("log.trace_steps: must be >= 1"));
+  CHECK_THAT(error_of("[log]\ntrace_steps = 2.5\n"), Catch::Contains("log.trace_steps"));
+  CHECK_THAT(error_of("[log]\ntrace_steps = true\n"), Catch::Contains("log.trace_steps"));
 
   for (const char *bad : {"7-3", "0-2", "x", "3-", "-3", "2-4-6", "1.5"}) {
     INFO(bad);
@@ -194,6 +201,30 @@ TEST_CASE("the plot draws each series of each run, escaped", "[observe][plot]") 
   CHECK(tessera::viz::xml_escape("\"'<>&\x01") == "&quot;&apos;&lt;&gt;&amp; ");
   CHECK(tessera::viz::coord(12.5) == "12.5");
   CHECK(tessera::viz::coord(-0.001) == "0");
+}
+
+TEST_CASE("run.max_gpu_memory takes bytes as a number or a size with its unit", "[observe]") {
+  auto cap_of = [](const std::string &value) {
+    Document d = Document::from_string(
+        "[run]\nsteps = 10\nmax_gpu_memory = " + value + "\n[batch]\nmicro = 4\n", "cap.toml");
+    return tessera::config::resolve_settings(d, 1, nullptr).max_gpu_memory;
+  };
+  auto error_for = [&](const std::string &value) -> std::string {
+    try {
+      cap_of(value);
+    } catch (const ConfigError &e) {
+      return e.what();
+    }
+    FAIL("expected a ConfigError for " << value);
+    return "";
+  };
+  CHECK(cap_of("1073741824") == (1ull << 30));
+  CHECK(cap_of("\"1GiB\"") == (1ull << 30));
+  CHECK(cap_of("\"500MB\"") == 500'000'000ull);
+  CHECK(cap_of("\"\"") == 0);
+  CHECK_THAT(error_for("-1"), Catch::Contains("run.max_gpu_memory: must be >= 0"));
+  CHECK_THAT(error_for("\"lots\""), Catch::Contains("run.max_gpu_memory"));
+  CHECK_THAT(error_for("true"), Catch::Contains("run.max_gpu_memory"));
 }
 
 }  // namespace unit_test_observe

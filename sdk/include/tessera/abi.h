@@ -95,7 +95,9 @@ typedef struct tsr_param_decl {
   /* For STRING: allowed values separated by '|', or NULL for any. An item
    * '#' also allows a number within min..max (has_min/has_max), written as a
    * number or as its text, which the plugin reads as a string ("0.5"): a
-   * value that is a number or a word ("auto|#"). */
+   * value that is a number or a word ("auto|#"). An item '*' beside '#'
+   * allows any text as well, which the reader checks itself: a number or
+   * a size with its unit ("#|*": 1073741824 or "1GiB"). */
   const char *choices;
 } tsr_param_decl;
 
