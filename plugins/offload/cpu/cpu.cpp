@@ -399,11 +399,13 @@ const tsr_param_decl kParams[] = {
                          "(DeepSpeed's offload_optimizer.ratio), or \"auto\": the largest share "
                          "that fits beside the first step's peak under run.max_gpu_memory",
                          0.0, 1.0, "auto|#"),
-    sdk::param("speculation_memory", TSR_PARAM_STRING, "\"auto\"",
-               "with gradient clipping or fp16: host memory that keeps the pre-step state of the "
-               "ranges stepped before the gradient norm is known, so they can be redone "
-               "exactly; \"auto\" (every owned element, or half of the host memory left), "
-               "\"0\" (each update waits for the norm) or a size (\"8GiB\")"),
+    sdk::param_number_or("speculation_memory", "\"auto\"",
+                         "with gradient clipping or fp16: host memory that keeps the pre-step "
+                         "state of the ranges stepped before the gradient norm is known, so they "
+                         "can be redone exactly; \"auto\" (every owned element, or half of the "
+                         "host memory left), 0 (each update waits for the norm), bytes or a size "
+                         "(\"8GiB\")",
+                         0, 1e18, "auto|#|*"),
     sdk::param("speculation_worst_case", TSR_PARAM_BOOL, "false",
                "for tests and measurements: the norm's verdict waits until every range handed "
                "over has been stepped ahead, so every clipped step is redone in full"),
