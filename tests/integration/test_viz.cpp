@@ -188,9 +188,11 @@ TEST_CASE("plot renders a run's metrics as SVG with every series, and overlays r
 }
 
 TEST_CASE("the time breakdown's parts sum to within 5% of the step time", "[viz][breakdown]") {
-  // A wider model, so that a step is long against the clock's resolution.
+  // A wider model, so that a step (a few ms) is long against the clock's
+  // resolution and the loop's own bookkeeping between the parts, which a
+  // loaded machine stretches (CI under two busy processes).
   Setup s = setup("[log]\nbreakdown = true\npeak_tflops = 0.5\n");
-  RunResult r = run_ok(s.config, {"--set", "model.hidden=[128, 128]", "--set",
+  RunResult r = run_ok(s.config, {"--set", "model.hidden=[512, 512]", "--set",
                                   "checkpoint.every=30", "--set", "run.eval_every=30"});
   int with_breakdown = 0;
   for (const auto &m : read_jsonl(s.run_dir / "metrics.jsonl")) {
@@ -206,9 +208,9 @@ TEST_CASE("the time breakdown's parts sum to within 5% of the step time", "[viz]
       CHECK(b.at(k).get<double>() >= 0);
       sum += b.at(k).get<double>();
     }
-    // 5%, and 2 ms: on a run of a few ms per interval (sanitizer builds,
+    // 5%, and 3 ms: on a run of a few ms per interval (sanitizer builds,
     // a loaded machine) the loop's own bookkeeping is more than 5%.
-    CHECK(std::abs(sum - total) <= 0.05 * total + 0.002);
+    CHECK(std::abs(sum - total) <= 0.05 * total + 0.003);
     CHECK(b.at("other").get<double>() == Approx(total - sum).margin(1e-9));
     CHECK(b.at("forward").get<double>() > 0);
     CHECK(b.at("backward").get<double>() > 0);
@@ -233,9 +235,9 @@ TEST_CASE("the time breakdown's parts sum to within 5% of the step time", "[viz]
   for (const char *k :
        {"data", "forward", "backward", "comm_wait", "optimizer", "checkpoint", "eval"})
     parts += tb.at(k).get<double>();
-  // The run's total holds every interval's bookkeeping: 2 ms for each.
+  // The run's total holds every interval's bookkeeping: 3 ms for each.
   CHECK(std::abs(parts - tb.at("total").get<double>()) <=
-        0.05 * tb.at("total").get<double>() + 0.002 * with_breakdown);
+        0.05 * tb.at("total").get<double>() + 0.003 * with_breakdown);
   CHECK(tb.at("checkpoint").get<double>() > 0);
   CHECK(tb.at("eval").get<double>() > 0);
   CHECK(sum.at("flops_per_sample").get<double>() > 0);
