@@ -11,10 +11,15 @@ namespace tessera::itest {
 
 using nlohmann::json;
 
+std::string fashion_dir() {
+  const char *env = std::getenv("TESSERA_FASHION_MNIST");
+  return env && *env ? env : "/usr/share/datasets/fashion-mnist";
+}
+
 void require_fashion_mnist() {
   for (const char *f : {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"})
-    if (!fs::exists(fs::path(kFashion) / f))
-      FAIL("Fashion-MNIST is not installed: " << (fs::path(kFashion) / f).string()
+    if (!fs::exists(fs::path(fashion_dir()) / f))
+      FAIL("Fashion-MNIST is not installed: " << (fs::path(fashion_dir()) / f).string()
                                               << " is missing (tools/deps installs it)");
 }
 
@@ -64,8 +69,8 @@ std::string fmnist_config(const Job &j, const fs::path &run_dir) {
          "[data.train]\n"
          "plugin = \"idx\"\n"
          "images = \""
-      << (fs::path(kFashion) / "train-images-idx3-ubyte.gz").string() << "\"\nlabels = \""
-      << (fs::path(kFashion) / "train-labels-idx1-ubyte.gz").string()
+      << (fs::path(fashion_dir()) / "train-images-idx3-ubyte.gz").string() << "\"\nlabels = \""
+      << (fs::path(fashion_dir()) / "train-labels-idx1-ubyte.gz").string()
       << "\"\n"
          "limit = 6400\n\n";
   }

@@ -16,7 +16,9 @@
 
 namespace tessera::itest {
 
-inline constexpr const char *kFashion = "/usr/share/datasets/fashion-mnist";
+// Where Fashion-MNIST lives: Debian's package path, or TESSERA_FASHION_MNIST
+// (a GPU machine that unpacks the package without installing it: tools/gpu-build).
+std::string fashion_dir();
 
 // Fails the test (naming the file) when Fashion-MNIST is not installed.
 void require_fashion_mnist();
