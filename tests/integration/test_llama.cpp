@@ -54,6 +54,21 @@ TEST_CASE("tessera plugin check passes the llama plugin for every architecture",
   }
 }
 
+// LoRA: the base frozen (skipped), the adapters' gradients against finite
+// differences (B starts at zero, so A's are zero at the start; B's are not),
+// with recompute.
+TEST_CASE("tessera plugin check passes llama with LoRA adapters", "[llama][lora]") {
+  const fs::path cfg =
+      llama_config("check_lora",
+                   "lora.rank = 2\nrecompute = true\n"
+                   "lora.targets = [\"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\"]\n");
+  RunResult r = run_cli({"plugin", "check", cfg.string(), "--elements", "0"});
+  INFO(describe(r));
+  CHECK(r.status == 0);
+  CHECK(contains(r.out + r.err, "mlp.down_proj.lora_B.weight"));
+  CHECK(contains(r.out + r.err, "frozen"));
+}
+
 TEST_CASE("llama trains from random init on token shards, loss going down", "[llama]") {
   const fs::path cfg = llama_config("train", "architecture = \"Qwen2ForCausalLM\"\n");
   RunResult r = run_cli({"run", cfg.string(), "--set", "run.steps=30"});
