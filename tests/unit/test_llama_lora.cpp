@@ -204,7 +204,7 @@ void check_against_merged(const Golden &g, const std::string &lora_keys, double 
 
 }  // namespace
 
-TEST_CASE("llama LoRA equals the merged model; adapter gradients by the chain rule",
+TEST_CASE("llama LoRA equals the merged model, adapter gradients by the chain rule",
           "[llama][lora]") {
   const Golden g("llama3_L2_C64");
   check_against_merged(g, std::string("lora.rank = 3\nlora.alpha = 6.0\n") + kAll, 2.0);
