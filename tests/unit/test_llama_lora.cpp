@@ -17,13 +17,16 @@
 //   forms of the dotted keys, and the refusals naming the key.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstddef>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "gpt2_support.hpp"
+#include "plugin/layout.hpp"
 #include "support/fixture.hpp"
 #include "support/safetensors_read.hpp"
+#include "train/init_from.hpp"
 
 namespace unit_test_llama_lora {
 
@@ -255,6 +258,51 @@ TEST_CASE("llama LoRA declares PEFT's adapters in the layer's group, the base fr
     for (const auto &p : infos) CHECK(p.trainable == (is_adapter(p.name) ? 1 : 0));
     // Group order holds: non-decreasing over declaration order.
     for (size_t i = 1; i < infos.size(); ++i) CHECK(infos[i].group >= infos[i - 1].group);
+  }
+}
+
+// ABI 1.8's init-from may_lack: the llama plugin answers 1 for its adapters
+// only, so the engine's loader fills the base from a Hugging Face file and
+// leaves the adapters their initialisers; without the answer the file's
+// missing adapters are an error naming one.
+TEST_CASE("llama LoRA: init_from loads the base, the adapters keep their initialisers",
+          "[llama][lora][abi]") {
+  static_assert(offsetof(tsr_export_args, adapters) == 72, "ABI 1.8 appends adapters at 72");
+  static_assert(offsetof(tsr_ext_model_init_from, may_lack) == 16, "ABI 1.8: may_lack at 16");
+  const Golden g("llama3_L2_C64");
+  Fixture f;
+  Model m(f, "llama");
+  REQUIRE(
+      m.create(f.config("model", "llama", "init_from = \"" + g.dir + "\"\nlora.rank = 2\n" + kAll),
+               token_data(g.T, g.V), 1) == TSR_OK);
+  const auto *ext = f.registry.find("model", "llama")
+                        ->extension<tsr_ext_model_init_from>(TSR_EXT_MODEL_INIT_FROM);
+  REQUIRE(ext != nullptr);
+  REQUIRE(ext->struct_size >= tsr_ext_model_init_from_STRUCT_SIZE);
+  REQUIRE(ext->may_lack != nullptr);
+  const tessera::Layout layout = tessera::make_layout(m.vt, m.self, 1, "llama");
+  std::vector<float> flat(layout.total), init(layout.total);
+  tessera::init_params(layout, init.data(), 77);
+  flat = init;
+  CHECK_THROWS_WITH(tessera::init_from_safetensors(g.dir, layout, flat.data()),
+                    Catch::Contains("lora_A.weight"));
+  flat = init;
+  const auto may_lack = [&](size_t i) { return ext->may_lack(m.self, i) != 0; };
+  CHECK_THAT(tessera::init_from_safetensors(g.dir, layout, flat.data(), nullptr, may_lack),
+             Catch::Contains("28 (adapters) from their initialisers"));
+  for (size_t i = 0; i < layout.params.size(); ++i) {
+    const tessera::ParamSlot &p = layout.params[i];
+    INFO(p.name);
+    CHECK(may_lack(i) == is_adapter(p.name));
+    const std::vector<float> got(flat.begin() + p.offset, flat.begin() + p.offset + p.numel);
+    if (is_adapter(p.name)) {
+      CHECK(got == std::vector<float>(init.begin() + p.offset, init.begin() + p.offset + p.numel));
+      const float bound = p.init_b;
+      for (float v : got) CHECK(std::fabs(v) <= bound);
+    } else {
+      const RefTensor &r = g.weights.at(p.name);
+      for (size_t j = 0; j < p.numel; ++j) REQUIRE(got[j] == static_cast<float>(r.data[j]));
+    }
   }
 }
 
