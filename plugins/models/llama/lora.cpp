@@ -4,6 +4,7 @@
 #include "lora.hpp"
 
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 #include "llama.hpp"
