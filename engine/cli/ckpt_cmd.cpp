@@ -27,7 +27,8 @@ namespace {
 const char *kCkptUsage = R"(usage: tessera ckpt inspect PATH
        tessera ckpt verify PATH [--allow-nonfinite]
        tessera ckpt export PATH -o OUT [--dtype fp32|bf16] [--format auto|hf|tessera]
-                           [--shard-size SIZE] [--plugin-path DIR]...
+                           [--shard-size SIZE] [--merge | --lora-format peft]
+                           [--plugin-path DIR]...
 
 PATH is a checkpoint directory (step_NNNNNNNN) or a checkpoint root holding
 'latest'.
@@ -55,7 +56,14 @@ export   the master weights (fp32, or rounded to bf16), loadable without
                     of the model's init_from (or hf_config) directory
            tessera  one consolidated safetensors file OUT with the model's
                     own tensor names and shapes (what tessera eval --ckpt
-                    FILE reads)
+                    FILE reads), LoRA adapters included
+         A model with LoRA adapters (llama's lora.rank > 0): its Hugging
+         Face export is the base model without them (a warning says so);
+           --merge            folds them in: each adapted weight written as
+                              W + (alpha/rank) B A, a full Hugging Face model
+           --lora-format peft writes them alone to the directory OUT for
+                              PEFT's PeftModel.from_pretrained onto the base:
+                              adapter_config.json, adapter_model.safetensors
          --plugin-path DIR searches DIR for the model's plugin first
          (repeatable), as tessera run does.
 )";
@@ -112,8 +120,8 @@ int verify(const std::string &path, bool allow_nonfinite) {
 // model built here: the caller writes the tessera format instead).
 bool export_by_model(const std::string &dir, const nlohmann::json &m,
                      const std::vector<float> &canonical, const std::string &out, bool bf16,
-                     uint64_t shard_bytes, const std::vector<std::string> &plugin_paths,
-                     bool quiet_missing) {
+                     uint64_t shard_bytes, int64_t adapters,
+                     const std::vector<std::string> &plugin_paths, bool quiet_missing) {
   const std::string manifest_path = (fs::path(dir) / "manifest.json").string();
   // The model's plugin, and the model itself, built here; with
   // quiet_missing a failure of either is a warning and the tessera format.
@@ -121,8 +129,17 @@ bool export_by_model(const std::string &dir, const nlohmann::json &m,
   const tsr_ext_model_export_hf *ext = nullptr;
   try {
     Job job = checkpoint_job(manifest_path, m.value("config", std::string()), plugin_paths);
-    ext = job.plugin("model").entry->caps.model.export_hf;  // null: the model has none
+    const PluginEntry &entry = *job.plugin("model").entry;
+    ext = entry.caps.model.export_hf;  // null: the model has none
     if (!ext) return false;
+    // Before ABI 1.8 a plugin does not read `adapters` and would write the
+    // base model for a --merge.
+    TSR_CHECK(adapters == TSR_EXPORT_BASE || entry.abi_major > 1 || entry.abi_minor >= 8,
+              TSR_ERR_UNSUPPORTED,
+              "model plugin '" + std::string(entry.desc->name) + "' (" + entry.file +
+                  ") was built for ABI " + std::to_string(entry.abi_major) + "." +
+                  std::to_string(entry.abi_minor) +
+                  ", before adapter exports (--merge, --lora-format: ABI 1.8)");
     built.emplace(std::move(job), dir);
   } catch (const Error &e) {
     if (!quiet_missing) throw;
@@ -172,20 +189,39 @@ bool export_by_model(const std::string &dir, const nlohmann::json &m,
   a.summary = summary.data();
   a.summary_cap = summary.size();
   a.max_shard_bytes = shard_bytes;
+  a.adapters = adapters;
   plugin_ok(model.host(), ext->write(model.self, &a), "model", model.name, "Hugging Face export");
   summary.resize(std::strlen(summary.c_str()));
   std::printf("exported from %s: %s\n", dir.c_str(), summary.c_str());
   return true;
 }
 
+// --merge / --lora-format as tsr_export_args.adapters (ABI 1.8).
+int64_t adapters_option(const Parsed &p) {
+  const bool merge = p.has("--merge"), lora = p.has("--lora-format");
+  if (merge && lora)
+    throw UsageError(
+        "tessera ckpt export: --merge writes a full model, --lora-format peft the "
+        "adapters alone; give one");
+  if (lora && p.get("--lora-format") != "peft")
+    throw UsageError("tessera ckpt export: --lora-format must be peft, got '" +
+                     p.get("--lora-format") + "'");
+  return merge ? TSR_EXPORT_MERGED : lora ? TSR_EXPORT_PEFT : TSR_EXPORT_BASE;
+}
+
 int export_ckpt(const std::string &path, const std::string &out, const std::string &dtype,
-                const std::string &format, const std::string &shard_size,
+                const std::string &format, const std::string &shard_size, int64_t adapters,
                 const std::vector<std::string> &plugin_paths) {
   if (out.empty()) throw UsageError("tessera ckpt export: -o OUT is required");
   if (dtype != "fp32" && dtype != "bf16")
     throw UsageError("tessera ckpt export: --dtype must be fp32 or bf16");
   if (format != "auto" && format != "hf" && format != "tessera")
     throw UsageError("tessera ckpt export: --format must be auto, hf or tessera");
+  if (adapters != TSR_EXPORT_BASE && format == "tessera")
+    throw UsageError(std::string("tessera ckpt export: ") +
+                     (adapters == TSR_EXPORT_MERGED ? "--merge" : "--lora-format peft") +
+                     " is a Hugging Face export; --format tessera writes every parameter, "
+                     "adapters included, under the model's own names");
   const uint64_t shard_bytes = config::parse_bytes(shard_size, "tessera ckpt export --shard-size");
   if (!shard_size.empty() && shard_bytes == 0)
     throw UsageError("tessera ckpt export: --shard-size must be more than 0 bytes");
@@ -194,11 +230,13 @@ int export_ckpt(const std::string &path, const std::string &out, const std::stri
   std::vector<float> canonical;
   read_canonical_params(dir, &canonical, &m);
   if (format != "tessera") {
-    if (export_by_model(dir, m, canonical, out, dtype == "bf16", shard_bytes, plugin_paths,
-                        format == "auto"))
+    if (export_by_model(dir, m, canonical, out, dtype == "bf16", shard_bytes, adapters,
+                        plugin_paths, format == "auto" && adapters == TSR_EXPORT_BASE))
       return 0;
-    if (format == "hf")
-      throw UsageError("tessera ckpt export: --format hf: model '" + m.value("model", "") +
+    if (format == "hf" || adapters != TSR_EXPORT_BASE)
+      throw UsageError(std::string("tessera ckpt export: ") +
+                       (format == "hf" ? "--format hf" : "--merge / --lora-format") + ": model '" +
+                       m.value("model", "") +
                        "' has no Hugging Face export (its plugin offers no " +
                        TSR_EXT_MODEL_EXPORT_HF +
                        "); --format tessera writes its own names and "
@@ -234,7 +272,8 @@ int ckpt_body(const Parsed &p) {
   if (sub == "verify") return verify(path, p.has("--allow-nonfinite"));
   if (sub == "export")
     return export_ckpt(path, p.get("-o", p.get("--output")), p.get("--dtype", "fp32"),
-                       p.get("--format", "auto"), p.get("--shard-size"), p.all("--plugin-path"));
+                       p.get("--format", "auto"), p.get("--shard-size"), adapters_option(p),
+                       p.all("--plugin-path"));
   throw UsageError("tessera ckpt: unknown subcommand '" + sub + "' (inspect, verify, export)");
 }
 
@@ -247,6 +286,8 @@ int cmd_ckpt(const Args &args) {
                       {"--dtype", true, false},
                       {"--format", true, false},
                       {"--shard-size", true, false},
+                      {"--merge", false, false},
+                      {"--lora-format", true, false},
                       {"--plugin-path", true, true},
                       {"--allow-nonfinite", false, false},
                       {"--help", false, false},

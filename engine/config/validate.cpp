@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <functional>
 #include <sstream>
+#include <string_view>
+#include <utility>
 
 namespace tessera::config {
 
@@ -243,6 +245,29 @@ std::string unset_hint(const Document &doc, const std::string &section, const to
          "] keys; --set cannot remove one: add --unset " + dotted + ")";
 }
 
+// The section's keys with their values. A plugin's dotted keys
+// (`lora.rank`) come written as a sub-table (`lora.rank = 4` or
+// `[model.lora]` in TOML, `--set model.lora.rank=4`) or quoted
+// (`"lora.rank" = 4`, as a run's config.toml writes them back): both give
+// the key `lora.rank`. A table is opened only where a declared name begins
+// with its key and a dot, so sub-sections validated elsewhere stay whole.
+void section_entries(const toml::table &t, const std::string &prefix,
+                     std::span<const tsr_param_decl> decls,
+                     std::vector<std::pair<std::string, const toml::node *>> &out) {
+  for (const auto &[k, v] : t) {
+    const std::string key = prefix + std::string(k.str());
+    bool declared = false, opens = false;
+    for (const auto &d : decls) {
+      declared |= key == d.name;
+      opens |= std::string_view(d.name).starts_with(key + ".");
+    }
+    if (v.is_table() && !declared && opens)
+      section_entries(*v.as_table(), key + ".", decls, out);
+    else
+      out.emplace_back(key, &v);
+  }
+}
+
 }  // namespace
 
 toml::table parse_default(const tsr_param_decl &d, const std::string &owner) {
@@ -266,8 +291,10 @@ toml::table validate_section(const Document &doc, const std::string &section,
   }
   toml::table out;
   if (user) {
-    for (const auto &[k, v] : *user) {
-      std::string key(k.str());
+    std::vector<std::pair<std::string, const toml::node *>> entries;
+    section_entries(*user, "", decls, entries);
+    for (const auto &[key, node] : entries) {
+      const toml::node &v = *node;
       bool pass = false;
       for (const auto &p : passthrough) pass |= (p == key);
       if (pass) {

@@ -28,6 +28,8 @@ ModelCaps model_caps(const tsr_plugin_descriptor *d) {
   const auto *vt = static_cast<const tsr_model_vtable *>(d->vtable);
   c.predict = TSR_HAS_FIELD(vt, tsr_model_vtable, predict) && vt->predict;
   c.init_from = CAPS_EXT(d, tsr_ext_model_init_from, TSR_EXT_MODEL_INIT_FROM, weights_file);
+  c.init_from_may_lack =
+      CAPS_EXT(d, tsr_ext_model_init_from, TSR_EXT_MODEL_INIT_FROM, may_lack) != nullptr;
   c.export_hf = CAPS_EXT(d, tsr_ext_model_export_hf, TSR_EXT_MODEL_EXPORT_HF, write);
   return c;
 }

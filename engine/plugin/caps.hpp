@@ -17,6 +17,7 @@ namespace tessera {
 struct ModelCaps {
   bool predict = false;  // ABI 1.1 predict (tessera generate)
   const tsr_ext_model_init_from *init_from = nullptr;
+  bool init_from_may_lack = false;  // ABI 1.8: init_from->may_lack is there and set
   const tsr_ext_model_export_hf *export_hf = nullptr;
 };
 

@@ -145,22 +145,28 @@ void load_tensor(const SafetensorsFile &file, const StTensor &t, const ParamSlot
 }  // namespace
 
 std::string init_from_safetensors(const std::string &given, const Layout &layout, float *flat,
-                                  const std::vector<FlatRange> *keep) {
+                                  const std::vector<FlatRange> *keep,
+                                  const std::function<bool(size_t)> &may_lack) {
   const std::vector<std::string> paths = checkpoint_files(given);
   std::vector<std::unique_ptr<SafetensorsFile>> files;
-  size_t in_files = 0, loaded = 0;
+  size_t in_files = 0, loaded = 0, kept = 0;
   for (const std::string &p : paths) {
     files.push_back(std::make_unique<SafetensorsFile>(p));
     in_files += files.back()->tensors().size();
   }
   const std::string where =
       paths.size() == 1 ? paths[0] : given + " (" + std::to_string(paths.size()) + " shards)";
-  for (const ParamSlot &p : layout.params) {
+  for (size_t i = 0; i < layout.params.size(); ++i) {
+    const ParamSlot &p = layout.params[i];
     const StTensor *t = nullptr;
     size_t k = 0;
     for (; k < files.size() && !t; ++k) {
       auto it = files[k]->tensors().find(p.name);
       if (it != files[k]->tensors().end()) t = &it->second;
+    }
+    if (!t && may_lack && may_lack(i)) {
+      ++kept;
+      continue;
     }
     if (!t)
       throw Error(TSR_ERR_INVALID, "[model] init_from " + where + ": no tensor '" + p.name +
@@ -172,7 +178,9 @@ std::string init_from_safetensors(const std::string &given, const Layout &layout
   const size_t skipped = in_files - loaded;
   return "initialised " + std::to_string(loaded) + " parameters from " + where +
          (skipped ? " (" + std::to_string(skipped) + " tensors there are not parameters here)"
-                  : std::string());
+                  : std::string()) +
+         (kept ? ", " + std::to_string(kept) + " (adapters) from their initialisers"
+               : std::string());
 }
 
 }  // namespace tessera

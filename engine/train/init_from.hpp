@@ -7,6 +7,7 @@
 // declared parameter over the declared initialiser's values.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -27,7 +28,11 @@ namespace tessera {
 // file to what the process holds. With `keep` (kept_ranges: a ZeRO stage
 // that partitions parameters keeps slice `rank` of each group), only those
 // elements of `flat` are written and only their bytes of the file read.
+// `may_lack(i)` true: parameter i need not be in the file and keeps its
+// initialised values when it is not (a model's LoRA adapters over a base
+// model's file; the model says which, ABI 1.8's init-from `may_lack`).
 std::string init_from_safetensors(const std::string &path, const Layout &layout, float *flat,
-                                  const std::vector<FlatRange> *keep = nullptr);
+                                  const std::vector<FlatRange> *keep = nullptr,
+                                  const std::function<bool(size_t)> &may_lack = {});
 
 }  // namespace tessera

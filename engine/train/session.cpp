@@ -133,7 +133,11 @@ ZeroedPages<float> initial_weights(Session &s, const ParamInitializer &initializ
   }
   init_params(s.layout, initial.data(), s.host.table()->seed_for(s.host.ctx(), "init", 0), &keep);
   if (auto from = model_weights_file(s.job.plugin("model"), s.model.self)) {
-    const std::string msg = init_from_safetensors(*from, s.layout, initial.data(), &keep);
+    const ModelCaps &caps = s.job.plugin("model").entry->caps.model;
+    std::function<bool(size_t)> may_lack;
+    if (caps.init_from_may_lack)
+      may_lack = [&](size_t i) { return caps.init_from->may_lack(s.model.self, i) != 0; };
+    const std::string msg = init_from_safetensors(*from, s.layout, initial.data(), &keep, may_lack);
     if (s.host.facts().rank == 0) spdlog::info("[model] {}", msg);
   }
   return initial;

@@ -100,13 +100,15 @@ std::string fmnist_config(const Job &j, const fs::path &run_dir) {
   return s.str();
 }
 
-std::map<std::string, F32Tensor> final_params(const fs::path &run_dir, int step) {
+std::map<std::string, F32Tensor> final_params(const fs::path &run_dir, int step, bool own_names) {
   char name[32];
   std::snprintf(name, sizeof name, "step_%08d", step);
   const fs::path dir = run_dir / "ckpt" / name;
   if (fs::exists(dir / "model.safetensors")) return read_safetensors_f32(dir / "model.safetensors");
   const fs::path out = run_dir.string() + "-export.safetensors";
-  RunResult r = run_cli({"ckpt", "export", dir.string(), "-o", out.string()});
+  std::vector<std::string> args = {"ckpt", "export", dir.string(), "-o", out.string()};
+  if (own_names) args.insert(args.end(), {"--format", "tessera"});
+  RunResult r = run_cli(args);
   if (r.status != 0) {
     // Not fatal: the test goes on with the other runs; the comparison then
     // fails for want of parameters.
@@ -145,7 +147,7 @@ Trained train_job(const Job &j, bool with_params) {
       t.steps.push_back(m.at("step").get<int64_t>());
       t.losses.push_back(m.at("loss").get<double>());
     }
-  if (with_params) t.params = final_params(t.dir, j.steps);
+  if (with_params) t.params = final_params(t.dir, j.steps, j.own_names);
   t.summary = read_json(t.dir / "summary.json");
   return t;
 }

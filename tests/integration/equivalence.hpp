@@ -35,6 +35,10 @@ struct Job {
   // Another model and data: the [model] and [data.train] sections' TOML
   // replacing the MLP on Fashion-MNIST, and a name for them (llama's jobs).
   std::string model_data = "", tag = "";
+  // Final parameters by `tessera ckpt export --format tessera` (every
+  // parameter under the model's own names, LoRA adapters too) instead of the
+  // model's Hugging Face export where it has one.
+  bool own_names = false;
   int accumulation() const { return global / (micro * world); }
   std::string name() const;
 };
@@ -45,7 +49,8 @@ std::string fmnist_config(const Job &j, const fs::path &run_dir);
 // The final parameters of a run, by the model's tensor names: the
 // checkpoint's model.safetensors where it writes one, else the consolidated
 // file `tessera ckpt export` makes from the per-rank files.
-std::map<std::string, F32Tensor> final_params(const fs::path &run_dir, int step);
+std::map<std::string, F32Tensor> final_params(const fs::path &run_dir, int step,
+                                              bool own_names = false);
 
 struct Trained {
   Job job;

@@ -54,6 +54,58 @@ TEST_CASE("tessera plugin check passes the llama plugin for every architecture",
   }
 }
 
+// LoRA: the base frozen (skipped), the adapters' gradients against finite
+// differences (B starts at zero, so A's are zero at the start; B's are not),
+// with recompute.
+TEST_CASE("tessera plugin check passes llama with LoRA adapters", "[llama][lora]") {
+  const fs::path cfg =
+      llama_config("check_lora",
+                   "lora.rank = 2\nrecompute = true\n"
+                   "lora.targets = [\"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\"]\n");
+  RunResult r = run_cli({"plugin", "check", cfg.string(), "--elements", "0"});
+  INFO(describe(r));
+  CHECK(r.status == 0);
+  CHECK(contains(r.out + r.err, "mlp.down_proj.lora_B.weight"));
+  CHECK(contains(r.out + r.err, "frozen"));
+}
+
+// A LoRA run stopped after 4 steps and resumed to 8 ends with the adapters
+// (and everything else) of the run that went through: the checkpoint holds
+// them and their optimizer state.
+TEST_CASE("llama LoRA: a run resumed from a checkpoint ends with the same adapters",
+          "[llama][lora]") {
+  const std::string keys =
+      "lora.rank = 2\nlora.alpha = 4.0\nlora.targets = [\"q\", \"v\", \"up\", \"down\"]\n";
+  const fs::path dir = scratch() / "llama_cli";
+  const fs::path cfg = llama_config("lora_resume", keys);
+  for (const char *run : {"lora_straight", "lora_resumed"}) fs::remove_all(dir / run);
+  auto train = [&](const std::string &run, int steps, bool resume) {
+    std::vector<std::string> args = {"run",   cfg.string(),
+                                     "--set", "run.dir=\"" + (dir / run).string() + "\"",
+                                     "--set", "run.steps=" + std::to_string(steps)};
+    if (resume) args.insert(args.end(), {"--set", "checkpoint.resume=\"auto\""});
+    RunResult r = run_cli(args);
+    INFO(describe(r));
+    REQUIRE(r.status == 0);
+    if (resume) CHECK(contains(r.out + r.err, "resumed from"));
+  };
+  train("lora_straight", 8, false);
+  train("lora_resumed", 4, false);
+  train("lora_resumed", 8, true);
+  std::string files[2];
+  for (int k = 0; k < 2; ++k) {
+    const std::string run = k ? "lora_resumed" : "lora_straight";
+    const fs::path out = dir / (run + ".safetensors");
+    RunResult r = run_cli({"ckpt", "export", (dir / run / "ckpt").string(), "-o", out.string(),
+                           "--format", "tessera"});
+    INFO(describe(r));
+    REQUIRE(r.status == 0);
+    files[k] = read_text(out);
+  }
+  CHECK(files[0].find("lora_B.weight") != std::string::npos);
+  CHECK(files[0] == files[1]);
+}
+
 TEST_CASE("llama trains from random init on token shards, loss going down", "[llama]") {
   const fs::path cfg = llama_config("train", "architecture = \"Qwen2ForCausalLM\"\n");
   RunResult r = run_cli({"run", cfg.string(), "--set", "run.steps=30"});

@@ -80,8 +80,10 @@ std::string hf_dir(const TempDir &d) {
   return dir.string();
 }
 
-// Token windows (uint16, llm.c's format) and the run's config.
-std::string run_config(const TempDir &d, const std::string &hf) {
+// Token windows (uint16, llm.c's format) and the run's config, with
+// `model_keys` added to [model].
+std::string run_config(const TempDir &d, const std::string &hf, const std::string &model_keys = "",
+                       const std::string &lr = "1e-3") {
   std::vector<uint16_t> tokens(kT * 16 + 1);
   for (size_t i = 0; i < tokens.size(); ++i)
     tokens[i] = static_cast<uint16_t>((i * 37 + 11) % kVocab);
@@ -92,15 +94,15 @@ std::string run_config(const TempDir &d, const std::string &hf) {
     out.write(reinterpret_cast<const char *>(tokens.data()),
               static_cast<std::streamsize>(tokens.size() * 2));
   }
-  return d.write("run.toml",
-                 "[run]\nname = \"roundtrip\"\ndevice = \"cpu\"\nseed = 5\nsteps = 5\n"
-                 "log_every = 1\ndir = \"" +
-                     d.file("run") + "\"\n\n[batch]\nmicro = 2\n\n[model]\n" +
-                     "plugin = \"llama\"\ninit_from = \"" + hf +
-                     "\"\n\n[data.train]\nplugin = \"tokens\"\nfiles = \"" +
-                     d.file("tok_train_000000.bin") + "\"\ncontext = " + std::to_string(kT) +
-                     "\nvocab = " + std::to_string(kVocab) +
-                     "\n\n[optimizer]\nplugin = \"adam\"\nlr = 1e-3\n\n[log]\n" + "plot = false\n");
+  return d.write(
+      "run.toml",
+      "[run]\nname = \"roundtrip\"\ndevice = \"cpu\"\nseed = 5\nsteps = 5\n"
+      "log_every = 1\ndir = \"" +
+          d.file("run") + "\"\n\n[batch]\nmicro = 2\n\n[model]\n" +
+          "plugin = \"llama\"\ninit_from = \"" + hf + "\"\n" + model_keys +
+          "\n[data.train]\nplugin = \"tokens\"\nfiles = \"" + d.file("tok_train_000000.bin") +
+          "\"\ncontext = " + std::to_string(kT) + "\nvocab = " + std::to_string(kVocab) +
+          "\n\n[optimizer]\nplugin = \"adam\"\nlr = " + lr + "\n\n[log]\n" + "plot = false\n");
 }
 
 // The export against the golden header: the same names, shapes, F32, each
@@ -173,22 +175,36 @@ std::vector<float> tessera_logits(Model &m, const tessera::Layout &layout,
   return all;
 }
 
+std::string binary() {
+  return std::string("'") + TESSERA_BINARY + "'";
+}
+
+// Imports the golden directory and trains 5 steps (`model_keys` added).
+void train(const TempDir &d, std::string *hf, const std::string &model_keys = "",
+           const std::string &lr = "1e-3") {
+  *hf = hf_dir(d);
+  const std::string cfg = run_config(d, *hf, model_keys, lr);
+  const int ran = shell(binary() + " run " + q(cfg), d.file("run.log"));
+  INFO(read_text(d.file("run.log")));
+  REQUIRE(ran == 0);
+}
+
+// `tessera ckpt export` of the run's checkpoint into d/NAME with `flags`;
+// its exit status, its output in d/NAME.log.
+int export_run(const TempDir &d, const std::string &name, const std::string &flags) {
+  return shell(binary() + " ckpt export " + q(d.file("run/ckpt")) + " -o " +
+                   q((d.path() / name).string()) + " " + flags,
+               d.file(name + ".log"));
+}
+
 // Imports the golden directory, trains 5 steps, exports in shards; the
 // export's directory.
 fs::path make_export(const TempDir &d, std::string *hf) {
-  *hf = hf_dir(d);
-  const std::string cfg = run_config(d, *hf);
-  const std::string bin = std::string("'") + TESSERA_BINARY + "'";
-  const int ran = shell(bin + " run " + q(cfg), d.file("run.log"));
-  INFO(read_text(d.file("run.log")));
-  REQUIRE(ran == 0);
-  const fs::path out = d.path() / "export";
-  const int rc = shell(bin + " ckpt export " + q(d.file("run/ckpt")) + " -o " + q(out.string()) +
-                           " --shard-size 100KB",
-                       d.file("export.log"));
+  train(d, hf);
+  const int rc = export_run(d, "export", "--shard-size 100KB");
   INFO(read_text(d.file("export.log")));
   REQUIRE(rc == 0);
-  return out;
+  return d.path() / "export";
 }
 
 std::string python() {
@@ -264,6 +280,174 @@ TEST_CASE("llama round trip: transformers loads the export, its logits equal tes
   const int status = shell(
       python() + " " + q(script) + " " + q(out.string()) + " " + q(logits_file), d.file("hf.log"));
   const std::string log = read_text(d.file("hf.log"));
+  std::printf("%s", log.c_str());
+  INFO(log);
+  CHECK(status == 0);
+}
+
+// ---- LoRA: the adapters out to PEFT, merged, and the base left as it was ----
+
+namespace {
+
+const char *const kLora =
+    "lora.rank = 4\nlora.alpha = 8.0\n"
+    "lora.targets = [\"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\"]\n";
+constexpr double kScale = 2.0;  // alpha / rank
+
+// The LoRA model of the run (init_from the golden directory) and its
+// checkpoint's values.
+struct LoraRun {
+  Fixture f;
+  Model m{f, "llama"};
+  tessera::Layout layout;
+  std::vector<float> saved;
+  LoraRun(const TempDir &d, const std::string &hf, int64_t B) {
+    REQUIRE(m.create(f.config("model", "llama", "init_from = \"" + hf + "\"\n" + kLora),
+                     token_data(kT, kVocab), B) == TSR_OK);
+    layout = tessera::make_layout(m.vt, m.self, 1, "llama");
+    saved.resize(layout.total);
+    tessera::load_model_params(d.file("run/ckpt"), layout, saved.data());
+  }
+  const tessera::ParamSlot &slot(const std::string &name) const {
+    for (const auto &p : layout.params)
+      if (p.name == name) return p;
+    FAIL("no parameter " << name);
+    return layout.params.front();
+  }
+  std::vector<float> values(const std::string &name) const {
+    const tessera::ParamSlot &p = slot(name);
+    return std::vector<float>(saved.begin() + p.offset, saved.begin() + p.offset + p.numel);
+  }
+};
+
+std::vector<float> floats(const tessera::test::RefTensor &t) {
+  return std::vector<float>(t.data.begin(), t.data.end());
+}
+
+}  // namespace
+
+TEST_CASE("llama LoRA export: the base as it was, the adapters for PEFT, the merge W + s B A",
+          "[llama][export][lora]") {
+  TempDir d("tessera-llama-lora-export");
+  std::string hf;
+  train(d, &hf, kLora, "1e-2");
+  const LoraRun run(d, hf, 1);
+  const auto golden = tessera::test::read_safetensors(hf + "/model.safetensors");
+
+  // Plain: the base model, frozen, so the golden weights themselves; a warning.
+  REQUIRE(export_run(d, "base", "") == 0);
+  CHECK_THAT(read_text(d.file("base.log")), Catch::Contains("LoRA adapters"));
+  const auto base = tessera::test::read_safetensors(d.file("base/model.safetensors"));
+  REQUIRE(base.size() == golden.size());
+  for (const auto &[name, t] : golden) {
+    INFO(name);
+    REQUIRE(base.count(name) == 1);
+    CHECK(floats(base.at(name)) == floats(t));
+  }
+
+  // PEFT: adapter_config.json and the adapters under PEFT's names.
+  REQUIRE(export_run(d, "peft", "--lora-format peft") == 0);
+  const json cfg = json::parse(read_text(d.file("peft/adapter_config.json")));
+  CHECK(cfg.at("peft_type") == "LORA");
+  CHECK(cfg.at("task_type") == "CAUSAL_LM");
+  CHECK(cfg.at("r") == 4);
+  CHECK(cfg.at("lora_alpha") == 8);
+  CHECK(cfg.at("lora_dropout") == 0.0);
+  CHECK(cfg.at("bias") == "none");
+  CHECK(cfg.at("base_model_name_or_path") == hf);
+  CHECK(cfg.at("target_modules") ==
+        json::array({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}));
+  const auto peft = tessera::test::read_safetensors(d.file("peft/adapter_model.safetensors"));
+  CHECK(peft.size() == 2 * 2 * 7);
+  bool moved = false;
+  for (const auto &p : run.layout.params) {
+    if (p.name.find(".lora_") == std::string::npos) continue;
+    INFO(p.name);
+    const auto &t = peft.at("base_model.model." + p.name);
+    CHECK(t.shape == p.shape);
+    CHECK(floats(t) == run.values(p.name));
+    if (p.name.find("lora_B") != std::string::npos)
+      for (float v : run.values(p.name)) moved |= v != 0.0f;
+  }
+  CHECK(moved);  // B left zero would test nothing
+
+  // Merged: each adapted weight W + s B A, computed here in double.
+  REQUIRE(export_run(d, "merged", "--merge") == 0);
+  const auto merged = tessera::test::read_safetensors(d.file("merged/model.safetensors"));
+  REQUIRE(merged.size() == golden.size());
+  size_t adapted = 0;
+  for (const auto &[name, t] : golden) {
+    INFO(name);
+    const std::string pre = name.substr(0, name.size() - std::string(".weight").size());
+    std::vector<double> want = t.data;
+    if (name.ends_with("_proj.weight")) {
+      ++adapted;
+      const std::vector<float> a = run.values(pre + ".lora_A.weight"),
+                               b = run.values(pre + ".lora_B.weight");
+      const int64_t out = t.shape[0], in = t.shape[1], r = 4;
+      for (int64_t o = 0; o < out; ++o)
+        for (int64_t c = 0; c < in; ++c)
+          for (int64_t j = 0; j < r; ++j) want[o * in + c] += kScale * b[o * r + j] * a[j * in + c];
+    }
+    const std::vector<double> &got = merged.at(name).data;
+    REQUIRE(got.size() == want.size());
+    double num = 0, den = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      num += (got[i] - want[i]) * (got[i] - want[i]);
+      den += want[i] * want[i];
+    }
+    CHECK(std::sqrt(num / den) <= 1e-6);
+  }
+  CHECK(adapted == 2 * 7);
+
+  // Refusals.
+  CHECK(export_run(d, "both", "--merge --lora-format peft") != 0);
+  CHECK_THAT(read_text(d.file("both.log")), Catch::Contains("give one"));
+  CHECK(export_run(d, "onnx", "--lora-format onnx") != 0);
+  CHECK_THAT(read_text(d.file("onnx.log")), Catch::Contains("--lora-format must be peft"));
+  CHECK(export_run(d, "own.safetensors", "--format tessera --merge") != 0);
+  CHECK(export_run(d, "peft.safetensors", "--lora-format peft") != 0);
+  CHECK_THAT(read_text(d.file("peft.safetensors.log")), Catch::Contains("names a file"));
+}
+
+TEST_CASE("llama LoRA export: PEFT loads the adapter onto the base, its logits equal tessera's",
+          "[llama][export][lora]") {
+  TempDir d("tessera-llama-lora-peft");
+  const int can =
+      shell(python() + " -c 'import torch, transformers, peft, safetensors'", d.file("import.log"));
+  if (can != 0) {
+    std::printf("SKIPPED: torch, transformers, peft or safetensors is not importable by %s: %s\n",
+                python().c_str(), read_text(d.file("import.log")).c_str());
+    return;
+  }
+  std::string hf;
+  train(d, &hf, kLora, "1e-2");
+  for (const auto &[name, flags] : {std::pair<std::string, std::string>{"base", ""},
+                                    {"peft", "--lora-format peft"},
+                                    {"merged", "--merge"}}) {
+    INFO(read_text(d.file(name + ".log")));
+    REQUIRE(export_run(d, name, flags) == 0);
+  }
+  const auto ref = tessera::test::read_safetensors(tessera::test::data_path("llama3_L2_C64") +
+                                                   "/reference.safetensors");
+  const int64_t B = ref.at("input_ids").shape.at(0);
+  LoraRun run(d, hf, B);
+  std::vector<int32_t> ids;
+  std::vector<int64_t> ids64;
+  for (double v : ref.at("input_ids").data) {
+    ids.push_back(static_cast<int32_t>(v));
+    ids64.push_back(static_cast<int64_t>(v));
+  }
+  const std::vector<float> logits = tessera_logits(run.m, run.layout, run.saved, ids, B);
+  const std::string logits_file = d.file("tessera_logits.safetensors");
+  tessera::formats::safetensors::write(
+      logits_file, {{"input_ids", "I64", {B, kT}, ids64.data(), ids64.size() * 8},
+                    {"logits", "F32", {B, kT, kVocab}, logits.data(), logits.size() * 4}});
+  const std::string script = std::string(TESSERA_SOURCE_DIR) + "/tests/unit/peft_llama_logits.py";
+  const int status = shell(python() + " " + q(script) + " " + q(d.file("base")) + " " +
+                               q(d.file("peft")) + " " + q(d.file("merged")) + " " + q(logits_file),
+                           d.file("peft_check.log"));
+  const std::string log = read_text(d.file("peft_check.log"));
   std::printf("%s", log.c_str());
   INFO(log);
   CHECK(status == 0);

@@ -7,6 +7,7 @@
 // which create() resolved from the run's config (and init_from's
 // config.json) by the plugin's one rule.
 #include <algorithm>
+#include <cstddef>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -89,6 +90,10 @@ void write_export(const Gpt2 &m, const tsr_export_args &a) {
     throw Error(TSR_ERR_INVALID, "gpt2 export: " + std::to_string(a.num_params) +
                                      " parameters handed over; this gpt2 has " +
                                      std::to_string(m.infos.size()));
+  if (a.struct_size >= offsetof(tsr_export_args, adapters) + sizeof(a.adapters) &&
+      a.adapters != TSR_EXPORT_BASE)
+    throw Error(TSR_ERR_INVALID,
+                "gpt2 export: --merge / --lora-format: the gpt2 model has no LoRA adapters");
   const bool bf16 = a.bf16 != 0;
   std::vector<st::Tensor> tensors;
   std::vector<std::vector<uint16_t>> halves;

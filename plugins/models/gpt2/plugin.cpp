@@ -65,7 +65,8 @@ const char *gpt2_init_weights(void *self) {
   return m && !m->init_weights.empty() ? m->init_weights.c_str() : nullptr;
 }
 
-const tsr_ext_model_init_from kInitFrom = {tsr_ext_model_init_from_STRUCT_SIZE, gpt2_init_weights};
+const tsr_ext_model_init_from kInitFrom = {tsr_ext_model_init_from_STRUCT_SIZE, gpt2_init_weights,
+                                           nullptr};
 const tsr_ext_model_export_hf kExportHf = {tsr_ext_model_export_hf_STRUCT_SIZE,
                                            "transformers' GPT2LMHeadModel", export_hf};
 const sdk::Extension kExtensions[] = {{TSR_EXT_MODEL_INIT_FROM, &kInitFrom},

@@ -186,6 +186,7 @@ void declare_params(Llama &m) {
     ix[kGate] = declare(pre + "mlp.gate_proj.weight", {F, C}, g, TSR_INIT_NORMAL);
     ix[kUp] = declare(pre + "mlp.up_proj.weight", {F, C}, g, TSR_INIT_NORMAL);
     ix[kDown] = declare(pre + "mlp.down_proj.weight", {C, F}, g, TSR_INIT_NORMAL);
+    lora_declare(m, static_cast<uint32_t>(l));
   }
   const uint32_t gf = static_cast<uint32_t>(a.layers + 1);
   m.final_norm = declare("model.norm.weight", {C}, gf, TSR_INIT_ONES);
@@ -223,6 +224,7 @@ void check_weights(const Llama &m, const std::string &weights) {
   }
   std::map<std::string, nlohmann::json> headers;  // by file
   for (const tsr_param_info &p : m.infos) {
+    if (m.lora.is_adapter(static_cast<size_t>(&p - m.infos.data()))) continue;  // not in a base
     const std::string file = where.empty() ? weights : where[p.name];
     if (file.empty())
       throw Error(TSR_ERR_INVALID, "llama: " + weights + " maps no file to '" + p.name + "'");
@@ -278,6 +280,8 @@ void log_summary(const Llama &m) {
   }
   const Arch &a = m.a;
   char buf[512];
+  // The activations, LoRA's u included.
+  const size_t act = m.act.bytes() + m.stats.bytes() + m.lora.act.bytes();
   std::snprintf(buf, sizeof buf,
                 "llama: %s, %lld layers, width %lld, %lld/%lld heads of %lld, intermediate "
                 "%lld, vocab %lld (%s), rope %s theta %g, %.0f parameters (%.0f frozen), "
@@ -287,9 +291,9 @@ void log_summary(const Llama &m) {
                 static_cast<long long>(a.kv_heads), static_cast<long long>(a.head_dim),
                 static_cast<long long>(a.intermediate), static_cast<long long>(a.vocab),
                 a.tie ? "tied" : "untied", rope_type_name(a.rope.type), a.rope.theta, total, frozen,
-                static_cast<double>(m.act.bytes() + m.stats.bytes()) / (1024.0 * 1024.0),
-                m.recompute ? " (recompute)" : "");
+                static_cast<double>(act) / (1024.0 * 1024.0), m.recompute ? " (recompute)" : "");
   m.host->log(m.host->ctx, TSR_LOG_INFO, buf);
+  if (m.lora.enabled()) m.host->log(m.host->ctx, TSR_LOG_INFO, lora_summary(m).c_str());
 }
 
 }  // namespace
@@ -312,6 +316,7 @@ Llama *build(const tsr_host *host, const tsr_config *cfg, const tsr_model_init *
   m->ops = ops;
   m->device = host->run->device;
   m->recompute = c.get_bool("recompute");
+  lora_configure(*m, c);
   const std::string init_from = c.get_string("init_from"), hf_config = c.get_string("hf_config");
   if (!init_from.empty() && !hf_config.empty())
     throw Error(TSR_ERR_CONFIG,
@@ -324,12 +329,14 @@ Llama *build(const tsr_host *host, const tsr_config *cfg, const tsr_model_init *
   check_arch(m->a);
   check_data(*m, *init);
   declare_params(*m);
+  lora_freeze_base(*m);
   apply_freeze(*m, c.get_string_array("freeze"));
   if (!init_from.empty()) {
     m->init_weights = weights_of(init_from);
     check_weights(*m, m->init_weights);
     const std::string msg = "llama: init_from " + init_from + ": the architecture from " +
-                            config_path + ", all " + std::to_string(m->infos.size()) +
+                            config_path + ", " + (m->lora.enabled() ? "the base's" : "all") + " " +
+                            std::to_string(m->infos.size() - m->lora.targets_on * 2 * m->L()) +
                             " parameters from " + m->init_weights + " (loaded by the engine)";
     host->log(host->ctx, TSR_LOG_INFO, msg.c_str());
   }

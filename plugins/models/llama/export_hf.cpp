@@ -6,8 +6,11 @@
 // config.json save_pretrained writes for this architecture, in
 // transformers 5's form (rope_parameters) with transformers 4's rope_theta
 // and rope_scaling beside it, so either version loads it; and the
-// tokenizer files of the directory the run's model came from.
+// tokenizer files of the directory the run's model came from. LoRA
+// adapters are left out, folded in (TSR_EXPORT_MERGED) or written alone
+// for PEFT (TSR_EXPORT_PEFT) by lora_export.cpp.
 #include <algorithm>
+#include <cstddef>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -111,6 +114,7 @@ std::vector<std::vector<size_t>> plan_shards(const Llama &m, size_t esize, uint6
   std::vector<std::vector<size_t>> shards(1);
   uint64_t in_shard = 0;
   for (size_t i = 0; i < m.infos.size(); ++i) {
+    if (m.lora.is_adapter(i)) continue;  // never in the Hugging Face model
     const uint64_t bytes = param_bytes(m.infos[i], esize);
     if (!shards.back().empty() && in_shard + bytes > max_bytes) {
       shards.emplace_back();
@@ -169,19 +173,20 @@ void write_shard(const Llama &m, const tsr_export_args &args, const std::vector<
   const bool bf16 = args.bf16 != 0;
   std::vector<st::Tensor> tensors;
   std::vector<std::vector<uint16_t>> halves;
+  std::vector<std::vector<float>> merged(ids.size());
   halves.reserve(ids.size());
-  for (size_t i : ids) {
+  for (size_t k = 0; k < ids.size(); ++k) {
+    const size_t i = ids[k];
     const tsr_param_info &p = m.infos[i];
     const std::vector<int64_t> shape(p.shape, p.shape + p.ndim);
     size_t n = 1;
     for (int64_t s : shape) n *= static_cast<size_t>(s);
-    if (!args.params[i])
-      throw Error(TSR_ERR_INVALID, std::string("llama export: no values for ") + p.name);
+    const float *values = lora_export_values(m, args, i, merged[k]);
     if (!bf16) {
-      tensors.push_back(st::Tensor{p.name, "F32", shape, args.params[i], n * 4});
+      tensors.push_back(st::Tensor{p.name, "F32", shape, values, n * 4});
     } else {
       halves.emplace_back(n);
-      for (size_t j = 0; j < n; ++j) halves.back()[j] = sdk::float_to_bf16(args.params[i][j]);
+      for (size_t j = 0; j < n; ++j) halves.back()[j] = sdk::float_to_bf16(values[j]);
       tensors.push_back(st::Tensor{p.name, "BF16", shape, halves.back().data(), n * 2});
     }
   }
@@ -215,9 +220,12 @@ void write_export(const Llama &m, const tsr_export_args &args) {
     throw Error(TSR_ERR_INVALID, "llama export: " + std::to_string(args.num_params) +
                                      " parameters handed over; this model has " +
                                      std::to_string(m.infos.size()));
+  const int64_t adapters = export_adapters(m, args);
+  if (adapters == TSR_EXPORT_PEFT) return lora_write_peft(m, args);
   const bool bf16 = args.bf16 != 0;
   const uint64_t max_bytes =
-      args.struct_size >= tsr_export_args_STRUCT_SIZE && args.max_shard_bytes > 0
+      args.struct_size >= offsetof(tsr_export_args, max_shard_bytes) + sizeof(uint64_t) &&
+              args.max_shard_bytes > 0
           ? args.max_shard_bytes
           : kDefaultShardBytes;
   const auto shards = plan_shards(m, bf16 ? 2 : 4, max_bytes);
@@ -246,19 +254,36 @@ void write_export(const Llama &m, const tsr_export_args &args) {
   const fs::path config = out.dir / "config.json";
   sdk::write_file_synced(config, hf_config(m, bf16).dump(2) + "\n");
   const int tok = copy_tokenizer(m, out.dir);
-  const std::string line =
-      std::to_string(m.infos.size()) + " tensors (" + (bf16 ? "bf16" : "fp32") +
-      ") as a Hugging Face " + m.a.architecture + " (" + std::to_string(m.a.layers) +
-      " layers, width " + std::to_string(m.a.width) + "): " + weights + ", " + config.string() +
-      (tok ? " and " + std::to_string(tok) + " tokenizer files from " + m.source_dir : "");
-  if (args.summary && args.summary_cap > 0) {
-    const size_t k = std::min(line.size(), args.summary_cap - 1);
-    std::copy_n(line.data(), k, args.summary);
-    args.summary[k] = '\0';
+  size_t written = 0;
+  for (const auto &shard : shards) written += shard.size();
+  std::string lora_note;
+  if (m.lora.enabled() && adapters == TSR_EXPORT_MERGED)
+    lora_note = " with the LoRA adapters (" + m.lora.targets_text() + ") merged";
+  if (m.lora.enabled() && adapters == TSR_EXPORT_BASE) {
+    lora_note = " (the base without its LoRA adapters)";
+    const std::string warn =
+        "llama export: the model has LoRA adapters (rank " + std::to_string(m.lora.rank) + " on " +
+        m.lora.targets_text() +
+        "); this export is the base model without them (LoRA keeps it frozen): --merge folds "
+        "them into the weights, --lora-format peft writes them for PEFT";
+    m.host->log(m.host->ctx, TSR_LOG_WARN, warn.c_str());
   }
+  const std::string line =
+      std::to_string(written) + " tensors (" + (bf16 ? "bf16" : "fp32") + ") as a Hugging Face " +
+      m.a.architecture + " (" + std::to_string(m.a.layers) + " layers, width " +
+      std::to_string(m.a.width) + ")" + lora_note + ": " + weights + ", " + config.string() +
+      (tok ? " and " + std::to_string(tok) + " tokenizer files from " + m.source_dir : "");
+  export_summary(args, line);
 }
 
 }  // namespace
+
+void export_summary(const tsr_export_args &args, const std::string &line) {
+  if (!args.summary || args.summary_cap == 0) return;
+  const size_t k = std::min(line.size(), args.summary_cap - 1);
+  std::copy_n(line.data(), k, args.summary);
+  args.summary[k] = '\0';
+}
 
 tsr_status export_hf(void *self, const tsr_export_args *args) {
   const Llama *m = static_cast<const Llama *>(self);

@@ -75,6 +75,7 @@ void Llama::layer_forward(tsr_step *step, uint32_t l, const Set &s, int64_t B, i
     if (has(l, proj[i][1])) pb = W(proj[i][1]);
     check(ops->linear(ctx, h1.get(), 0, &pw, 1, has(l, proj[i][1]) ? &pb : nullptr, TSR_ACT_NONE,
                       dst[i]->get(), nullptr));
+    lora_forward(step, l, proj[i][0], h1, dst[i], R);
   }
   if (a.qk_norm) {  // per-head RMSNorm over D: rows R * H
     View qr = A(s.qraw, {R * Hq, D}), kr = A(s.kraw, {R * Hk, D});
@@ -95,19 +96,23 @@ void Llama::layer_forward(tsr_step *step, uint32_t l, const Set &s, int64_t B, i
   View rstd2 = S(s.rstd2, {R});
   w = W(kO);
   check(ops->linear(ctx, o.get(), 0, &w, 1, nullptr, TSR_ACT_NONE, r.get(), nullptr));
+  lora_forward(step, l, kO, o, &r, R);
   w = W(kPostNorm);
   check(ops->add_rmsnorm_forward(ctx, x.get(), r.get(), &w, eps, r.get(), h2.get(), rstd2.get()));
   // SwiGLU MLP.
   View gate = A(s.gate, {R, F}), up = A(s.up, {R, F}), act_v = A(s.act, {R, F});
   w = W(kGate);
   check(ops->linear(ctx, h2.get(), 0, &w, 1, nullptr, TSR_ACT_NONE, gate.get(), nullptr));
+  lora_forward(step, l, kGate, h2, &gate, R);
   w = W(kUp);
   check(ops->linear(ctx, h2.get(), 0, &w, 1, nullptr, TSR_ACT_NONE, up.get(), nullptr));
+  lora_forward(step, l, kUp, h2, &up, R);
   check(ops->swiglu_forward(ctx, gate.get(), up.get(), act_v.get()));
-  if (!out) return;
+  if (!out) return lora_forward(step, l, kDown, act_v, nullptr, R);  // backward reads its u
   View y = A(resid[l + 1], {R, C});
   w = W(kDown);
   check(ops->linear(ctx, act_v.get(), 0, &w, 1, nullptr, TSR_ACT_NONE, y.get(), nullptr));
+  lora_forward(step, l, kDown, act_v, &y, R);
   check(ops->axpy(ctx, 1.0f, r.get(), y.get()));  // x_{l+1} = r + mlp
 }
 
@@ -236,6 +241,7 @@ void Llama::attention_backward(tsr_step *step, uint32_t l, const Set &s, int64_t
   }
   View dout_v = A(dout, {R, QD()});
   check(ops->matmul(ctx, dres_v.get(), 0, &w, 0, dout_v.get(), 1.0f, 0.0f));
+  lora_backward(step, l, kO, dres_v, o, dout_v, R);
   View q4 = A(s.q, {B, T, Hq, D}), k4 = A(s.k, {B, T, Hk, D}), v4 = A(s.v, {B, T, Hk, D});
   View o4 = A(s.o, {B, T, Hq, D}), do4 = A(dout, {B, T, Hq, D}), lse = S(s.lse, {B, Hq, T});
   View dq4 = A(dq, {B, T, Hq, D}), dk4 = A(dk, {B, T, Hk, D}), dv4 = A(dv, {B, T, Hk, D});
@@ -276,6 +282,7 @@ void Llama::attention_backward(tsr_step *step, uint32_t l, const Set &s, int64_t
     }
     DLTensor pw = W(proj[i][0]);
     check(ops->matmul(ctx, dy.get(), 0, &pw, 0, dsm_v.get(), 1.0f, i == 0 ? 0.0f : 1.0f));
+    lora_backward(step, l, proj[i][0], dy, h1, dsm_v, R);
   }
   View x = A(resid[l], {R, C}), rstd1 = S(s.rstd1, {R});
   DLTensor wn = W(kInNorm);
@@ -303,13 +310,16 @@ void Llama::layer_backward(tsr_step *step, uint32_t l, const Set &s, int64_t B, 
   weight_grad(kDown, dres_v, act_v);
   DLTensor w = W(kDown);
   check(ops->matmul(ctx, dres_v.get(), 0, &w, 0, dact_v.get(), 1.0f, 0.0f));
+  lora_backward(step, l, kDown, dres_v, act_v, dact_v, R);
   check(ops->swiglu_backward(ctx, gate.get(), up.get(), dact_v.get(), dgate_v.get(), dup_v.get()));
   weight_grad(kGate, dgate_v, h2);
   weight_grad(kUp, dup_v, h2);
   w = W(kGate);
   check(ops->matmul(ctx, dgate_v.get(), 0, &w, 0, dsm_v.get(), 1.0f, 0.0f));
+  lora_backward(step, l, kGate, dgate_v, h2, dsm_v, R);
   w = W(kUp);
   check(ops->matmul(ctx, dup_v.get(), 0, &w, 0, dsm_v.get(), 1.0f, 1.0f));
+  lora_backward(step, l, kUp, dup_v, h2, dsm_v, R);
   w = W(kPostNorm);
   View g = norm_grad(step, P(l, kPostNorm), C);
   check(ops->rmsnorm_backward(ctx, dsm_v.get(), r.get(), &w, rstd2.get(), dres_v.get(), g.get()));

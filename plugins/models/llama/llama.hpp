@@ -38,7 +38,8 @@
 // keys or a Hugging Face config.json, refusals, the safetensors header),
 // create.cpp (llama_create), memory.cpp (activation plan, views),
 // llama.cpp (forward, predict, backward, FLOPs), export_hf.cpp and
-// plugin.cpp (config keys, vtable, descriptor).
+// plugin.cpp (config keys, vtable, descriptor); LoRA adapters in lora.hpp,
+// lora.cpp (keys, parameters, compute) and lora_export.cpp (merge, PEFT).
 #pragma once
 
 #include <tessera/tessera.h>
@@ -53,6 +54,8 @@
 #include <string>
 #include <tessera/cpp/plugin.hpp>
 #include <vector>
+
+#include "lora.hpp"
 
 namespace tessera::llama {
 
@@ -93,6 +96,8 @@ enum LayerParam : uint32_t {
   kLayerParams
 };
 inline constexpr uint32_t kAbsent = 0xffffffffu;
+// The layer parameter each LoRA target adapts (lora.hpp's LoraTarget order).
+inline constexpr LayerParam kLoraBase[kLoraTargets] = {kQ, kK, kV, kO, kGate, kUp, kDown};
 
 inline bool same_dtype(DLDataType a, DLDataType b) {
   return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
@@ -170,6 +175,7 @@ struct Llama {
 
   bool ready = false;
   int64_t ready_n = 0, ready_T = 0;
+  Lora lora;  // lora.rank > 0: adapters on the targeted projections (lora.hpp)
   // `freeze`: the lowest group (backward stage) holding a trainable
   // parameter; below it backward computes nothing. L + 2 when all is frozen.
   int64_t lowest_trainable_stage = 0;
@@ -219,9 +225,31 @@ struct Llama {
   void head_backward(tsr_step *step, int64_t B, int64_t T, float loss_scale);
   void backward(tsr_step *step, const tsr_batch *batch, float loss_scale);
   double flops_per_sample() const;
+
+  // ---- LoRA adapters (lora.cpp) ----
+  void lora_forward(tsr_step *step, uint32_t l, LayerParam p, View &x, View *y, int64_t R);
+  void lora_backward(tsr_step *step, uint32_t l, LayerParam p, View &dy, View &x, View &dx,
+                     int64_t R);
 };
 
 Llama *build(const tsr_host *host, const tsr_config *cfg, const tsr_model_init *init);
 tsr_status export_hf(void *self, const tsr_export_args *args);
+// The export's one line for the user into args.summary (export_hf.cpp).
+void export_summary(const tsr_export_args &args, const std::string &line);
+
+// LoRA (lora.cpp): the lora.* keys, layer l's adapters declared after its
+// own parameters, the base frozen, u's memory, the start-up line.
+void lora_configure(Llama &m, const sdk::Config &c);
+void lora_declare(Llama &m, uint32_t l);
+void lora_freeze_base(Llama &m);
+void lora_allocate(Llama &m);
+std::string lora_summary(const Llama &m);
+// LoRA in the export (lora_export.cpp): parameter i's values as the export
+// writes them (merged with its adapter under TSR_EXPORT_MERGED; `scratch`
+// holds them then), and the PEFT adapter directory.
+int64_t export_adapters(const Llama &m, const tsr_export_args &args);
+const float *lora_export_values(const Llama &m, const tsr_export_args &args, size_t i,
+                                std::vector<float> &scratch);
+void lora_write_peft(const Llama &m, const tsr_export_args &args);
 
 }  // namespace tessera::llama

@@ -67,6 +67,7 @@ void Llama::allocate(DLDataType dtype) {
   esize = static_cast<size_t>(dtype.bits / 8);
   act = Buffer(host, device, act_elems * esize, TSR_MEM_ACTIVATIONS);
   stats = Buffer(host, device, stats_elems * 4, TSR_MEM_ACTIVATIONS);
+  lora_allocate(*this);
   if (!pos.get())
     pos = Buffer(host, device, static_cast<size_t>(max_batch * a.max_seq) * 4, TSR_MEM_ACTIVATIONS);
 }

@@ -60,6 +60,22 @@ const tsr_param_decl kParams[] = {
     sdk::param_min("init_std", TSR_PARAM_FLOAT, "0",
                    "std of the initial matrices; 0: config.json's initializer_range, else 0.02",
                    0.0),
+    // LoRA (lora.hpp), PEFT's LoraConfig r, lora_alpha, lora_dropout, target_modules.
+    sdk::param_min("lora.rank", TSR_PARAM_INT, "0",
+                   "LoRA rank r; > 0 freezes every base weight and trains adapters A [r, in], "
+                   "B [out, r] on lora.targets; 0: no LoRA",
+                   0),
+    sdk::param_min("lora.alpha", TSR_PARAM_FLOAT, "8.0",
+                   "LoRA alpha (PEFT's lora_alpha): the adapters are scaled by alpha / rank", 0.0),
+    sdk::param_range("lora.dropout", TSR_PARAM_FLOAT, "0.0",
+                     "LoRA dropout on the adapters' input; only 0 (the ops table has no dropout "
+                     "op: another value is refused)",
+                     0.0, 1.0),
+    tsr_param_decl{sizeof(tsr_param_decl), "lora.targets", TSR_PARAM_STRING_ARRAY,
+                   "[\"q\", \"k\", \"v\", \"o\"]",
+                   "Projections LoRA adapts: q, k, v, o (self_attn.*_proj), gate, up, down "
+                   "(mlp.*_proj)",
+                   0, 0.0, 0, 0.0, "q|k|v|o|gate|up|down"},
 };
 
 const tsr_model_vtable kVtable = sdk::model_vtable<Llama, build>();
@@ -69,7 +85,15 @@ const char *llama_init_weights(void *self) {
   return m && !m->init_weights.empty() ? m->init_weights.c_str() : nullptr;
 }
 
-const tsr_ext_model_init_from kInitFrom = {tsr_ext_model_init_from_STRUCT_SIZE, llama_init_weights};
+// LoRA's adapters are not in a base model's file: they keep their
+// initialisers (A random, B zeros) when init_from's file lacks them.
+int32_t llama_may_lack(void *self, size_t index) {
+  const Llama *m = static_cast<const Llama *>(self);
+  return m && m->lora.is_adapter(index) ? 1 : 0;
+}
+
+const tsr_ext_model_init_from kInitFrom = {tsr_ext_model_init_from_STRUCT_SIZE, llama_init_weights,
+                                           llama_may_lack};
 const tsr_ext_model_export_hf kExportHf = {
     tsr_ext_model_export_hf_STRUCT_SIZE,
     "transformers' LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM", export_hf};

@@ -43,8 +43,16 @@ typedef struct tsr_ext_optimizer_lr {
 typedef struct tsr_ext_model_init_from {
   size_t struct_size;
   const char *(*weights_file)(void *self);
+  /* ---- ABI 1.8 (optional, may be NULL) ----
+   * 1 when the file need not hold parameter `index`: absent there, it keeps
+   * its declared initialiser (low-rank adapters added to a base model's
+   * weights); 0 when it must (the default for every parameter without
+   * this entry). */
+  int32_t (*may_lack)(void *self, size_t index);
 } tsr_ext_model_init_from;
-#define tsr_ext_model_init_from_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_ext_model_init_from, weights_file)
+#define tsr_ext_model_init_from_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_ext_model_init_from, may_lack)
+#define tsr_ext_model_init_from_STRUCT_SIZE_1_2 \
+  TSR_STRUCT_SIZE(tsr_ext_model_init_from, weights_file)
 
 /* A Hugging Face export of the weights (`tessera ckpt export`, the default
  * for a model that offers it, or --format hf): the plugin writes the files
@@ -69,10 +77,24 @@ typedef struct tsr_export_args {
    * plugin's default (Hugging Face's 5 GB). A plugin that writes one file
    * whatever the size may ignore it. */
   uint64_t max_shard_bytes;
+  /* ---- ABI 1.8 (check TSR_HAS_FIELD(args, tsr_export_args, adapters)) ----
+   * What to write of the low-rank adapters (LoRA) a model declares beside
+   * its base weights (`tessera ckpt export --merge`, `--lora-format`):
+   * TSR_EXPORT_BASE: the base weights as they are, the adapters left out
+   * (the plugin warns that there are some); TSR_EXPORT_MERGED: each adapted
+   * weight with its adapter folded in, a model without adapters;
+   * TSR_EXPORT_PEFT: the adapters alone as PEFT's adapter directory
+   * (adapter_config.json, adapter_model.safetensors) for the base model. A
+   * plugin refuses MERGED and PEFT for a model without adapters; a host
+   * asks for them only of a plugin of ABI 1.8 or later. */
+  int64_t adapters;
 } tsr_export_args;
+#define TSR_EXPORT_BASE 0
+#define TSR_EXPORT_MERGED 1
+#define TSR_EXPORT_PEFT 2
 /* Writers set the full size; a plugin accepts anything from the 1.2 size
  * (through summary_cap) on. */
-#define tsr_export_args_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_export_args, max_shard_bytes)
+#define tsr_export_args_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_export_args, adapters)
 #define tsr_export_args_STRUCT_SIZE_1_2 TSR_STRUCT_SIZE(tsr_export_args, summary_cap)
 
 typedef struct tsr_ext_model_export_hf {

@@ -1,0 +1,220 @@
+// LoRA in the llama plugin (lora.hpp): its config keys read and checked, the
+// adapters declared and the base frozen, their activation memory, and the
+// adapters' share of each targeted projection's forward and backward.
+#include "lora.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "llama.hpp"
+
+namespace tessera::llama {
+
+namespace {
+
+// The target a layer parameter is, or kLoraTargets for one LoRA never adapts.
+LoraTarget target_of(LayerParam p) {
+  uint32_t t = 0;
+  while (t < kLoraTargets && kLoraBase[t] != p) ++t;
+  return static_cast<LoraTarget>(t);
+}
+
+// A target's [out, in]: what its base weight is.
+std::array<int64_t, 2> target_shape(const Llama &m, LoraTarget t) {
+  const int64_t C = m.C(), F = m.a.intermediate;
+  switch (t) {
+    case kLoraQ:
+      return {m.QD(), C};
+    case kLoraK:
+    case kLoraV:
+      return {m.KD(), C};
+    case kLoraO:
+      return {C, m.QD()};
+    case kLoraGate:
+    case kLoraUp:
+      return {F, C};
+    default:
+      return {C, F};
+  }
+}
+
+uint32_t declare_adapter(Llama &m, std::string name, int64_t rows, int64_t cols, uint32_t group,
+                         tsr_init rule, float bound) {
+  m.names.push_back(std::move(name));
+  tsr_param_info p = sdk::make<tsr_param_info>();
+  p.name = m.names.back().c_str();
+  p.ndim = 2;
+  p.shape[0] = rows;
+  p.shape[1] = cols;
+  p.group = group;
+  p.init = rule;
+  p.init_a = -bound;
+  p.init_b = bound;
+  p.trainable = 1;
+  p.decay = 1;  // matrices, as Hugging Face's Trainer decays every weight but biases and norms
+  m.infos.push_back(p);
+  return static_cast<uint32_t>(m.infos.size() - 1);
+}
+
+}  // namespace
+
+std::string Lora::targets_text() const {
+  std::string s;
+  for (uint32_t t = 0; t < kLoraTargets; ++t)
+    if (on[t]) {
+      if (!s.empty()) s += ',';
+      s += kLoraWords[t];
+    }
+  return s;
+}
+
+void lora_configure(Llama &m, const sdk::Config &c) {
+  Lora &lo = m.lora;
+  lo.rank = c.get_int("lora.rank");
+  lo.alpha = c.get_float("lora.alpha");
+  lo.dropout = c.get_float("lora.dropout");
+  const std::vector<std::string> targets = c.get_string_array("lora.targets");
+  if (lo.rank == 0) return;
+  if (lo.dropout != 0)
+    throw Error(TSR_ERR_UNSUPPORTED,
+                "llama: model.lora.dropout = " + std::to_string(lo.dropout) +
+                    ": the ops table has no dropout op, so LoRA trains with dropout 0 only; "
+                    "set model.lora.dropout = 0.0");
+  if (!(lo.alpha > 0) || !std::isfinite(lo.alpha))
+    throw Error(TSR_ERR_CONFIG,
+                "llama: model.lora.alpha must be a positive number (PEFT's "
+                "lora_alpha; the adapters are scaled by alpha / rank)");
+  if (targets.empty())
+    throw Error(TSR_ERR_CONFIG,
+                "llama: model.lora.targets is empty; name the projections to "
+                "adapt, e.g. [\"q\", \"k\", \"v\", \"o\"]");
+  for (const std::string &w : targets) {
+    bool known = false;
+    for (uint32_t t = 0; t < kLoraTargets; ++t)
+      if (w == kLoraWords[t]) lo.on[t] = known = true;
+    if (!known)
+      throw Error(TSR_ERR_CONFIG, "llama: model.lora.targets: '" + w +
+                                      "' is not one of q, k, v, o, gate, up, down");
+  }
+  lo.scale = static_cast<float>(lo.alpha / static_cast<double>(lo.rank));
+  for (uint32_t t = 0; t < kLoraTargets; ++t) lo.targets_on += lo.on[t] ? 1 : 0;
+}
+
+// Layer l's adapters, after its own parameters (its group, l + 1).
+void lora_declare(Llama &m, uint32_t l) {
+  Lora &lo = m.lora;
+  if (!lo.enabled()) return;
+  if (lo.index.size() <= l) lo.index.resize(l + 1);
+  for (auto &ab : lo.index[l]) ab = {kAbsent, kAbsent};
+  const std::string pre = "model.layers." + std::to_string(l) + ".";
+  for (uint32_t t = 0; t < kLoraTargets; ++t) {
+    if (!lo.on[t]) continue;
+    const auto [out, in] = target_shape(m, static_cast<LoraTarget>(t));
+    const std::string mod = pre + kLoraBlocks[t] + "." + kLoraModules[t];
+    // kaiming_uniform_(a = sqrt(5)): gain sqrt(2 / (1 + 5)), bound gain *
+    // sqrt(3 / fan_in) = 1 / sqrt(in).
+    const float bound = static_cast<float>(1.0 / std::sqrt(static_cast<double>(in)));
+    lo.index[l][t][0] =
+        declare_adapter(m, mod + ".lora_A.weight", lo.rank, in, l + 1, TSR_INIT_UNIFORM, bound);
+    lo.index[l][t][1] =
+        declare_adapter(m, mod + ".lora_B.weight", out, lo.rank, l + 1, TSR_INIT_ZEROS, 0.0f);
+  }
+}
+
+// With LoRA every parameter but the adapters is frozen; `freeze` patterns
+// then apply on top (they may freeze adapters too).
+void lora_freeze_base(Llama &m) {
+  Lora &lo = m.lora;
+  if (!lo.enabled()) return;
+  lo.adapter.assign(m.infos.size(), false);
+  for (const auto &layer : lo.index)
+    for (const auto &ab : layer)
+      for (uint32_t i : ab)
+        if (i != kAbsent) lo.adapter[i] = true;
+  for (size_t i = 0; i < m.infos.size(); ++i)
+    if (!lo.adapter[i]) m.infos[i].trainable = 0;
+}
+
+void lora_allocate(Llama &m) {
+  Lora &lo = m.lora;
+  lo.act.reset();
+  if (!lo.enabled()) return;
+  lo.rows = static_cast<size_t>(m.max_batch * m.a.max_seq);
+  const size_t sets = m.sets.size() * lo.targets_on + 1;  // + du
+  lo.act = sdk::Buffer(m.host, m.device, sets * lo.rows * static_cast<size_t>(lo.rank) * m.esize,
+                       TSR_MEM_ACTIVATIONS);
+}
+
+std::string lora_summary(const Llama &m) {
+  const Lora &lo = m.lora;
+  if (!lo.enabled()) return "";
+  double n = 0;
+  for (size_t i = 0; i < m.infos.size(); ++i)
+    if (lo.is_adapter(i)) n += static_cast<double>(m.infos[i].shape[0] * m.infos[i].shape[1]);
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "llama: LoRA rank %lld, alpha %g (scale %g) on %s: %.0f adapter parameters "
+                "train, the base is frozen",
+                static_cast<long long>(lo.rank), lo.alpha, static_cast<double>(lo.scale),
+                lo.targets_text().c_str(), n);
+  return buf;
+}
+
+// ---- compute ----------------------------------------------------------------
+
+// u of layer l's target t in the layer's activation set: [R, rank].
+static View lora_u(const Llama &m, uint32_t l, LoraTarget t, int64_t R) {
+  const Lora &lo = m.lora;
+  size_t slot = (m.recompute ? 0 : l) * lo.targets_on;
+  for (uint32_t k = 0; k < t; ++k) slot += lo.on[k] ? 1 : 0;
+  return View(lo.act.get(), slot * lo.rows * static_cast<size_t>(lo.rank) * m.esize, m.device,
+              m.adt, {R, lo.rank});
+}
+
+static View lora_du(const Llama &m, int64_t R) {
+  const Lora &lo = m.lora;
+  const size_t slot = m.sets.size() * lo.targets_on;
+  return View(lo.act.get(), slot * lo.rows * static_cast<size_t>(lo.rank) * m.esize, m.device,
+              m.adt, {R, lo.rank});
+}
+
+// u = x A^T, and with `y` y += s u B^T: after the base projection into y.
+// Without y (a recompute that stops before the down projection) only u,
+// which backward reads.
+void Llama::lora_forward(tsr_step *step, uint32_t l, LayerParam p, View &x, View *y, int64_t R) {
+  const LoraTarget t = target_of(p);
+  if (!lora.enabled() || t == kLoraTargets || !lora.on[t]) return;
+  tsr_host_ctx *ctx = host->ctx;
+  View u = lora_u(*this, l, t, R);
+  DLTensor wa = param(step, lora.index[l][t][0]);
+  check(ops->matmul(ctx, x.get(), 0, &wa, 1, u.get(), 1.0f, 0.0f));
+  if (!y) return;
+  DLTensor wb = param(step, lora.index[l][t][1]);
+  check(ops->matmul(ctx, u.get(), 0, &wb, 1, y->get(), lora.scale, 1.0f));
+}
+
+// The adapter's backward for the projection y = f(x): dy its output's
+// gradient, dx its input's, to which du A is added (after the base
+// weight's share, written or added there first).
+void Llama::lora_backward(tsr_step *step, uint32_t l, LayerParam p, View &dy, View &x, View &dx,
+                          int64_t R) {
+  const LoraTarget t = target_of(p);
+  if (!lora.enabled() || t == kLoraTargets || !lora.on[t]) return;
+  tsr_host_ctx *ctx = host->ctx;
+  const uint32_t ia = lora.index[l][t][0], ib = lora.index[l][t][1];
+  View u = lora_u(*this, l, t, R), du = lora_du(*this, R);
+  if (trainable(ib)) {
+    DLTensor gb = grad(step, ib);
+    check(ops->matmul(ctx, dy.get(), 1, u.get(), 0, &gb, lora.scale, 1.0f));
+  }
+  DLTensor wb = param(step, ib), wa = param(step, ia);
+  check(ops->matmul(ctx, dy.get(), 0, &wb, 0, du.get(), lora.scale, 0.0f));
+  if (trainable(ia)) {
+    DLTensor ga = grad(step, ia);
+    check(ops->matmul(ctx, du.get(), 1, x.get(), 0, &ga, 1.0f, 1.0f));
+  }
+  check(ops->matmul(ctx, du.get(), 0, &wa, 0, dx.get(), 1.0f, 1.0f));
+}
+
+}  // namespace tessera::llama

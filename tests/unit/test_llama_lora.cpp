@@ -1,0 +1,330 @@
+// LoRA in the llama plugin (lora.* keys), on the CPU in fp32, against
+// references computed here from the golden models' weights
+// (tests/data/llama3_L2_C64, qwen2_L2_C64) and adapters A, B drawn by the
+// test (B nonzero, as after training):
+//
+// - forward: the LoRA model's loss and logits equal those of the plain
+//   model (lora.rank = 0) whose adapted weights are W + (alpha/rank) B A,
+//   merged here in double;
+// - backward: with G the plain model's gradient of a merged weight (its
+//   gradient is held to transformers' by test_llama.cpp), the chain rule
+//   gives dA = s B^T G and dB = s G A^T; the LoRA model's adapter
+//   gradients must equal those, and it asks for no gradient of a frozen
+//   base parameter;
+// - with recompute, and on Qwen2 (q/k/v biases, tied head) with only some
+//   targets;
+// - the declarations (names, shapes, groups, PEFT's initialisers), both TOML
+//   forms of the dotted keys, and the refusals naming the key.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstddef>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "gpt2_support.hpp"
+#include "plugin/layout.hpp"
+#include "support/fixture.hpp"
+#include "support/safetensors_read.hpp"
+#include "train/init_from.hpp"
+
+namespace unit_test_llama_lora {
+
+using tessera::test::Fixture;
+using tessera::test::RefTensor;
+using tessera::test::gpt2_support::Batch;
+using tessera::test::gpt2_support::Model;
+using tessera::test::gpt2_support::State;
+using tessera::test::gpt2_support::token_data;
+using tessera::test::gpt2_support::train_step;
+
+namespace {
+
+const char *const kAll =
+    "lora.targets = [\"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\"]\n";
+
+struct Golden {
+  std::string dir;
+  std::map<std::string, RefTensor> weights, ref;
+  int64_t B = 0, T = 0, V = 0;
+  explicit Golden(const std::string &name) : dir(tessera::test::data_path(name)) {
+    weights = tessera::test::read_safetensors(dir + "/model.safetensors");
+    ref = tessera::test::read_safetensors(dir + "/reference.safetensors");
+    B = ref.at("input_ids").shape.at(0);
+    T = ref.at("input_ids").shape.at(1);
+    V = ref.at("logits").shape.at(2);
+  }
+  std::vector<int32_t> ids(const std::string &name) const {
+    std::vector<int32_t> out;
+    for (double v : ref.at(name).data) out.push_back(static_cast<int32_t>(v));
+    return out;
+  }
+  Batch batch() const { return Batch(ids("input_ids"), ids("targets"), B, T); }
+};
+
+bool is_adapter(const std::string &name) {
+  return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos;
+}
+
+// The adapted weight's name of an adapter: q_proj.lora_A.weight -> q_proj.weight.
+std::string base_of(const std::string &adapter) {
+  const size_t at = adapter.find(".lora_");
+  return adapter.substr(0, at) + ".weight";
+}
+
+// The LoRA model's values: the golden weights, and adapters of a fixed
+// pseudo-random draw (B too: zero B would make the adapters invisible).
+void load_lora(State &s, const Golden &g) {
+  for (size_t i = 0; i < s.info.size(); ++i) {
+    const std::string name = s.info[i].name;
+    if (is_adapter(name)) {
+      const double amp = name.find("lora_A") != std::string::npos ? 0.3 : 0.05;
+      for (size_t j = 0; j < s.value[i].size(); ++j)
+        s.value[i][j] = static_cast<float>(amp * std::sin(0.7 * static_cast<double>(j) + i));
+      continue;
+    }
+    const RefTensor &r = g.weights.at(name);
+    REQUIRE(r.shape == s.shape[i]);
+    for (size_t j = 0; j < r.data.size(); ++j) s.value[i][j] = static_cast<float>(r.data[j]);
+  }
+}
+
+// The plain model's values: the LoRA model's with W + scale B A (double).
+void load_merged(State &plain, const State &lora, double scale) {
+  for (size_t i = 0; i < plain.info.size(); ++i) {
+    const std::string name = plain.info[i].name;
+    const std::vector<float> &w = lora.value[lora.index(name)];
+    std::vector<double> m(w.begin(), w.end());
+    const std::string pre = name.substr(0, name.size() - std::string(".weight").size());
+    for (size_t k = 0; k < lora.info.size(); ++k) {
+      if (std::string(lora.info[k].name) != pre + ".lora_A.weight") continue;
+      const std::vector<float> &a = lora.value[k],
+                               &b = lora.value[lora.index(pre + ".lora_B.weight")];
+      const int64_t r = lora.shape[k][0], in = lora.shape[k][1], out = plain.shape[i][0];
+      for (int64_t o = 0; o < out; ++o)
+        for (int64_t c = 0; c < in; ++c) {
+          double acc = 0;
+          for (int64_t j = 0; j < r; ++j) acc += static_cast<double>(b[o * r + j]) * a[j * in + c];
+          m[o * in + c] += scale * acc;
+        }
+    }
+    for (size_t j = 0; j < m.size(); ++j) plain.value[i][j] = static_cast<float>(m[j]);
+  }
+}
+
+double rel_err(const std::vector<float> &a, const std::vector<double> &b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
+}
+
+// Logits of the last position of prefixes of the batch, B x V per prefix.
+std::vector<float> last_logits(Model &m, State &s, const Golden &g, int64_t t) {
+  tsr_step *step = m.f.host.step_handle(&s.hooks);
+  const std::vector<int32_t> ids = g.ids("input_ids");
+  std::vector<int32_t> x;
+  for (int64_t b = 0; b < g.B; ++b)
+    x.insert(x.end(), ids.begin() + b * g.T, ids.begin() + b * g.T + t + 1);
+  Batch batch(x, {}, g.B, t + 1);
+  tsr_batch *bp = const_cast<tsr_batch *>(batch.get());
+  bp->targets = DLTensor{};
+  std::vector<float> out(static_cast<size_t>(g.B * g.V));
+  int64_t shape[2] = {g.B, g.V};
+  DLTensor logits{out.data(), DLDevice{kDLCPU, 0}, 2, DLDataType{kDLFloat, 32, 1}, shape, nullptr,
+                  0};
+  INFO(m.f.host.last_error());
+  REQUIRE(m.vt->predict(m.self, step, bp, &logits) == TSR_OK);
+  return out;
+}
+
+// The LoRA model (`lora_keys`) against the plain one with merged weights.
+void check_against_merged(const Golden &g, const std::string &lora_keys, double scale) {
+  Fixture f;
+  Model lora(f, "llama"), plain(f, "llama");
+  const std::string base = "hf_config = \"" + g.dir + "/config.json\"\n";
+  INFO(lora_keys);
+  REQUIRE(lora.create(f.config("model", "llama", base + lora_keys), token_data(g.T, g.V), g.B) ==
+          TSR_OK);
+  REQUIRE(plain.create(f.config("model", "llama", base), token_data(g.T, g.V), g.B) == TSR_OK);
+  State sl(lora), sp(plain);
+  load_lora(sl, g);
+  load_merged(sp, sl, scale);
+  Batch b1 = g.batch(), b2 = g.batch();
+  const tsr_forward_result rl = train_step(lora, sl, b1), rp = train_step(plain, sp, b2);
+  REQUIRE(rl.count == rp.count);
+  INFO("loss " << rl.loss_sum / rl.count << ", merged " << rp.loss_sum / rp.count);
+  CHECK(std::fabs(rl.loss_sum - rp.loss_sum) <= 1e-6 * std::fabs(rp.loss_sum));
+  size_t adapters = 0;
+  for (size_t i = 0; i < sl.info.size(); ++i) {
+    const std::string name = sl.info[i].name;
+    INFO(name);
+    if (!is_adapter(name)) {
+      CHECK(sl.info[i].trainable == 0);
+      CHECK(sl.grads_asked.count(static_cast<uint32_t>(i)) == 0);
+      continue;
+    }
+    ++adapters;
+    CHECK(sl.info[i].trainable == 1);
+    // G: the plain model's gradient of the merged weight, [out, in].
+    const std::string w = base_of(name);
+    const std::vector<float> &G = sp.grad[sp.index(w)];
+    const std::string pre = w.substr(0, w.size() - std::string(".weight").size());
+    const size_t ia = sl.index(pre + ".lora_A.weight"), ib = sl.index(pre + ".lora_B.weight");
+    const int64_t r = sl.shape[ia][0], in = sl.shape[ia][1], out = sl.shape[ib][0];
+    std::vector<double> want;
+    if (i == ia) {  // s B^T G: [r, in]
+      want.assign(static_cast<size_t>(r * in), 0.0);
+      for (int64_t j = 0; j < r; ++j)
+        for (int64_t o = 0; o < out; ++o)
+          for (int64_t c = 0; c < in; ++c)
+            want[j * in + c] += scale * sl.value[ib][o * r + j] * G[o * in + c];
+    } else {  // s G A^T: [out, r]
+      want.assign(static_cast<size_t>(out * r), 0.0);
+      for (int64_t o = 0; o < out; ++o)
+        for (int64_t j = 0; j < r; ++j)
+          for (int64_t c = 0; c < in; ++c)
+            want[o * r + j] += scale * G[o * in + c] * sl.value[ia][j * in + c];
+    }
+    const double e = rel_err(sl.grad[i], want);
+    INFO("relative error " << e);
+    CHECK(e <= 1e-4);
+  }
+  CHECK(adapters > 0);
+  CHECK(sl.done == std::vector<uint32_t>{3, 2, 1, 0});
+  for (int64_t t : {int64_t{0}, g.T / 2, g.T - 1}) {
+    const std::vector<float> zl = last_logits(lora, sl, g, t), zp = last_logits(plain, sp, g, t);
+    for (int64_t b = 0; b < g.B; ++b) {
+      const std::vector<float> a(zl.begin() + b * g.V, zl.begin() + (b + 1) * g.V);
+      const std::vector<double> want(zp.begin() + b * g.V, zp.begin() + (b + 1) * g.V);
+      INFO("prefix " << t + 1 << ", row " << b);
+      CHECK(rel_err(a, want) <= 1e-5);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("llama LoRA equals the merged model, adapter gradients by the chain rule",
+          "[llama][lora]") {
+  const Golden g("llama3_L2_C64");
+  check_against_merged(g, std::string("lora.rank = 3\nlora.alpha = 6.0\n") + kAll, 2.0);
+  check_against_merged(g, std::string("lora.rank = 4\nlora.alpha = 2.0\nrecompute = true\n") + kAll,
+                       0.5);
+}
+
+TEST_CASE("llama LoRA on Qwen2 (q/k/v biases, tied head) with some targets", "[llama][lora]") {
+  const Golden g("qwen2_L2_C64");
+  check_against_merged(g, "lora.rank = 2\nlora.targets = [\"q\", \"v\", \"down\"]\n", 4.0);
+}
+
+TEST_CASE("llama LoRA declares PEFT's adapters in the layer's group, the base frozen",
+          "[llama][lora]") {
+  const Golden g("llama3_L2_C64");
+  // The dotted keys as a sub-table (lora.rank = ...) and quoted, as a run's
+  // config.toml writes them back: the same model.
+  for (const char *keys : {"lora.rank = 8\nlora.targets = [\"k\", \"gate\"]\n",
+                           "\"lora.rank\" = 8\n\"lora.targets\" = [\"k\", \"gate\"]\n"}) {
+    INFO(keys);
+    Fixture f;
+    Model m(f, "llama");
+    REQUIRE(
+        m.create(f.config("model", "llama", "hf_config = \"" + g.dir + "/config.json\"\n" + keys),
+                 token_data(g.T, g.V), 1) == TSR_OK);
+    const std::vector<tsr_param_info> infos = m.infos();
+    std::map<std::string, tsr_param_info> by;
+    for (const auto &p : infos) by[p.name] = p;
+    REQUIRE(infos.size() == g.weights.size() + 2 * 2 * 2);  // 2 layers, 2 targets, A and B
+    const tsr_param_info &a = by.at("model.layers.1.self_attn.k_proj.lora_A.weight");
+    const tsr_param_info &b = by.at("model.layers.1.self_attn.k_proj.lora_B.weight");
+    const tsr_param_info &k = by.at("model.layers.1.self_attn.k_proj.weight");
+    CHECK(a.ndim == 2);
+    CHECK(a.shape[0] == 8);
+    CHECK(a.shape[1] == k.shape[1]);
+    CHECK(b.shape[0] == k.shape[0]);
+    CHECK(b.shape[1] == 8);
+    CHECK(a.group == k.group);
+    CHECK(b.group == k.group);
+    // kaiming_uniform_(a = sqrt(5)) over fan_in = in: uniform in +-1/sqrt(in).
+    CHECK(a.init == TSR_INIT_UNIFORM);
+    CHECK(a.init_b == Approx(1.0 / std::sqrt(static_cast<double>(k.shape[1]))));
+    CHECK(a.init_a == Approx(-a.init_b));
+    CHECK(b.init == TSR_INIT_ZEROS);
+    const tsr_param_info &down = by.at("model.layers.0.mlp.gate_proj.lora_B.weight");
+    CHECK(down.shape[0] == by.at("model.layers.0.mlp.gate_proj.weight").shape[0]);
+    CHECK(by.count("model.layers.0.self_attn.q_proj.lora_A.weight") == 0);
+    for (const auto &p : infos) CHECK(p.trainable == (is_adapter(p.name) ? 1 : 0));
+    // Group order holds: non-decreasing over declaration order.
+    for (size_t i = 1; i < infos.size(); ++i) CHECK(infos[i].group >= infos[i - 1].group);
+  }
+}
+
+// ABI 1.8's init-from may_lack: the llama plugin answers 1 for its adapters
+// only, so the engine's loader fills the base from a Hugging Face file and
+// leaves the adapters their initialisers; without the answer the file's
+// missing adapters are an error naming one.
+TEST_CASE("llama LoRA: init_from loads the base, the adapters keep their initialisers",
+          "[llama][lora][abi]") {
+  static_assert(offsetof(tsr_export_args, adapters) == 72, "ABI 1.8 appends adapters at 72");
+  static_assert(offsetof(tsr_ext_model_init_from, may_lack) == 16, "ABI 1.8: may_lack at 16");
+  const Golden g("llama3_L2_C64");
+  Fixture f;
+  Model m(f, "llama");
+  REQUIRE(
+      m.create(f.config("model", "llama", "init_from = \"" + g.dir + "\"\nlora.rank = 2\n" + kAll),
+               token_data(g.T, g.V), 1) == TSR_OK);
+  const auto *ext = f.registry.find("model", "llama")
+                        ->extension<tsr_ext_model_init_from>(TSR_EXT_MODEL_INIT_FROM);
+  REQUIRE(ext != nullptr);
+  REQUIRE(ext->struct_size >= tsr_ext_model_init_from_STRUCT_SIZE);
+  REQUIRE(ext->may_lack != nullptr);
+  const tessera::Layout layout = tessera::make_layout(m.vt, m.self, 1, "llama");
+  std::vector<float> flat(layout.total), init(layout.total);
+  tessera::init_params(layout, init.data(), 77);
+  flat = init;
+  CHECK_THROWS_WITH(tessera::init_from_safetensors(g.dir, layout, flat.data()),
+                    Catch::Contains("lora_A.weight"));
+  flat = init;
+  const auto may_lack = [&](size_t i) { return ext->may_lack(m.self, i) != 0; };
+  CHECK_THAT(tessera::init_from_safetensors(g.dir, layout, flat.data(), nullptr, may_lack),
+             Catch::Contains("28 (adapters) from their initialisers"));
+  for (size_t i = 0; i < layout.params.size(); ++i) {
+    const tessera::ParamSlot &p = layout.params[i];
+    INFO(p.name);
+    CHECK(may_lack(i) == is_adapter(p.name));
+    const std::vector<float> got(flat.begin() + p.offset, flat.begin() + p.offset + p.numel);
+    if (is_adapter(p.name)) {
+      CHECK(got == std::vector<float>(init.begin() + p.offset, init.begin() + p.offset + p.numel));
+      const float bound = p.init_b;
+      for (float v : got) CHECK(std::fabs(v) <= bound);
+    } else {
+      const RefTensor &r = g.weights.at(p.name);
+      for (size_t j = 0; j < p.numel; ++j) REQUIRE(got[j] == static_cast<float>(r.data[j]));
+    }
+  }
+}
+
+TEST_CASE("llama LoRA refuses dropout, an unknown target and a zero alpha, naming the key",
+          "[llama][lora]") {
+  const Golden g("llama3_L2_C64");
+  const std::string base = "hf_config = \"" + g.dir + "/config.json\"\nlora.rank = 4\n";
+  const std::pair<const char *, const char *> cases[] = {
+      {"lora.dropout = 0.05\n", "model.lora.dropout"},
+      {"lora.alpha = 0.0\n", "model.lora.alpha"},
+      {"lora.targets = []\n", "model.lora.targets"},
+  };
+  for (const auto &[keys, want] : cases) {
+    INFO(keys);
+    Fixture f;
+    Model m(f, "llama");
+    CHECK(m.create(f.config("model", "llama", base + keys), token_data(g.T, g.V), 1) != TSR_OK);
+    CHECK_THAT(f.host.last_error(), Catch::Contains(want));
+  }
+  Fixture f;
+  CHECK_THROWS_WITH(f.config("model", "llama", base + "lora.targets = [\"q\", \"qkv\"]\n"),
+                    Catch::Contains("lora.targets") && Catch::Contains("q|k|v|o|gate|up|down"));
+}
+
+}  // namespace unit_test_llama_lora
