@@ -1,0 +1,247 @@
+// Frozen parameters cost nothing but their weights (issue 55, item 3): a
+// llama with most of its base frozen (`freeze`) trains through the real
+// launcher, and
+//   memory       its gradients and optimizer state are exactly the trainable
+//                tensors' bytes (computed here from their shapes), and its peak
+//                allocations stay within 5% of frozen weights + trainable
+//                weights, gradients and state + activations
+//   equivalence  at 2 CPU ranks every ZeRO stage (and offload, with and without
+//                offloaded parameters) trains what world-1 stage 0 trains, the
+//                frozen tensors bit for bit what init_from gave them
+//   checkpoints  a run saved at stage 3 resumes at stage 0 to the end of the
+//                straight run, and its HF export holds the frozen tensors as
+//                they came in
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "equivalence.hpp"
+#include "harness.hpp"
+
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace itest_test_frozen {
+
+using namespace tessera::itest;
+using nlohmann::json;
+
+namespace {
+
+// The golden Llama's architecture (tests/data/llama3_L2_C64/config.json:
+// 2 layers, hidden 64, 4 heads of 16, 2 key-value heads, intermediate 176,
+// vocab 256, untied head): every tensor's name and shape, as transformers
+// names them.
+struct Tensor {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+std::vector<Tensor> llama_tensors() {
+  std::vector<Tensor> t = {{"model.embed_tokens.weight", {256, 64}}};
+  for (int l = 0; l < 2; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    t.push_back({p + "input_layernorm.weight", {64}});
+    t.push_back({p + "self_attn.q_proj.weight", {64, 64}});
+    t.push_back({p + "self_attn.k_proj.weight", {32, 64}});
+    t.push_back({p + "self_attn.v_proj.weight", {32, 64}});
+    t.push_back({p + "self_attn.o_proj.weight", {64, 64}});
+    t.push_back({p + "post_attention_layernorm.weight", {64}});
+    t.push_back({p + "mlp.gate_proj.weight", {176, 64}});
+    t.push_back({p + "mlp.up_proj.weight", {176, 64}});
+    t.push_back({p + "mlp.down_proj.weight", {64, 176}});
+  }
+  t.push_back({"model.norm.weight", {64}});
+  t.push_back({"lm_head.weight", {256, 64}});
+  return t;
+}
+
+size_t numel(const Tensor &t) {
+  size_t n = 1;
+  for (int64_t d : t.shape) n *= static_cast<size_t>(d);
+  return n;
+}
+
+// The embeddings, every attention projection, layer 0's MLP and layer 1's
+// gate and up projections are frozen: the norms, layer 1's down projection
+// and the head train (a split inside every layer's group).
+const char *kFreeze =
+    "freeze = [\"model.embed_tokens.weight\", \"model.layers.*.self_attn.*_proj.weight\", "
+    "\"model.layers.0.mlp.*\", \"model.layers.1.mlp.gate_proj.weight\", "
+    "\"model.layers.1.mlp.up_proj.weight\"]\n";
+
+// The same rule, written out by hand.
+bool trains(const std::string &name) {
+  const std::string norm = "norm.weight";
+  const bool is_norm =
+      name.size() >= norm.size() && name.compare(name.size() - norm.size(), norm.size(), norm) == 0;
+  return is_norm || name == "lm_head.weight" || name == "model.layers.1.mlp.down_proj.weight";
+}
+
+// init_from: a directory with the golden model's config.json and fp32
+// weights drawn here (norms near 1, matrices small), so the test knows each
+// frozen tensor's initial bits.
+std::map<std::string, std::vector<float>> write_base(const fs::path &dir) {
+  fs::create_directories(dir);
+  fs::copy_file(fs::path(TESSERA_SOURCE_DIR) / "tests/data/llama3_L2_C64/config.json",
+                dir / "config.json", fs::copy_options::overwrite_existing);
+  std::map<std::string, std::vector<float>> values;
+  json header = json::object();
+  size_t offset = 0;
+  uint64_t state = 0x9e3779b97f4a7c15ULL;
+  for (const Tensor &t : llama_tensors()) {
+    std::vector<float> v(numel(t));
+    const bool norm = t.shape.size() == 1;
+    for (float &x : v) {
+      state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+      const float u = static_cast<float>(state >> 40) / static_cast<float>(1 << 24) - 0.5f;
+      x = norm ? 1.0f + 0.2f * u : 0.1f * u;
+    }
+    header[t.name] = {
+        {"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + v.size() * 4}}};
+    offset += v.size() * 4;
+    values[t.name] = std::move(v);
+  }
+  std::string h = header.dump();
+  while (h.size() % 8) h += ' ';
+  std::ofstream out(dir / "model.safetensors", std::ios::binary);
+  const uint64_t len = h.size();
+  out.write(reinterpret_cast<const char *>(&len), 8);
+  out.write(h.data(), static_cast<std::streamsize>(h.size()));
+  for (const Tensor &t : llama_tensors())
+    out.write(reinterpret_cast<const char *>(values[t.name].data()),
+              static_cast<std::streamsize>(values[t.name].size() * 4));
+  return values;
+}
+
+// [model] (the partly frozen llama from `base`) and [data.train] (token
+// windows of 16).
+std::string sections(const std::string &tag, const fs::path &base) {
+  const fs::path tokens = scratch() / (tag + "_tokens") / "tok_train_000000.bin";
+  write_token_shard(tokens, 200 * 16 + 1, 256, 4244);
+  return "[model]\nplugin = \"llama\"\ninit_from = \"" + base.string() + "\"\nmax_seq = 16\n" +
+         kFreeze + "\n[data.train]\nplugin = \"tokens\"\nfiles = \"" + tokens.string() +
+         "\"\ncontext = 16\nvocab = 256\n";
+}
+
+Job llama_job(const std::string &tag, const fs::path &base, int world, int stage) {
+  Job j{world, stage, 8, 8 / world};
+  j.steps = 20;
+  j.model_data = sections(tag, base);
+  j.tag = tag;
+  return j;
+}
+
+// Every frozen tensor of `params` holds the bits init_from gave it, and the
+// trainable ones moved.
+void check_frozen_kept(const std::map<std::string, F32Tensor> &params,
+                       const std::map<std::string, std::vector<float>> &initial) {
+  for (const Tensor &t : llama_tensors()) {
+    INFO(t.name);
+    REQUIRE(params.count(t.name) == 1);
+    const std::vector<float> &got = params.at(t.name).data, &was = initial.at(t.name);
+    REQUIRE(got.size() == was.size());
+    const bool same = std::memcmp(got.data(), was.data(), got.size() * 4) == 0;
+    CHECK(same == !trains(t.name));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("freeze: gradients and optimizer state are the trainable tensors' bytes, peak within 5%",
+          "[distributed][freeze][memory][llama]") {
+  const fs::path base = scratch() / "freeze_base_mem";
+  write_base(base);
+  Job j = llama_job("freeze_mem", base, 1, 0);
+  j.steps = 3;
+  const Trained t = train_job(j, false);
+  INFO(t.run.out);
+  size_t trainable = 0, frozen = 0;
+  for (const Tensor &x : llama_tensors()) (trains(x.name) ? trainable : frozen) += numel(x);
+  REQUIRE(trainable == 320 + 64 * 176 + 256 * 64);
+  const json &peak = t.summary.at("peak_memory_by_purpose");
+  INFO(peak.dump());
+  // fp32 on one rank, stage 0: 4 bytes of gradient and 4 of master weight
+  // plus Adam's two moments per trainable element; no padding at world 1.
+  CHECK(peak.at("gradients").get<double>() == 4.0 * static_cast<double>(trainable));
+  CHECK(peak.at("optimizer state").get<double>() == 12.0 * static_cast<double>(trainable));
+  CHECK(peak.at("parameters").get<double>() == 4.0 * static_cast<double>(trainable + frozen));
+  CHECK_THAT(t.run.out, Catch::Contains("frozen parameters: " + std::to_string(frozen) + " of " +
+                                        std::to_string(trainable + frozen) + " elements"));
+  // Everything the run allocated at once: the weights, the trainable
+  // tensors' gradients and state, and the activations, within 5%.
+  const double bound = 4.0 * static_cast<double>(frozen) +
+                       (4 + 4 + 12) * static_cast<double>(trainable) +
+                       peak.at("activations").get<double>();
+  CHECK(t.summary.at("peak_memory_bytes").get<double>() <= 1.05 * bound);
+}
+
+TEST_CASE("freeze: every ZeRO stage and offload at 2 CPU ranks match world-1 stage 0",
+          "[distributed][equivalence][freeze][llama]") {
+  const fs::path base = scratch() / "freeze_base_eq";
+  const auto initial = write_base(base);
+  std::vector<Job> jobs;
+  for (int stage = 0; stage <= 3; ++stage) jobs.push_back(llama_job("freeze_eq", base, 2, stage));
+  Job offload = llama_job("freeze_eq", base, 2, 2);
+  offload.offload = "cpu";
+  jobs.push_back(offload);
+  Job params = llama_job("freeze_eq", base, 2, 3);
+  params.offload = "cpu";
+  params.params = "cpu";
+  jobs.push_back(params);
+  Job r = jobs.front();
+  r.world = 1;
+  r.micro = r.global;
+  const Trained ref = train_job(r);
+  check_frozen_kept(ref.params, initial);
+  for (const Job &j : jobs) {
+    const Trained t = train_job(j);
+    check_equivalent(ref, t);
+    INFO(j.name());
+    check_frozen_kept(t.params, initial);
+  }
+}
+
+TEST_CASE("freeze: a stage-3 checkpoint resumes at stage 0 and exports the frozen base unchanged",
+          "[distributed][checkpoint][freeze][llama]") {
+  const fs::path base = scratch() / "freeze_base_ckpt";
+  const auto initial = write_base(base);
+  const Trained straight = train_job(llama_job("freeze_straight", base, 2, 3));
+  Job half = llama_job("freeze_resumed", base, 2, 3);
+  half.steps = 10;
+  const Trained first = train_job(half, false);
+  REQUIRE(first.run.status == 0);
+  const fs::path config = scratch() / (half.name() + ".toml");
+  RunOptions o;
+  o.timeout_s = 300;
+  const RunResult resumed =
+      run_cli({"run", "-n", "2", config.string(), "--set", "run.steps=20", "--set",
+               "checkpoint.resume=\"auto\"", "--set", "zero.plugin=\"stage0\""},
+              o);
+  INFO(describe(resumed));
+  REQUIRE(resumed.status == 0);
+  CHECK_THAT(resumed.out, Catch::Contains("at step 10"));
+  const auto params = final_params(first.dir, 20);
+  check_frozen_kept(params, initial);
+  for (const auto &[name, ref] : straight.params) {
+    INFO(name);
+    REQUIRE(params.count(name) == 1);
+    const auto &got = params.at(name).data;
+    REQUIRE(got.size() == ref.data.size());
+    for (size_t i = 0; i < got.size(); ++i)
+      REQUIRE(std::fabs(got[i] - ref.data[i]) <= 1e-4 * std::fabs(ref.data[i]) + 1e-5);
+  }
+  // The Hugging Face export of the checkpoint: the frozen base as it came.
+  const fs::path hf = scratch() / "freeze_hf";
+  fs::remove_all(hf);
+  const RunResult e = run_cli(
+      {"ckpt", "export", (first.dir / "ckpt" / "step_00000020").string(), "-o", hf.string()});
+  INFO(describe(e));
+  REQUIRE(e.status == 0);
+  check_frozen_kept(read_safetensors_f32(hf / "model.safetensors"), initial);
+}
+
+}  // namespace itest_test_frozen
