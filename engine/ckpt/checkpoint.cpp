@@ -82,6 +82,8 @@ nlohmann::json param_table(const Layout &L) {
   for (const auto &p : L.params) {
     t.push_back(
         {{"name", p.name}, {"shape", p.shape}, {"group", p.group}, {"canonical_offset", canon}});
+    // Frozen: weights only, no optimizer state (the manifest's coverage check).
+    if (!p.trainable) t.back()["trainable"] = false;
     canon += p.numel;
   }
   return t;
@@ -430,6 +432,13 @@ RunPosition load_checkpoint(const CheckpointParts &s, const std::string &path,
   // The model must be the one saved: same parameters, same shapes.
   if (std::string why = params_mismatch(m.at("params"), s.layout); !why.empty())
     throw Error(TSR_ERR_INVALID, path + ": " + why);
+  for (size_t i = 0; i < s.layout.params.size(); ++i)
+    if (s.layout.params[i].trainable && !m.at("params")[i].value("trainable", true))
+      throw Error(TSR_ERR_INVALID,
+                  path + ": parameter '" + s.layout.params[i].name +
+                      "' was frozen when the checkpoint was saved, so it has no optimizer state "
+                      "to resume from; freeze it again (or start a new run from the exported "
+                      "weights with init_from)");
   std::vector<std::string> slots = slot_names(s);
   std::vector<std::string> saved = m.at("slots").get<std::vector<std::string>>();
   for (const auto &sl : slots)
