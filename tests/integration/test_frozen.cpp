@@ -57,8 +57,9 @@ void check_frozen_kept(const std::map<std::string, F32Tensor> &params,
 
 }  // namespace
 
-TEST_CASE("freeze: gradients and optimizer state are the trainable tensors' bytes and the peak within 5%",
-          "[distributed][freeze][memory][llama]") {
+TEST_CASE(
+    "freeze: gradients and optimizer state are the trainable tensors' bytes and the peak within 5%",
+    "[distributed][freeze][memory][llama]") {
   const fs::path base = scratch() / "freeze_base_mem";
   write_base(base);
   Job j = llama_job("freeze_mem", base, 1, 0);
@@ -140,6 +141,15 @@ TEST_CASE("freeze: a stage-3 checkpoint resumes at stage 0 and exports the froze
     for (size_t i = 0; i < got.size(); ++i)
       REQUIRE(std::fabs(got[i] - ref.data[i]) <= 1e-4 * std::fabs(ref.data[i]) + 1e-5);
   }
+  // Unfreezing on resume: the parameters saved frozen have no optimizer
+  // state, so the run is refused naming one.
+  const RunResult thawed = run_cli(
+      {"run", "-n", "2", config.string(), "--set", "run.steps=30", "--set",
+       "checkpoint.resume=\"auto\"", "--set", "model.freeze=[\"model.embed_tokens.weight\"]"},
+      o);
+  CHECK(thawed.status != 0);
+  CHECK_THAT(thawed.all(), Catch::Contains("model.layers.0.self_attn.q_proj.weight") &&
+                               Catch::Contains("was frozen when the checkpoint was saved"));
   // The Hugging Face export of the checkpoint: the frozen base as it came.
   const fs::path hf = scratch() / "freeze_hf";
   fs::remove_all(hf);
