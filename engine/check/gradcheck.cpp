@@ -46,8 +46,9 @@ struct Probe {
       return base(i, out);
     };
     h.grads_done = [this, base = h.grads_done](uint32_t model_group) {
-      uint32_t g = 0;
-      if (layout.group_index(model_group, &g)) ++done[g];
+      uint32_t first = 0, last = 0;
+      if (layout.group_index(model_group, &first, &last))
+        for (uint32_t g = first; g <= last; ++g) ++done[g];
       return base(model_group);
     };
   }
@@ -92,8 +93,10 @@ double mean_loss(Session &s, const tsr_batch &batch) {
 // backward with loss_scale 1/count, the zero plugin's reduction finished.
 std::vector<float> analytic_gradients(Session &s, const tsr_batch &batch, tsr_forward_result *fwd,
                                       Probe &probe) {
+  // Frozen groups have no gradient (their part of the result stays 0).
   for (uint32_t g = 0; g < s.layout.group_offset.size(); ++g)
-    std::memset(group_base(s, g, true), 0, s.layout.group_size[g] * sizeof(float));
+    if (!s.layout.group_frozen[g])
+      std::memset(group_base(s, g, true), 0, s.layout.group_size[g] * sizeof(float));
   *fwd = forward(s, batch, &probe);
   ModelPass pass(s, backward_phase(true));
   probe.watch(pass.hooks, true);
@@ -104,8 +107,9 @@ std::vector<float> analytic_gradients(Session &s, const tsr_batch &batch, tsr_fo
   plugin_ok(s.host, s.zero.vt->finish_grads(s.zero.self), "[zero] finish_grads");
   std::vector<float> flat(s.layout.total, 0.f);
   for (uint32_t g = 0; g < s.layout.group_offset.size(); ++g)
-    std::memcpy(flat.data() + s.layout.group_offset[g], group_base(s, g, true),
-                s.layout.group_size[g] * sizeof(float));
+    if (!s.layout.group_frozen[g])
+      std::memcpy(flat.data() + s.layout.group_offset[g], group_base(s, g, true),
+                  s.layout.group_size[g] * sizeof(float));
   return flat;
 }
 

@@ -82,37 +82,67 @@ nlohmann::json param_table(const Layout &L) {
   for (const auto &p : L.params) {
     t.push_back(
         {{"name", p.name}, {"shape", p.shape}, {"group", p.group}, {"canonical_offset", canon}});
+    // Frozen: weights only, no optimizer state (the manifest's coverage check).
+    if (!p.trainable) t.back()["trainable"] = false;
     canon += p.numel;
   }
   return t;
 }
 
+// What this rank writes of the frozen ranges it keeps: all of each where
+// ranks keep disjoint slices (stage 3) or there is one rank; otherwise
+// every rank keeps every frozen group whole and writes slice `rank`.
+struct FrozenShare {
+  const void *params;  // the range's compute parameters
+  size_t first, flat_offset, count;
+};
+std::vector<FrozenShare> frozen_share(const CheckpointParts &s) {
+  const auto &f = s.host.facts();
+  std::vector<FrozenShare> out;
+  for (const auto &r : s.frozen) {
+    if (s.partition_params || f.world_size == 1) {
+      out.push_back({r.params, 0, r.flat_offset, r.count});
+      continue;
+    }
+    const size_t per = r.count / f.world_size;  // groups are padded to a multiple of the world
+    out.push_back({r.params, f.rank * per, r.flat_offset + f.rank * per, per});
+  }
+  return out;
+}
+
 // This rank's pieces of a checkpoint: its owned ranges, in canonical
-// coordinates, one tensor per slot, with where each reads its bytes from
-// the offload backend and its entry in the shard's index.
+// coordinates, one tensor per slot and canonical piece, with where each
+// reads its bytes from the offload backend and its entry in the shard's
+// index; then the frozen parameters it writes, "master" only, read from
+// their compute parameters.
 struct RankShard {
   struct Source {
     uint32_t slot;
     size_t owned_offset;
+    const void *frozen = nullptr;  // else compute parameters, from element owned_offset
   };
   std::vector<Source> sources;
   std::vector<StTensor> tensors;
   nlohmann::json index = nlohmann::json::array();
+  void add(const std::string &slot, size_t c0, size_t n, Source src) {
+    std::string name = slot + "@" + std::to_string(c0);
+    sources.push_back(src);
+    tensors.push_back(StTensor{name, "F32", {static_cast<int64_t>(n)}, nullptr, n * 4});
+    index.push_back({{"name", name}, {"slot", slot}, {"start", c0}, {"count", n}});
+  }
 };
 
 RankShard rank_shard(const CheckpointParts &s, const std::vector<std::string> &slots) {
   RankShard out;
-  for (const auto &r : write_share(s)) {
-    size_t c0, n;
-    s.layout.to_canonical(r.flat_offset, r.count, &c0, &n);
-    if (n == 0) continue;
-    for (uint32_t slot = 0; slot < slots.size(); ++slot) {
-      std::string name = slots[slot] + "@" + std::to_string(c0);
-      out.sources.push_back({slot, r.owned_offset});
-      out.tensors.push_back(StTensor{name, "F32", {static_cast<int64_t>(n)}, nullptr, n * 4});
-      out.index.push_back({{"name", name}, {"slot", slots[slot]}, {"start", c0}, {"count", n}});
-    }
-  }
+  for (const auto &r : write_share(s))
+    for (const auto &piece : s.layout.to_canonical(r.flat_offset, r.count))
+      for (uint32_t slot = 0; slot < slots.size(); ++slot)
+        out.add(slots[slot], piece.canonical, piece.count,
+                {slot, r.owned_offset + (piece.flat - r.flat_offset)});
+  for (const auto &r : frozen_share(s))
+    for (const auto &piece : s.layout.to_canonical(r.flat_offset, r.count))
+      out.add(slots[0], piece.canonical, piece.count,
+              {0, r.first + (piece.flat - r.flat_offset), r.params});
   return out;
 }
 
@@ -145,6 +175,11 @@ void write_rank_shard(const CheckpointParts &s, RankShard &shard, const fs::path
       (tmp_dir / file).string(), shard.tensors, {{"format", "tessera-shard"}},
       [&](size_t t, size_t offset, size_t bytes, void *dst) {
         const auto &src = shard.sources[t];
+        if (src.frozen) {
+          s.get_compute(src.frozen, src.owned_offset + offset / 4, bytes / 4,
+                        static_cast<float *>(dst));
+          return;
+        }
         plugin_ok(s.host,
                   s.offload.vt->read_state(s.offload.self, src.slot, src.owned_offset + offset / 4,
                                            bytes / 4, static_cast<float *>(dst)),
@@ -311,20 +346,40 @@ void load_state(const CheckpointParts &s, const nlohmann::json &m, const std::st
                 bool allow_nonfinite) {
   ShardReader reader(path, m);
   std::vector<float> buf;
-  for (const auto &r : ranges) {
-    size_t c0, n;
-    s.layout.to_canonical(r.flat_offset, r.count, &c0, &n);
-    if (n == 0) continue;
-    buf.resize(n);
-    for (uint32_t slot = 0; slot < slots.size(); ++slot) {
-      reader.read(slots[slot], c0, n, buf.data());
-      // Weights and optimizer state alike: a NaN moment turns the weights
-      // NaN at the first step, far from the file it came from.
-      if (!allow_nonfinite) require_finite_params(m, path, slots[slot], c0, buf.data(), n);
-      plugin_ok(s.host,
-                s.offload.vt->write_state(s.offload.self, slot, r.owned_offset, n, buf.data()),
-                "offload", s.offload.name, "write_state from a checkpoint");
+  for (const auto &r : ranges)
+    for (const auto &piece : s.layout.to_canonical(r.flat_offset, r.count)) {
+      const size_t c0 = piece.canonical, n = piece.count;
+      buf.resize(n);
+      for (uint32_t slot = 0; slot < slots.size(); ++slot) {
+        reader.read(slots[slot], c0, n, buf.data());
+        // Weights and optimizer state alike: a NaN moment turns the weights
+        // NaN at the first step, far from the file it came from.
+        if (!allow_nonfinite) require_finite_params(m, path, slots[slot], c0, buf.data(), n);
+        plugin_ok(
+            s.host,
+            s.offload.vt->write_state(s.offload.self, slot,
+                                      r.owned_offset + (piece.flat - r.flat_offset), n, buf.data()),
+            "offload", s.offload.name, "write_state from a checkpoint");
+      }
     }
+}
+
+// The frozen ranges this rank keeps, from the checkpoint's weights straight
+// into their compute parameters (padding stays zero).
+void load_frozen(const CheckpointParts &s, const nlohmann::json &m, const std::string &path,
+                 bool allow_nonfinite) {
+  if (s.frozen.empty()) return;
+  ShardReader reader(path, m);
+  std::vector<float> buf;
+  for (const auto &r : s.frozen) {
+    buf.assign(r.count, 0.f);
+    for (const auto &piece : s.layout.to_canonical(r.flat_offset, r.count)) {
+      float *dst = buf.data() + (piece.flat - r.flat_offset);
+      reader.read("master", piece.canonical, piece.count, dst);
+      if (!allow_nonfinite)
+        require_finite_params(m, path, "master", piece.canonical, dst, piece.count);
+    }
+    s.put_compute(buf.data(), r.count, r.params);
   }
 }
 
@@ -377,6 +432,13 @@ RunPosition load_checkpoint(const CheckpointParts &s, const std::string &path,
   // The model must be the one saved: same parameters, same shapes.
   if (std::string why = params_mismatch(m.at("params"), s.layout); !why.empty())
     throw Error(TSR_ERR_INVALID, path + ": " + why);
+  for (size_t i = 0; i < s.layout.params.size(); ++i)
+    if (s.layout.params[i].trainable && !m.at("params")[i].value("trainable", true))
+      throw Error(TSR_ERR_INVALID,
+                  path + ": parameter '" + s.layout.params[i].name +
+                      "' was frozen when the checkpoint was saved, so it has no optimizer state "
+                      "to resume from; freeze it again (or start a new run from the exported "
+                      "weights with init_from)");
   std::vector<std::string> slots = slot_names(s);
   std::vector<std::string> saved = m.at("slots").get<std::vector<std::string>>();
   for (const auto &sl : slots)
@@ -396,6 +458,7 @@ RunPosition load_checkpoint(const CheckpointParts &s, const std::string &path,
                     " samples of the training data: another dataset, or an edited manifest");
   const std::vector<tsr_owned_range> ranges = zero_owned_ranges(zero_calls(s));
   load_state(s, m, path, slots, ranges, allow_nonfinite);
+  load_frozen(s, m, path, allow_nonfinite);
   compute_from_masters(s, ranges);
   return position_of(m);
 }

@@ -50,6 +50,14 @@ struct CheckpointParts {
   std::function<void()> settle_update;
   // Writes n fp32 values into compute-dtype memory at dst on the device.
   std::function<void(const float *, size_t, void *)> put_compute;
+  // Reads compute-dtype elements [first, first + n) at src on the device
+  // into n fp32 values at dst.
+  std::function<void(const void *src, size_t first, size_t n, float *dst)> get_compute;
+  // The frozen ranges this rank keeps (tessera.zero.frozen/1): weights
+  // only, saved and loaded in the "master" slot from and into their
+  // compute parameters; no optimizer state.
+  std::vector<tsr_owned_range> frozen;
+  bool partition_params = false;  // the plan's: ranks keep disjoint parameter slices
 };
 
 // Where training stands: enough to continue exactly.

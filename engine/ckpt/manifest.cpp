@@ -83,7 +83,16 @@ void check_position(const Check &c, const nlohmann::json &m) {
 
 // The parameter table: the canonical index space every tensor lies in.
 // Returns its size in elements.
-uint64_t check_params(const Check &c, const nlohmann::json &m) {
+// A range [begin, begin + count) of elements or bytes, and what holds it.
+struct Extent {
+  uint64_t begin, count;
+  std::string what;
+};
+
+// The parameters' canonical size; `frozen` gets the canonical ranges of
+// those saved frozen ("trainable": false), which have weights but no
+// optimizer state.
+uint64_t check_params(const Check &c, const nlohmann::json &m, std::vector<Extent> *frozen) {
   const auto &params = c.field(m, "params", "the manifest");
   if (!params.is_array()) c.fail("'params' is not an array");
   uint64_t canonical = 0;
@@ -100,6 +109,10 @@ uint64_t check_params(const Check &c, const nlohmann::json &m) {
       if (v > kMaxElements || (v > 0 && n > kMaxElements / v))
         c.fail(ctx + ": its shape holds more than 2^50 elements");
       n *= v;
+    }
+    if (params[i].contains("trainable")) {
+      if (!params[i]["trainable"].is_boolean()) c.fail(ctx + ": 'trainable' is not a boolean");
+      if (!params[i]["trainable"].get<bool>() && n > 0) frozen->push_back({canonical, n, ctx});
     }
     canonical += n;
     if (canonical > kMaxElements) c.fail("the parameters hold more than 2^50 elements");
@@ -119,11 +132,6 @@ const nlohmann::json &check_slots(const Check &c, const nlohmann::json &m) {
   return slots;
 }
 
-// A range [begin, begin + count) of elements or bytes, and what holds it.
-struct Extent {
-  uint64_t begin, count;
-  std::string what;
-};
 using SlotPieces = std::map<std::string, std::vector<Extent>>;  // per slot, in elements
 
 // One tensor of a file of `bytes` bytes: its elements inside the parameter
@@ -195,16 +203,33 @@ void check_file(const Check &c, const nlohmann::json &f, size_t i, uint64_t cano
   check_file_layout(c, layout, ctx, bytes);
 }
 
-// Coverage, per slot: the pieces tile [0, parameters) exactly. An overlap
-// would count elements twice and leave others at their initial values.
+// Coverage, per slot: the pieces tile [0, parameters) exactly, but for the
+// optimizer state slots (all but the first, the weights), which leave out
+// the parameters saved frozen. An overlap would count elements twice and
+// leave others at their initial values.
 void check_coverage(const Check &c, const nlohmann::json &slots, SlotPieces &pieces,
-                    uint64_t canonical) {
-  for (const auto &s : slots) {
+                    uint64_t canonical, const std::vector<Extent> &frozen) {
+  for (size_t k = 0; k < slots.size(); ++k) {
+    const nlohmann::json &s = slots[k];
+    const bool weights = k == 0;
+    // Past the frozen parameters that start at `at` (ascending, so a run
+    // of neighbours is skipped in one pass).
+    auto skip = [&](uint64_t at) {
+      if (!weights)
+        for (const auto &f : frozen)
+          if (f.begin <= at && at < f.begin + f.count) at = f.begin + f.count;
+      return at;
+    };
     auto &runs = pieces[s.get<std::string>()];
     std::sort(runs.begin(), runs.end(),
               [](const Extent &a, const Extent &b) { return a.begin < b.begin; });
-    uint64_t covered = 0;
+    uint64_t covered = skip(0);
     for (const auto &r : runs) {
+      if (!weights)
+        for (const auto &f : frozen)
+          if (r.begin < f.begin + f.count && f.begin < r.begin + r.count)
+            c.fail("slot '" + s.get<std::string>() + "': " + r.what + " holds state for " + f.what +
+                   ", which was saved frozen");
       if (r.begin < covered)
         c.fail("slot '" + s.get<std::string>() + "': " + r.what + " (elements [" +
                std::to_string(r.begin) + ", " + std::to_string(r.begin + r.count) +
@@ -212,7 +237,7 @@ void check_coverage(const Check &c, const nlohmann::json &slots, SlotPieces &pie
       if (r.begin > covered)
         c.fail("slot '" + s.get<std::string>() + "': elements [" + std::to_string(covered) + ", " +
                std::to_string(r.begin) + ") are in no tensor");
-      covered = r.begin + r.count;
+      covered = skip(r.begin + r.count);
     }
     if (covered != canonical)
       c.fail("slot '" + s.get<std::string>() + "': elements [" + std::to_string(covered) + ", " +
@@ -226,13 +251,14 @@ void check_manifest(const nlohmann::json &m, const std::string &where) {
   Check c{where};
   if (!m.is_object()) c.fail("the manifest is not a JSON object");
   check_position(c, m);
-  const uint64_t canonical = check_params(c, m);
+  std::vector<Extent> frozen;
+  const uint64_t canonical = check_params(c, m, &frozen);
   const nlohmann::json &slots = check_slots(c, m);
   const auto &files = c.field(m, "files", "the manifest");
   if (!files.is_array()) c.fail("'files' is not an array");
   SlotPieces pieces;
   for (size_t i = 0; i < files.size(); ++i) check_file(c, files[i], i, canonical, slots, pieces);
-  check_coverage(c, slots, pieces, canonical);
+  check_coverage(c, slots, pieces, canonical, frozen);
 }
 
 std::string manifest_checksum(const nlohmann::json &m) {

@@ -40,6 +40,7 @@ ZeroCaps zero_caps(const tsr_plugin_descriptor *d) {
   c.split_step = TSR_HAS_FIELD(vt, tsr_zero_vtable, clear_grads) && vt->reshare && vt->clear_grads;
   c.param_source = CAPS_EXT(d, tsr_ext_zero_param_source, TSR_EXT_ZERO_PARAM_SOURCE, use);
   c.grad_sink = CAPS_EXT(d, tsr_ext_zero_grad_sink, TSR_EXT_ZERO_GRAD_SINK, use);
+  c.frozen = CAPS_EXT(d, tsr_ext_zero_frozen, TSR_EXT_ZERO_FROZEN, frozen_ranges);
   return c;
 }
 

@@ -35,6 +35,8 @@ struct ZeroCaps {
   bool split_step = false;
   const tsr_ext_zero_param_source *param_source = nullptr;
   const tsr_ext_zero_grad_sink *grad_sink = nullptr;
+  // Frozen groups without gradients or owned state (extensions.h).
+  const tsr_ext_zero_frozen *frozen = nullptr;
 };
 
 struct OffloadCaps {

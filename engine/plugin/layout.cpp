@@ -78,67 +78,79 @@ void check_fits_host(const Layout &L, const std::string &model_name, uint32_t lo
 
 }  // namespace
 
+namespace {
+
+// Declared parameters [begin, end) of one model group, the trainable ones
+// (or the frozen ones) one after another from L's cursor as one layout
+// group padded to a multiple of the world; nothing when there are none.
+void place_group(Layout &L, size_t begin, size_t end, uint32_t model_group, bool frozen) {
+  size_t size = 0;
+  for (size_t i = begin; i < end; ++i)
+    if (L.params[i].trainable != frozen) size += L.params[i].numel;
+  if (size == 0) return;
+  const uint32_t g = static_cast<uint32_t>(L.group_offset.size());
+  L.group_offset.push_back(L.total);
+  L.model_group.push_back(model_group);
+  L.group_frozen.push_back(frozen ? 1 : 0);
+  L.group_real.push_back(size);
+  size_t cursor = L.total;
+  for (size_t i = begin; i < end; ++i) {
+    ParamSlot &p = L.params[i];
+    if (p.trainable == frozen) continue;
+    p.group = g;
+    p.offset = cursor;
+    cursor += p.numel;
+  }
+  const size_t padded = (size + L.world - 1) / L.world * L.world;
+  L.group_size.push_back(padded);
+  L.total += padded;
+  if (frozen) L.frozen_total += padded;
+}
+
+}  // namespace
+
 Layout make_layout(const tsr_model_vtable *vt, void *model, uint32_t world,
                    const std::string &model_name, uint32_t local_ranks) {
   Layout L;
   L.world = world;
   size_t n = vt->num_params(model);
   TSR_CHECK(n > 0, TSR_ERR_INVALID, "model '" + model_name + "' declares no parameters");
-  int64_t last_group = -1;
-  size_t cursor = 0;
-  // A group's size is padded to a multiple of the world, so every rank
-  // owns an equal slice of it.
-  auto close_group = [&]() {
-    if (last_group < 0) return;
-    size_t begin = L.group_offset.back();
-    size_t size = cursor - begin;
-    size_t padded = (size + world - 1) / world * world;
-    L.group_size.push_back(padded);
-    cursor = begin + padded;
-  };
+  std::vector<uint32_t> declared_group(n);
   for (size_t i = 0; i < n; ++i) {
-    uint32_t group = 0;
-    ParamSlot p = declared_param(vt, model, i, model_name, &group);
+    ParamSlot p = declared_param(vt, model, i, model_name, &declared_group[i]);
     for (const auto &q : L.params)
       TSR_CHECK(q.name != p.name, TSR_ERR_INVALID,
                 "model '" + model_name + "': two parameters named '" + p.name + "'");
-    TSR_CHECK(static_cast<int64_t>(group) >= last_group, TSR_ERR_INVALID,
+    TSR_CHECK(i == 0 || declared_group[i] >= declared_group[i - 1], TSR_ERR_INVALID,
               "model '" + model_name + "': parameter '" + p.name +
                   "' goes back to an earlier group; groups must not decrease");
-    if (static_cast<int64_t>(group) != last_group) {
-      close_group();
-      L.group_offset.push_back(cursor);
-      L.model_group.push_back(group);
-      last_group = group;
-    }
-    p.group = static_cast<uint32_t>(L.group_offset.size() - 1);
-    p.offset = cursor;
     TSR_CHECK(L.numel + p.numel <= kMaxParamElements, TSR_ERR_CONFIG,
               "model '" + model_name +
                   "': its parameters add up to more than 2^40 elements "
                   "(a dimension in [model] too large?)");
-    cursor += p.numel;
+    p.canonical = L.numel;
     L.numel += p.numel;
     if (p.trainable) L.trainable_numel += p.numel;
     L.params.push_back(std::move(p));
   }
-  close_group();
-  L.total = cursor;
-  check_fits_host(L, model_name, local_ranks);
-  size_t canon = 0;
-  L.group_real.assign(L.group_offset.size(), 0);
-  for (const auto &p : L.params) L.group_real[p.group] += p.numel;
-  for (size_t g = 0; g < L.group_offset.size(); ++g) {
-    L.group_canonical.push_back(canon);
-    canon += L.group_real[g];
+  // Each model group: its trainable parameters, then its frozen ones.
+  for (size_t begin = 0; begin < n;) {
+    size_t end = begin;
+    while (end < n && declared_group[end] == declared_group[begin]) ++end;
+    place_group(L, begin, end, declared_group[begin], false);
+    place_group(L, begin, end, declared_group[begin], true);
+    begin = end;
   }
+  check_fits_host(L, model_name, local_ranks);
   return L;
 }
 
-bool Layout::group_index(uint32_t model_group_id, uint32_t *index) const {
-  auto it = std::lower_bound(model_group.begin(), model_group.end(), model_group_id);
-  if (it == model_group.end() || *it != model_group_id) return false;
-  *index = static_cast<uint32_t>(it - model_group.begin());
+bool Layout::group_index(uint32_t model_group_id, uint32_t *first, uint32_t *last) const {
+  auto lo = std::lower_bound(model_group.begin(), model_group.end(), model_group_id);
+  if (lo == model_group.end() || *lo != model_group_id) return false;
+  auto hi = std::upper_bound(lo, model_group.end(), model_group_id);
+  *first = static_cast<uint32_t>(lo - model_group.begin());
+  *last = static_cast<uint32_t>(hi - model_group.begin()) - 1;
   return true;
 }
 
@@ -148,14 +160,23 @@ size_t Layout::group_of(size_t flat_offset) const {
   return static_cast<size_t>(it - group_offset.begin()) - 1;
 }
 
-void Layout::to_canonical(size_t offset, size_t count, size_t *c0, size_t *n) const {
-  size_t g = group_of(offset);
-  size_t local = offset - group_offset[g];
-  TSR_CHECK(local + count <= group_size[g], TSR_ERR_INTERNAL,
+std::vector<Layout::CanonicalPiece> Layout::to_canonical(size_t offset, size_t count) const {
+  const size_t g = group_of(offset);
+  TSR_CHECK(offset + count <= group_offset[g] + group_size[g], TSR_ERR_INTERNAL,
             "flat range crosses a group boundary");
-  size_t real = group_real[g];
-  *c0 = group_canonical[g] + std::min(local, real);
-  *n = local >= real ? 0 : std::min(count, real - local);
+  std::vector<CanonicalPiece> out;
+  for (const auto &p : params) {
+    if (p.group != g) continue;
+    const size_t b = std::max(p.offset, offset), e = std::min(p.offset + p.numel, offset + count);
+    if (b >= e) continue;
+    const size_t c = p.canonical + (b - p.offset);
+    if (!out.empty() && out.back().flat + out.back().count == b &&
+        out.back().canonical + out.back().count == c)
+      out.back().count += e - b;
+    else
+      out.push_back({b, c, e - b});
+  }
+  return out;
 }
 
 std::vector<tsr_segment> Layout::segments(size_t begin, size_t count) const {

@@ -1,6 +1,10 @@
 // The flat layout of a model's parameters: one buffer, group after group,
 // each group padded to a multiple of the world size so rank r can own
 // slice r of every group (docs/architecture.md, "State: the flat layout").
+// A model group holding both trainable and frozen parameters becomes two
+// layout groups, its trainable parameters first, so the frozen ones form
+// groups of their own that get no gradient, optimizer state or master copy
+// (docs/architecture.md, "Frozen parameters").
 #pragma once
 
 #include <tessera/model.h>
@@ -16,7 +20,8 @@ struct ParamSlot {
   std::string name;
   std::vector<int64_t> shape;
   uint32_t group = 0;
-  size_t offset = 0;  // element offset in the flat buffer
+  size_t offset = 0;     // element offset in the flat buffer
+  size_t canonical = 0;  // element offset in the canonical space (declaration order)
   size_t numel = 0;
   tsr_init init = TSR_INIT_ZEROS;
   float init_a = 0, init_b = 0;
@@ -30,24 +35,36 @@ struct Layout {
   size_t numel = 0;                              // real parameters
   size_t trainable_numel = 0;
   uint32_t world = 1;
+  // Per layout group: 1 when every parameter in it is frozen (trainable =
+  // 0). A model group with both kinds is split, so a group is all one or
+  // all the other.
+  std::vector<int32_t> group_frozen;
+  // Padded elements of the frozen groups (the rest are trainable).
+  size_t frozen_total = 0;
 
   // Runs of equal decay flag inside [begin, begin + count), relative to
   // begin. Padding and frozen parameters get decay 0 (their gradient is 0).
   std::vector<tsr_segment> segments(size_t begin, size_t count) const;
 
   // The canonical index space: every parameter's elements in declaration
-  // order, without padding. It does not depend on the world size, so
-  // checkpoints are stored in it. `group_real[g]` is group g's unpadded
-  // size and `group_canonical[g]` its start there.
-  std::vector<size_t> group_real, group_canonical;
-  // The canonical interval covered by flat [offset, offset + count), which
-  // must lie within one group; padding maps to nothing (*n = 0).
-  void to_canonical(size_t offset, size_t count, size_t *c0, size_t *n) const;
+  // order, without padding. It depends neither on the world size nor on
+  // which parameters are frozen, so checkpoints are stored in it.
+  // `group_real[g]` is group g's unpadded size.
+  std::vector<size_t> group_real;
+  // The canonical intervals covered by flat [offset, offset + count), which
+  // must lie within one group, in flat order: one per run of parameters
+  // that are neighbours in both spaces (a split model group's parameters
+  // are not); padding maps to nothing.
+  struct CanonicalPiece {
+    size_t flat = 0, canonical = 0, count = 0;
+  };
+  std::vector<CanonicalPiece> to_canonical(size_t offset, size_t count) const;
   size_t group_of(size_t flat_offset) const;
   // The model's own group numbers, one per layout group (non-decreasing,
-  // gaps allowed), and the layout group a model number names.
+  // gaps allowed; a split model group's number twice), and the layout
+  // groups [*first, *last] a model number names.
   std::vector<uint32_t> model_group;
-  bool group_index(uint32_t model_group_id, uint32_t *index) const;
+  bool group_index(uint32_t model_group_id, uint32_t *first, uint32_t *last) const;
 };
 
 // Reads the model's declared parameters and lays them out for `world` ranks;
@@ -66,7 +83,8 @@ std::vector<std::pair<size_t, size_t>> kept_parts(const std::vector<FlatRange> *
                                                   size_t n);
 
 // The flat ranges a rank keeps of the parameters: all of them, or with
-// `partitioned` (ZeRO stage 3) slice `rank` of every group (zero.h).
+// `partitioned` (ZeRO stage 3) slice `rank` of every group (zero.h),
+// frozen groups included.
 std::vector<FlatRange> kept_ranges(const Layout &layout, bool partitioned, uint32_t rank);
 
 // Fills the flat fp32 buffer with each parameter's initialiser, from a

@@ -19,6 +19,11 @@ tsr_status view(Session &s, uint32_t i, bool grad, bool backward, DLTensor *out)
         s.host.ctx(), TSR_ERR_INVALID,
         ("parameter index " + std::to_string(i) + " out of range").c_str());
   ParamSlot &p = s.layout.params[i];
+  if (grad && !p.trainable)
+    return s.host.table()->error(s.host.ctx(), TSR_ERR_INVALID,
+                                 ("model '" + s.model.name + "' asked for the gradient of '" +
+                                  p.name + "', which is frozen (trainable = 0): it has none")
+                                     .c_str());
   void *base = nullptr;
   tsr_status st = grad ? TSR_OK : flight_wait_near(s.flight, p.group, backward);
   if (st != TSR_OK) return st;
@@ -34,9 +39,11 @@ tsr_status view(Session &s, uint32_t i, bool grad, bool backward, DLTensor *out)
   return TSR_OK;
 }
 
-// Models name groups by their own numbers; the zero plugin by position.
-tsr_status group_at(Session &s, uint32_t model_group, uint32_t *g) {
-  if (s.layout.group_index(model_group, g)) return TSR_OK;
+// Models name groups by their own numbers; the zero plugin by position. A
+// model group whose parameters are partly frozen is two layout groups
+// (plugin/layout.hpp): [*first, *last].
+tsr_status groups_of(Session &s, uint32_t model_group, uint32_t *first, uint32_t *last) {
+  if (s.layout.group_index(model_group, first, last)) return TSR_OK;
   return s.host.table()->error(
       s.host.ctx(), TSR_ERR_INVALID,
       ("model '" + s.model.name + "' named group " + std::to_string(model_group) +
@@ -57,18 +64,24 @@ ModelPass::ModelPass(Session &s, PassPhase phase) : host_(s.host) {
                                    "no gradients: the model is frozen");
     return view(s, i, true, backward, out);
   };
+  // A frozen layout group's grads_done only releases its parameters
+  // (stage 3); it has no update to start.
   hooks.grads_done = [&s, last = phase.last_micro, final = phase.grads_final](uint32_t mg) {
-    uint32_t g = 0;
-    tsr_status st = group_at(s, mg, &g);
-    if (st == TSR_OK) st = s.zero.vt->grads_done(s.zero.self, g, last ? 1 : 0);
-    if (st == TSR_OK && last && final) st = final(g);
+    uint32_t first = 0, end = 0;
+    tsr_status st = groups_of(s, mg, &first, &end);
+    for (uint32_t g = first; st == TSR_OK && g <= end; ++g) {
+      st = s.zero.vt->grads_done(s.zero.self, g, last ? 1 : 0);
+      if (st == TSR_OK && last && final && !s.layout.group_frozen[g]) st = final(g);
+    }
     return st;
   };
   hooks.grads_zeroed = [zeroed = backward && phase.grads_zero] { return zeroed; };
   hooks.params_done = [&s](uint32_t mg) {
-    uint32_t g = 0;
-    tsr_status st = group_at(s, mg, &g);
-    return st != TSR_OK ? st : s.zero.vt->params_done(s.zero.self, g);
+    uint32_t first = 0, last = 0;
+    tsr_status st = groups_of(s, mg, &first, &last);
+    for (uint32_t g = first; st == TSR_OK && g <= last; ++g)
+      st = s.zero.vt->params_done(s.zero.self, g);
+    return st;
   };
 }
 

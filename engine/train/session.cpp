@@ -143,6 +143,22 @@ ZeroedPages<float> initial_weights(Session &s, const ParamInitializer &initializ
   return initial;
 }
 
+// Frozen groups: weights only, no gradient or owned state; a zero plugin
+// that cannot keep them so is refused rather than given gradients and
+// state for every frozen weight.
+void mark_frozen(Session &s) {
+  const tsr_ext_zero_frozen *ext = s.zero.caps.zero.frozen;
+  if (s.layout.frozen_total == 0) return;
+  if (!ext)
+    throw Error(TSR_ERR_UNSUPPORTED,
+                "[model] plugin '" + s.model.name + "' freezes parameters, but [zero] plugin '" +
+                    s.zero.name + "' cannot keep them without gradients (no " +
+                    TSR_EXT_ZERO_FROZEN + "); use the zero plugins stage0..stage3");
+  plugin_ok(s.host,
+            ext->frozen(s.zero.self, s.layout.group_frozen.data(), s.layout.group_frozen.size()),
+            "[zero] plugin '" + s.zero.name + "' frozen groups");
+}
+
 // The zero plugin set up with the initial values in the compute dtype
 // (narrowed only where this rank keeps them).
 void place_parameters(Session &s, const float *initial, const std::vector<FlatRange> &keep) {
@@ -167,6 +183,7 @@ void place_parameters(Session &s, const float *initial, const std::vector<FlatRa
     zs.initial_params = initial;
   }
   zs.training = s.training ? 1 : 0;
+  mark_frozen(s);
   plugin_ok(s.host, s.zero.vt->setup(s.zero.self, &zs),
             "[zero] plugin '" + s.zero.name + "' setup");
 }
@@ -218,6 +235,18 @@ std::vector<tsr_owned_range> Session::owned_ranges() {
   return zero_owned_ranges({host, zero.vt, zero.self, zero.name});
 }
 
+std::vector<tsr_owned_range> Session::frozen_ranges() {
+  std::vector<tsr_owned_range> out;
+  const tsr_ext_zero_frozen *ext = zero.caps.zero.frozen;
+  if (!ext || layout.frozen_total == 0) return out;
+  auto collect = [](void *ctx, const tsr_owned_range *r) -> tsr_status {
+    static_cast<std::vector<tsr_owned_range> *>(ctx)->push_back(*r);
+    return TSR_OK;
+  };
+  plugin_ok(host, ext->frozen_ranges(zero.self, collect, &out), "zero", zero.name, "frozen_ranges");
+  return out;
+}
+
 bool Session::needs_reshare() const {
   return plan.partition_optimizer && !plan.partition_params && host.facts().world_size > 1;
 }
@@ -260,33 +289,29 @@ void Session::put_compute(const float *src, size_t n, void *dst) {
   plugin_ok(host, host.table()->ops->copy(host.ctx(), &s, &d), "copy parameters to the device");
 }
 
+void Session::get_compute(const void *src, size_t first, size_t n, float *dst) {
+  // Parameters may live on a device: copy through the ops, then widen.
+  const DLDataType dt = compute_dtype();
+  int64_t len = static_cast<int64_t>(n);
+  std::vector<uint16_t> narrow(compute_bytes() == 2 ? n : 0);
+  void *host_dst = narrow.empty() ? static_cast<void *>(dst) : static_cast<void *>(narrow.data());
+  void *at = const_cast<char *>(static_cast<const char *>(src)) + first * compute_bytes();
+  DLTensor from{at, host.facts().device, 1, dt, &len, nullptr, 0};
+  DLTensor to{host_dst, DLDevice{kDLCPU, 0}, 1, dt, &len, nullptr, 0};
+  plugin_ok(host, host.table()->ops->copy(host.ctx(), &from, &to), "copy parameters");
+  if (narrow.empty()) return;
+  DLTensor in{narrow.data(), DLDevice{kDLCPU, 0}, 1, dt, &len, nullptr, 0};
+  DLTensor out{dst, DLDevice{kDLCPU, 0}, 1, DLDataType{kDLFloat, 32, 1}, &len, nullptr, 0};
+  plugin_ok(host, cpu_ops()->cast(host.ctx(), &in, &out), "widen parameters");
+}
+
 std::vector<float> Session::gather_params() {
   flight_settle(flight);
   std::vector<float> flat(layout.total, 0.f);
-  const DLDataType dt = compute_dtype();
   for (uint32_t g = 0; g < layout.group_offset.size(); ++g) {
     void *base = nullptr;
     plugin_ok(host, zero.vt->params(zero.self, g, 0, &base), "[zero] params");
-    // Parameters may live on a device: copy through the ops, then widen.
-    int64_t n = static_cast<int64_t>(layout.group_size[g]);
-    std::vector<uint16_t> narrow(compute_bytes() == 2 ? static_cast<size_t>(n) : 0);
-    void *host_dst = narrow.empty() ? static_cast<void *>(flat.data() + layout.group_offset[g])
-                                    : static_cast<void *>(narrow.data());
-    DLTensor src{base, host.facts().device, 1, dt, &n, nullptr, 0};
-    DLTensor dst{host_dst, DLDevice{kDLCPU, 0}, 1, dt, &n, nullptr, 0};
-    plugin_ok(host, host.table()->ops->copy(host.ctx(), &src, &dst), "copy parameters");
-    if (!narrow.empty()) {
-      int64_t len = n;
-      DLTensor in{narrow.data(), DLDevice{kDLCPU, 0}, 1, dt, &len, nullptr, 0};
-      DLTensor out{flat.data() + layout.group_offset[g],
-                   DLDevice{kDLCPU, 0},
-                   1,
-                   DLDataType{kDLFloat, 32, 1},
-                   &len,
-                   nullptr,
-                   0};
-      plugin_ok(host, cpu_ops()->cast(host.ctx(), &in, &out), "widen parameters");
-    }
+    get_compute(base, 0, layout.group_size[g], flat.data() + layout.group_offset[g]);
     plugin_ok(host, zero.vt->params_done(zero.self, g), "[zero] params_done");
   }
   plugin_ok(host, zero.vt->end_pass(zero.self), "[zero] end_pass");
@@ -306,7 +331,12 @@ CheckpointParts Session::checkpoint_parts() {
       state_count,
       train_info.length,
       [this] { flight_settle(flight); },
-      [this](const float *src, size_t n, void *dst) { put_compute(src, n, dst); }};
+      [this](const float *src, size_t n, void *dst) { put_compute(src, n, dst); },
+      [this](const void *src, size_t first, size_t n, float *dst) {
+        get_compute(src, first, n, dst);
+      },
+      frozen_ranges(),
+      plan.partition_params != 0};
 }
 
 }  // namespace tessera

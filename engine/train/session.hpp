@@ -77,6 +77,13 @@ struct Session {
   // this session: valid while it lives.
   CheckpointParts checkpoint_parts();
 
+  // Reads compute-dtype elements [first, first + n) at `src` on the run's
+  // device into n fp32 values in host memory.
+  void get_compute(const void *src, size_t first, size_t n, float *dst);
+  // The frozen ranges this rank keeps (tessera.zero.frozen/1), their
+  // compute parameters in `params`; none where nothing is frozen.
+  std::vector<tsr_owned_range> frozen_ranges();
+
   // The ranges this rank owns and updates, in owned order: the trainer
   // walks them itself (host/zero_update.hpp).
   std::vector<tsr_owned_range> owned_ranges();

@@ -167,6 +167,23 @@ void print_offloaded_params(Session &s, int64_t on_device) {
       static_cast<double>(host_b) / 1048576.0, static_cast<double>(disk_b) / 1048576.0);
 }
 
+// The frozen parameters, apart: weights only, counted in the parameters
+// line (each rank keeps them whole, or its slice under stage 3), with no
+// gradients, master copy or optimizer state anywhere.
+void print_frozen(Session &s) {
+  const Layout &L = s.layout;
+  size_t frozen_numel = L.numel - L.trainable_numel;
+  const double kept = static_cast<double>(L.frozen_total) /
+                      (s.plan.partition_params ? s.host.facts().world_size : 1);
+  std::printf(
+      "tessera: frozen parameters: %zu of %zu elements, weights %.2f MiB per rank in the "
+      "parameters above (%s); no gradients, master copy or optimizer state for them: "
+      "gradients and optimizer state cover the %zu trainable elements only\n",
+      frozen_numel, L.numel, kept * static_cast<double>(s.compute_bytes()) / 1048576.0,
+      s.plan.partition_params ? "partitioned and gathered as weights" : "whole on every rank",
+      L.trainable_numel);
+}
+
 // Where every byte rank 0 has allocated lives now (the engine's and the
 // plugins' allocations through the host; activations come on top of the
 // GPU's, during the step): GPU, pinned and pageable host memory, and disk
@@ -230,7 +247,10 @@ nlohmann::json report_memory(Session &s) {
     // docs/architecture.md's memory table: compute-dtype bytes per parameter and gradient,
     // and the fp32 master plus the optimizer's state arrays; divided by the
     // world where the stage partitions them.
+    // Frozen parameters count among the parameters only: weights without
+    // gradients, master copy or optimizer state (docs/architecture.md).
     const double psi = static_cast<double>(s.layout.total), w = f.world_size;
+    const double psi_t = static_cast<double>(s.layout.total - s.layout.frozen_total);
     const double states = 1 + s.state_count;
     const double cb = static_cast<double>(s.compute_bytes());
     const std::string b = std::to_string(s.compute_bytes());
@@ -242,14 +262,19 @@ nlohmann::json report_memory(Session &s) {
                                : s.plan.partition_grads ? b + "Psi/N + buckets"
                                                         : b + "Psi";
     std::printf(
-        "tessera: expected for %s at %u ranks (docs/architecture.md, %s, Psi = %.0f): parameters "
-        "%.2f MiB "
+        "tessera: expected for %s at %u ranks (docs/architecture.md, %s, Psi = %.0f%s): "
+        "parameters %.2f MiB "
         "(%s), gradients %.2f MiB (%s), optimizer state %.2f MiB (%s)\n",
         stage, f.world_size, s.job.settings.precision.c_str(), psi,
+        psi_t < psi ? (", trainable " + std::to_string(s.layout.total - s.layout.frozen_total) +
+                       ": gradients and state cover only those")
+                          .c_str()
+                    : "",
         offloaded ? 0.0 : mib(cb * psi / (s.plan.partition_params ? w : 1)), p_rule.c_str(),
-        s.home.grads_streamed ? 0.0 : mib(cb * psi / (s.plan.partition_grads ? w : 1)),
-        g_rule.c_str(), mib(4 * states * psi / (s.plan.partition_optimizer ? w : 1)),
+        s.home.grads_streamed ? 0.0 : mib(cb * psi_t / (s.plan.partition_grads ? w : 1)),
+        g_rule.c_str(), mib(4 * states * psi_t / (s.plan.partition_optimizer ? w : 1)),
         s.plan.partition_optimizer ? "4(1+k)Psi/N" : "4(1+k)Psi");
+    if (s.layout.frozen_total > 0) print_frozen(s);
     if (offloaded) print_offloaded_params(s, all[0]);
     if (s.home.grads_streamed)
       std::printf(
@@ -257,7 +282,7 @@ nlohmann::json report_memory(Session &s) {
           "([offload] plugin '%s'): no gradient slice %s (only the reduce-scatter "
           "buckets in flight), %.2f MiB in host memory\n",
           s.host.facts().device.device_type == kDLCUDA ? "the GPU" : "the CPU's compute buffers",
-          s.offload.name.c_str(), compute_place(s), mib(cb * psi / w));
+          s.offload.name.c_str(), compute_place(s), mib(cb * psi_t / w));
     print_placement(s);
     std::fflush(stdout);
   }

@@ -28,8 +28,12 @@ const tsr_ext_zero_param_source kParamSource = {tsr_ext_zero_param_source_STRUCT
                                                 entries::member<ZeroState, &ZeroState::use_source>};
 const tsr_ext_zero_grad_sink kGradSink = {tsr_ext_zero_grad_sink_STRUCT_SIZE,
                                           entries::member<ZeroState, &ZeroState::use_sink>};
+const tsr_ext_zero_frozen kFrozen = {tsr_ext_zero_frozen_STRUCT_SIZE,
+                                     entries::member<ZeroState, &ZeroState::set_frozen>,
+                                     entries::member<ZeroState, &ZeroState::frozen_ranges>};
 const Extension kExtensions[] = {{TSR_EXT_ZERO_PARAM_SOURCE, &kParamSource},
-                                 {TSR_EXT_ZERO_GRAD_SINK, &kGradSink}};
+                                 {TSR_EXT_ZERO_GRAD_SINK, &kGradSink},
+                                 {TSR_EXT_ZERO_FROZEN, &kFrozen}};
 const void *get_extension(const char *id) {
   return find_extension(kExtensions, id);
 }

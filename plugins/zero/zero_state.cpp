@@ -54,6 +54,24 @@ void ZeroState::use_sink(const tsr_grad_sink *sink) {
   sunk_ = true;
 }
 
+void ZeroState::set_frozen(const int32_t *group_frozen, size_t num_groups) {
+  if (num_groups > 0 && !group_frozen)
+    throw Error(TSR_ERR_INVALID, "zero: frozen groups given without their flags");
+  frozen_.assign(group_frozen, group_frozen + num_groups);
+}
+
+void ZeroState::frozen_ranges(tsr_range_fn fn, void *ctx) {
+  for (uint32_t g = 0; g < size_.size(); ++g) {
+    if (!frozen_[g]) continue;
+    tsr_owned_range r = sdk::make<tsr_owned_range>();
+    const bool sliced = opt_.stage == 3;
+    r.flat_offset = sliced ? offset_[g] + rank_ * per(g) : offset_[g];
+    r.count = sliced ? per(g) : size_[g];
+    r.params = sliced ? at(params_.get(), kept_offset_[g]) : at(params_.get(), offset_[g]);
+    check(fn(ctx, &r));
+  }
+}
+
 // Group g's reduced slice (this micro-batch's average) to the sink: the
 // step's first contribution replaces what it holds, later ones add.
 void ZeroState::sink_put(uint32_t g, const void *src) {
@@ -93,13 +111,11 @@ void ZeroState::setup(const tsr_zero_setup *s) {
       throw Error(TSR_ERR_INVALID, "zero: group " + std::to_string(g) + " size " +
                                        std::to_string(size_[g]) +
                                        " is not a multiple of the world size");
-  // Owned elements: everything for stage 0, slice `rank` of each group otherwise.
-  owned_offset_.resize(size_.size());
-  owned_total_ = 0;
-  for (size_t g = 0; g < size_.size(); ++g) {
-    owned_offset_[g] = owned_total_;
-    owned_total_ += opt_.stage == 0 ? size_[g] : per(static_cast<uint32_t>(g));
-  }
+  if (frozen_.empty()) frozen_.assign(size_.size(), 0);
+  if (frozen_.size() != size_.size())
+    throw Error(TSR_ERR_INVALID, "zero: frozen flags for " + std::to_string(frozen_.size()) +
+                                     " groups, the layout has " + std::to_string(size_.size()));
+  place_groups();
   DLDevice host_mem{kDLCPU, 0};
   auto upload = [&](void *dst, const void *src, size_t count) {
     // Initial values come from host memory; copy through the ops so the
@@ -112,12 +128,14 @@ void ZeroState::setup(const tsr_zero_setup *s) {
   if (opt_.stage < 3) {
     params_ = sdk::Buffer(host_, device_, total_ * esize_, TSR_MEM_PARAMS);
     upload(params_.get(), s->initial_params, total_);
-  } else if (!sourced_) {
-    params_ = sdk::Buffer(host_, device_, owned_total_ * esize_, TSR_MEM_PARAMS);
+  } else if (kept_total_ > 0) {
+    params_ = sdk::Buffer(host_, device_, kept_total_ * esize_, TSR_MEM_PARAMS);
     for (uint32_t g = 0; g < size_.size(); ++g)
-      upload(at(params_.get(), owned_offset_[g]),
-             static_cast<const char *>(s->initial_params) + (offset_[g] + rank_ * per(g)) * esize_,
-             per(g));
+      if (kept_offset_[g] != kNotKept)
+        upload(
+            at(params_.get(), kept_offset_[g]),
+            static_cast<const char *>(s->initial_params) + (offset_[g] + rank_ * per(g)) * esize_,
+            per(g));
   }
   training_ = s->training != 0;
   if (!s->training) return;  // a frozen model keeps no gradients
@@ -125,24 +143,48 @@ void ZeroState::setup(const tsr_zero_setup *s) {
     filled_.assign(size_.size(), 0);
     return;  // the sink holds them
   }
-  size_t grad_elems = opt_.stage < 2 ? total_ : owned_total_;
+  size_t grad_elems = opt_.stage < 2 ? grad_total_ : owned_total_;
   grads_ = sdk::Buffer(host_, device_, grad_elems * esize_, TSR_MEM_GRADS);
   DLTensor gv = view(grads_.get(), grad_elems);
   check(host_->ops->fill(host_->ctx, &gv, 0.f));
 }
 
+// Where each group's owned elements, gradients (stages 0-1) and kept
+// parameter slice (stage 3) go: frozen groups own nothing and have no
+// gradient; a parameter source holds the trainable slices.
+void ZeroState::place_groups() {
+  owned_offset_.assign(size_.size(), 0);
+  grad_offset_.assign(size_.size(), 0);
+  kept_offset_.assign(size_.size(), kNotKept);
+  owned_total_ = grad_total_ = kept_total_ = 0;
+  for (uint32_t g = 0; g < size_.size(); ++g) {
+    owned_offset_[g] = owned_total_;
+    grad_offset_[g] = grad_total_;
+    if (!frozen_[g]) {
+      // Everything for stage 0, slice `rank` of each group otherwise.
+      owned_total_ += opt_.stage == 0 ? size_[g] : per(g);
+      grad_total_ += size_[g];
+    }
+    if (opt_.stage == 3 && (frozen_[g] || !sourced_)) {
+      kept_offset_[g] = kept_total_;
+      kept_total_ += per(g);
+    }
+  }
+}
+
 void ZeroState::ranges(tsr_range_fn fn, void *ctx) {
   for (uint32_t g = 0; g < size_.size(); ++g) {
+    if (frozen_[g]) continue;
     tsr_owned_range r = sdk::make<tsr_owned_range>();
     r.owned_offset = owned_offset_[g];
     r.flat_offset = opt_.stage == 0 ? offset_[g] : offset_[g] + rank_ * per(g);
     r.count = opt_.stage == 0 ? size_[g] : per(g);
     switch (opt_.stage) {
       case 0:
-        r.grads = at(grads_.get(), offset_[g]);
+        r.grads = at(grads_.get(), grad_offset_[g]);
         break;
       case 1:
-        r.grads = at(grads_.get(), r.flat_offset);
+        r.grads = at(grads_.get(), grad_offset_[g] + rank_ * per(g));
         break;
       default:  // the sink's: the backend reads its own copy
         r.grads = sunk_ ? nullptr : at(grads_.get(), r.owned_offset);
@@ -151,7 +193,7 @@ void ZeroState::ranges(tsr_range_fn fn, void *ctx) {
     // Offloaded parameters: the backend writes its own copy.
     r.params = sourced_         ? nullptr
                : opt_.stage < 3 ? at(params_.get(), r.flat_offset)
-                                : at(params_.get(), r.owned_offset);
+                                : at(params_.get(), kept_offset_[g]);
     check(fn(ctx, &r));
   }
 }
@@ -173,11 +215,11 @@ void ZeroState::gather(uint32_t g) {
   } else {
     l.buf = sdk::Buffer(host_, device_, size_[g] * esize_, TSR_MEM_PARAMS);
   }
-  if (sourced_) {
+  if (sourced_ && !frozen_[g]) {
     fetch(g, l);
     return;
   }
-  DLTensor in = view(at(params_.get(), owned_offset_[g]), per(g));
+  DLTensor in = view(at(params_.get(), kept_offset_[g]), per(g));
   DLTensor out = view(l.buf.get(), size_[g]);
   check(host_->comm->all_gather(host_->ctx, &in, &out, opt_.prefetch ? &l.work : nullptr));
 }
@@ -262,7 +304,10 @@ void *ZeroState::grads(uint32_t g) {
   if (g >= size_.size())
     throw Error(TSR_ERR_INVALID, "zero: group " + std::to_string(g) + " out of range");
   if (!training_) throw Error(TSR_ERR_INVALID, "zero: no gradients for a frozen model");
-  if (opt_.stage < 2) return at(grads_.get(), offset_[g]);
+  if (frozen_[g])
+    throw Error(TSR_ERR_INVALID,
+                "zero: group " + std::to_string(g) + " is frozen: its parameters have no gradient");
+  if (opt_.stage < 2) return at(grads_.get(), grad_offset_[g]);
   auto it = active_grads_.find(g);
   if (it != active_grads_.end()) return it->second.get();
   sdk::Buffer b = take(size_[g], TSR_MEM_COMM);
@@ -275,8 +320,9 @@ void *ZeroState::grads(uint32_t g) {
 
 void ZeroState::launch_bucket() {
   if (bucket_lo_ < 0) return;
-  size_t lo = offset_[static_cast<size_t>(bucket_lo_)];
-  size_t hi = offset_[static_cast<size_t>(bucket_hi_)] + size_[static_cast<size_t>(bucket_hi_)];
+  size_t lo = grad_offset_[static_cast<size_t>(bucket_lo_)];
+  size_t hi =
+      grad_offset_[static_cast<size_t>(bucket_hi_)] + size_[static_cast<size_t>(bucket_hi_)];
   DLTensor t = view(at(grads_.get(), lo), hi - lo);
   Pending p;
   check(host_->comm->all_reduce(host_->ctx, &t, TSR_REDUCE_AVG, opt_.overlap ? &p.work : nullptr));
@@ -287,17 +333,25 @@ void ZeroState::launch_bucket() {
 void ZeroState::grads_done(uint32_t g, bool last_micro) {
   if (g >= size_.size())
     throw Error(TSR_ERR_INVALID, "zero: group " + std::to_string(g) + " out of range");
+  if (frozen_[g]) {  // no gradient: backward is only done with its parameters
+    if (opt_.stage == 3) params_done(g);
+    return;
+  }
   if (opt_.stage < 2) {
     // Gradients accumulate locally over micro-batches; the sum crosses the
-    // network once, in buckets of neighbouring groups.
+    // network once, in buckets of groups neighbouring in grads_ (frozen
+    // groups between them have no gradient there).
     if (!last_micro || world_ == 1) return;
     if (declared_.size() != size_.size()) declared_.assign(size_.size(), 0);
     declared_[g] = 1;
-    if (bucket_lo_ >= 0 && static_cast<int64_t>(g) + 1 != bucket_lo_) launch_bucket();
+    if (bucket_lo_ >= 0 &&
+        grad_offset_[g] + size_[g] != grad_offset_[static_cast<size_t>(bucket_lo_)])
+      launch_bucket();
     if (bucket_lo_ < 0) bucket_hi_ = g;
     bucket_lo_ = g;
-    size_t lo = offset_[static_cast<size_t>(bucket_lo_)];
-    size_t hi = offset_[static_cast<size_t>(bucket_hi_)] + size_[static_cast<size_t>(bucket_hi_)];
+    size_t lo = grad_offset_[static_cast<size_t>(bucket_lo_)];
+    size_t hi =
+        grad_offset_[static_cast<size_t>(bucket_hi_)] + size_[static_cast<size_t>(bucket_hi_)];
     if (static_cast<double>((hi - lo) * esize_) >= opt_.bucket_mb * 1048576.0) launch_bucket();
     return;
   }
@@ -416,7 +470,7 @@ void ZeroState::finish_grads() {
   if (opt_.stage < 2 && world_ > 1) {
     if (declared_.size() != size_.size()) declared_.assign(size_.size(), 0);
     for (uint32_t g = static_cast<uint32_t>(size_.size()); g-- > 0;)
-      if (!declared_[g]) grads_done(g, true);
+      if (!declared_[g] && !frozen_[g]) grads_done(g, true);
     declared_.assign(size_.size(), 0);
   }
   launch_bucket();
@@ -432,7 +486,7 @@ void ZeroState::finish_grads() {
 // copies read comes back.
 void ZeroState::finish_sink() {
   for (uint32_t g = 0; g < size_.size(); ++g) {
-    if (filled_[g] || per(g) == 0) continue;
+    if (filled_[g] || per(g) == 0 || frozen_[g]) continue;
     sdk::Buffer z = take(per(g), TSR_MEM_COMM);
     DLTensor v = view(z.get(), per(g));
     check(host_->ops->fill(host_->ctx, &v, 0.f));
@@ -446,7 +500,7 @@ double ZeroState::grad_norm_sq() {
   double sq = 0;
   if (!sunk_ && opt_.stage < 2) {
     // Every rank holds the whole averaged gradient: no communication.
-    DLTensor t = view(grads_.get(), total_);
+    DLTensor t = view(grads_.get(), grad_total_);
     check(host_->ops->sum_squares(host_->ctx, &t, &sq));
     return sq;
   }
@@ -479,7 +533,7 @@ void ZeroState::clear_grads() {
     return;
   }
   if (!grads_.get()) return;
-  size_t grad_elems = opt_.stage < 2 ? total_ : owned_total_;
+  size_t grad_elems = opt_.stage < 2 ? grad_total_ : owned_total_;
   DLTensor gv = view(grads_.get(), grad_elems);
   check(host_->ops->fill(host_->ctx, &gv, 0.f));
 }
@@ -498,6 +552,7 @@ void ZeroState::reshare() {
   std::vector<Gather> gathers;
   const double limit = opt_.bucket_mb * 1048576.0;
   for (uint32_t g = 0; g < size_.size(); ++g) {
+    if (frozen_[g]) continue;  // never updated
     if (gathers.empty() ||
         static_cast<double>((gathers.back().sum_per + per(g)) * world_ * esize_) > limit)
       gathers.emplace_back();

@@ -10,6 +10,11 @@
 //              all-gathered when the model asks for it, released after use,
 //              and the next one prefetched)
 //
+// Frozen groups (tessera.zero.frozen/1) are weights only at every stage:
+// kept (stage 3: partitioned and gathered) like any group, but without a
+// gradient, owned elements (so no optimizer state, master copy or offload
+// traffic), reduction or re-share.
+//
 // Everything numeric goes through the host's ops and collectives, so the
 // same code serves CPU (Gloo) and GPU (NCCL) runs.
 #pragma once
@@ -44,6 +49,10 @@ class ZeroState {
   // Stages 2-3: the reduced gradients go to `sink` (an offload backend's
   // host memory) as each bucket completes; no device gradient slice.
   void use_sink(const tsr_grad_sink *sink);
+  // Which layout groups are frozen (1) or trainable (0). Before setup.
+  void set_frozen(const int32_t *group_frozen, size_t num_groups);
+  // Each frozen range this rank keeps, its compute parameters in `params`.
+  void frozen_ranges(tsr_range_fn fn, void *ctx);
   void setup(const tsr_zero_setup *s);
   size_t owned_count() const { return owned_total_; }
   void ranges(tsr_range_fn fn, void *ctx);
@@ -78,6 +87,7 @@ class ZeroState {
   };
 
   DLTensor view(void *data, size_t count);
+  void place_groups();
   size_t per(uint32_t g) const { return size_[g] / world_; }
   void *at(void *base, size_t elems) const { return static_cast<char *>(base) + elems * esize_; }
   void launch_bucket();
@@ -110,9 +120,18 @@ class ZeroState {
   size_t esize_ = 4;
   std::vector<size_t> offset_, size_, owned_offset_;
   size_t total_ = 0, owned_total_ = 0;
+  std::vector<int32_t> frozen_;  // per group: no gradient, owns nothing
+  // Stages 0-1: where each trainable group's gradients start in grads_.
+  std::vector<size_t> grad_offset_;
+  size_t grad_total_ = 0;
+  // Stage 3: where each group's slice starts in params_ (every group's, or
+  // with a parameter source only the frozen ones'); kNotKept otherwise.
+  static constexpr size_t kNotKept = ~size_t{0};
+  std::vector<size_t> kept_offset_;
+  size_t kept_total_ = 0;
 
-  sdk::Buffer params_;                            // stage 0-2: full; stage 3: this rank's slices
-  sdk::Buffer grads_;                             // stage 0-1: full; stage 2-3: this rank's slices
+  sdk::Buffer params_;  // stage 0-2: full; stage 3: this rank's kept slices
+  sdk::Buffer grads_;   // stage 0-1: full (trainable groups); stage 2-3: this rank's owned slices
   std::map<uint32_t, sdk::Buffer> active_grads_;  // stage 2-3: groups being accumulated
   std::map<uint32_t, Live> live_;                 // stage 3: gathered groups
   std::vector<sdk::Buffer> spare_;                // stage 3: released gather buffers

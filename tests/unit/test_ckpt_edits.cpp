@@ -115,6 +115,35 @@ TEST_CASE("coverage is exact: an overlap or a gap is refused, naming the slot", 
              Catch::Contains("not where") && Catch::Contains("end"));
 }
 
+TEST_CASE("freeze: optimizer state leaves out exactly the parameters saved frozen",
+          "[checkpoint][freeze]") {
+  TempDir dir("tessera_ckpt");
+  // Weights for both halves, state for the first: w1 was saved frozen.
+  auto frozen_second = [&](const std::string &name, size_t state) {
+    nlohmann::json m = tessera::test::write_hand_shards(
+        dir.path() / name, 1024, {"master", "exp_avg"},
+        {{{"master", 0, ramp(1024)}, {"exp_avg", 0, ramp(state)}}});
+    m["params"] = {{{"name", "w0"}, {"shape", {512}}, {"group", 0}, {"canonical_offset", 0}},
+                   {{"name", "w1"},
+                    {"shape", {512}},
+                    {"group", 0},
+                    {"canonical_offset", 512},
+                    {"trainable", false}}};
+    return m;
+  };
+  const nlohmann::json m = frozen_second("ok", 512);
+  REQUIRE_NOTHROW(tessera::check_manifest(m, "m"));
+  // Not marked frozen: its state is missing.
+  nlohmann::json unmarked = m;
+  unmarked["params"][1].erase("trainable");
+  CHECK_THAT(error_of([&] { tessera::check_manifest(unmarked, "m"); }),
+             Catch::Contains("slot 'exp_avg'") &&
+                 Catch::Contains("elements [512, 1024) are in no tensor"));
+  // State for a parameter saved frozen is an edit.
+  CHECK_THAT(error_of([&] { tessera::check_manifest(frozen_second("over", 1024), "m"); }),
+             Catch::Contains("slot 'exp_avg'") && Catch::Contains("which was saved frozen"));
+}
+
 TEST_CASE("where training stands is range-checked", "[checkpoint]") {
   TempDir dir("tessera_ckpt");
   const nlohmann::json m = write_hand_checkpoint(dir.path() / "s", ramp(16));

@@ -16,6 +16,7 @@
 
 #include <tessera/dataset.h>
 #include <tessera/host.h>
+#include <tessera/zero.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -266,6 +267,28 @@ typedef struct tsr_ext_zero_grad_sink {
   tsr_status (*use)(void *self, const tsr_grad_sink *sink);
 } tsr_ext_zero_grad_sink;
 #define tsr_ext_zero_grad_sink_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_ext_zero_grad_sink, use)
+
+/* Frozen parameters (tsr_param_info.trainable = 0). The host lays a model
+ * group's frozen parameters out as layout groups of their own (zero.h), and
+ * tells the zero plugin which, before setup: frozen(self, group_frozen,
+ * num_groups) with group_frozen[g] = 1 for such a group. The plugin then
+ * keeps no gradient for a frozen group (grads() on it is an error, and the
+ * host never calls grads_done on it), leaves it out of owned_count and
+ * ranges() (so no optimizer state, no master copy and no offload traffic),
+ * never reduces it and never re-shares it; it still keeps, partitions and
+ * gathers the group's parameters as it does any group's (they come from
+ * tsr_zero_setup.initial_params; under a tsr_param_source it keeps frozen
+ * slices itself). frozen_ranges() then calls fn for each frozen range it
+ * keeps, in flat order: flat_offset, count, and params pointing at its
+ * compute parameters on the device (owned_offset and grads are 0 and
+ * NULL): what a checkpoint saves and loads of the frozen groups. */
+#define TSR_EXT_ZERO_FROZEN "tessera.zero.frozen/1"
+typedef struct tsr_ext_zero_frozen {
+  size_t struct_size;
+  tsr_status (*frozen)(void *self, const int32_t *group_frozen, size_t num_groups);
+  tsr_status (*frozen_ranges)(void *self, tsr_range_fn fn, void *ctx);
+} tsr_ext_zero_frozen;
+#define tsr_ext_zero_frozen_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_ext_zero_frozen, frozen_ranges)
 
 #ifdef __cplusplus
 }
