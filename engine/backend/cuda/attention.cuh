@@ -172,6 +172,15 @@ inline bool vec16(const Bthd &v, int64_t D) {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
+// ABI 1.8 document masking: the first key query `row` of sequence b sees,
+// row - positions[b, row] with the position clamped into [0, row] (ops.h:
+// CUDA clamps rather than checks); 0 without positions (causal).
+__device__ __forceinline__ int window_start(const int32_t *pos, int b, int row, int T_) {
+  if (!pos) return 0;
+  const int p = pos[static_cast<int64_t>(b) * T_ + row];
+  return row - min(max(p, 0), row);
+}
+
 // Kernel view of one [B, T, H, D] tensor.
 template <typename T>
 struct Ten {

@@ -14,6 +14,12 @@
 //
 // fp32 runs on CUDA cores without atomics: one kernel for dq (a warp per
 // query row), one for dk/dv (a warp per key row), both deterministic.
+//
+// With positions (ABI 1.8 attention_packed_*) P is 0 outside each query's
+// window [window_start, i]: the tensor-core kernel's DOC instantiation
+// keeps the window starts of its query blocks beside lse and Di and masks
+// every block; the fp32 kernels mask per pair and skip tiles wholly before
+// a query's window.
 #include <mutex>
 
 #include "backend/cuda/attention.cuh"
@@ -84,12 +90,14 @@ struct BwdParams {
   float *dq_acc;     // [B, H, T, D], unscaled
   int T_, H, D;
   float scale, scale_log2;
+  const int32_t *pos;  // [B, T] positions (document masking), NULL: causal
 };
 
-template <int DP>
+template <int DP, bool DOC>
 constexpr int bwd_smem_bytes() {
-  // K, V, Q[2], dO[2] tiles, dS^T [kBc][kBr + 8], then lse[2] and Di[2] rows.
-  return (2 * kBc + 4 * kBr) * (DP + 8) * 2 + kBc * (kBr + 8) * 2 + 4 * kBr * 4;
+  // K, V, Q[2], dO[2] tiles, dS^T [kBc][kBr + 8], then lse[2] and Di[2]
+  // rows, and with document masking the window starts [2].
+  return (2 * kBc + 4 * kBr) * (DP + 8) * 2 + kBc * (kBr + 8) * 2 + (DOC ? 6 : 4) * kBr * 4;
 }
 
 // long-function: kept whole on purpose: one block's pass over its key
@@ -97,7 +105,7 @@ constexpr int bwd_smem_bytes() {
 // dK/dV accumulators in registers from the first query block to the last;
 // split into device functions they would pass those fragments by
 // reference, and whether they stay in registers would rest on the inliner.
-template <typename T, int DP>
+template <typename T, int DP, bool DOC>
 __global__ void __launch_bounds__(kThreads) bwd_mma_kernel(const BwdParams<T> p) {
   constexpr int PITCH = DP + 8;
   constexpr int SP = kBr + 8;  // dS^T row pitch
@@ -114,6 +122,7 @@ __global__ void __launch_bounds__(kThreads) bwd_mma_kernel(const BwdParams<T> p)
   T *sdS = sdO + 2 * kBr * PITCH;                           // [kBc keys][SP], dS^T
   float *sLse = reinterpret_cast<float *>(sdS + kBc * SP);  // [2][kBr] base-2 lse, +inf past T
   float *sDi = sLse + 2 * kBr;                              // [2][kBr]
+  int *sFirst = reinterpret_cast<int *>(sDi + 2 * kBr);     // [2][kBr], DOC only
 
   const int kb = blockIdx.x;  // block 0 walks every query block: heaviest first
   const int b = blockIdx.y / p.H, h = blockIdx.y % p.H;
@@ -138,6 +147,7 @@ __global__ void __launch_bounds__(kThreads) bwd_mma_kernel(const BwdParams<T> p)
       // A query past T gets lse = +inf, so its P (and so dS) is exactly 0.
       sLse[buf * kBr + i] = row < p.T_ ? p.lse[bh_row + row] * kLog2e : INFINITY;
       sDi[buf * kBr + i] = row < p.T_ ? p.di[bh_row + row] : 0.0f;
+      if constexpr (DOC) sFirst[buf * kBr + i] = row < p.T_ ? window_start(p.pos, b, row, p.T_) : 0;
     }
   };
   load_q(kb, 0);
@@ -162,6 +172,8 @@ __global__ void __launch_bounds__(kThreads) bwd_mma_kernel(const BwdParams<T> p)
     __syncthreads();
     const T *cQ = sQ + buf * kBr * PITCH, *cdO = sdO + buf * kBr * PITCH;
     const float *cLse = sLse + buf * kBr, *cDi = sDi + buf * kBr;
+    const int *cFirst = sFirst + buf * kBr;
+    (void)cFirst;  // read by the DOC instantiation only
 
     // S^T = K Q^T: this warp's 16 keys x 64 queries.
     float s[8][4];
@@ -187,7 +199,12 @@ __global__ void __launch_bounds__(kThreads) bwd_mma_kernel(const BwdParams<T> p)
       for (int e = 0; e < 4; e++) {
         const int ql = nt * 8 + (lane % 4) * 2 + (e & 1);
         float pv = exp2f(s[nt][e] * p.scale_log2 - cLse[ql]);
-        if (qb == kb && key_g + (e >= 2 ? 8 : 0) > qb * kBr + ql) pv = 0.0f;
+        const int key = key_g + (e >= 2 ? 8 : 0);
+        if constexpr (DOC) {
+          if (key > qb * kBr + ql || key < cFirst[ql]) pv = 0.0f;
+        } else if (qb == kb && key > qb * kBr + ql) {
+          pv = 0.0f;
+        }
         s[nt][e] = pv;
       }
     }
@@ -309,18 +326,26 @@ __global__ void __launch_bounds__(kThreads) bwd_mma_kernel(const BwdParams<T> p)
                                           p.T_, p.D);
 }
 
-template <typename T, int DP>
-void launch_bwd_mma(const BwdParams<T> &p, int B) {
-  constexpr int smem = bwd_smem_bytes<DP>();
+template <typename T, int DP, bool DOC>
+void launch_bwd_mma_as(const BwdParams<T> &p, int B) {
+  constexpr int smem = bwd_smem_bytes<DP, DOC>();
   static const bool attr = [] {
-    TSR_CUDA_CHECK(cudaFuncSetAttribute(bwd_mma_kernel<T, DP>,
+    TSR_CUDA_CHECK(cudaFuncSetAttribute(bwd_mma_kernel<T, DP, DOC>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     return true;
   }();
   (void)attr;
   const dim3 grid((p.T_ + kBc - 1) / kBc, B * p.H);
-  bwd_mma_kernel<T, DP><<<grid, kThreads, smem, compute_stream()>>>(p);
+  bwd_mma_kernel<T, DP, DOC><<<grid, kThreads, smem, compute_stream()>>>(p);
   check_launch();
+}
+
+template <typename T, int DP>
+void launch_bwd_mma(const BwdParams<T> &p, int B) {
+  if (p.pos)
+    launch_bwd_mma_as<T, DP, true>(p, B);
+  else
+    launch_bwd_mma_as<T, DP, false>(p, B);
 }
 
 // 3. dq = acc * scale in dq's dtype and strides; acc is [B, H, T, D].
@@ -350,6 +375,7 @@ struct BwdF32Params {
   const float *lse, *di;
   int T_, H, D;
   float scale;
+  const int32_t *pos;  // [B, T] positions (document masking), NULL: causal
 };
 
 // dq_i = scale * sum_{j <= i} P_ij (dP_ij - Di) k_j, dP_ij = dO_i . v_j
@@ -382,12 +408,15 @@ __global__ void __launch_bounds__(128) dq_f32_kernel(const BwdF32Params p) {
     for (int i = 0; i < 2; i++) {
       const int rl = warp * 2 + i, row = r0 + rl;
       if (row >= p.T_ || k0 > row) continue;  // warp-uniform
+      const int first = window_start(p.pos, b, row, p.T_);
+      if (k0 + kTile <= first) continue;  // warp-uniform: the tile is before the window
       float s = 0.0f, dp = 0.0f;
       for (int d = 0; d < p.D; d++) {
         s += sQ[rl][d] * sK[lane][d];
         dp += sdO[rl][d] * sV[lane][d];
       }
-      const float pij = k0 + lane <= row ? expf(s * p.scale - p.lse[bh_row + row]) : 0.0f;
+      const bool seen = k0 + lane <= row && k0 + lane >= first;
+      const float pij = seen ? expf(s * p.scale - p.lse[bh_row + row]) : 0.0f;
       const float dsij = pij * (dp - p.di[bh_row + row]);
       for (int j = 0; j < kTile; j++) {
         const float db = __shfl_sync(0xffffffffu, dsij, j);
@@ -412,6 +441,7 @@ __global__ void __launch_bounds__(128) dkdv_f32_kernel(const BwdF32Params p) {
   __shared__ float sK[kRows][128], sV[kRows][128];
   __shared__ float sQ[kTile][129], sdO[kTile][129];
   __shared__ float sLse[kTile], sDi[kTile];
+  __shared__ int sFirst[kTile];       // the queries' window starts
   const int r0 = blockIdx.x * kRows;  // first key of this block; block 0 has most work
   const int b = blockIdx.y / p.H, h = blockIdx.y % p.H;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -436,6 +466,7 @@ __global__ void __launch_bounds__(128) dkdv_f32_kernel(const BwdF32Params p) {
       const int qi = q0 + threadIdx.x;
       sLse[threadIdx.x] = qi < p.T_ ? p.lse[bh_row + qi] : INFINITY;
       sDi[threadIdx.x] = qi < p.T_ ? p.di[bh_row + qi] : 0.0f;
+      sFirst[threadIdx.x] = qi < p.T_ ? window_start(p.pos, b, qi, p.T_) : 0;
     }
     __syncthreads();
 #pragma unroll
@@ -448,7 +479,8 @@ __global__ void __launch_bounds__(128) dkdv_f32_kernel(const BwdF32Params p) {
         s += sK[rl][d] * sQ[lane][d];
         dp += sV[rl][d] * sdO[lane][d];
       }
-      const float pij = (qi >= key && qi < p.T_) ? expf(s * p.scale - sLse[lane]) : 0.0f;
+      const bool seen = qi >= key && qi < p.T_ && key >= sFirst[lane];
+      const float pij = seen ? expf(s * p.scale - sLse[lane]) : 0.0f;
       const float dsij = pij * (dp - sDi[lane]);
       for (int j = 0; j < kTile; j++) {
         const float pb = __shfl_sync(0xffffffffu, pij, j);
@@ -506,7 +538,7 @@ BwdArgs check_backward_args(const DLTensor *q, const DLTensor *k, const DLTensor
 
 // The float32 backward: dq and dk/dv by two kernels of their own, reading
 // Di (the rows' dout . out) from `di`.
-void backward_f32(const BwdArgs &a, float scale, float *di, cudaStream_t st) {
+void backward_f32(const BwdArgs &a, float scale, float *di, const int32_t *pos, cudaStream_t st) {
   const Dims &d = a.d;
   const int T_ = static_cast<int>(d.T), H = static_cast<int>(d.H), D = static_cast<int>(d.D);
   BwdF32Params p{ten<float>(a.q, d.D),
@@ -521,7 +553,8 @@ void backward_f32(const BwdArgs &a, float scale, float *di, cudaStream_t st) {
                  T_,
                  H,
                  D,
-                 scale};
+                 scale,
+                 pos};
   const int B = static_cast<int>(d.B);
   const dim3 grid((T_ + kRows - 1) / kRows, B * H);
   dq_f32_kernel<<<grid, 128, 0, st>>>(p);
@@ -533,7 +566,8 @@ void backward_f32(const BwdArgs &a, float scale, float *di, cudaStream_t st) {
 // The 16-bit backward: one tensor-core pass that writes dk and dv and
 // accumulates dq in float32 (dq_acc), then dq cast to T and scaled.
 template <typename T>
-void backward_mma(const BwdArgs &a, float scale, float *di, float *dq_acc, cudaStream_t st) {
+void backward_mma(const BwdArgs &a, float scale, float *di, float *dq_acc, const int32_t *pos,
+                  cudaStream_t st) {
   const Dims &d = a.d;
   const int T_ = static_cast<int>(d.T), H = static_cast<int>(d.H), D = static_cast<int>(d.D);
   const int64_t rows = d.B * d.H * d.T;
@@ -551,7 +585,8 @@ void backward_mma(const BwdArgs &a, float scale, float *di, float *dq_acc, cudaS
                  H,
                  D,
                  scale,
-                 scale * kLog2e};
+                 scale * kLog2e,
+                 pos};
   if (D <= 64) {
     launch_bwd_mma<T, 64>(p, static_cast<int>(d.B));
   } else {
@@ -569,7 +604,7 @@ void backward_mma(const BwdArgs &a, float scale, float *di, float *dq_acc, cudaS
 tsr_status attention_backward_native(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
                                      const DLTensor *v, const DLTensor *out, const DLTensor *dout,
                                      const DLTensor *lse, float scale, DLTensor *dq, DLTensor *dk,
-                                     DLTensor *dv) noexcept {
+                                     DLTensor *dv, const int32_t *positions) noexcept {
   using namespace attn;
   return guarded(ctx, [&] {
     const BwdArgs a = check_backward_args(q, k, v, out, dout, lse, scale, dq, dk, dv);
@@ -589,9 +624,9 @@ tsr_status attention_backward_native(tsr_host_ctx *ctx, const DLTensor *q, const
           <<<di_blocks, 256, 0, st>>>(ten<T>(a.out, d.D), ten<T>(a.dout, d.D), di, T_, H, D, rows);
       check_launch();
       if constexpr (std::is_same_v<T, float>)
-        backward_f32(a, scale, di, st);
+        backward_f32(a, scale, di, positions, st);
       else
-        backward_mma<T>(a, scale, di, dq_acc, st);
+        backward_mma<T>(a, scale, di, dq_acc, positions, st);
     };
     if (a.dt == Dt::F32) {
       run(float{});
