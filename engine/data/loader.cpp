@@ -39,8 +39,7 @@ Loader::Loader(Host &host, const tsr_dataset_vtable *vt, void *dataset, const ts
   // Packed sequences (ABI 1.8): an int32 position per input element. The
   // session's info is zeroed at its full size before the dataset fills it,
   // so a dataset of an older minor leaves positions 0.
-  if (info_.positions)
-    pos_bytes_ = in_elems * sizeof(int32_t);
+  if (info_.positions) pos_bytes_ = in_elems * sizeof(int32_t);
   // workers == 0 reads on the calling thread, inside next().
   int nslots = std::max(1, prefetch + std::max(workers, 0));
   slots_.resize(static_cast<size_t>(nslots));

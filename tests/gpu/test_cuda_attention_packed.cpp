@@ -48,7 +48,8 @@ void check_case(Dt d, int64_t Hk, int64_t D) {
   const std::string what = case_name("attention_packed", d, {B, T, H, Hk, D});
   INFO(what);
   const std::vector<int32_t> pos = positions_of(T, {{30, 100, 50}, {1, 64, 135}});
-  Gpu q({B, T, H, D}, d, randn(B * T * H * D, 221)), k({B, T, Hk, D}, d, randn(B * T * Hk * D, 222));
+  Gpu q({B, T, H, D}, d, randn(B * T * H * D, 221)),
+      k({B, T, Hk, D}, d, randn(B * T * Hk * D, 222));
   Gpu v({B, T, Hk, D}, d, randn(B * T * Hk * D, 223)),
       dout({B, T, H, D}, d, randn(B * T * H * D, 224));
   Tensor p({B, T}, Dt::I32);
@@ -58,7 +59,8 @@ void check_case(Dt d, int64_t Hk, int64_t D) {
   REQUIRE_OK(gpu().attention_packed_forward(ctx(), q.dl(), k.dl(), v.dl(), p.dl(), scale, out.dl(),
                                             lse.dl()));
   REQUIRE_OK(gpu().attention_packed_backward(ctx(), q.dl(), k.dl(), v.dl(), p.dl(), out.dl(),
-                                             dout.dl(), lse.dl(), scale, dq.dl(), dk.dl(), dv.dl()));
+                                             dout.dl(), lse.dl(), scale, dq.dl(), dk.dl(),
+                                             dv.dl()));
   Cpu cq({B, T, H, D}, q.vals), ck({B, T, Hk, D}, k.vals), cv({B, T, Hk, D}, v.vals);
   Cpu cdo({B, T, H, D}, dout.vals), co({B, T, H, D}, std::vector<float>(B * T * H * D));
   Cpu cl({B, H, T}, std::vector<float>(B * H * T));
@@ -100,7 +102,8 @@ TEST_CASE("cuda attention_packed takes host tensors through the CPU op",
   const std::vector<int32_t> pos = positions_of(T, {{2, 4}});
   Cpu q({B, T, H, D}, randn(B * T * H * D, 1)), k({B, T, H, D}, randn(B * T * H * D, 2));
   Cpu v({B, T, H, D}, randn(B * T * H * D, 3));
-  Cpu out({B, T, H, D}, std::vector<float>(B * T * H * D)), lse({B, H, T}, std::vector<float>(B * H * T));
+  Cpu out({B, T, H, D}, std::vector<float>(B * T * H * D)),
+      lse({B, H, T}, std::vector<float>(B * H * T));
   Tensor p({B, T}, Dt::I32, kDLCPU);
   p.set_i32(pos);
   REQUIRE_OK(gpu().attention_packed_forward(ctx(), q.dl(), k.dl(), v.dl(), p.dl(), 0.5f, out.dl(),

@@ -125,8 +125,7 @@ TEST_CASE("attention_packed matches a float64 reference of the document mask",
   Vec want_lse;
   const Vec want = packed_ref(d, to_d(q.v), to_d(k.v), to_d(v.v), pos, scale, &want_lse);
   for (size_t i = 0; i < want.size(); i++) CHECK(out.v[i] == Approx(want[i]).margin(1e-5));
-  for (size_t i = 0; i < want_lse.size(); i++)
-    CHECK(lse.v[i] == Approx(want_lse[i]).margin(1e-5));
+  for (size_t i = 0; i < want_lse.size(); i++) CHECK(lse.v[i] == Approx(want_lse[i]).margin(1e-5));
 }
 
 TEST_CASE("attention_packed's backward matches finite differences of the reference",
@@ -150,8 +149,8 @@ TEST_CASE("attention_packed's backward matches finite differences of the referen
                                           dv.dl()) == TSR_OK);
   const Vec Q = to_d(q.v), K = to_d(k.v), V = to_d(v.v), G = to_d(g.v);
   const auto f = [&](const Vec &x, int which) {
-    return dot(packed_ref(d, which == 0 ? x : Q, which == 1 ? x : K, which == 2 ? x : V, pos, scale),
-               G);
+    return dot(
+        packed_ref(d, which == 0 ? x : Q, which == 1 ? x : K, which == 2 ? x : V, pos, scale), G);
   };
   const Vec nq = numeric_grad(Q, [&](const Vec &x) { return f(x, 0); });
   const Vec nk = numeric_grad(K, [&](const Vec &x) { return f(x, 1); });

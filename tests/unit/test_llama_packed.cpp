@@ -69,9 +69,7 @@ struct HostBatch {
   int64_t shape[2];
   tsr_batch b;
   HostBatch(int64_t n, int64_t T)
-      : x(static_cast<size_t>(n * T), 0),
-        y(static_cast<size_t>(n * T), kIgnored),
-        shape{n, T} {}
+      : x(static_cast<size_t>(n * T), 0), y(static_cast<size_t>(n * T), kIgnored), shape{n, T} {}
   const tsr_batch *get() {
     b = sdk::make<tsr_batch>();
     b.size = shape[0];
@@ -92,8 +90,8 @@ HostBatch packed_window(Fixture &f, const TempDir &dir, const std::vector<Exampl
   void *self = nullptr;
   const std::string toml = "files = '" + dir.file("sft_train_*.bin") +
                            "'\ncontext = " + std::to_string(kT) + "\nvocab = 256\npack = true\n";
-  const tsr_status st = vt->create(f.host.table(), f.config("dataset", "tokens", toml), "train",
-                                   &self);
+  const tsr_status st =
+      vt->create(f.host.table(), f.config("dataset", "tokens", toml), "train", &self);
   INFO(f.host.last_error());
   REQUIRE(st == TSR_OK);
   auto info = sdk::make<tsr_data_info>();

@@ -133,7 +133,7 @@ TEST_CASE("shards with example starts: versions 2001/2007, examples never split 
     REQUIRE(b.size() == 1024 + n * (wb + 1) + 2 * 4);
     CHECK(int_at(b, 4) == (width == 2 ? 2001 : 2007));
     CHECK(int_at(b, 8) == 9);
-    CHECK(int_at(b, 12) == 2);  // examples
+    CHECK(int_at(b, 12) == 2);         // examples
     CHECK(b[1024 + n * wb + 4] == 0);  // the mask: example 2's first token
     CHECK(int_at(b, 1024 + n * (wb + 1)) == 0);
     CHECK(int_at(b, 1024 + n * (wb + 1) + 4) == 4);
@@ -143,9 +143,9 @@ TEST_CASE("shards with example starts: versions 2001/2007, examples never split 
     CHECK(int_at(tail, 1024 + 3 * (wb + 1)) == 0);
   }
   data::ShardWriter small(dir.path(), "small", 2, 3, true, true);
-  CHECK_THROWS_WITH(small.add_example({1, 2, 3, 4}, {1, 1, 1, 1}),
-                    Catch::Contains("example of 4 tokens does not fit") &&
-                        Catch::Contains("--shard-tokens 3"));
+  CHECK_THROWS_WITH(
+      small.add_example({1, 2, 3, 4}, {1, 1, 1, 1}),
+      Catch::Contains("example of 4 tokens does not fit") && Catch::Contains("--shard-tokens 3"));
 }
 
 TEST_CASE("pack = true: whole examples per window, positions restart, tails are padding",
@@ -159,7 +159,8 @@ TEST_CASE("pack = true: whole examples per window, positions restart, tails are 
   for (const Example &e : ex) w.add_example(e.ids, e.mask);
   w.finish();
   Fixture f;
-  Dataset d(f, "files = '" + dir.file("p_train_*.bin") + "'\ncontext = 8\nvocab = 300\npack = true");
+  Dataset d(f,
+            "files = '" + dir.file("p_train_*.bin") + "'\ncontext = 8\nvocab = 300\npack = true");
   INFO(f.host.last_error());
   REQUIRE(d.status == TSR_OK);
   auto info = sdk::make<tsr_data_info>();
@@ -171,10 +172,8 @@ TEST_CASE("pack = true: whole examples per window, positions restart, tails are 
   // where it fits best, and 2 (example 2) into a window of its own; within
   // a window the pieces in shard order.
   const std::vector<Window> want = {
-      expect(ex, {{1, 0, 8}}, 8),
-      expect(ex, {{3, 0, 8}}, 8),
-      expect(ex, {{3, 8, 8}}, 8),
-      expect(ex, {{0, 0, 4}, {3, 16, 3}}, 8),
+      expect(ex, {{1, 0, 8}}, 8), expect(ex, {{3, 0, 8}}, 8),
+      expect(ex, {{3, 8, 8}}, 8), expect(ex, {{0, 0, 4}, {3, 16, 3}}, 8),
       expect(ex, {{2, 0, 2}}, 8),
   };
   for (int64_t i = 0; i < 5; ++i) {

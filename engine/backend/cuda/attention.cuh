@@ -157,6 +157,20 @@ inline void check_dims(const char *op, const Dims &d) {
             std::string(op) + ": T or B*H too large");
 }
 
+// attention_backward's tensors, checked: one [B, T, H, D] view each, the
+// shared dims and dtype, and lse.
+struct BwdViews {
+  Dims d;
+  Dt dt = Dt::F32;
+  Bthd q, k, v, out, dout, dq, dk, dv;
+  const float *lse = nullptr;
+};
+
+// attention_backward_f32.cu: the float32 backward (dq, dk, dv) on `st`,
+// reading Di (the rows' dout . out) from `di`; `pos` (device positions
+// [B, T]) or NULL.
+void backward_f32(const BwdViews &a, float scale, float *di, const int32_t *pos, cudaStream_t st);
+
 // May a [B,T,H,D] view be moved in 16-byte packs of 8 elements (2-byte types)?
 // Needs unit stride along D, D a multiple of 8, and every other stride and the
 // base 16-byte aligned.

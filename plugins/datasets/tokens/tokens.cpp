@@ -258,7 +258,7 @@ void Dataset::read(const int64_t *indices, tsr_batch *out) const {
                            "gave none");
     check_tensor(*this, out->positions, "positions", n);
   }
-  const int64_t windows = first_window.back();
+  const int64_t windows = pack ? packing.windows() : first_window.back();
   const int64_t T = context;
   // vocab 0: only ids that fit int32 (uint32 shards could hold more).
   const uint64_t limit = vocab > 0 ? uint64_t(vocab) : uint64_t{1} << 31;
