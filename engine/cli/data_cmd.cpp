@@ -419,7 +419,7 @@ void tokenize_examples(const TokenizeOptions &o, const DocEncoder &enc, const st
     }
     const bool to_eval = document_to_eval(o.fraction, s.documents++);
     ++(to_eval ? s.eval_stats : s.train_stats).documents;
-    (to_eval ? s.eval : s.train).add(ids, mask);
+    (to_eval ? s.eval : s.train).add_example(ids, mask);
     done(std::min(pos, text.size()));
   }
 }
@@ -501,8 +501,9 @@ int tokenize_body(const Parsed &p) {
   const std::string train_prefix = o.name + "_train", eval_prefix = o.name + "_eval";
   prepare_out_dir(o.out_dir, {train_prefix, eval_prefix});
   const bool masked = o.sft.has_value();
-  Splits s{data::ShardWriter(o.out_dir, train_prefix, width, o.shard_tokens, masked),
-           data::ShardWriter(o.out_dir, eval_prefix, width, o.shard_tokens, masked),
+  // SFT examples keep their starts in the shards (versions 2001/2007), for packing.
+  Splits s{data::ShardWriter(o.out_dir, train_prefix, width, o.shard_tokens, masked, masked),
+           data::ShardWriter(o.out_dir, eval_prefix, width, o.shard_tokens, masked, masked),
            {},
            {},
            0,

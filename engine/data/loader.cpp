@@ -36,6 +36,10 @@ Loader::Loader(Host &host, const tsr_dataset_vtable *vt, void *dataset, const ts
     tgt_elems *= static_cast<size_t>(info_.target_shape[i]);
   in_bytes_ = in_elems * dtype_bytes(info_.input_dtype);
   tgt_bytes_ = tgt_elems * dtype_bytes(info_.target_dtype);
+  // Packed sequences (ABI 1.8): an int32 position per input element. The
+  // session's info is zeroed at its full size before the dataset fills it,
+  // so a dataset of an older minor leaves positions 0.
+  if (info_.positions) pos_bytes_ = in_elems * sizeof(int32_t);
   // workers == 0 reads on the calling thread, inside next().
   int nslots = std::max(1, prefetch + std::max(workers, 0));
   slots_.resize(static_cast<size_t>(nslots));
@@ -45,6 +49,8 @@ Loader::Loader(Host &host, const tsr_dataset_vtable *vt, void *dataset, const ts
   for (auto &s : slots_) {
     s.inputs = host_.alloc(cpu, in_bytes_ * static_cast<size_t>(batch_size_), TSR_MEM_OTHER);
     s.targets = host_.alloc(cpu, tgt_bytes_ * static_cast<size_t>(batch_size_), TSR_MEM_OTHER);
+    if (pos_bytes_)
+      s.positions = host_.alloc(cpu, pos_bytes_ * static_cast<size_t>(batch_size_), TSR_MEM_OTHER);
     s.in_shape.assign(1, batch_size_);
     for (int i = 0; i < info_.input_ndim; ++i) s.in_shape.push_back(info_.input_shape[i]);
     s.tgt_shape.assign(1, batch_size_);
@@ -58,6 +64,10 @@ Loader::Loader(Host &host, const tsr_dataset_vtable *vt, void *dataset, const ts
                              TSR_MEM_ACTIVATIONS);
       d.targets = host_.alloc(host_.facts().device, tgt_bytes_ * static_cast<size_t>(batch_size_),
                               TSR_MEM_ACTIVATIONS);
+      if (pos_bytes_)
+        d.positions =
+            host_.alloc(host_.facts().device, pos_bytes_ * static_cast<size_t>(batch_size_),
+                        TSR_MEM_ACTIVATIONS);
       cudaEvent_t e1, e2;
       TSR_CUDA_CHECK(cudaEventCreateWithFlags(&e1, cudaEventDisableTiming));
       TSR_CUDA_CHECK(cudaEventCreateWithFlags(&e2, cudaEventDisableTiming));
@@ -108,6 +118,9 @@ const tsr_batch *Loader::to_device(const tsr_batch &b) {
       cudaMemcpyAsync(d.inputs, b.inputs.data, n * in_bytes_, cudaMemcpyHostToDevice, copy));
   TSR_CUDA_CHECK(
       cudaMemcpyAsync(d.targets, b.targets.data, n * tgt_bytes_, cudaMemcpyHostToDevice, copy));
+  if (d.positions)
+    TSR_CUDA_CHECK(cudaMemcpyAsync(d.positions, b.positions.data, n * pos_bytes_,
+                                   cudaMemcpyHostToDevice, copy));
   TSR_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(d.copied), copy));
   TSR_CUDA_CHECK(cudaStreamWaitEvent(compute, static_cast<cudaEvent_t>(d.copied), 0));
   d.in_shape.assign(b.inputs.shape, b.inputs.shape + b.inputs.ndim);
@@ -119,6 +132,11 @@ const tsr_batch *Loader::to_device(const tsr_batch &b) {
   d.batch.targets.data = d.targets;
   d.batch.targets.device = host_.facts().device;
   d.batch.targets.shape = d.tgt_shape.data();
+  if (d.positions) {
+    d.batch.positions.data = d.positions;
+    d.batch.positions.device = host_.facts().device;
+    d.batch.positions.shape = d.in_shape.data();
+  }
   return &d.batch;
 #else
   return &b;
@@ -154,6 +172,7 @@ Loader::~Loader() {
       cuda::forget_int_range(d.inputs);
       host_.free(d.inputs);
       host_.free(d.targets);
+      if (d.positions) host_.free(d.positions);
       cudaEventDestroy(static_cast<cudaEvent_t>(d.consumed));
       cudaEventDestroy(static_cast<cudaEvent_t>(d.copied));
     }
@@ -162,6 +181,7 @@ Loader::~Loader() {
   for (auto &s : slots_) {
     host_.free(s.inputs);
     host_.free(s.targets);
+    if (s.positions) host_.free(s.positions);
   }
 }
 
@@ -185,6 +205,13 @@ void Loader::fill(Slot &s, int64_t seq, int lane) {
   b.targets.ndim = static_cast<int32_t>(s.tgt_shape.size());
   b.targets.dtype = info_.target_dtype;
   b.targets.shape = s.tgt_shape.data();
+  if (s.positions) {  // int32, the inputs' shape
+    b.positions.data = s.positions;
+    b.positions.device = DLDevice{kDLCPU, 0};
+    b.positions.ndim = b.inputs.ndim;
+    b.positions.dtype = DLDataType{kDLInt, 32, 1};
+    b.positions.shape = s.in_shape.data();
+  }
   tsr_status st = vt_->read(dataset_, indices_.data() + begin, &b);
   if (st != TSR_OK)
     throw Error(st, "dataset [" + name_ + "] failed to read a batch: " + host_.last_error());

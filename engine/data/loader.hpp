@@ -41,6 +41,7 @@ class Loader {
  private:
   struct Slot {
     void *inputs = nullptr, *targets = nullptr;
+    void *positions = nullptr;  // int32 like the inputs, where the dataset gives positions
     std::vector<int64_t> in_shape, tgt_shape;
     tsr_batch batch{};
     int64_t seq = -1;  // batch number held, -1 when free
@@ -56,7 +57,7 @@ class Loader {
   // event per buffer says the compute stream is done with it, another that
   // its copy has landed (so the pinned slot may be refilled).
   struct DeviceSlot {
-    void *inputs = nullptr, *targets = nullptr;
+    void *inputs = nullptr, *targets = nullptr, *positions = nullptr;
     std::vector<int64_t> in_shape, tgt_shape;
     tsr_batch batch{};
     void *consumed = nullptr, *copied = nullptr;  // cudaEvent_t
@@ -74,6 +75,7 @@ class Loader {
   std::string name_;
   std::string span_name_;                // "load batch (data.train)" on the trace's copy track
   size_t in_bytes_ = 0, tgt_bytes_ = 0;  // per sample
+  size_t pos_bytes_ = 0;                 // per sample: int32 positions (ABI 1.8), 0 for none
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -37,12 +37,13 @@ int token_width_for_vocab(int64_t vocab) {
 }
 
 ShardWriter::ShardWriter(fs::path dir, std::string prefix, int width, int64_t shard_tokens,
-                         bool masked)
+                         bool masked, bool examples)
     : dir_(std::move(dir)),
       prefix_(std::move(prefix)),
       width_(width),
       shard_tokens_(std::clamp<int64_t>(shard_tokens, 1, kShardMaxTokens)),
-      masked_(masked) {
+      masked_(masked || examples),
+      examples_(examples) {
   if (width_ != 2 && width_ != 4)
     throw Error(TSR_ERR_INVALID,
                 "token shard: width must be 2 or 4 bytes, got " + std::to_string(width_));
@@ -86,7 +87,14 @@ void ShardWriter::close_current() {
       io_fail("cannot write token shard", tmp_path_, errno);
     mask_.clear();
   }
-  const auto header = formats::token_shard::header(width_, in_shard_, masked_);
+  if (examples_) {  // little-endian int32, as the header
+    const size_t bytes = starts_.size() * sizeof(int32_t);
+    if (std::fwrite(starts_.data(), 1, bytes, file_) != bytes)
+      io_fail("cannot write token shard", tmp_path_, errno);
+  }
+  const auto header = formats::token_shard::header(
+      width_, in_shard_, masked_, examples_ ? static_cast<int64_t>(starts_.size()) : -1);
+  starts_.clear();
   if (std::fseek(file_, 0, SEEK_SET) != 0 ||
       std::fwrite(header.data(), 1, sizeof header, file_) != sizeof header)
     io_fail("cannot write token shard header", tmp_path_, errno);
@@ -123,6 +131,24 @@ void ShardWriter::add(const std::vector<uint32_t> &tokens, const std::vector<uin
     throw Error(TSR_ERR_INTERNAL, "token shard: " + std::to_string(tokens.size()) + " tokens but " +
                                       std::to_string(mask.size()) + " mask entries");
   for (size_t i = 0; i < tokens.size(); ++i) add(tokens[i], mask[i] != 0);
+}
+
+void ShardWriter::add_example(const std::vector<uint32_t> &tokens,
+                              const std::vector<uint8_t> &mask) {
+  if (!examples_)
+    throw Error(TSR_ERR_INTERNAL, "token shard: add_example on a writer without example starts");
+  const auto n = static_cast<int64_t>(tokens.size());
+  if (n == 0) return;
+  if (n > shard_tokens_)
+    throw Error(TSR_ERR_INVALID, "an example of " + std::to_string(n) +
+                                     " tokens does not fit in a shard of --shard-tokens " +
+                                     std::to_string(shard_tokens_) +
+                                     " (examples are never split across shards); pass a larger "
+                                     "--shard-tokens");
+  if (file_ && in_shard_ + n > shard_tokens_) close_current();
+  if (!file_) open_next();
+  starts_.push_back(static_cast<int32_t>(in_shard_));
+  add(tokens, mask);
 }
 
 void ShardWriter::finish() {

@@ -24,11 +24,13 @@ int token_width_for_vocab(int64_t vocab);
 // file with the final name is always whole. Throws tessera::Error naming the
 // file on any I/O failure. A `masked` writer writes tessera's masked form:
 // each token with a loss-mask byte (1: a trained target), the mask after the
-// shard's tokens.
+// shard's tokens. With `examples` too it takes whole examples
+// (add_example) and writes each shard's example starts after its mask
+// (versions 2001/2007): an example never spans two shards.
 class ShardWriter {
  public:
   ShardWriter(std::filesystem::path dir, std::string prefix, int width, int64_t shard_tokens,
-              bool masked = false);
+              bool masked = false, bool examples = false);
   ~ShardWriter();
   ShardWriter(const ShardWriter &) = delete;
   ShardWriter &operator=(const ShardWriter &) = delete;
@@ -39,6 +41,10 @@ class ShardWriter {
   }
   // `tokens` with their mask (same length; nonzero: trained).
   void add(const std::vector<uint32_t> &tokens, const std::vector<uint8_t> &mask);
+  // One whole example with its mask (an `examples` writer): it starts a new
+  // shard when it does not fit in the current one; one longer than
+  // shard_tokens is an error.
+  void add_example(const std::vector<uint32_t> &tokens, const std::vector<uint8_t> &mask);
   // Completes the last shard. With no token written at all, writes no file.
   void finish();
 
@@ -58,10 +64,11 @@ class ShardWriter {
   int64_t shard_tokens_;
   std::FILE *file_ = nullptr;
   std::filesystem::path tmp_path_, final_path_;
-  bool masked_ = false;
+  bool masked_ = false, examples_ = false;
   int64_t in_shard_ = 0, total_ = 0, trained_ = 0;
   std::vector<unsigned char> buffer_;
-  std::vector<uint8_t> mask_;  // the current shard's, written at its end
+  std::vector<uint8_t> mask_;    // the current shard's, written at its end
+  std::vector<int32_t> starts_;  // the current shard's example starts, after the mask
   std::vector<std::filesystem::path> files_;
 };
 

@@ -344,7 +344,9 @@ TEST_CASE("tessera data tokenize --format chat writes masked shards, bad lines b
                         Catch::Contains("chat format llama3"));
   const auto b = read_bytes(dir.path() / "out" / "out_train_000000.bin");
   REQUIRE(b.size() > 1024);
-  CHECK(header_int(b, 1) == 1001);
+  // Version 2001: the mask, then where each example starts (for packing).
+  CHECK(header_int(b, 1) == 2001);
+  CHECK(header_int(b, 3) == 2);
   // Two examples, each as the tokenizer encodes its rendering, back to back.
   auto t = data::TokenizerJson::load(tok);
   std::vector<uint32_t> one;
@@ -355,7 +357,11 @@ TEST_CASE("tessera data tokenize --format chat writes masked shards, bad lines b
       one, one_mask);
   const int32_t count = header_int(b, 2);
   REQUIRE(count == static_cast<int32_t>(2 * one.size()));
-  REQUIRE(b.size() == 1024 + 3 * static_cast<size_t>(count));
+  REQUIRE(b.size() == 1024 + 3 * static_cast<size_t>(count) + 2 * 4);
+  int32_t starts[2];
+  std::memcpy(starts, b.data() + 1024 + 3 * static_cast<size_t>(count), sizeof starts);
+  CHECK(starts[0] == 0);
+  CHECK(starts[1] == static_cast<int32_t>(one.size()));
   for (int32_t i = 0; i < count; ++i) {
     uint16_t v;
     std::memcpy(&v, b.data() + 1024 + 2 * i, 2);

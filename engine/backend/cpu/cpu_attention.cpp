@@ -10,6 +10,13 @@
 // [B, T, 3, H, D] buffer). Each head is computed by one thread in a fixed
 // order (backward: each key/value head, its query heads in order), so
 // results do not depend on the number of threads.
+//
+// ABI 1.8's attention_packed_* add document masking: int32 positions
+// [B, T] give query t the window [t - positions[b, t], t]. Each tile then
+// multiplies only the keys from its rows' lowest window start on, and a
+// row's softmax runs over its own window, its lanes counted from the
+// window's start, so a packed example's rows are summed in the order of
+// the example alone.
 #include <cblas.h>
 
 #include <algorithm>
@@ -139,14 +146,23 @@ void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const
 // the masked half of each diagonal block is the only wasted work.
 constexpr int64_t kTile = 64;
 
+// The first key query t sees: 0 (causal), or its window's start.
+inline int64_t first_key(const int64_t *start, int64_t t) {
+  return start ? start[t] : 0;
+}
+
 // Softmax of score rows in place for query rows [r0, r1) of a tile whose
-// block has `keys` columns: row t keeps keys 0..t, the rest become 0.
-// Fills lse[t] (the scores come scaled) and inv[t - r0] = 1 / the row's sum.
-TSR_OPS_CLONES void softmax_rows(float *s, int64_t r0, int64_t r1, int64_t keys, float *lse,
-                                 float *inv) {
+// block has `keys` columns, keys k0.. (k0 <= every row's first key): row t
+// keeps keys first_key(t)..t, the rest become 0. Fills lse[t] (the scores
+// come scaled) and inv[t - r0] = 1 / the row's sum.
+TSR_OPS_CLONES void softmax_rows(float *s, int64_t r0, int64_t r1, int64_t k0, int64_t keys,
+                                 const int64_t *start, float *lse, float *inv) {
   for (int64_t t = r0; t < r1; t++) {
-    float *row = s + (t - r0) * keys;
-    const int64_t n = t + 1;
+    float *all = s + (t - r0) * keys;
+    const int64_t lo = first_key(start, t) - k0;
+    for (int64_t j = 0; j < lo; j++) all[j] = 0.0f;
+    float *row = all + lo;  // the window's keys, from its first
+    const int64_t n = t + 1 - k0 - lo;
     // The row max in sixteen lanes (a loop the compiler vectorizes).
     float m16[16];
     for (float &m : m16) m = -INFINITY;
@@ -161,7 +177,7 @@ TSR_OPS_CLONES void softmax_rows(float *s, int64_t r0, int64_t r1, int64_t keys,
     for (; j + 8 <= n; j += 8)
       for (int k = 0; k < 8; k++) sum8[k] += row[j + k] = exp_v(row[j + k] - mx);
     for (; j < n; j++) sum8[0] += row[j] = exp_v(row[j] - mx);
-    for (j = n; j < keys; j++) row[j] = 0.0f;
+    for (j = n; j < keys - lo; j++) row[j] = 0.0f;
     const float sum =
         ((sum8[0] + sum8[1]) + (sum8[2] + sum8[3])) + ((sum8[4] + sum8[5]) + (sum8[6] + sum8[7]));
     lse[t] = mx + std::log(sum);
@@ -169,15 +185,17 @@ TSR_OPS_CLONES void softmax_rows(float *s, int64_t r0, int64_t r1, int64_t keys,
   }
 }
 
-// dS = P (dP - Di) scale for the rows of a tile, P recomputed from lse into
-// s, both zero past the diagonal.
-TSR_OPS_CLONES void softmax_grad_rows(float *s, float *dp, int64_t r0, int64_t r1, int64_t keys,
-                                      const float *lse, const float *di, float scale) {
+// dS = P (dP - Di) scale for the rows of a tile (keys k0..), P recomputed
+// from lse into s, both zero outside each row's window.
+TSR_OPS_CLONES void softmax_grad_rows(float *s, float *dp, int64_t r0, int64_t r1, int64_t k0,
+                                      int64_t keys, const int64_t *start, const float *lse,
+                                      const float *di, float scale) {
   for (int64_t t = r0; t < r1; t++) {
     float *srow = s + (t - r0) * keys, *drow = dp + (t - r0) * keys;
-    const int64_t n = t + 1;
+    const int64_t lo = first_key(start, t) - k0, n = t + 1 - k0;
     const float lt = lse[t], dt = di[t - r0];
-    for (int64_t j = 0; j < n; j++) {
+    for (int64_t j = 0; j < lo; j++) srow[j] = drow[j] = 0.0f;
+    for (int64_t j = lo; j < n; j++) {
       const float p = exp_v(srow[j] - lt);
       srow[j] = p;
       drow[j] = scale * (p * (drow[j] - dt));
@@ -186,8 +204,17 @@ TSR_OPS_CLONES void softmax_grad_rows(float *s, float *dp, int64_t r0, int64_t r
   }
 }
 
+// The lowest first key of rows [r0, r1): where a tile's key block begins.
+int64_t tile_first_key(const int64_t *start, int64_t r0, int64_t r1) {
+  if (!start) return 0;
+  int64_t k0 = r0;
+  for (int64_t t = r0; t < r1; t++) k0 = std::min(k0, start[t]);
+  return k0;
+}
+
+// `start`: sequence b's first keys [T], or NULL for causal attention.
 void forward_head(const V4 &Q, const V4 &K, const V4 &Vv, const V4 &O, float *L, const Dims &d,
-                  int64_t b, int64_t h, float scale) {
+                  int64_t b, int64_t h, float scale, const int64_t *start) {
   const int64_t T = d.T, D = d.D, tile = std::min(kTile, T);
   float *q = scratch(static_cast<size_t>(3 * T * D + tile * T + tile * D + tile));
   float *k = q + T * D, *v = k + T * D, *s = v + T * D, *o = s + tile * T, *inv = o + tile * D;
@@ -196,10 +223,11 @@ void forward_head(const V4 &Q, const V4 &K, const V4 &Vv, const V4 &O, float *L,
   gather(Vv, b, h / (d.H / d.Hk), d, v);
   float *lse = L + (b * d.H + h) * T;
   for (int64_t r0 = 0; r0 < T; r0 += tile) {
-    const int64_t r1 = std::min(T, r0 + tile), rows = r1 - r0, keys = r1;
-    sgemm(false, true, rows, keys, D, scale, q + r0 * D, D, k, D, 0.0f, s, keys);
-    softmax_rows(s, r0, r1, keys, lse, inv);
-    sgemm(false, false, rows, D, keys, 1.0f, s, keys, v, D, 0.0f, o, D);
+    const int64_t r1 = std::min(T, r0 + tile), rows = r1 - r0;
+    const int64_t k0 = tile_first_key(start, r0, r1), keys = r1 - k0;
+    sgemm(false, true, rows, keys, D, scale, q + r0 * D, D, k + k0 * D, D, 0.0f, s, keys);
+    softmax_rows(s, r0, r1, k0, keys, start, lse, inv);
+    sgemm(false, false, rows, D, keys, 1.0f, s, keys, v + k0 * D, D, 0.0f, o, D);
     for (int64_t t = r0; t < r1; t++) {
       float *orow = O.row(b, t, h);
       for (int64_t e = 0; e < D; e++) orow[e * O.sd] = o[(t - r0) * D + e] * inv[t - r0];
@@ -211,7 +239,7 @@ void forward_head(const V4 &Q, const V4 &K, const V4 &Vv, const V4 &O, float *L,
 // and dk, dv summed over them in order of h.
 void backward_group(const V4 &Q, const V4 &K, const V4 &Vv, const V4 &O, const V4 &dO,
                     const float *L, const V4 &dQ, const V4 &dK, const V4 &dV, const Dims &d,
-                    int64_t b, int64_t hk, float scale) {
+                    int64_t b, int64_t hk, float scale, const int64_t *start) {
   const int64_t T = d.T, D = d.D, tile = std::min(kTile, T), group = d.H / d.Hk;
   float *q = scratch(static_cast<size_t>(6 * T * D + 2 * tile * T + tile * D + tile));
   float *k = q + T * D, *v = k + T * D, *dout = v + T * D, *dk = dout + T * D, *dv = dk + T * D;
@@ -224,7 +252,8 @@ void backward_group(const V4 &Q, const V4 &K, const V4 &Vv, const V4 &O, const V
     gather(dO, b, h, d, dout);
     const float *lse = L + (b * d.H + h) * T;
     for (int64_t r0 = 0; r0 < T; r0 += tile) {
-      const int64_t r1 = std::min(T, r0 + tile), rows = r1 - r0, keys = r1;
+      const int64_t r1 = std::min(T, r0 + tile), rows = r1 - r0;
+      const int64_t k0 = tile_first_key(start, r0, r1), keys = r1 - k0;
       // Di = dO_t . O_t, the softmax's own gradient correction.
       for (int64_t t = r0; t < r1; t++) {
         const float *orow = O.row(b, t, h), *dr = dout + t * D;
@@ -232,13 +261,14 @@ void backward_group(const V4 &Q, const V4 &K, const V4 &Vv, const V4 &O, const V
         for (int64_t e = 0; e < D; e++) acc += dr[e] * orow[e * O.sd];
         di[t - r0] = acc;
       }
-      sgemm(false, true, rows, keys, D, scale, q + r0 * D, D, k, D, 0.0f, s, keys);
-      sgemm(false, true, rows, keys, D, 1.0f, dout + r0 * D, D, v, D, 0.0f, dp, keys);
-      softmax_grad_rows(s, dp, r0, r1, keys, lse, di, scale);                 // s = P, dp = dS
-      sgemm(false, false, rows, D, keys, 1.0f, dp, keys, k, D, 0.0f, dq, D);  // dQ = dS K
-      sgemm(true, false, keys, D, rows, 1.0f, dp, keys, q + r0 * D, D, 1.0f, dk,
+      const float *kk = k + k0 * D, *vk = v + k0 * D;
+      sgemm(false, true, rows, keys, D, scale, q + r0 * D, D, kk, D, 0.0f, s, keys);
+      sgemm(false, true, rows, keys, D, 1.0f, dout + r0 * D, D, vk, D, 0.0f, dp, keys);
+      softmax_grad_rows(s, dp, r0, r1, k0, keys, start, lse, di, scale);       // s = P, dp = dS
+      sgemm(false, false, rows, D, keys, 1.0f, dp, keys, kk, D, 0.0f, dq, D);  // dQ = dS K
+      sgemm(true, false, keys, D, rows, 1.0f, dp, keys, q + r0 * D, D, 1.0f, dk + k0 * D,
             D);  // dK += dS^T Q
-      sgemm(true, false, keys, D, rows, 1.0f, s, keys, dout + r0 * D, D, 1.0f, dv,
+      sgemm(true, false, keys, D, rows, 1.0f, s, keys, dout + r0 * D, D, 1.0f, dv + k0 * D,
             D);  // dV += P^T dO
       for (int64_t t = r0; t < r1; t++) {
         float *dqr = dQ.row(b, t, h);
@@ -255,29 +285,62 @@ void backward_group(const V4 &Q, const V4 &K, const V4 &Vv, const V4 &O, const V
   }
 }
 
+// Each query's first key from positions int32 [B, T] (compact): t -
+// positions[b, t], refused unless the position lies in [0, t]. Empty (no
+// positions) for causal attention.
+std::vector<int64_t> window_starts(const char *op, const DLTensor *positions, const Dims &d) {
+  std::vector<int64_t> start;
+  if (!positions) return start;
+  const Mat<int32_t> P = i32(op, "positions", positions);
+  TSR_CHECK(positions->ndim == 2 && positions->shape[0] == d.B && positions->shape[1] == d.T,
+            TSR_ERR_INVALID,
+            std::string(op) + ": positions " + describe(positions) + " must be [B, T] = [" +
+                std::to_string(d.B) + "," + std::to_string(d.T) + "]");
+  start.resize(static_cast<size_t>(d.B * d.T));
+  for (int64_t i = 0; i < d.B * d.T; i++) {
+    const int64_t t = i % d.T, p = P.p[i];
+    TSR_CHECK(p >= 0 && p <= t, TSR_ERR_INVALID,
+              std::string(op) + ": positions[" + std::to_string(i / d.T) + ", " +
+                  std::to_string(t) + "] = " + std::to_string(p) + " is outside [0, " +
+                  std::to_string(t) + "]: a window cannot reach before its sequence's start");
+    start[static_cast<size_t>(i)] = t - p;
+  }
+  return start;
+}
+
+const int64_t *starts_of(const std::vector<int64_t> &start, int64_t b, int64_t T) {
+  return start.empty() ? nullptr : start.data() + b * T;
+}
+
 void attention_forward_impl(const char *op, bool gqa, const DLTensor *q, const DLTensor *k,
-                            const DLTensor *v, float scale, DLTensor *out, DLTensor *lse) {
+                            const DLTensor *v, const DLTensor *positions, float scale,
+                            DLTensor *out, DLTensor *lse) {
   Dims d{};
   const V4 Q = bthd(op, "q", q, d, AttnRole::SetQ);
   d.Hk = d.H;
   const V4 K = bthd(op, "k", k, d, gqa ? AttnRole::SetKv : AttnRole::Kv),
            Vv = bthd(op, "v", v, d, AttnRole::Kv), O = bthd(op, "out", out, d, AttnRole::Q);
   float *L = lse_view(op, lse, d);
+  const std::vector<int64_t> start = window_starts(op, positions, d);
   if (d.B * d.T * d.H == 0) return;
-  if (d.D == 0) {  // empty heads: every score is 0, so row t averages t + 1 keys
-    for (int64_t i = 0; i < d.B * d.H; i++)
-      for (int64_t t = 0; t < d.T; t++) L[i * d.T + t] = std::log(static_cast<float>(t + 1));
+  if (d.D == 0) {  // empty heads: every score is 0, so row t averages its window's keys
+    for (int64_t i = 0; i < d.B * d.H; i++) {
+      const int64_t *st = starts_of(start, i / d.H, d.T);
+      for (int64_t t = 0; t < d.T; t++)
+        L[i * d.T + t] = std::log(static_cast<float>(t + 1 - first_key(st, t)));
+    }
     return;
   }
   parallel_for(d.B * d.H, 1, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; i++) forward_head(Q, K, Vv, O, L, d, i / d.H, i % d.H, scale);
+    for (int64_t i = i0; i < i1; i++)
+      forward_head(Q, K, Vv, O, L, d, i / d.H, i % d.H, scale, starts_of(start, i / d.H, d.T));
   });
 }
 
 void attention_backward_impl(const char *op, bool gqa, const DLTensor *q, const DLTensor *k,
-                             const DLTensor *v, const DLTensor *out, const DLTensor *dout,
-                             const DLTensor *lse, float scale, DLTensor *dq, DLTensor *dk,
-                             DLTensor *dv) {
+                             const DLTensor *v, const DLTensor *positions, const DLTensor *out,
+                             const DLTensor *dout, const DLTensor *lse, float scale, DLTensor *dq,
+                             DLTensor *dk, DLTensor *dv) {
   Dims d{};
   const V4 Q = bthd(op, "q", q, d, AttnRole::SetQ);
   d.Hk = d.H;
@@ -286,10 +349,12 @@ void attention_backward_impl(const char *op, bool gqa, const DLTensor *q, const 
            dO = bthd(op, "dout", dout, d, AttnRole::Q), dQ = bthd(op, "dq", dq, d, AttnRole::Q),
            dK = bthd(op, "dk", dk, d, AttnRole::Kv), dV = bthd(op, "dv", dv, d, AttnRole::Kv);
   const float *L = lse_view(op, lse, d);
+  const std::vector<int64_t> start = window_starts(op, positions, d);
   if (d.B * d.T * d.H * d.D == 0) return;  // nothing to write
   parallel_for(d.B * d.Hk, 1, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; i++)
-      backward_group(Q, K, Vv, O, dO, L, dQ, dK, dV, d, i / d.Hk, i % d.Hk, scale);
+      backward_group(Q, K, Vv, O, dO, L, dQ, dK, dV, d, i / d.Hk, i % d.Hk, scale,
+                     starts_of(start, i / d.Hk, d.T));
   });
 }
 
@@ -298,8 +363,9 @@ void attention_backward_impl(const char *op, bool gqa, const DLTensor *q, const 
 tsr_status attention_forward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
                              const DLTensor *v, float scale, DLTensor *out,
                              DLTensor *lse) noexcept {
-  return guarded(
-      ctx, [&] { attention_forward_impl("attention_forward", false, q, k, v, scale, out, lse); });
+  return guarded(ctx, [&] {
+    attention_forward_impl("attention_forward", false, q, k, v, nullptr, scale, out, lse);
+  });
 }
 
 tsr_status attention_backward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
@@ -307,8 +373,8 @@ tsr_status attention_backward(tsr_host_ctx *ctx, const DLTensor *q, const DLTens
                               const DLTensor *lse, float scale, DLTensor *dq, DLTensor *dk,
                               DLTensor *dv) noexcept {
   return guarded(ctx, [&] {
-    attention_backward_impl("attention_backward", false, q, k, v, out, dout, lse, scale, dq, dk,
-                            dv);
+    attention_backward_impl("attention_backward", false, q, k, v, nullptr, out, dout, lse, scale,
+                            dq, dk, dv);
   });
 }
 
@@ -316,7 +382,7 @@ tsr_status attention_gqa_forward(tsr_host_ctx *ctx, const DLTensor *q, const DLT
                                  const DLTensor *v, float scale, DLTensor *out,
                                  DLTensor *lse) noexcept {
   return guarded(ctx, [&] {
-    attention_forward_impl("attention_gqa_forward", true, q, k, v, scale, out, lse);
+    attention_forward_impl("attention_gqa_forward", true, q, k, v, nullptr, scale, out, lse);
   });
 }
 
@@ -325,8 +391,30 @@ tsr_status attention_gqa_backward(tsr_host_ctx *ctx, const DLTensor *q, const DL
                                   const DLTensor *lse, float scale, DLTensor *dq, DLTensor *dk,
                                   DLTensor *dv) noexcept {
   return guarded(ctx, [&] {
-    attention_backward_impl("attention_gqa_backward", true, q, k, v, out, dout, lse, scale, dq, dk,
-                            dv);
+    attention_backward_impl("attention_gqa_backward", true, q, k, v, nullptr, out, dout, lse, scale,
+                            dq, dk, dv);
+  });
+}
+
+tsr_status attention_packed_forward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
+                                    const DLTensor *v, const DLTensor *positions, float scale,
+                                    DLTensor *out, DLTensor *lse) noexcept {
+  return guarded(ctx, [&] {
+    TSR_CHECK(positions != nullptr, TSR_ERR_INVALID, "attention_packed_forward: positions is NULL");
+    attention_forward_impl("attention_packed_forward", true, q, k, v, positions, scale, out, lse);
+  });
+}
+
+tsr_status attention_packed_backward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
+                                     const DLTensor *v, const DLTensor *positions,
+                                     const DLTensor *out, const DLTensor *dout, const DLTensor *lse,
+                                     float scale, DLTensor *dq, DLTensor *dk,
+                                     DLTensor *dv) noexcept {
+  return guarded(ctx, [&] {
+    TSR_CHECK(positions != nullptr, TSR_ERR_INVALID,
+              "attention_packed_backward: positions is NULL");
+    attention_backward_impl("attention_packed_backward", true, q, k, v, positions, out, dout, lse,
+                            scale, dq, dk, dv);
   });
 }
 

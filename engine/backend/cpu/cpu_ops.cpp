@@ -323,6 +323,9 @@ const tsr_ops *cpu_ops() {
       .swiglu_backward = cpu::swiglu_backward,
       .attention_gqa_forward = cpu::attention_gqa_forward,
       .attention_gqa_backward = cpu::attention_gqa_backward,
+      // ABI 1.8
+      .attention_packed_forward = cpu::attention_packed_forward,
+      .attention_packed_backward = cpu::attention_packed_backward,
   };
   return &table;
 }

@@ -157,6 +157,20 @@ inline void check_dims(const char *op, const Dims &d) {
             std::string(op) + ": T or B*H too large");
 }
 
+// attention_backward's tensors, checked: one [B, T, H, D] view each, the
+// shared dims and dtype, and lse.
+struct BwdViews {
+  Dims d;
+  Dt dt = Dt::F32;
+  Bthd q, k, v, out, dout, dq, dk, dv;
+  const float *lse = nullptr;
+};
+
+// attention_backward_f32.cu: the float32 backward (dq, dk, dv) on `st`,
+// reading Di (the rows' dout . out) from `di`; `pos` (device positions
+// [B, T]) or NULL.
+void backward_f32(const BwdViews &a, float scale, float *di, const int32_t *pos, cudaStream_t st);
+
 // May a [B,T,H,D] view be moved in 16-byte packs of 8 elements (2-byte types)?
 // Needs unit stride along D, D a multiple of 8, and every other stride and the
 // base 16-byte aligned.
@@ -171,6 +185,15 @@ inline bool vec16(const Bthd &v, int64_t D) {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
+
+// ABI 1.8 document masking: the first key query `row` of sequence b sees,
+// row - positions[b, row] with the position clamped into [0, row] (ops.h:
+// CUDA clamps rather than checks); 0 without positions (causal).
+__device__ __forceinline__ int window_start(const int32_t *pos, int b, int row, int T_) {
+  if (!pos) return 0;
+  const int p = pos[static_cast<int64_t>(b) * T_ + row];
+  return row - min(max(p, 0), row);
+}
 
 // Kernel view of one [B, T, H, D] tensor.
 template <typename T>

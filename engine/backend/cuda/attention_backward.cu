@@ -13,7 +13,14 @@
 //   3. cast:        dq = accumulator * scale, in dq's dtype and strides.
 //
 // fp32 runs on CUDA cores without atomics: one kernel for dq (a warp per
-// query row), one for dk/dv (a warp per key row), both deterministic.
+// query row), one for dk/dv (a warp per key row), both deterministic
+// (attention_backward_f32.cu).
+//
+// With positions (ABI 1.8 attention_packed_*) P is 0 outside each query's
+// window [window_start, i]: the tensor-core kernel's DOC instantiation
+// keeps the window starts of its query blocks beside lse and Di and masks
+// every block; the fp32 kernels mask per pair and skip tiles wholly before
+// a query's window.
 #include <mutex>
 
 #include "backend/cuda/attention.cuh"
@@ -84,12 +91,14 @@ struct BwdParams {
   float *dq_acc;     // [B, H, T, D], unscaled
   int T_, H, D;
   float scale, scale_log2;
+  const int32_t *pos;  // [B, T] positions (document masking), NULL: causal
 };
 
-template <int DP>
+template <int DP, bool DOC>
 constexpr int bwd_smem_bytes() {
-  // K, V, Q[2], dO[2] tiles, dS^T [kBc][kBr + 8], then lse[2] and Di[2] rows.
-  return (2 * kBc + 4 * kBr) * (DP + 8) * 2 + kBc * (kBr + 8) * 2 + 4 * kBr * 4;
+  // K, V, Q[2], dO[2] tiles, dS^T [kBc][kBr + 8], then lse[2] and Di[2]
+  // rows, and with document masking the window starts [2].
+  return (2 * kBc + 4 * kBr) * (DP + 8) * 2 + kBc * (kBr + 8) * 2 + (DOC ? 6 : 4) * kBr * 4;
 }
 
 // long-function: kept whole on purpose: one block's pass over its key
@@ -97,7 +106,7 @@ constexpr int bwd_smem_bytes() {
 // dK/dV accumulators in registers from the first query block to the last;
 // split into device functions they would pass those fragments by
 // reference, and whether they stay in registers would rest on the inliner.
-template <typename T, int DP>
+template <typename T, int DP, bool DOC>
 __global__ void __launch_bounds__(kThreads) bwd_mma_kernel(const BwdParams<T> p) {
   constexpr int PITCH = DP + 8;
   constexpr int SP = kBr + 8;  // dS^T row pitch
@@ -114,6 +123,7 @@ __global__ void __launch_bounds__(kThreads) bwd_mma_kernel(const BwdParams<T> p)
   T *sdS = sdO + 2 * kBr * PITCH;                           // [kBc keys][SP], dS^T
   float *sLse = reinterpret_cast<float *>(sdS + kBc * SP);  // [2][kBr] base-2 lse, +inf past T
   float *sDi = sLse + 2 * kBr;                              // [2][kBr]
+  int *sFirst = reinterpret_cast<int *>(sDi + 2 * kBr);     // [2][kBr], DOC only
 
   const int kb = blockIdx.x;  // block 0 walks every query block: heaviest first
   const int b = blockIdx.y / p.H, h = blockIdx.y % p.H;
@@ -138,6 +148,7 @@ __global__ void __launch_bounds__(kThreads) bwd_mma_kernel(const BwdParams<T> p)
       // A query past T gets lse = +inf, so its P (and so dS) is exactly 0.
       sLse[buf * kBr + i] = row < p.T_ ? p.lse[bh_row + row] * kLog2e : INFINITY;
       sDi[buf * kBr + i] = row < p.T_ ? p.di[bh_row + row] : 0.0f;
+      if constexpr (DOC) sFirst[buf * kBr + i] = row < p.T_ ? window_start(p.pos, b, row, p.T_) : 0;
     }
   };
   load_q(kb, 0);
@@ -162,6 +173,8 @@ __global__ void __launch_bounds__(kThreads) bwd_mma_kernel(const BwdParams<T> p)
     __syncthreads();
     const T *cQ = sQ + buf * kBr * PITCH, *cdO = sdO + buf * kBr * PITCH;
     const float *cLse = sLse + buf * kBr, *cDi = sDi + buf * kBr;
+    const int *cFirst = sFirst + buf * kBr;
+    (void)cFirst;  // read by the DOC instantiation only
 
     // S^T = K Q^T: this warp's 16 keys x 64 queries.
     float s[8][4];
@@ -187,7 +200,12 @@ __global__ void __launch_bounds__(kThreads) bwd_mma_kernel(const BwdParams<T> p)
       for (int e = 0; e < 4; e++) {
         const int ql = nt * 8 + (lane % 4) * 2 + (e & 1);
         float pv = exp2f(s[nt][e] * p.scale_log2 - cLse[ql]);
-        if (qb == kb && key_g + (e >= 2 ? 8 : 0) > qb * kBr + ql) pv = 0.0f;
+        const int key = key_g + (e >= 2 ? 8 : 0);
+        if constexpr (DOC) {
+          if (key > qb * kBr + ql || key < cFirst[ql]) pv = 0.0f;
+        } else if (qb == kb && key > qb * kBr + ql) {
+          pv = 0.0f;
+        }
         s[nt][e] = pv;
       }
     }
@@ -309,18 +327,26 @@ __global__ void __launch_bounds__(kThreads) bwd_mma_kernel(const BwdParams<T> p)
                                           p.T_, p.D);
 }
 
-template <typename T, int DP>
-void launch_bwd_mma(const BwdParams<T> &p, int B) {
-  constexpr int smem = bwd_smem_bytes<DP>();
+template <typename T, int DP, bool DOC>
+void launch_bwd_mma_as(const BwdParams<T> &p, int B) {
+  constexpr int smem = bwd_smem_bytes<DP, DOC>();
   static const bool attr = [] {
-    TSR_CUDA_CHECK(cudaFuncSetAttribute(bwd_mma_kernel<T, DP>,
+    TSR_CUDA_CHECK(cudaFuncSetAttribute(bwd_mma_kernel<T, DP, DOC>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     return true;
   }();
   (void)attr;
   const dim3 grid((p.T_ + kBc - 1) / kBc, B * p.H);
-  bwd_mma_kernel<T, DP><<<grid, kThreads, smem, compute_stream()>>>(p);
+  bwd_mma_kernel<T, DP, DOC><<<grid, kThreads, smem, compute_stream()>>>(p);
   check_launch();
+}
+
+template <typename T, int DP>
+void launch_bwd_mma(const BwdParams<T> &p, int B) {
+  if (p.pos)
+    launch_bwd_mma_as<T, DP, true>(p, B);
+  else
+    launch_bwd_mma_as<T, DP, false>(p, B);
 }
 
 // 3. dq = acc * scale in dq's dtype and strides; acc is [B, H, T, D].
@@ -338,158 +364,11 @@ __global__ void dq_cast_kernel(const float *acc, Ten<T> dq, int T_, int H, int D
   }
 }
 
-// ---------------------------------------------------------------------------
-// fp32 (CUDA cores). Both kernels: 4 warps x 2 rows a block, a lane per
-// key (dq) or per query (dk/dv) of a 32-wide tile, output dims lane + 32 c.
-
-constexpr int kRows = 8;
-constexpr int kTile = 32;
-
-struct BwdF32Params {
-  Ten<float> q, k, v, dout, dq, dk, dv;
-  const float *lse, *di;
-  int T_, H, D;
-  float scale;
-};
-
-// dq_i = scale * sum_{j <= i} P_ij (dP_ij - Di) k_j, dP_ij = dO_i . v_j
-__global__ void __launch_bounds__(128) dq_f32_kernel(const BwdF32Params p) {
-  __shared__ float sQ[kRows][128], sdO[kRows][128];
-  __shared__ float sK[kTile][129], sV[kTile][129];
-  const int r0 = (gridDim.x - 1 - blockIdx.x) * kRows;
-  const int b = blockIdx.y / p.H, h = blockIdx.y % p.H;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t bh_row = (static_cast<int64_t>(b) * p.H + h) * p.T_;
-  const float *gq = p.q.at(b, h), *gdo = p.dout.at(b, h), *gk = p.k.at(b, h), *gv = p.v.at(b, h);
-  for (int e = threadIdx.x; e < kRows * 128; e += 128) {
-    const int r = e / 128, d = e % 128;
-    const bool in = r0 + r < p.T_ && d < p.D;
-    sQ[r][d] = in ? gq[(r0 + r) * p.q.st + d * p.q.sd] : 0.0f;
-    sdO[r][d] = in ? gdo[(r0 + r) * p.dout.st + d * p.dout.sd] : 0.0f;
-  }
-  float acc[2][4] = {};
-  const int last = min(r0 + kRows, p.T_) - 1;
-  for (int k0 = 0; k0 <= last; k0 += kTile) {
-    __syncthreads();
-    for (int e = threadIdx.x; e < kTile * 128; e += 128) {
-      const int r = e / 128, d = e % 128;
-      const bool in = k0 + r < p.T_ && d < p.D;
-      sK[r][d] = in ? gk[(k0 + r) * p.k.st + d * p.k.sd] : 0.0f;
-      sV[r][d] = in ? gv[(k0 + r) * p.v.st + d * p.v.sd] : 0.0f;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-      const int rl = warp * 2 + i, row = r0 + rl;
-      if (row >= p.T_ || k0 > row) continue;  // warp-uniform
-      float s = 0.0f, dp = 0.0f;
-      for (int d = 0; d < p.D; d++) {
-        s += sQ[rl][d] * sK[lane][d];
-        dp += sdO[rl][d] * sV[lane][d];
-      }
-      const float pij = k0 + lane <= row ? expf(s * p.scale - p.lse[bh_row + row]) : 0.0f;
-      const float dsij = pij * (dp - p.di[bh_row + row]);
-      for (int j = 0; j < kTile; j++) {
-        const float db = __shfl_sync(0xffffffffu, dsij, j);
-#pragma unroll
-        for (int c = 0; c < 4; c++) acc[i][c] += db * sK[j][lane + 32 * c];
-      }
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < 2; i++) {
-    const int row = r0 + warp * 2 + i;
-    if (row >= p.T_) continue;
-    float *g = p.dq.at(b, h) + row * p.dq.st;
-#pragma unroll
-    for (int c = 0; c < 4; c++)
-      if (lane + 32 * c < p.D) g[(lane + 32 * c) * p.dq.sd] = acc[i][c] * p.scale;
-  }
-}
-
-// dv_j = sum_{i >= j} P_ij dO_i;  dk_j = scale * sum_{i >= j} dS_ij q_i
-__global__ void __launch_bounds__(128) dkdv_f32_kernel(const BwdF32Params p) {
-  __shared__ float sK[kRows][128], sV[kRows][128];
-  __shared__ float sQ[kTile][129], sdO[kTile][129];
-  __shared__ float sLse[kTile], sDi[kTile];
-  const int r0 = blockIdx.x * kRows;  // first key of this block; block 0 has most work
-  const int b = blockIdx.y / p.H, h = blockIdx.y % p.H;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t bh_row = (static_cast<int64_t>(b) * p.H + h) * p.T_;
-  const float *gq = p.q.at(b, h), *gdo = p.dout.at(b, h), *gk = p.k.at(b, h), *gv = p.v.at(b, h);
-  for (int e = threadIdx.x; e < kRows * 128; e += 128) {
-    const int r = e / 128, d = e % 128;
-    const bool in = r0 + r < p.T_ && d < p.D;
-    sK[r][d] = in ? gk[(r0 + r) * p.k.st + d * p.k.sd] : 0.0f;
-    sV[r][d] = in ? gv[(r0 + r) * p.v.st + d * p.v.sd] : 0.0f;
-  }
-  float dk[2][4] = {}, dv[2][4] = {};
-  for (int q0 = (r0 / kTile) * kTile; q0 < p.T_; q0 += kTile) {
-    __syncthreads();
-    for (int e = threadIdx.x; e < kTile * 128; e += 128) {
-      const int r = e / 128, d = e % 128;
-      const bool in = q0 + r < p.T_ && d < p.D;
-      sQ[r][d] = in ? gq[(q0 + r) * p.q.st + d * p.q.sd] : 0.0f;
-      sdO[r][d] = in ? gdo[(q0 + r) * p.dout.st + d * p.dout.sd] : 0.0f;
-    }
-    if (threadIdx.x < kTile) {
-      const int qi = q0 + threadIdx.x;
-      sLse[threadIdx.x] = qi < p.T_ ? p.lse[bh_row + qi] : INFINITY;
-      sDi[threadIdx.x] = qi < p.T_ ? p.di[bh_row + qi] : 0.0f;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-      const int rl = warp * 2 + i, key = r0 + rl;
-      if (key >= p.T_ || q0 + kTile - 1 < key) continue;  // warp-uniform
-      const int qi = q0 + lane;
-      float s = 0.0f, dp = 0.0f;
-      for (int d = 0; d < p.D; d++) {
-        s += sK[rl][d] * sQ[lane][d];
-        dp += sV[rl][d] * sdO[lane][d];
-      }
-      const float pij = (qi >= key && qi < p.T_) ? expf(s * p.scale - sLse[lane]) : 0.0f;
-      const float dsij = pij * (dp - sDi[lane]);
-      for (int j = 0; j < kTile; j++) {
-        const float pb = __shfl_sync(0xffffffffu, pij, j);
-        const float db = __shfl_sync(0xffffffffu, dsij, j);
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-          dv[i][c] += pb * sdO[j][lane + 32 * c];
-          dk[i][c] += db * sQ[j][lane + 32 * c];
-        }
-      }
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < 2; i++) {
-    const int key = r0 + warp * 2 + i;
-    if (key >= p.T_) continue;
-    float *gdk = p.dk.at(b, h) + key * p.dk.st, *gdv = p.dv.at(b, h) + key * p.dv.st;
-#pragma unroll
-    for (int c = 0; c < 4; c++) {
-      if (lane + 32 * c < p.D) {
-        gdk[(lane + 32 * c) * p.dk.sd] = dk[i][c] * p.scale;
-        gdv[(lane + 32 * c) * p.dv.sd] = dv[i][c];
-      }
-    }
-  }
-}
-
-// attention_backward's tensors, checked: one [B, T, H, D] view each, the
-// shared dims and dtype, and lse.
-struct BwdArgs {
-  Dims d;
-  Dt dt = Dt::F32;
-  Bthd q, k, v, out, dout, dq, dk, dv;
-  const float *lse = nullptr;
-};
-
-BwdArgs check_backward_args(const DLTensor *q, const DLTensor *k, const DLTensor *v,
-                            const DLTensor *out, const DLTensor *dout, const DLTensor *lse,
-                            float scale, DLTensor *dq, DLTensor *dk, DLTensor *dv) {
+BwdViews check_backward_args(const DLTensor *q, const DLTensor *k, const DLTensor *v,
+                             const DLTensor *out, const DLTensor *dout, const DLTensor *lse,
+                             float scale, DLTensor *dq, DLTensor *dk, DLTensor *dv) {
   const char *op = "attention_backward";
-  BwdArgs a;
+  BwdViews a;
   a.q = check_bthd(op, "q", q, a.d, a.dt, true);
   a.k = check_bthd(op, "k", k, a.d, a.dt, false);
   a.v = check_bthd(op, "v", v, a.d, a.dt, false);
@@ -504,36 +383,11 @@ BwdArgs check_backward_args(const DLTensor *q, const DLTensor *k, const DLTensor
   return a;
 }
 
-// The float32 backward: dq and dk/dv by two kernels of their own, reading
-// Di (the rows' dout . out) from `di`.
-void backward_f32(const BwdArgs &a, float scale, float *di, cudaStream_t st) {
-  const Dims &d = a.d;
-  const int T_ = static_cast<int>(d.T), H = static_cast<int>(d.H), D = static_cast<int>(d.D);
-  BwdF32Params p{ten<float>(a.q, d.D),
-                 ten<float>(a.k, d.D),
-                 ten<float>(a.v, d.D),
-                 ten<float>(a.dout, d.D),
-                 ten<float>(a.dq, d.D),
-                 ten<float>(a.dk, d.D),
-                 ten<float>(a.dv, d.D),
-                 a.lse,
-                 di,
-                 T_,
-                 H,
-                 D,
-                 scale};
-  const int B = static_cast<int>(d.B);
-  const dim3 grid((T_ + kRows - 1) / kRows, B * H);
-  dq_f32_kernel<<<grid, 128, 0, st>>>(p);
-  check_launch();
-  dkdv_f32_kernel<<<grid, 128, 0, st>>>(p);
-  check_launch();
-}
-
 // The 16-bit backward: one tensor-core pass that writes dk and dv and
 // accumulates dq in float32 (dq_acc), then dq cast to T and scaled.
 template <typename T>
-void backward_mma(const BwdArgs &a, float scale, float *di, float *dq_acc, cudaStream_t st) {
+void backward_mma(const BwdViews &a, float scale, float *di, float *dq_acc, const int32_t *pos,
+                  cudaStream_t st) {
   const Dims &d = a.d;
   const int T_ = static_cast<int>(d.T), H = static_cast<int>(d.H), D = static_cast<int>(d.D);
   const int64_t rows = d.B * d.H * d.T;
@@ -551,7 +405,8 @@ void backward_mma(const BwdArgs &a, float scale, float *di, float *dq_acc, cudaS
                  H,
                  D,
                  scale,
-                 scale * kLog2e};
+                 scale * kLog2e,
+                 pos};
   if (D <= 64) {
     launch_bwd_mma<T, 64>(p, static_cast<int>(d.B));
   } else {
@@ -569,10 +424,10 @@ void backward_mma(const BwdArgs &a, float scale, float *di, float *dq_acc, cudaS
 tsr_status attention_backward_native(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
                                      const DLTensor *v, const DLTensor *out, const DLTensor *dout,
                                      const DLTensor *lse, float scale, DLTensor *dq, DLTensor *dk,
-                                     DLTensor *dv) noexcept {
+                                     DLTensor *dv, const int32_t *positions) noexcept {
   using namespace attn;
   return guarded(ctx, [&] {
-    const BwdArgs a = check_backward_args(q, k, v, out, dout, lse, scale, dq, dk, dv);
+    const BwdViews a = check_backward_args(q, k, v, out, dout, lse, scale, dq, dk, dv);
     const Dims &d = a.d;
     if (d.B * d.T * d.H == 0) return;
     const int T_ = static_cast<int>(d.T), H = static_cast<int>(d.H), D = static_cast<int>(d.D);
@@ -589,9 +444,9 @@ tsr_status attention_backward_native(tsr_host_ctx *ctx, const DLTensor *q, const
           <<<di_blocks, 256, 0, st>>>(ten<T>(a.out, d.D), ten<T>(a.dout, d.D), di, T_, H, D, rows);
       check_launch();
       if constexpr (std::is_same_v<T, float>)
-        backward_f32(a, scale, di, st);
+        backward_f32(a, scale, di, positions, st);
       else
-        backward_mma<T>(a, scale, di, dq_acc, st);
+        backward_mma<T>(a, scale, di, dq_acc, positions, st);
     };
     if (a.dt == Dt::F32) {
       run(float{});

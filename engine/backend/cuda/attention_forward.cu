@@ -8,6 +8,13 @@
 //              Head dims other than 64/128 run zero-padded to 64 or 128.
 //   fp32:      CUDA cores (the fp32 run is the accuracy reference, not the
 //              fast path): one warp per query row, a lane per key.
+//
+// With positions (ABI 1.8 attention_packed_*) query i sees keys
+// window_start(i)..i only: the tensor-core kernel's DOC instantiation
+// starts at the key block of its rows' lowest window start and masks every
+// block, taking a row whose keys are all masked so far as empty (its
+// running max stays -inf and contributes nothing); the fp32 kernel skips
+// the key tiles before each row's window.
 #include "backend/cuda/attention.cuh"
 
 namespace tessera::cuda {
@@ -26,7 +33,8 @@ struct FwdParams {
   Ten<T> q, k, v, o;
   float *lse;  // [B, H, T]
   int T_, H, D;
-  float scale_log2;  // scale * log2(e): softmax runs in base 2 (exp2f is one instruction)
+  float scale_log2;    // scale * log2(e): softmax runs in base 2 (exp2f is one instruction)
+  const int32_t *pos;  // [B, T] positions (document masking), NULL: causal
 };
 
 template <int DP>
@@ -39,7 +47,7 @@ constexpr int fwd_smem_bytes() {
 // fragments that hold the scores and the output accumulator; split into
 // device functions they would pass those arrays by reference, and whether
 // they stay in registers would rest on the inliner.
-template <typename T, int DP>
+template <typename T, int DP, bool DOC>
 __global__ void __launch_bounds__(kThreads) fwd_mma_kernel(const FwdParams<T> p) {
   // Rows padded by 8 elements (16 bytes) so ldmatrix's 8 row addresses fall in
   // different banks.
@@ -57,9 +65,22 @@ __global__ void __launch_bounds__(kThreads) fwd_mma_kernel(const FwdParams<T> p)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const T *gq = p.q.at(b, h), *gk = p.k.at(b, h), *gv = p.v.at(b, h);
 
+  // The first key block any row of this block sees: 0, or with document
+  // masking the block of the rows' lowest window start.
+  int kb0 = 0;
+  if constexpr (DOC) {
+    __shared__ int lowest;
+    if (threadIdx.x == 0) lowest = qb * kBr;
+    __syncthreads();
+    for (int i = threadIdx.x; i < kBr; i += kThreads)
+      if (qb * kBr + i < p.T_) atomicMin(&lowest, window_start(p.pos, b, qb * kBr + i, p.T_));
+    __syncthreads();
+    kb0 = lowest / kBc;
+  }
+
   load_tile<T, kBr, DP, PITCH, kThreads>(sQ, gq, p.q.st, p.q.sd, p.q.vec, qb * kBr, p.T_, p.D);
-  load_tile<T, kBc, DP, PITCH, kThreads>(sK, gk, p.k.st, p.k.sd, p.k.vec, 0, p.T_, p.D);
-  load_tile<T, kBc, DP, PITCH, kThreads>(sV, gv, p.v.st, p.v.sd, p.v.vec, 0, p.T_, p.D);
+  load_tile<T, kBc, DP, PITCH, kThreads>(sK, gk, p.k.st, p.k.sd, p.k.vec, kb0 * kBc, p.T_, p.D);
+  load_tile<T, kBc, DP, PITCH, kThreads>(sV, gv, p.v.st, p.v.sd, p.v.vec, kb0 * kBc, p.T_, p.D);
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
@@ -77,10 +98,18 @@ __global__ void __launch_bounds__(kThreads) fwd_mma_kernel(const FwdParams<T> p)
   // rows g and g + 8; the sums are reduced across the quad only at the end.
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const int row_g = qb * kBr + warp * 16 + lane / 4;  // global query row of c0/c1
+  // With document masking, the window starts of rows row_g and row_g + 8.
+  int first[2] = {0, 0};
+  if constexpr (DOC) {
+    for (int i = 0; i < 2; i++)
+      if (row_g + 8 * i < p.T_) first[i] = window_start(p.pos, b, row_g + 8 * i, p.T_);
+  } else {
+    (void)first;
+  }
 
-  const int nkb = qb + 1;  // causal: key blocks 0..qb
-  for (int j = 0; j < nkb; j++) {
-    const int buf = j & 1;
+  const int nkb = qb + 1;  // causal: key blocks 0..qb (kb0..qb with document masking)
+  for (int j = kb0; j < nkb; j++) {
+    const int buf = (j - kb0) & 1;
     // Prefetch block j + 1 into the other buffer (free: everyone passed the
     // barrier at the end of iteration j - 1), then wait for block j only.
     if (j + 1 < nkb) {
@@ -123,7 +152,10 @@ __global__ void __launch_bounds__(kThreads) fwd_mma_kernel(const FwdParams<T> p)
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         float x = s[nt][e] * p.scale_log2;
-        if (j == qb) {
+        if constexpr (DOC) {
+          const int key = j * kBc + nt * 8 + (lane % 4) * 2 + (e & 1);
+          if (key > row_g + (e >= 2 ? 8 : 0) || key < first[e >= 2]) x = -INFINITY;
+        } else if (j == qb) {
           const int key = j * kBc + nt * 8 + (lane % 4) * 2 + (e & 1);
           if (key > row_g + (e >= 2 ? 8 : 0)) x = -INFINITY;
         }
@@ -136,14 +168,20 @@ __global__ void __launch_bounds__(kThreads) fwd_mma_kernel(const FwdParams<T> p)
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
     }
-    const float corr[2] = {exp2f(m[0] - mx[0]), exp2f(m[1] - mx[1])};
+    // With document masking a row may have seen no key yet (max -inf):
+    // exponents then go from 0, so its scores and correction are 0, not NaN.
+    float ref[2] = {mx[0], mx[1]};
+    if constexpr (DOC) {
+      for (int i = 0; i < 2; i++) ref[i] = mx[i] == -INFINITY ? 0.0f : mx[i];
+    }
+    const float corr[2] = {exp2f(m[0] - ref[0]), exp2f(m[1] - ref[1])};
     m[0] = mx[0], m[1] = mx[1];
     float sum[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int nt = 0; nt < 8; nt++) {
 #pragma unroll
       for (int e = 0; e < 4; e++) {
-        s[nt][e] = exp2f(s[nt][e] - mx[e >= 2]);
+        s[nt][e] = exp2f(s[nt][e] - ref[e >= 2]);
         sum[e >= 2] += s[nt][e];
       }
     }
@@ -192,18 +230,26 @@ __global__ void __launch_bounds__(kThreads) fwd_mma_kernel(const FwdParams<T> p)
                                           p.D);
 }
 
-template <typename T, int DP>
-void launch_fwd_mma(const FwdParams<T> &p, int B) {
+template <typename T, int DP, bool DOC>
+void launch_fwd_mma_as(const FwdParams<T> &p, int B) {
   constexpr int smem = fwd_smem_bytes<DP>();
   static const bool attr = [] {
-    TSR_CUDA_CHECK(cudaFuncSetAttribute(fwd_mma_kernel<T, DP>,
+    TSR_CUDA_CHECK(cudaFuncSetAttribute(fwd_mma_kernel<T, DP, DOC>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     return true;
   }();
   (void)attr;
   const dim3 grid((p.T_ + kBr - 1) / kBr, B * p.H);
-  fwd_mma_kernel<T, DP><<<grid, kThreads, smem, compute_stream()>>>(p);
+  fwd_mma_kernel<T, DP, DOC><<<grid, kThreads, smem, compute_stream()>>>(p);
   check_launch();
+}
+
+template <typename T, int DP>
+void launch_fwd_mma(const FwdParams<T> &p, int B) {
+  if (p.pos)
+    launch_fwd_mma_as<T, DP, true>(p, B);
+  else
+    launch_fwd_mma_as<T, DP, false>(p, B);
 }
 
 // ---------------------------------------------------------------------------
@@ -218,6 +264,7 @@ struct FwdF32Params {
   float *lse;
   int T_, H, D;
   float scale;
+  const int32_t *pos;  // [B, T] positions (document masking), NULL: causal
 };
 
 __global__ void __launch_bounds__(128) fwd_f32_kernel(const FwdF32Params p) {
@@ -247,13 +294,17 @@ __global__ void __launch_bounds__(128) fwd_f32_kernel(const FwdF32Params p) {
     for (int i = 0; i < 2; i++) {
       const int rl = warp * 2 + i, row = r0 + rl;
       if (row >= p.T_ || k0 > row) continue;  // warp-uniform
+      // The row's window start; tiles wholly before it are skipped, so the
+      // first tile taken holds a key the row sees.
+      const int first = window_start(p.pos, b, row, p.T_);
+      if (k0 + kKeyTile <= first) continue;  // warp-uniform
       const int key = k0 + lane;
       float s = 0.0f;
       for (int d = 0; d < p.D; d++) s += sQ[rl][d] * sK[lane][d];
-      s = key <= row ? s * p.scale : -INFINITY;
+      s = key <= row && key >= first ? s * p.scale : -INFINITY;
       float mx = s;
       for (int off = 16; off; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-      const float mnew = fmaxf(m[i], mx);  // finite: key k0 <= row is in this tile
+      const float mnew = fmaxf(m[i], mx);  // finite: this tile holds a key the row sees
       const float pj = expf(s - mnew), corr = expf(m[i] - mnew);
       float sum = pj;
       for (int off = 16; off; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
@@ -284,8 +335,8 @@ __global__ void __launch_bounds__(128) fwd_f32_kernel(const FwdF32Params p) {
 }  // namespace attn
 
 tsr_status attention_forward_native(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
-                                    const DLTensor *v, float scale, DLTensor *out,
-                                    DLTensor *lse) noexcept {
+                                    const DLTensor *v, float scale, DLTensor *out, DLTensor *lse,
+                                    const int32_t *positions) noexcept {
   using namespace attn;
   return guarded(ctx, [&] {
     const char *op = "attention_forward";
@@ -310,7 +361,8 @@ tsr_status attention_forward_native(tsr_host_ctx *ctx, const DLTensor *q, const 
                      T_,
                      H,
                      D,
-                     scale};
+                     scale,
+                     positions};
       const dim3 grid((T_ + kRowsPerBlock - 1) / kRowsPerBlock, B * H);
       fwd_f32_kernel<<<grid, 128, 0, compute_stream()>>>(p);
       check_launch();
@@ -320,7 +372,7 @@ tsr_status attention_forward_native(tsr_host_ctx *ctx, const DLTensor *q, const 
       using T = decltype(zero);
       FwdParams<T> p{
           ten<T>(vq, d.D), ten<T>(vk, d.D), ten<T>(vv, d.D), ten<T>(vo, d.D), plse, T_, H, D,
-          scale * kLog2e};
+          scale * kLog2e,  positions};
       if (D <= 64) {
         launch_fwd_mma<T, 64>(p, B);
       } else {

@@ -8,6 +8,13 @@
 // query head, the gradients of the copies then summed over each group
 // (attention_gqa_kernels.cu): extra memory traffic of a few copies of K and
 // V, fine for the float32 and fallback paths it serves.
+//
+// ABI 1.8's attention_packed_* (document masking by positions) always run
+// the engine's kernels, on repeated heads where Hk < H: cuDNN's form for
+// packed sequences (its ragged layout) wants each document's offsets and
+// lengths as device tensors, which per-query positions do not give
+// without a scan of every batch; TESSERA_ATTENTION=cudnn therefore refuses
+// these calls, and auto logs once that they run the engine's kernels.
 #include <cmath>
 
 #include "backend/cpu/cpu_ops.hpp"
@@ -181,7 +188,129 @@ void gqa_backward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k, const
   launch_gqa_group_sum(dvx.p, c.dt, vdv, c.d.B, c.d.T, c.hk, c.d.D, group);
 }
 
+// positions int32 [B, T] on the device, compact: its data for the kernels.
+const int32_t *packed_positions(const char *op, const DLTensor *positions, const Dims &d) {
+  TSR_CHECK(positions != nullptr, TSR_ERR_INVALID, std::string(op) + ": positions is NULL");
+  const View P = i32(op, "positions", positions);
+  TSR_CHECK(positions->ndim == 2 && positions->shape[0] == d.B && positions->shape[1] == d.T,
+            TSR_ERR_INVALID,
+            std::string(op) + ": positions " + describe(positions) + " must be [B, T] = [" +
+                std::to_string(d.B) + "," + std::to_string(d.T) + "]");
+  return P.as<int32_t>();
+}
+
+// cuDNN is not asked (see the top): an error where TESSERA_ATTENTION=cudnn
+// demands it for bf16/fp16, a log line once in auto mode.
+void packed_skips_cudnn(const char *op, const GqaChecked &c) {
+  const AttnImpl impl = attention_env_impl();
+  if (impl != AttnImpl::Native && c.dt != Dt::F32)
+    attention_declined(impl, op, gqa_describe(c),
+                       "document masking (positions) is not taken to cuDNN");
+}
+
+void packed_forward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k, const DLTensor *v,
+                    const DLTensor *positions, float scale, DLTensor *out, DLTensor *lse) {
+  constexpr const char *op = "attention_packed_forward";
+  if (side_of(
+          op,
+          {{"q", q}, {"k", k}, {"v", v}, {"positions", positions}, {"out", out}, {"lse", lse}}) ==
+      Side::Host) {
+    AsCpu hq(q), hk(k), hv(v), hp(positions), ho(out), hl(lse);
+    host_result(need_cpu(cpu_ops()->attention_packed_forward, op)(ctx, hq.p, hk.p, hv.p, hp.p,
+                                                                  scale, ho.mut(), hl.mut()));
+    return;
+  }
+  GqaChecked c;
+  attn::check_bthd(op, "q", q, c.d, c.dt, true);
+  const Bthd vk = gqa_check_kv(op, "k", k, c, true), vv = gqa_check_kv(op, "v", v, c, false);
+  Dims dout = c.d;
+  attn::check_bthd(op, "out", out, dout, c.dt, false);
+  attn::check_lse(op, lse, c.d);
+  attn::check_dims(op, c.d);
+  TSR_CHECK(std::isfinite(scale), TSR_ERR_INVALID, std::string(op) + ": scale is not finite");
+  const int32_t *pos = packed_positions(op, positions, c.d);
+  if (c.d.B * c.d.T * c.d.H == 0) return;
+  packed_skips_cudnn(op, c);
+  if (c.hk == c.d.H) {
+    host_result(attention_forward_native(ctx, q, k, v, scale, out, lse, pos));
+    return;
+  }
+  const int64_t group = c.d.H / c.hk;
+  GqaBuffer kx(gqa_heads_bytes(c)), vx(gqa_heads_bytes(c));
+  launch_gqa_expand(vk, c.dt, kx.p, c.d.B, c.d.T, c.d.H, c.d.D, group);
+  launch_gqa_expand(vv, c.dt, vx.p, c.d.B, c.d.T, c.d.H, c.d.D, group);
+  GqaCompact tk(kx.p, k, c.d), tv(vx.p, v, c.d);
+  host_result(attention_forward_native(ctx, q, &tk.t, &tv.t, scale, out, lse, pos));
+}
+
+// long-function: the checks of ten arguments by name, then the one call or
+// the repeated heads, as gqa_backward.
+void packed_backward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k, const DLTensor *v,
+                     const DLTensor *positions, const DLTensor *out, const DLTensor *dout,
+                     const DLTensor *lse, float scale, DLTensor *dq, DLTensor *dk, DLTensor *dv) {
+  constexpr const char *op = "attention_packed_backward";
+  if (side_of(op, {{"q", q},
+                   {"k", k},
+                   {"v", v},
+                   {"positions", positions},
+                   {"out", out},
+                   {"dout", dout},
+                   {"lse", lse},
+                   {"dq", dq},
+                   {"dk", dk},
+                   {"dv", dv}}) == Side::Host) {
+    AsCpu hq(q), hk(k), hv(v), hp(positions), ho(out), hdo(dout), hl(lse), hdq(dq), hdk(dk),
+        hdv(dv);
+    host_result(need_cpu(cpu_ops()->attention_packed_backward, op)(
+        ctx, hq.p, hk.p, hv.p, hp.p, ho.p, hdo.p, hl.p, scale, hdq.mut(), hdk.mut(), hdv.mut()));
+    return;
+  }
+  GqaChecked c;
+  attn::check_bthd(op, "q", q, c.d, c.dt, true);
+  const Bthd vk = gqa_check_kv(op, "k", k, c, true), vv = gqa_check_kv(op, "v", v, c, false);
+  const Bthd vdk = gqa_check_kv(op, "dk", dk, c, false), vdv = gqa_check_kv(op, "dv", dv, c, false);
+  Dims same = c.d;
+  attn::check_bthd(op, "out", out, same, c.dt, false);
+  attn::check_bthd(op, "dout", dout, same, c.dt, false);
+  attn::check_bthd(op, "dq", dq, same, c.dt, false);
+  attn::check_lse(op, lse, c.d);
+  attn::check_dims(op, c.d);
+  TSR_CHECK(std::isfinite(scale), TSR_ERR_INVALID, std::string(op) + ": scale is not finite");
+  const int32_t *pos = packed_positions(op, positions, c.d);
+  if (c.d.B * c.d.T * c.d.H == 0) return;
+  packed_skips_cudnn(op, c);
+  if (c.hk == c.d.H) {
+    host_result(attention_backward_native(ctx, q, k, v, out, dout, lse, scale, dq, dk, dv, pos));
+    return;
+  }
+  const int64_t group = c.d.H / c.hk;
+  const size_t bytes = gqa_heads_bytes(c);
+  GqaBuffer kx(bytes), vx(bytes), dkx(bytes), dvx(bytes);
+  launch_gqa_expand(vk, c.dt, kx.p, c.d.B, c.d.T, c.d.H, c.d.D, group);
+  launch_gqa_expand(vv, c.dt, vx.p, c.d.B, c.d.T, c.d.H, c.d.D, group);
+  GqaCompact tk(kx.p, k, c.d), tv(vx.p, v, c.d), tdk(dkx.p, dk, c.d), tdv(dvx.p, dv, c.d);
+  host_result(attention_backward_native(ctx, q, &tk.t, &tv.t, out, dout, lse, scale, dq, &tdk.t,
+                                        &tdv.t, pos));
+  launch_gqa_group_sum(dkx.p, c.dt, vdk, c.d.B, c.d.T, c.hk, c.d.D, group);
+  launch_gqa_group_sum(dvx.p, c.dt, vdv, c.d.B, c.d.T, c.hk, c.d.D, group);
+}
+
 }  // namespace
+
+tsr_status attention_packed_forward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
+                                    const DLTensor *v, const DLTensor *positions, float scale,
+                                    DLTensor *out, DLTensor *lse) noexcept {
+  return guarded(ctx, [&] { packed_forward(ctx, q, k, v, positions, scale, out, lse); });
+}
+
+tsr_status attention_packed_backward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
+                                     const DLTensor *v, const DLTensor *positions,
+                                     const DLTensor *out, const DLTensor *dout, const DLTensor *lse,
+                                     float scale, DLTensor *dq, DLTensor *dk,
+                                     DLTensor *dv) noexcept {
+  return guarded(
+      ctx, [&] { packed_backward(ctx, q, k, v, positions, out, dout, lse, scale, dq, dk, dv); });
+}
 
 tsr_status attention_gqa_forward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
                                  const DLTensor *v, float scale, DLTensor *out,

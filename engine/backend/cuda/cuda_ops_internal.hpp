@@ -394,12 +394,14 @@ void attention_declined(AttnImpl impl, const char *op, const std::string &shape,
 bool attention_cudnn_available(std::string *what);
 
 // attention_forward.cu / attention_backward.cu: the engine's flash kernels.
+// `positions` (device int32 [B, T], checked by the caller), when not NULL,
+// masks each query to its document window (ABI 1.8 attention_packed_*).
 tsr_status attention_forward_native(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
-                                    const DLTensor *v, float scale, DLTensor *out,
-                                    DLTensor *lse) noexcept;
+                                    const DLTensor *v, float scale, DLTensor *out, DLTensor *lse,
+                                    const int32_t *positions = nullptr) noexcept;
 tsr_status attention_backward_native(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
                                      const DLTensor *v, const DLTensor *out, const DLTensor *dout,
                                      const DLTensor *lse, float scale, DLTensor *dq, DLTensor *dk,
-                                     DLTensor *dv) noexcept;
+                                     DLTensor *dv, const int32_t *positions = nullptr) noexcept;
 
 }  // namespace tessera::cuda

@@ -34,6 +34,16 @@ tsr_status attention_gqa_backward(tsr_host_ctx *ctx, const DLTensor *q, const DL
                                   const DLTensor *v, const DLTensor *out, const DLTensor *dout,
                                   const DLTensor *lse, float scale, DLTensor *dq, DLTensor *dk,
                                   DLTensor *dv) noexcept;
+// ABI 1.8: attention_gqa_* with document masking by positions
+// (attention_gqa.cpp, the engine's kernels).
+tsr_status attention_packed_forward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
+                                    const DLTensor *v, const DLTensor *positions, float scale,
+                                    DLTensor *out, DLTensor *lse) noexcept;
+tsr_status attention_packed_backward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
+                                     const DLTensor *v, const DLTensor *positions,
+                                     const DLTensor *out, const DLTensor *dout, const DLTensor *lse,
+                                     float scale, DLTensor *dq, DLTensor *dk,
+                                     DLTensor *dv) noexcept;
 
 // attention_gqa_kernels.cu, on the compute stream: dst [B, T, H, D]
 // compact (dt) = src [B, T, H / group, D] with each head repeated `group`

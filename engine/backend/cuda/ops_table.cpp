@@ -262,6 +262,9 @@ const tsr_ops *cuda_ops() {
       .swiglu_backward = cuda::swiglu_backward,
       .attention_gqa_forward = cuda::attention_gqa_forward,
       .attention_gqa_backward = cuda::attention_gqa_backward,
+      // ABI 1.8
+      .attention_packed_forward = cuda::attention_packed_forward,
+      .attention_packed_backward = cuda::attention_packed_backward,
   };
   return &table;
 }

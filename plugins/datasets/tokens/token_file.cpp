@@ -37,6 +37,7 @@ Shard::Shard(std::string path, std::string who) : path_(std::move(path)), who_(s
     width_ = parsed.width;
     count_ = parsed.count;
     masked_ = parsed.masked;
+    examples_ = parsed.examples;
   } catch (...) {
     ::close(fd_);
     fd_ = -1;
@@ -105,6 +106,47 @@ void Shard::copy_mask(int64_t from, int64_t n, uint8_t *out) const {
   // The mask follows all the tokens.
   const uint64_t mask_at = kHeaderBytes + static_cast<uint64_t>(count_) * uint64_t(width_);
   read_at(out, static_cast<size_t>(n), mask_at + static_cast<uint64_t>(from));
+}
+
+std::vector<int64_t> Shard::example_bounds() const {
+  std::vector<int64_t> out;
+  if (examples_ < 0) return out;
+  std::vector<int32_t> raw(static_cast<size_t>(examples_));
+  const uint64_t at = kHeaderBytes + static_cast<uint64_t>(count_) * uint64_t(width_ + 1);
+  read_at(raw.data(), raw.size() * sizeof(int32_t), at);
+  out.reserve(raw.size() + 1);
+  for (size_t e = 0; e < raw.size(); ++e) {
+    const int64_t v = raw[e];
+    const bool ok = e == 0 ? v == 0 : v > out.back() && v < count_;
+    if (!ok)
+      throw sdk::Error(TSR_ERR_INVALID,
+                       "tokens: shard '" + path_ + "': example start " + std::to_string(e) +
+                           " is " + std::to_string(v) + (e == 0 ? ", expected 0" : "") +
+                           "; the starts must rise strictly from 0 and stay below the " +
+                           std::to_string(count_) + " tokens (a damaged file)");
+    out.push_back(v);
+  }
+  if (out.empty() && count_ > 0)
+    throw sdk::Error(TSR_ERR_INVALID, "tokens: shard '" + path_ + "' holds " +
+                                          std::to_string(count_) +
+                                          " tokens but records no example start (a damaged file)");
+  out.push_back(count_);
+  return out;
+}
+
+void Shard::check_ids(const int32_t *ids, int64_t from, int64_t n, uint64_t limit, int64_t vocab,
+                      const std::string &section) const {
+  for (int64_t j = 0; j < n; ++j) {
+    const uint32_t v = static_cast<uint32_t>(ids[j]);
+    if (static_cast<uint64_t>(v) < limit) continue;
+    const int64_t pos = from + j;
+    throw sdk::Error(TSR_ERR_INVALID,
+                     "tokens: " + section + " shard '" + path_ + "': token " + std::to_string(v) +
+                         " at token offset " + std::to_string(pos) + " (byte offset " +
+                         std::to_string(kHeaderBytes + uint64_t(pos) * uint64_t(width_)) + ") is " +
+                         (vocab > 0 ? "not below vocab = " + std::to_string(vocab)
+                                    : std::string("above 2^31 - 1")));
+  }
 }
 
 }  // namespace tessera::tokens

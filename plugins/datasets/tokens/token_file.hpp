@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <string>
 #include <tessera/cpp/formats/token_shard.hpp>
+#include <vector>
 
 namespace tessera::tokens {
 
@@ -48,6 +49,19 @@ class Shard {
   // Copies mask bytes [from, from + n) into `out`; a shard without a mask
   // trains every token (all 1).
   void copy_mask(int64_t from, int64_t n, uint8_t *out) const;
+  // Versions 2001/2007 record where each example starts: the number of
+  // them, -1 for a shard without the record.
+  int64_t examples() const { return examples_; }
+  // The example starts, checked (the first 0, strictly increasing, below
+  // count()), with count() appended: example e is tokens [s[e], s[e + 1]).
+  // Throws tessera::sdk::Error naming the file when the record is
+  // inconsistent.
+  std::vector<int64_t> example_bounds() const;
+  // Throws naming the file, the token and its offsets unless every id of
+  // tokens [from, from + n) (read into `ids`) is below `limit`; `vocab`
+  // (0: none) and `section` word the message.
+  void check_ids(const int32_t *ids, int64_t from, int64_t n, uint64_t limit, int64_t vocab,
+                 const std::string &section) const;
 
  private:
   // Reads `bytes` bytes at `offset` into dst, or throws naming the file.
@@ -58,7 +72,8 @@ class Shard {
   uint64_t size_ = 0;
   int64_t count_ = 0;
   int width_ = 2;
-  bool masked_ = false;  // a loss mask of count_ bytes follows the tokens
+  bool masked_ = false;    // a loss mask of count_ bytes follows the tokens
+  int64_t examples_ = -1;  // example starts after the mask (int32 each), -1: none
 };
 
 }  // namespace tessera::tokens

@@ -11,12 +11,16 @@
 // is -100, which the loss ignores. The sampler's shuffle
 // is what makes the windows random. With `vocab` > 0 every token of a
 // window is checked to be below it as the window is read. `limit` keeps N
-// windows spread evenly over all of them.
+// windows spread evenly over all of them. With `pack` the windows are
+// packed examples instead (packing.hpp): whole examples of masked shards
+// that record their starts, with int32 positions restarting at 0 in each
+// (ABI 1.8 tsr_batch.positions), the windows' tails padding.
 #include <glob.h>
 #include <tessera/dataset.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -25,6 +29,7 @@
 #include <tessera/cpp/plugin.hpp>
 #include <vector>
 
+#include "packing.hpp"
 #include "token_file.hpp"
 
 namespace sdk = tessera::sdk;
@@ -37,7 +42,8 @@ constexpr const char *kSummary =
     "Token shards in llm.c's format (1024-byte header; magic 20240520 version 1: uint16 "
     "tokens; magic 20240801 version 7: uint32 tokens; versions 1001/1007 with a loss mask), "
     "read with pread: non-overlapping windows of context + 1 tokens, int32 input [T] and "
-    "next-token target [T] (-100 where the mask says the token is not trained).";
+    "next-token target [T] (-100 where the mask says the token is not trained); with pack = "
+    "true, whole examples packed into the windows with restarting positions.";
 
 // A target the loss ignores (ops.h: targets < 0), as Hugging Face writes it.
 constexpr int32_t kIgnoredTarget = -100;
@@ -51,6 +57,8 @@ struct Dataset {
   int64_t length = 0;   // samples: every window, or `limit` of them spread evenly
   std::vector<std::unique_ptr<Shard>> shards;
   std::vector<int64_t> first_window;  // per shard, plus the total at the end
+  bool pack = false;
+  tessera::tokens::Packing packing;  // pack: the windows' pieces
 
   void info(tsr_data_info *out) const;
   void read(const int64_t *indices, tsr_batch *out) const;
@@ -88,6 +96,23 @@ std::vector<std::string> expand(const std::vector<std::string> &patterns,
   return out;
 }
 
+void log_packing(const Dataset &ds) {
+  const tessera::tokens::Packing &p = ds.packing;
+  const double fill = p.windows() ? 100.0 * static_cast<double>(p.pairs) /
+                                        static_cast<double>(p.windows() * ds.context)
+                                  : 0.0;
+  char pct[32];
+  std::snprintf(pct, sizeof pct, "%.1f%%", fill);
+  std::string msg = "tokens: " + ds.section + " pack: " + std::to_string(p.examples) +
+                    " examples in " + std::to_string(p.windows()) + " windows of " +
+                    std::to_string(ds.context) + " tokens, " + pct + " filled";
+  if (p.split > 0)
+    msg += ", " + std::to_string(p.split) + " longer than the context split into pieces";
+  if (p.dropped > 0)
+    msg += ", " + std::to_string(p.dropped) + " of a single token left out (nothing to predict)";
+  ds.host->log(ds.host->ctx, TSR_LOG_INFO, msg.c_str());
+}
+
 std::unique_ptr<Dataset> build(const tsr_host *host, const tsr_config *cfg, const char *split) {
   sdk::Config c(host, cfg);
   auto ds = std::make_unique<Dataset>();
@@ -97,6 +122,7 @@ std::unique_ptr<Dataset> build(const tsr_host *host, const tsr_config *cfg, cons
   ds->context = c.get_int("context");
   ds->vocab = c.get_int("vocab");
   const int64_t limit = c.get_int("limit");
+  ds->pack = c.get_bool("pack");
   if (limit < 0)
     throw sdk::Error(TSR_ERR_CONFIG, "tokens: " + ds->section + " limit must be >= 0, got " +
                                          std::to_string(limit));
@@ -123,6 +149,10 @@ std::unique_ptr<Dataset> build(const tsr_host *host, const tsr_config *cfg, cons
     ds->shards.push_back(std::move(shard));
   }
   ds->first_window.push_back(windows);
+  if (ds->pack) {
+    ds->packing = tessera::tokens::plan_packing(ds->shards, ds->context, ds->section);
+    windows = ds->packing.windows();
+  }
   ds->length = limit > 0 && limit < windows ? limit : windows;
   if (windows == 0)
     throw sdk::Error(
@@ -141,13 +171,16 @@ std::unique_ptr<Dataset> build(const tsr_host *host, const tsr_config *cfg, cons
                             std::to_string(tokens) + " " + kind + " tokens, first '" +
                             ds->shards.front()->path() + "'";
     host->log(host->ctx, TSR_LOG_INFO, msg.c_str());
+    if (ds->pack) log_packing(*ds);
   }
   return ds;
 }
 
-// int32 [T] windows, inputs and next-token targets; vocab as num_classes.
-tsr_data_info window_info(int64_t length, int64_t context, int64_t vocab) {
+// int32 [T] windows, inputs and next-token targets; vocab as num_classes;
+// positions with packing.
+tsr_data_info window_info(int64_t length, int64_t context, int64_t vocab, bool pack) {
   auto d = sdk::make<tsr_data_info>();
+  d.positions = pack ? 1 : 0;
   d.length = length;
   d.input_dtype = sdk::dtype_i32();
   d.input_ndim = 1;
@@ -162,7 +195,7 @@ tsr_data_info window_info(int64_t length, int64_t context, int64_t vocab) {
 void Dataset::info(tsr_data_info *out) const {
   if (!TSR_HAS_FIELD(out, tsr_data_info, num_classes))
     throw sdk::Error(TSR_ERR_INVALID, "tokens: info: output struct missing or too small");
-  sdk::copy_out(window_info(length, context, vocab), out);
+  sdk::copy_out(window_info(length, context, vocab, pack), out);
 }
 
 // TSR_EXT_DATASET_SHAPE: the windows' shape from the config alone (no shard
@@ -176,7 +209,7 @@ tsr_status shape(const tsr_host *host, const tsr_config *cfg, tsr_data_info *out
     if (context < 1)
       throw sdk::Error(TSR_ERR_CONFIG,
                        "tokens: context must be >= 1, got " + std::to_string(context));
-    sdk::copy_out(window_info(0, context, c.get_int("vocab")), out);
+    sdk::copy_out(window_info(0, context, c.get_int("vocab"), c.get_bool("pack")), out);
   });
 }
 
@@ -217,7 +250,15 @@ void Dataset::read(const int64_t *indices, tsr_batch *out) const {
   if (!indices) throw sdk::Error(TSR_ERR_INVALID, "tokens: " + section + " read: no indices");
   check_tensor(*this, out->inputs, "inputs", n);
   check_tensor(*this, out->targets, "targets", n);
-  const int64_t windows = first_window.back();
+  if (pack) {
+    if (!TSR_HAS_FIELD(out, tsr_batch, positions) || !out->positions.data)
+      throw sdk::Error(TSR_ERR_UNSUPPORTED,
+                       "tokens: " + section +
+                           " pack = true needs a batch with positions (ABI 1.8); this host "
+                           "gave none");
+    check_tensor(*this, out->positions, "positions", n);
+  }
+  const int64_t windows = pack ? packing.windows() : first_window.back();
   const int64_t T = context;
   // vocab 0: only ids that fit int32 (uint32 shards could hold more).
   const uint64_t limit = vocab > 0 ? uint64_t(vocab) : uint64_t{1} << 31;
@@ -240,25 +281,19 @@ void Dataset::read(const int64_t *indices, tsr_batch *out) const {
                           : static_cast<int64_t>(static_cast<unsigned __int128>(sample) *
                                                  static_cast<unsigned __int128>(windows) /
                                                  static_cast<unsigned __int128>(length));
+    if (pack) {
+      auto *pos = reinterpret_cast<int32_t *>(static_cast<char *>(out->positions.data) +
+                                              out->positions.byte_offset);
+      tessera::tokens::read_packed(packing, shards, k, T, limit, vocab, section, x + i * T,
+                                   y + i * T, pos + i * T);
+      continue;
+    }
     const auto it = std::upper_bound(first_window.begin(), first_window.end(), k);
     const size_t s = static_cast<size_t>(it - first_window.begin()) - 1;
     const Shard &shard = *shards[s];
     const int64_t start = (k - first_window[s]) * T;
     shard.copy(start, T + 1, window.data());
-    for (int64_t j = 0; j <= T; ++j) {
-      if (static_cast<uint64_t>(static_cast<uint32_t>(window[static_cast<size_t>(j)])) >= limit) {
-        const int64_t pos = start + j;
-        const uint32_t v = static_cast<uint32_t>(window[static_cast<size_t>(j)]);
-        throw sdk::Error(
-            TSR_ERR_INVALID,
-            "tokens: " + section + " shard '" + shard.path() + "': token " + std::to_string(v) +
-                " at token offset " + std::to_string(pos) + " (byte offset " +
-                std::to_string(tessera::tokens::kHeaderBytes + uint64_t(pos) * shard.width()) +
-                ") is " +
-                (vocab > 0 ? "not below vocab = " + std::to_string(vocab)
-                           : std::string("above 2^31 - 1")));
-      }
-    }
+    shard.check_ids(window.data(), start, T + 1, limit, vocab, section);
     std::memcpy(x + i * T, window.data(), static_cast<size_t>(T) * sizeof(int32_t));
     std::memcpy(y + i * T, window.data() + 1, static_cast<size_t>(T) * sizeof(int32_t));
     if (shard.masked()) {
@@ -284,6 +319,12 @@ const tsr_param_decl params[] = {
                    "Vocabulary size: every token read must be below it (checked per window as "
                    "it is read) and it is reported as num_classes; 0: no check.",
                    0),
+    sdk::param("pack", TSR_PARAM_BOOL, "false",
+               "Pack whole examples into the windows (chat and instruction shards that record "
+               "their example starts, written by `tessera data tokenize --format ...`): "
+               "positions restart at 0 in each example and attention stays inside it; an "
+               "example longer than the context is split into pieces; window tails are padding "
+               "(target -100). docs/data.md, Packing."),
     sdk::param_min("limit", TSR_PARAM_INT, "0",
                    "Use only N windows, spread evenly over the shards (sample j is window "
                    "floor(j * windows / N)), e.g. for a quicker eval; 0 uses all.",

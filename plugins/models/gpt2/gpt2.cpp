@@ -22,6 +22,12 @@ int64_t Gpt2::check_batch(const tsr_batch *batch, bool with_targets) const {
                                      " sequences; the model was built for at most " +
                                      std::to_string(max_batch));
   if (n == 0) return 0;
+  // ABI 1.8 packed sequences: gpt2 would attend across the examples.
+  if (TSR_HAS_FIELD(batch, tsr_batch, positions) && batch->positions.data)
+    throw Error(TSR_ERR_UNSUPPORTED,
+                "gpt2: the batch holds packed sequences (positions, the tokens dataset's pack = "
+                "true); gpt2 does not keep attention inside each example: use pack = false, or "
+                "the llama model");
   const DLTensor &x = batch->inputs, &y = batch->targets;
   for (const DLTensor *t : {&x, &y}) {
     if (t == &y && !with_targets) break;

@@ -12,7 +12,8 @@ namespace tessera::llama {
 
 // ---- batch ------------------------------------------------------------------
 
-int64_t Llama::check_batch(const tsr_batch *batch, bool with_targets) const {
+int64_t Llama::check_batch(const tsr_batch *batch, bool with_targets) {
+  packed = false;
   if (!batch) throw Error(TSR_ERR_INVALID, "llama: batch is NULL");
   const int64_t n = batch->size;
   if (n < 0 || n > max_batch)
@@ -47,7 +48,47 @@ int64_t Llama::check_batch(const tsr_batch *batch, bool with_targets) const {
     throw Error(TSR_ERR_INVALID, "llama: sequences of " + std::to_string(T) +
                                      " tokens; the model's max_seq is " +
                                      std::to_string(a.max_seq));
+  check_positions(batch, n, T);
   return T;
+}
+
+// ABI 1.8: a batch of packed sequences carries positions int32 [n, T] on
+// the model's device; rope and attention then use them (attention within
+// each packed example only).
+void Llama::check_positions(const tsr_batch *batch, int64_t n, int64_t T) {
+  if (!TSR_HAS_FIELD(batch, tsr_batch, positions) || !batch->positions.data) return;
+  const DLTensor &p = batch->positions;
+  if (!same_dtype(p.dtype, sdk::dtype_i32()) || p.ndim != 2 || !p.shape || p.shape[0] != n ||
+      p.shape[1] != T)
+    throw Error(TSR_ERR_INVALID, "llama: batch positions must be int32 [" + std::to_string(n) +
+                                     ", " + std::to_string(T) + "], like the inputs; got " +
+                                     dtype_name(p.dtype) +
+                                     (p.shape ? " " + shape_str(p.shape, p.ndim) : std::string()));
+  if (p.device.device_type != device.device_type || p.device.device_id != device.device_id)
+    throw Error(TSR_ERR_INVALID, "llama: batch positions are not on the model's device");
+  if (p.strides && ((T != 1 && p.strides[1] != 1) || (n != 1 && p.strides[0] != T)))
+    throw Error(TSR_ERR_INVALID, "llama: batch positions must be contiguous row-major");
+  if (!TSR_HAS_FIELD(ops, tsr_ops, attention_packed_backward) || !ops->attention_packed_forward ||
+      !ops->attention_packed_backward)
+    throw Error(TSR_ERR_UNSUPPORTED,
+                "llama: the batch holds packed sequences (positions), but this host's ops table "
+                "has no attention_packed_forward/backward (ABI 1.8)");
+  packed = true;
+  packed_pos = p;
+}
+
+// Causal attention of one layer, within each packed example when the batch
+// holds positions.
+void Llama::attention(const View &q4, const View &k4, const View &v4, View &pos, View &o4,
+                      View &lse) {
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(a.head_dim)));
+  View q = q4, k = k4, v = v4;
+  if (packed)
+    check(ops->attention_packed_forward(host->ctx, q.get(), k.get(), v.get(), pos.get(), scale,
+                                        o4.get(), lse.get()));
+  else
+    check(ops->attention_gqa_forward(host->ctx, q.get(), k.get(), v.get(), scale, o4.get(),
+                                     lse.get()));
 }
 
 // ---- forward ----------------------------------------------------------------
@@ -87,10 +128,9 @@ void Llama::layer_forward(tsr_step *step, uint32_t l, const Set &s, int64_t B, i
   }
   View q4 = A(s.q, {B, T, Hq, D}), k4 = A(s.k, {B, T, Hk, D}), v4 = A(s.v, {B, T, Hk, D});
   View o4 = A(s.o, {B, T, Hq, D}), lse = S(s.lse, {B, Hq, T});
-  View pos_v = positions(B, T);
+  View pos_v = token_positions(B, T);
   check(ops->rope_forward(ctx, &a.rope, pos_v.get(), q4.get(), k4.get()));
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
-  check(ops->attention_gqa_forward(ctx, q4.get(), k4.get(), v4.get(), scale, o4.get(), lse.get()));
+  attention(q4, k4, v4, pos_v, o4, lse);
   // r = x + o_proj(o), and the post-attention norm of it, in one pass.
   View o = A(s.o, {R, QD()}), r = A(s.r, {R, C}), h2 = A(s.h2, {R, C});
   View rstd2 = S(s.rstd2, {R});
@@ -246,9 +286,14 @@ void Llama::attention_backward(tsr_step *step, uint32_t l, const Set &s, int64_t
   View o4 = A(s.o, {B, T, Hq, D}), do4 = A(dout, {B, T, Hq, D}), lse = S(s.lse, {B, Hq, T});
   View dq4 = A(dq, {B, T, Hq, D}), dk4 = A(dk, {B, T, Hk, D}), dv4 = A(dv, {B, T, Hk, D});
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
-  check(ops->attention_gqa_backward(ctx, q4.get(), k4.get(), v4.get(), o4.get(), do4.get(),
-                                    lse.get(), scale, dq4.get(), dk4.get(), dv4.get()));
-  View pos_v = positions(B, T);
+  View pos_v = token_positions(B, T);
+  if (packed)
+    check(ops->attention_packed_backward(ctx, q4.get(), k4.get(), v4.get(), pos_v.get(), o4.get(),
+                                         do4.get(), lse.get(), scale, dq4.get(), dk4.get(),
+                                         dv4.get()));
+  else
+    check(ops->attention_gqa_backward(ctx, q4.get(), k4.get(), v4.get(), o4.get(), do4.get(),
+                                      lse.get(), scale, dq4.get(), dk4.get(), dv4.get()));
   check(ops->rope_backward(ctx, &a.rope, pos_v.get(), dq4.get(), dk4.get()));
   size_t dqs = dq, dks = dk;  // the projections' output gradients
   if (a.qk_norm) {

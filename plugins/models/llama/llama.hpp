@@ -7,8 +7,11 @@
 //   layer l:  h = rmsnorm(x_l) (input_layernorm)
 //             q = h Wq^T (+ bq), k = h Wk^T (+ bk), v = h Wv^T (+ bv)  (Qwen2: biases)
 //             q, k = rmsnorm per head (q_norm, k_norm)                  (Qwen3 only)
-//             q, k = rope(q, k) at positions 0..T-1 of each sequence
-//             r = x_l + o_proj(attention_gqa(q, k, v))
+//             q, k = rope(q, k) at positions 0..T-1 of each sequence, or
+//                    at the batch's positions (packed sequences, ABI 1.8)
+//             r = x_l + o_proj(attention_gqa(q, k, v)), with packed
+//                    sequences attention_packed (no attention across
+//                    the examples the positions delimit)
 //             x_{l+1} = r + down(silu(gate(rmsnorm(r))) * up(rmsnorm(r)))
 //   logits  = rmsnorm(x_L) (model.norm) @ W^T, W = lm_head or embed_tokens (tied)
 //   loss    = softmax cross-entropy against targets (targets < 0 ignored)
@@ -161,7 +164,10 @@ struct Llama {
   Buffer act, stats, pos;
   Buffer predict_f32;
   std::vector<int32_t> pos_host;
-  int64_t pos_B = 0, pos_T = 0;                               // what `pos` holds
+  int64_t pos_B = 0, pos_T = 0;  // what `pos` holds
+  // The current batch's positions (ABI 1.8 packed sequences), or none.
+  bool packed = false;
+  DLTensor packed_pos{};
   struct Set {                                                // one layer's activations
     size_t h1, qraw, kraw, q, k, v, o, r, h2, gate, up, act;  // in act
     size_t rstd1, rstd2, rstdq, rstdk, lse;                   // in stats
@@ -202,6 +208,8 @@ struct Llama {
     return View(stats.get(), off * 4, device, sdk::dtype_f32(), shape);
   }
   View positions(int64_t B, int64_t T);
+  // The positions rope and attention use: the batch's, else positions(B, T).
+  View token_positions(int64_t B, int64_t T);
   DLTensor view_of(tsr_step *step, uint32_t index, bool grad) const;
   DLTensor param(tsr_step *step, uint32_t index) const { return view_of(step, index, false); }
   DLTensor grad(tsr_step *step, uint32_t index) const { return view_of(step, index, true); }
@@ -214,7 +222,9 @@ struct Llama {
   }
 
   // ---- compute (llama.cpp) ----
-  int64_t check_batch(const tsr_batch *batch, bool with_targets = true) const;
+  int64_t check_batch(const tsr_batch *batch, bool with_targets = true);
+  void check_positions(const tsr_batch *batch, int64_t n, int64_t T);
+  void attention(const View &q4, const View &k4, const View &v4, View &pos, View &o4, View &lse);
   void layer_forward(tsr_step *step, uint32_t l, const Set &s, int64_t B, int64_t T, bool out);
   DLTensor trunk(tsr_step *step, const DLTensor &inputs, int64_t B, int64_t T);
   DLTensor head_weight(tsr_step *step, const DLTensor &embed_view);

@@ -103,6 +103,11 @@ View Llama::positions(int64_t B, int64_t T) {
   return v;
 }
 
+View Llama::token_positions(int64_t B, int64_t T) {
+  if (packed) return View(packed_pos, {B, T});
+  return positions(B, T);
+}
+
 View Llama::norm_grad(tsr_step *step, uint32_t index, int64_t n) const {
   if (trainable(index)) return View(grad(step, index), {n});
   View scratch = A(discard, {n});

@@ -239,7 +239,27 @@ typedef struct tsr_ops {
                                        const DLTensor *v, const DLTensor *out, const DLTensor *dout,
                                        const DLTensor *lse, float scale, DLTensor *dq, DLTensor *dk,
                                        DLTensor *dv);
+
+  /* ---- ABI 1.8: attention over packed sequences (check
+   * TSR_HAS_FIELD(ops, tsr_ops, <member>) and the pointer, as for 1.3) ----
+   * attention_gqa_forward/backward with document masking: positions int32
+   * [B, T] gives each query its window, so query i of sequence b sees key j
+   * iff i - positions[b, i] <= j <= i. With positions restarting at 0
+   * where each packed example begins, attention never crosses examples and
+   * each example's rows equal those of the example alone (positions 0..T-1
+   * give plain causal attention). positions[b, i] must lie in [0, i]: the
+   * CPU refuses others (TSR_ERR_INVALID), CUDA clamps them into it (a check
+   * would cost a synchronisation). Otherwise as attention_gqa_*: shapes,
+   * strides, lse [B, Hq, T] float32 (the log-sum-exp over the window). */
+  tsr_status (*attention_packed_forward)(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
+                                         const DLTensor *v, const DLTensor *positions, float scale,
+                                         DLTensor *out, DLTensor *lse);
+  tsr_status (*attention_packed_backward)(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
+                                          const DLTensor *v, const DLTensor *positions,
+                                          const DLTensor *out, const DLTensor *dout,
+                                          const DLTensor *lse, float scale, DLTensor *dq,
+                                          DLTensor *dk, DLTensor *dv);
 } tsr_ops;
-#define tsr_ops_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_ops, attention_gqa_backward)
+#define tsr_ops_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_ops, attention_packed_backward)
 
 #endif /* TESSERA_OPS_H */
