@@ -8,6 +8,8 @@
 //   equivalence  at 2 CPU ranks every ZeRO stage (and offload, with and without
 //                offloaded parameters) trains what world-1 stage 0 trains, the
 //                frozen tensors bit for bit what init_from gave them
+//   LoRA         the whole base frozen by lora.rank: gradients and state are
+//                the adapters' bytes alone, the peak within the same 5%
 //   checkpoints  a run saved at stage 3 resumes at stage 0 to the end of the
 //                straight run, and its HF export holds the frozen tensors as
 //                they came in
@@ -82,6 +84,39 @@ TEST_CASE(
   // tensors' gradients and state, and the activations, within 5%.
   const double bound = 4.0 * static_cast<double>(frozen) +
                        (4 + 4 + 12) * static_cast<double>(trainable) +
+                       peak.at("activations").get<double>();
+  CHECK(t.summary.at("peak_memory_bytes").get<double>() <= 1.05 * bound);
+}
+
+TEST_CASE("LoRA: the whole base frozen, gradients and state for the adapters only, peak within 5%",
+          "[distributed][freeze][memory][llama][lora]") {
+  const fs::path base = scratch() / "lora_base_mem";
+  write_base(base);
+  Job j = llama_job("lora_mem", base, 1, 0);
+  j.steps = 3;
+  // The partly frozen model's sections with LoRA instead of `freeze`:
+  // rank 4 adapters on q and down; every base tensor frozen.
+  std::string model = sections("lora_mem", base);
+  model.replace(model.find(kFreeze), std::strlen(kFreeze),
+                "lora.rank = 4\nlora.alpha = 8.0\nlora.targets = [\"q\", \"down\"]\n");
+  j.model_data = model;
+  const Trained t = train_job(j, false);
+  INFO(t.run.out);
+  size_t base_elems = 0;
+  for (const Tensor &x : llama_tensors()) base_elems += numel(x);
+  // Per layer: q (64 x 64) gets A [4, 64] and B [64, 4]; down (64 x 176)
+  // gets A [4, 176] and B [64, 4]; two layers.
+  const size_t adapters = 2 * ((4 * 64 + 64 * 4) + (4 * 176 + 64 * 4));
+  const json &peak = t.summary.at("peak_memory_by_purpose");
+  INFO(peak.dump());
+  CHECK(peak.at("gradients").get<double>() == 4.0 * static_cast<double>(adapters));
+  CHECK(peak.at("optimizer state").get<double>() == 12.0 * static_cast<double>(adapters));
+  CHECK(peak.at("parameters").get<double>() == 4.0 * static_cast<double>(base_elems + adapters));
+  CHECK_THAT(t.run.out,
+             Catch::Contains("frozen parameters: " + std::to_string(base_elems) + " of " +
+                             std::to_string(base_elems + adapters) + " elements"));
+  const double bound = 4.0 * static_cast<double>(base_elems) +
+                       (4 + 4 + 12) * static_cast<double>(adapters) +
                        peak.at("activations").get<double>();
   CHECK(t.summary.at("peak_memory_bytes").get<double>() <= 1.05 * bound);
 }
