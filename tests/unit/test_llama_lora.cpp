@@ -261,6 +261,50 @@ TEST_CASE("llama LoRA declares PEFT's adapters in the layer's group, the base fr
   }
 }
 
+// FLOPs per sample count what the step computes: 6 n T for a trained
+// matrix, 4 n T for a frozen one backward passes through (no weight
+// gradient), and the attention's 6 Hq D T^2 per layer; the untied
+// embedding is a lookup. Counted here from the declared shapes.
+TEST_CASE("llama FLOPs per sample: frozen weights count no weight gradient", "[llama][lora]") {
+  const Golden g("llama3_L2_C64");
+  const double T = static_cast<double>(g.T);
+  // The plugin's count and the one written out here, from the declared
+  // shapes, while the model (which owns the names) lives.
+  auto counts = [&](const std::string &keys, bool *all_trainable) {
+    Fixture f;
+    Model m(f, "llama");
+    REQUIRE(
+        m.create(f.config("model", "llama", "hf_config = \"" + g.dir + "/config.json\"\n" + keys),
+                 token_data(g.T, g.V), 1) == TSR_OK);
+    double want = 0, qd = 0;
+    int layers = 0;
+    *all_trainable = true;
+    for (const auto &p : m.infos()) {
+      const std::string name = p.name;
+      *all_trainable = *all_trainable && p.trainable;
+      if (p.ndim < 2 || name == "model.embed_tokens.weight") continue;
+      const double n = static_cast<double>(p.shape[0]) * static_cast<double>(p.shape[1]);
+      want += (p.trainable ? 6.0 : 4.0) * n * T;
+      if (name.find("self_attn.q_proj.weight") != std::string::npos) {
+        qd = static_cast<double>(p.shape[0]);
+        ++layers;
+      }
+    }
+    REQUIRE(layers == 2);
+    REQUIRE(m.vt->flops_per_sample);
+    return std::pair{m.vt->flops_per_sample(m.self), want + 6.0 * layers * qd * T * T};
+  };
+  bool all_trainable = false;
+  const auto [all, all_want] = counts("", &all_trainable);
+  CHECK(all_trainable);
+  CHECK(all == Approx(all_want).epsilon(1e-12));
+  const auto [adapted, adapted_want] =
+      counts("lora.rank = 4\nlora.targets = [\"q\", \"down\"]\n", &all_trainable);
+  CHECK_FALSE(all_trainable);
+  CHECK(adapted == Approx(adapted_want).epsilon(1e-12));
+  CHECK(adapted < all);
+}
+
 // ABI 1.8's init-from may_lack: the llama plugin answers 1 for its adapters
 // only, so the engine's loader fills the base from a Hugging Face file and
 // leaves the adapters their initialisers; without the answer the file's

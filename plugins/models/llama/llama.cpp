@@ -423,19 +423,29 @@ void Llama::backward(tsr_step *step, const tsr_batch *batch, float loss_scale) {
 
 // ---- FLOPs ------------------------------------------------------------------
 
-// Per sample of T tokens: 6 N T for every matrix multiplied (the embedding
-// table only where tied: a lookup is no FLOPs), plus 6 L Hq D T^2 for the
-// causal attention's scores and their use, forward and backward.
+// Per sample of T tokens, what the step computes: for every matrix of n
+// elements multiplied (the embedding table only where tied: a lookup is
+// no FLOPs), 2 n T forward, 2 n T for its weight gradient when it trains
+// and 2 n T for its input gradient where backward reaches its layer; and
+// for the causal attention's scores and their use, 2 Hq D T^2 per layer
+// forward and 4 Hq D T^2 backward where backward reaches it. With every
+// parameter trainable: 6 N T + 6 L Hq D T^2. Frozen weights (freeze, or
+// LoRA's base) thus count 4 n T, or 2 n T below the lowest trainable
+// layer, and MFU is not overstated for them.
 double Llama::flops_per_sample() const {
-  double N = 0;
+  const double T = static_cast<double>(data_T);
+  double f = 0;
   for (size_t i = 0; i < infos.size(); ++i) {
-    if (i == embed && !a.tie) continue;
+    if (infos[i].ndim < 2 || (i == embed && !a.tie)) continue;
     double n = 1;
     for (int32_t k = 0; k < infos[i].ndim; ++k) n *= static_cast<double>(infos[i].shape[k]);
-    N += n;
+    const int32_t group = static_cast<int32_t>(infos[i].group);
+    const bool reached = runs(i == embed ? a.layers + 1 : group);  // tied: it is the head too
+    f += (2.0 + (trainable(static_cast<uint32_t>(i)) ? 2.0 : 0.0) + (reached ? 2.0 : 0.0)) * n * T;
   }
-  const double T = static_cast<double>(data_T);
-  return 6.0 * N * T + 6.0 * static_cast<double>(a.layers * QD()) * T * T;
+  for (int64_t l = 0; l < a.layers; ++l)
+    f += (2.0 + (runs(l + 1) ? 4.0 : 0.0)) * static_cast<double>(QD()) * T * T;
+  return f;
 }
 
 }  // namespace tessera::llama
