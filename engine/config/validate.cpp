@@ -298,7 +298,9 @@ toml::table validate_section(const Document &doc, const std::string &section,
       bool pass = false;
       for (const auto &p : passthrough) pass |= (p == key);
       if (pass) {
-        v.visit([&](const auto &x) { out.insert_or_assign(key, x); });
+        // (A named copy: clang before 16 cannot capture a structured binding.)
+        const std::string &name = key;
+        v.visit([&](const auto &x) { out.insert_or_assign(name, x); });
         continue;
       }
       const tsr_param_decl *d = nullptr;
