@@ -23,12 +23,20 @@ train_check() {
     fail "tessera run $config $* failed (log above)"
   fi
   local losses
-  losses=$(grep '"type":"train"' "$dir/metrics.jsonl" | grep -o '"loss":[^,}]*' | cut -d: -f2)
-  [ -n "$losses" ] || fail "$dir/metrics.jsonl has no training losses"
+  # `|| true`: under set -e a grep that finds nothing would end the script
+  # with no message; the check below says what is missing, with the log.
+  losses=$({ grep '"type":"train"' "$dir/metrics.jsonl" || true; } | { grep -o '"loss":[^,}]*' || true; } | cut -d: -f2)
+  if [ -z "$losses" ]; then
+    cat "$dir.log" >&2
+    ls -la "$dir" >&2 || true
+    fail "$dir/metrics.jsonl has no training losses (run log above)"
+  fi
   local first last steps
-  first=$(echo "$losses" | head -n 1)
-  last=$(echo "$losses" | tail -n 1)
-  steps=$(echo "$losses" | wc -l)
+  # Parameter expansion, not `echo | head`: under pipefail a head that
+  # closes the pipe first would end the script with SIGPIPE and no message.
+  first=${losses%%$'\n'*}
+  last=${losses##*$'\n'}
+  steps=$(wc -l <<<"$losses")
   awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a) }' ||
     fail "$config: training loss did not go down in $steps steps ($first -> $last)"
   echo "trained $config: $steps steps, loss $first -> $last"
