@@ -133,8 +133,26 @@ void gqa_forward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k, const 
   host_result(attention_forward_native(ctx, q, &tk.t, &tv.t, scale, out, lse));
 }
 
-// Checks every argument (reported by name), then cuDNN or the kernels on
-// repeated heads.
+// Backward on key and value heads repeated per query head: `run(k, v, dk,
+// dv)` is the multi-head backward on the copies, whose gradients are then
+// summed over each group into dk and dv (2 x group x the K/V bytes).
+template <typename Run>
+void backward_on_repeated_heads(const GqaChecked &c, const DLTensor *k, const DLTensor *v,
+                                DLTensor *dk, DLTensor *dv, const Bthd &vk, const Bthd &vv,
+                                const Bthd &vdk, const Bthd &vdv, Run &&run) {
+  const int64_t group = c.d.H / c.hk;
+  const size_t bytes = gqa_heads_bytes(c);
+  GqaBuffer kx(bytes), vx(bytes), dkx(bytes), dvx(bytes);
+  launch_gqa_expand(vk, c.dt, kx.p, c.d.B, c.d.T, c.d.H, c.d.D, group);
+  launch_gqa_expand(vv, c.dt, vx.p, c.d.B, c.d.T, c.d.H, c.d.D, group);
+  GqaCompact tk(kx.p, k, c.d), tv(vx.p, v, c.d), tdk(dkx.p, dk, c.d), tdv(dvx.p, dv, c.d);
+  run(&tk.t, &tv.t, &tdk.t, &tdv.t);
+  launch_gqa_group_sum(dkx.p, c.dt, vdk, c.d.B, c.d.T, c.hk, c.d.D, group);
+  launch_gqa_group_sum(dvx.p, c.dt, vdv, c.d.B, c.d.T, c.hk, c.d.D, group);
+}
+
+// Checks every argument (reported by name), then the multi-head backward
+// on repeated heads.
 void gqa_backward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k, const DLTensor *v,
                   const DLTensor *out, const DLTensor *dout, const DLTensor *lse, float scale,
                   DLTensor *dq, DLTensor *dk, DLTensor *dv) {
@@ -154,14 +172,14 @@ void gqa_backward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k, const
     return;
   }
   GqaChecked c;
-  const Bthd vq = attn::check_bthd(op, "q", q, c.d, c.dt, true);
+  attn::check_bthd(op, "q", q, c.d, c.dt, true);
   const Bthd vk = gqa_check_kv(op, "k", k, c, true), vv = gqa_check_kv(op, "v", v, c, false);
   const Bthd vdk = gqa_check_kv(op, "dk", dk, c, false), vdv = gqa_check_kv(op, "dv", dv, c, false);
   Dims same = c.d;
-  const Bthd vo = attn::check_bthd(op, "out", out, same, c.dt, false);
-  const Bthd vdo = attn::check_bthd(op, "dout", dout, same, c.dt, false);
-  const Bthd vdq = attn::check_bthd(op, "dq", dq, same, c.dt, false);
-  const float *plse = attn::check_lse(op, lse, c.d);
+  attn::check_bthd(op, "out", out, same, c.dt, false);
+  attn::check_bthd(op, "dout", dout, same, c.dt, false);
+  attn::check_bthd(op, "dq", dq, same, c.dt, false);
+  attn::check_lse(op, lse, c.d);
   attn::check_dims(op, c.d);
   TSR_CHECK(std::isfinite(scale), TSR_ERR_INVALID, std::string(op) + ": scale is not finite");
   if (c.hk == c.d.H) {
@@ -169,23 +187,16 @@ void gqa_backward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k, const
     return;
   }
   if (c.d.B * c.d.T * c.d.H == 0) return;
-  // Backward always runs on key and value heads repeated per query head,
-  // through the multi-head entry (cuDNN or the kernels, as it chooses), and
-  // sums the copies' gradients over each group. cuDNN's own grouped graph
-  // (full-head fp32 dK/dV reduced over the group, as its frontend writes
-  // it) gave wrong dK and dV on an H100 with cuDNN 9.19 (relative error
-  // 1.2 against the CPU in bf16 and fp16, tests/gpu/test_cuda_decoder.cpp),
-  // so it is not used; the copies cost 2 x group x the K/V bytes.
-  (void)vq, (void)vo, (void)vdo, (void)vdq, (void)plse;
-  const int64_t group = c.d.H / c.hk;
-  const size_t bytes = gqa_heads_bytes(c);
-  GqaBuffer kx(bytes), vx(bytes), dkx(bytes), dvx(bytes);
-  launch_gqa_expand(vk, c.dt, kx.p, c.d.B, c.d.T, c.d.H, c.d.D, group);
-  launch_gqa_expand(vv, c.dt, vx.p, c.d.B, c.d.T, c.d.H, c.d.D, group);
-  GqaCompact tk(kx.p, k, c.d), tv(vx.p, v, c.d), tdk(dkx.p, dk, c.d), tdv(dvx.p, dv, c.d);
-  host_result(attention_backward(ctx, q, &tk.t, &tv.t, out, dout, lse, scale, dq, &tdk.t, &tdv.t));
-  launch_gqa_group_sum(dkx.p, c.dt, vdk, c.d.B, c.d.T, c.hk, c.d.D, group);
-  launch_gqa_group_sum(dvx.p, c.dt, vdv, c.d.B, c.d.T, c.hk, c.d.D, group);
+  // Through the multi-head entry (cuDNN or the kernels, as it chooses) on
+  // repeated heads. cuDNN's own grouped graph (full-head fp32 dK/dV reduced
+  // over the group, as its frontend writes it) gave wrong dK and dV on an
+  // H100 with cuDNN 9.19 (relative error 1.2 against the CPU in bf16 and
+  // fp16, tests/gpu/test_cuda_decoder.cpp), so it is not used.
+  backward_on_repeated_heads(
+      c, k, v, dk, dv, vk, vv, vdk, vdv,
+      [&](const DLTensor *rk, const DLTensor *rv, DLTensor *rdk, DLTensor *rdv) {
+        host_result(attention_backward(ctx, q, rk, rv, out, dout, lse, scale, dq, rdk, rdv));
+      });
 }
 
 // positions int32 [B, T] on the device, compact: its data for the kernels.
@@ -283,16 +294,12 @@ void packed_backward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k, co
     host_result(attention_backward_native(ctx, q, k, v, out, dout, lse, scale, dq, dk, dv, pos));
     return;
   }
-  const int64_t group = c.d.H / c.hk;
-  const size_t bytes = gqa_heads_bytes(c);
-  GqaBuffer kx(bytes), vx(bytes), dkx(bytes), dvx(bytes);
-  launch_gqa_expand(vk, c.dt, kx.p, c.d.B, c.d.T, c.d.H, c.d.D, group);
-  launch_gqa_expand(vv, c.dt, vx.p, c.d.B, c.d.T, c.d.H, c.d.D, group);
-  GqaCompact tk(kx.p, k, c.d), tv(vx.p, v, c.d), tdk(dkx.p, dk, c.d), tdv(dvx.p, dv, c.d);
-  host_result(attention_backward_native(ctx, q, &tk.t, &tv.t, out, dout, lse, scale, dq, &tdk.t,
-                                        &tdv.t, pos));
-  launch_gqa_group_sum(dkx.p, c.dt, vdk, c.d.B, c.d.T, c.hk, c.d.D, group);
-  launch_gqa_group_sum(dvx.p, c.dt, vdv, c.d.B, c.d.T, c.hk, c.d.D, group);
+  backward_on_repeated_heads(
+      c, k, v, dk, dv, vk, vv, vdk, vdv,
+      [&](const DLTensor *rk, const DLTensor *rv, DLTensor *rdk, DLTensor *rdv) {
+        host_result(
+            attention_backward_native(ctx, q, rk, rv, out, dout, lse, scale, dq, rdk, rdv, pos));
+      });
 }
 
 }  // namespace
