@@ -94,7 +94,10 @@ TEST_CASE("tessera plugin check passes the llama plugin for every architecture",
   for (const auto &[name, keys] : cases) {
     INFO(name);
     const fs::path cfg = llama_config(std::string("check_") + name, keys);
-    RunResult r = run_cli({"plugin", "check", cfg.string(), "--elements", "0"});
+    // 48 elements a tensor (half the largest gradients, the rest spread):
+    // every element (--elements 0) took 92 s under ASan at -O0 and timed
+    // out in CI's loaded sanitizer pass; the LoRA case below checks all.
+    RunResult r = run_cli({"plugin", "check", cfg.string(), "--elements", "48"});
     INFO(describe(r));
     CHECK(r.status == 0);
     CHECK(contains(r.out + r.err, "q_proj.weight"));
