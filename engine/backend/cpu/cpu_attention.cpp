@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -124,12 +125,27 @@ float *scratch(size_t floats) {
   return buf.data();
 }
 
-// Copies head (b, h) of X into dst as a compact [T][D].
+// Copies head (b, h) of X into dst as a compact [T][D]. Heads are
+// contiguous along D in every layout the models use; the strided loop
+// (which does not vectorize) serves the rest.
 void gather(const V4 &X, int64_t b, int64_t h, const Dims &d, float *dst) {
   for (int64_t t = 0; t < d.T; t++) {
     const float *r = X.row(b, t, h);
-    for (int64_t e = 0; e < d.D; e++) dst[t * d.D + e] = r[e * X.sd];
+    if (X.sd == 1)
+      std::memcpy(dst + t * d.D, r, static_cast<size_t>(d.D) * sizeof(float));
+    else
+      for (int64_t e = 0; e < d.D; e++) dst[t * d.D + e] = r[e * X.sd];
   }
+}
+
+// Row t of head (b, h) of X = src[0..D) * mul: the way back.
+void put_row(const V4 &X, int64_t b, int64_t t, int64_t h, int64_t D, const float *src,
+             float mul) {
+  float *r = X.row(b, t, h);
+  if (X.sd == 1)
+    for (int64_t e = 0; e < D; e++) r[e] = src[e] * mul;
+  else
+    for (int64_t e = 0; e < D; e++) r[e * X.sd] = src[e] * mul;
 }
 
 // Row-major single-precision gemm: c = alpha op(a) op(b) + beta c. OpenBLAS
@@ -139,6 +155,17 @@ void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
               static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
               static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+}
+
+// Row t of head (b, h) of X dotted with y[0..D), summed in order of e.
+float dot_row(const V4 &X, int64_t b, int64_t t, int64_t h, int64_t D, const float *y) {
+  const float *r = X.row(b, t, h);
+  float acc = 0.0f;
+  if (X.sd == 1)
+    for (int64_t e = 0; e < D; e++) acc += y[e] * r[e];
+  else
+    for (int64_t e = 0; e < D; e++) acc += y[e] * r[e * X.sd];
+  return acc;
 }
 
 // Query rows per tile: a tile's scores against keys 0..(its last row) are
@@ -163,20 +190,20 @@ TSR_OPS_CLONES void softmax_rows(float *s, int64_t r0, int64_t r1, int64_t k0, i
     for (int64_t j = 0; j < lo; j++) all[j] = 0.0f;
     float *row = all + lo;  // the window's keys, from its first
     const int64_t n = t + 1 - k0 - lo;
-    // The row max in sixteen lanes (a loop the compiler vectorizes).
-    float m16[16];
-    for (float &m : m16) m = -INFINITY;
-    int64_t j = 0;
-    for (; j + 16 <= n; j += 16)
-      for (int k = 0; k < 16; k++) m16[k] = row[j + k] > m16[k] ? row[j + k] : m16[k];
-    for (; j < n; j++) m16[0] = row[j] > m16[0] ? row[j] : m16[0];
-    float mx = m16[0];
-    for (int k = 1; k < 16; k++) mx = m16[k] > mx ? m16[k] : mx;
+    const float mx = max_lanes16(row, n);
+    int64_t j;
+    // The exps in a loop of their own, which vectorizes (exp_v's clamps
+    // became branches when the sum shared the loop: scalar, a sixth of a
+    // tiny llama's step on the CPU), then the same eight-lane sum. The
+    // exps run on to a whole vector where the block has the columns (the
+    // masked ones are zeroed below), so no row ends in a scalar tail.
+    const int64_t padded = std::min(keys - lo, (n + 15) / 16 * 16);
+    for (j = 0; j < padded; j++) row[j] = exp_v(row[j] - mx);
     float sum8[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     j = 0;
     for (; j + 8 <= n; j += 8)
-      for (int k = 0; k < 8; k++) sum8[k] += row[j + k] = exp_v(row[j + k] - mx);
-    for (; j < n; j++) sum8[0] += row[j] = exp_v(row[j] - mx);
+      for (int k = 0; k < 8; k++) sum8[k] += row[j + k];
+    for (; j < n; j++) sum8[0] += row[j];
     for (j = n; j < keys - lo; j++) row[j] = 0.0f;
     const float sum =
         ((sum8[0] + sum8[1]) + (sum8[2] + sum8[3])) + ((sum8[4] + sum8[5]) + (sum8[6] + sum8[7]));
@@ -195,7 +222,10 @@ TSR_OPS_CLONES void softmax_grad_rows(float *s, float *dp, int64_t r0, int64_t r
     const int64_t lo = first_key(start, t) - k0, n = t + 1 - k0;
     const float lt = lse[t], dt = di[t - r0];
     for (int64_t j = 0; j < lo; j++) srow[j] = drow[j] = 0.0f;
-    for (int64_t j = lo; j < n; j++) {
+    // As in softmax_rows, on to a whole vector; the columns from n are
+    // zeroed after.
+    const int64_t padded = std::min(keys, lo + (n - lo + 15) / 16 * 16);
+    for (int64_t j = lo; j < padded; j++) {
       const float p = exp_v(srow[j] - lt);
       srow[j] = p;
       drow[j] = scale * (p * (drow[j] - dt));
@@ -228,10 +258,7 @@ void forward_head(const V4 &Q, const V4 &K, const V4 &Vv, const V4 &O, float *L,
     sgemm(false, true, rows, keys, D, scale, q + r0 * D, D, k + k0 * D, D, 0.0f, s, keys);
     softmax_rows(s, r0, r1, k0, keys, start, lse, inv);
     sgemm(false, false, rows, D, keys, 1.0f, s, keys, v + k0 * D, D, 0.0f, o, D);
-    for (int64_t t = r0; t < r1; t++) {
-      float *orow = O.row(b, t, h);
-      for (int64_t e = 0; e < D; e++) orow[e * O.sd] = o[(t - r0) * D + e] * inv[t - r0];
-    }
+    for (int64_t t = r0; t < r1; t++) put_row(O, b, t, h, D, o + (t - r0) * D, inv[t - r0]);
   }
 }
 
@@ -255,12 +282,7 @@ void backward_group(const V4 &Q, const V4 &K, const V4 &Vv, const V4 &O, const V
       const int64_t r1 = std::min(T, r0 + tile), rows = r1 - r0;
       const int64_t k0 = tile_first_key(start, r0, r1), keys = r1 - k0;
       // Di = dO_t . O_t, the softmax's own gradient correction.
-      for (int64_t t = r0; t < r1; t++) {
-        const float *orow = O.row(b, t, h), *dr = dout + t * D;
-        float acc = 0.0f;
-        for (int64_t e = 0; e < D; e++) acc += dr[e] * orow[e * O.sd];
-        di[t - r0] = acc;
-      }
+      for (int64_t t = r0; t < r1; t++) di[t - r0] = dot_row(O, b, t, h, D, dout + t * D);
       const float *kk = k + k0 * D, *vk = v + k0 * D;
       sgemm(false, true, rows, keys, D, scale, q + r0 * D, D, kk, D, 0.0f, s, keys);
       sgemm(false, true, rows, keys, D, 1.0f, dout + r0 * D, D, vk, D, 0.0f, dp, keys);
@@ -270,18 +292,12 @@ void backward_group(const V4 &Q, const V4 &K, const V4 &Vv, const V4 &O, const V
             D);  // dK += dS^T Q
       sgemm(true, false, keys, D, rows, 1.0f, s, keys, dout + r0 * D, D, 1.0f, dv + k0 * D,
             D);  // dV += P^T dO
-      for (int64_t t = r0; t < r1; t++) {
-        float *dqr = dQ.row(b, t, h);
-        for (int64_t e = 0; e < D; e++) dqr[e * dQ.sd] = dq[(t - r0) * D + e];
-      }
+      for (int64_t t = r0; t < r1; t++) put_row(dQ, b, t, h, D, dq + (t - r0) * D, 1.0f);
     }
   }
   for (int64_t j = 0; j < T; j++) {
-    float *kr = dK.row(b, j, hk), *vr = dV.row(b, j, hk);
-    for (int64_t e = 0; e < D; e++) {
-      kr[e * dK.sd] = dk[j * D + e];
-      vr[e * dV.sd] = dv[j * D + e];
-    }
+    put_row(dK, b, j, hk, D, dk + j * D, 1.0f);
+    put_row(dV, b, j, hk, D, dv + j * D, 1.0f);
   }
 }
 

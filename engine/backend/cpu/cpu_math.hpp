@@ -68,6 +68,27 @@ inline float exp_v(float x) {
   return er * bits_to_float((ni + 127) << 23);
 }
 
+// The largest of x[0..n) (-inf when n = 0): sixteen lanes, lane k taking
+// the elements j = k mod 16 of the whole chunks, the tail in lane 0, then
+// the lanes in order. A NaN never replaces a number. Written with a vector
+// type because GCC does not vectorize a float max reduction without
+// -ffast-math (a plain loop ran one vmaxss per element).
+inline float max_lanes16(const float *x, int64_t n) {
+  typedef float F16 __attribute__((vector_size(64)));
+  F16 m;
+  for (int k = 0; k < 16; k++) m[k] = -__builtin_inff();
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    F16 v;
+    std::memcpy(&v, x + j, sizeof v);
+    m = m < v ? v : m;
+  }
+  float mx = m[0];
+  for (; j < n; j++) mx = x[j] > mx ? x[j] : mx;
+  for (int k = 1; k < 16; k++) mx = m[k] > mx ? m[k] : mx;
+  return mx;
+}
+
 // tanh(x). Near 0 the odd Taylor series (|x| < 0.3: the first term left
 // out is below 2e-8 relative); elsewhere 1 - 2 / (e^2|x| + 1), with the
 // sign put back. Both are computed and one selected, so there is no branch.

@@ -263,16 +263,12 @@ TSR_OPS_CLONES static CeSums ce_rows(const float *logits, const int32_t *targets
       continue;
     }
     const float xt = x[t];  // before d, which may alias x, is written
-    // Stable log-softmax: subtract the row max before exp. The argmax falls
-    // out of the same pass; `>` keeps the first of tied maxima.
-    float maxv = x[0];
+    // Stable log-softmax: subtract the row max before exp. The max in
+    // vector lanes, then the argmax as the first element equal to it (the
+    // first of tied maxima); a row with a NaN has a NaN loss either way.
+    const float maxv = max_lanes16(x, V);
     int64_t arg = 0;
-    for (int64_t j = 1; j < V; j++) {
-      if (x[j] > maxv) {
-        maxv = x[j];
-        arg = j;
-      }
-    }
+    while (arg < V - 1 && !(x[arg] == maxv)) arg++;
     // The sum of exp(x - max) in eight double lanes: V can be ~10^5 terms,
     // and independent lanes let the loop vectorize in a fixed order. With
     // a gradient to write, the exps go straight into d (each x_j is read
@@ -280,9 +276,11 @@ TSR_OPS_CLONES static CeSums ce_rows(const float *logits, const int32_t *targets
     double z8[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     int64_t j = 0;
     if (d) {
+      // The exps first, in a loop that vectorizes, then the same lanes.
+      for (int64_t i = 0; i < V; i++) d[i] = exp_v(x[i] - maxv);
       for (; j + 8 <= V; j += 8)
-        for (int k = 0; k < 8; k++) z8[k] += d[j + k] = exp_v(x[j + k] - maxv);
-      for (; j < V; j++) z8[0] += d[j] = exp_v(x[j] - maxv);
+        for (int k = 0; k < 8; k++) z8[k] += d[j + k];
+      for (; j < V; j++) z8[0] += d[j];
     } else {
       for (; j + 8 <= V; j += 8)
         for (int k = 0; k < 8; k++) z8[k] += exp_v(x[j + k] - maxv);

@@ -144,6 +144,16 @@ TSR_OPS_CLONES void rms_dx_rows(const float *DY, const float *X, const float *W,
   }
 }
 
+// dweight's partial of rows [r0, r1) into pw[0..C): dy * n in double.
+TSR_OPS_CLONES void rms_dw_rows(const float *DY, const float *X, const float *R, double *pw,
+                                int64_t r0, int64_t r1, int64_t C) {
+  for (int64_t r = r0; r < r1; r++) {
+    const double rs = R[r];
+    const float *dyr = DY + r * C, *xr = X + r * C;
+    for (int64_t j = 0; j < C; j++) pw[j] += dyr[j] * (xr[j] * rs);
+  }
+}
+
 }  // namespace
 
 tsr_status rmsnorm_backward(tsr_host_ctx *ctx, const DLTensor *dy, const DLTensor *x,
@@ -167,14 +177,9 @@ tsr_status rmsnorm_backward(tsr_host_ctx *ctx, const DLTensor *dy, const DLTenso
     std::vector<double> part(static_cast<size_t>(blocks * C), 0.0);
     parallel_for(
         blocks, std::max<int64_t>(1, kRmsGrain / (kRmsRowBlock * C)), [&](int64_t b0, int64_t b1) {
-          for (int64_t b = b0; b < b1; b++) {
-            double *pw = part.data() + b * C;
-            for (int64_t r = b * kRmsRowBlock; r < std::min(rows, (b + 1) * kRmsRowBlock); r++) {
-              const double rs = R.p[r];
-              const float *dyr = DY.p + r * C, *xr = X.p + r * C;
-              for (int64_t j = 0; j < C; j++) pw[j] += dyr[j] * (xr[j] * rs);
-            }
-          }
+          for (int64_t b = b0; b < b1; b++)
+            rms_dw_rows(DY.p, X.p, R.p, part.data() + b * C, b * kRmsRowBlock,
+                        std::min(rows, (b + 1) * kRmsRowBlock), C);
         });
     for (int64_t j = 0; j < C; j++) {
       double s = 0.0;

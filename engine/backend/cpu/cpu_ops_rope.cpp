@@ -5,9 +5,11 @@
 // with the CUDA ops); each token's angles are position * inv_freq in
 // double, their cos and sin rounded to float32, and the rotation computed
 // in double from those and rounded once.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "backend/cpu/cpu_math.hpp"
 #include "backend/cpu/cpu_ops_internal.hpp"
 #include "backend/cpu/cpu_pool.hpp"
 #include "util/error.hpp"
@@ -54,14 +56,53 @@ RopeHeads rope_heads(const char *op, const char *arg, const DLTensor *t) {
   return v;
 }
 
-// Rotates one head row by the angles whose cos and sin are c[i], s[i]
-// (sign = +1 forward, -1 for the transpose).
-void rope_rotate(float *x, const float *c, const float *s, int64_t half, double sign) {
-  for (int64_t i = 0; i < half; i++) {
-    const double x1 = x[i], x2 = x[i + half], ci = c[i], si = sign * s[i];
-    x[i] = static_cast<float>(x1 * ci - x2 * si);
-    x[i + half] = static_cast<float>(x2 * ci + x1 * si);
+// Rotates `heads` head rows from x, `stride` apart, by the angles whose
+// cos and sin are c[i], s[i] (sign = +1 forward, -1 for the transpose).
+TSR_OPS_CLONES void rope_rotate(float *x, int64_t heads, int64_t stride, const float *c,
+                                const float *s, int64_t half, double sign) {
+  for (int64_t h = 0; h < heads; h++, x += stride)
+    for (int64_t i = 0; i < half; i++) {
+      const double x1 = x[i], x2 = x[i + half], ci = c[i], si = sign * s[i];
+      x[i] = static_cast<float>(x1 * ci - x2 * si);
+      x[i + half] = static_cast<float>(x2 * ci + x1 * si);
+    }
+}
+
+// The cos and sin of position `pos`'s angles pos * inv[j], rounded to float.
+void rope_angles(double pos, const std::vector<double> &inv, int64_t half, float *c, float *s) {
+  for (int64_t j = 0; j < half; j++) {
+    const double a = pos * inv[j];
+    c[j] = static_cast<float>(std::cos(a));
+    s[j] = static_cast<float>(std::sin(a));
   }
+}
+
+// cos and sin per position 0..rows-1, each row `half` wide.
+struct CosSin {
+  int64_t rows = 0;
+  std::vector<float> cos, sin;
+};
+
+// A batch's positions repeat (0..T-1 in every sequence; packed examples
+// restart at 0), so the angles of each distinct position are computed once
+// here instead of once per token: B times fewer cos/sin. Only when every
+// position lies in [0, tokens); otherwise (rows = 0) each token computes
+// its own. The values are the same either way.
+CosSin rope_table(const int32_t *pos, int64_t tokens, const std::vector<double> &inv,
+                  int64_t half) {
+  int32_t lo = pos[0], hi = pos[0];
+  for (int64_t i = 1; i < tokens; i++) lo = std::min(lo, pos[i]), hi = std::max(hi, pos[i]);
+  CosSin t;
+  if (lo < 0 || hi >= tokens) return t;
+  t.rows = static_cast<int64_t>(hi) + 1;
+  t.cos.resize(static_cast<size_t>(t.rows * half));
+  t.sin.resize(t.cos.size());
+  parallel_for(t.rows, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++)
+      rope_angles(static_cast<double>(r), inv, half, t.cos.data() + r * half,
+                  t.sin.data() + r * half);
+  });
+  return t;
 }
 
 void rope_apply(const char *op, const tsr_rope_params *rp, const DLTensor *positions, DLTensor *q,
@@ -84,22 +125,20 @@ void rope_apply(const char *op, const tsr_rope_params *rp, const DLTensor *posit
   const std::vector<double> inv = rope_inv_freq(op, rp, first.D);
   const int64_t half = first.D / 2, tokens = first.B * first.T;
   if (tokens == 0 || half == 0) return;
+  const CosSin table = rope_table(P.p, tokens, inv, half);
   parallel_for(tokens, 16, [&](int64_t i0, int64_t i1) {
     std::vector<float> c(static_cast<size_t>(half)), s(static_cast<size_t>(half));
     for (int64_t i = i0; i < i1; i++) {
       const int64_t b = i / first.T, t = i % first.T;
-      const double pos = P.p[i];
-      for (int64_t j = 0; j < half; j++) {
-        const double a = pos * inv[j];
-        c[j] = static_cast<float>(std::cos(a));
-        s[j] = static_cast<float>(std::sin(a));
+      const float *ci = c.data(), *si = s.data();
+      if (table.rows > 0) {
+        ci = table.cos.data() + P.p[i] * half;
+        si = table.sin.data() + P.p[i] * half;
+      } else {
+        rope_angles(P.p[i], inv, half, c.data(), s.data());
       }
-      if (q)
-        for (int64_t h = 0; h < Q.H; h++)
-          rope_rotate(Q.row(b, t, h), c.data(), s.data(), half, sign);
-      if (k)
-        for (int64_t h = 0; h < K.H; h++)
-          rope_rotate(K.row(b, t, h), c.data(), s.data(), half, sign);
+      if (q) rope_rotate(Q.row(b, t, 0), Q.H, Q.sh, ci, si, half, sign);
+      if (k) rope_rotate(K.row(b, t, 0), K.H, K.sh, ci, si, half, sign);
     }
   });
 }
