@@ -256,6 +256,13 @@ tsr_status cb_grads_zeroed(tsr_step *s, int32_t *out) {
   return TSR_OK;
 }
 
+tsr_status cb_step_position(tsr_step *s, uint64_t *update, uint32_t *micro) {
+  if (!s || !update || !micro) return TSR_ERR_INVALID;
+  *update = hooks_of(s)->update;
+  *micro = hooks_of(s)->micro;
+  return TSR_OK;
+}
+
 tsr_status cb_synchronize(tsr_host_ctx *ctx) {
   return guarded(ctx, [&] {
 #ifdef TESSERA_HAVE_CUDA
@@ -327,6 +334,7 @@ Host::Host(RunFacts facts) : facts_(std::move(facts)), impl_(std::make_unique<Im
   table_.params_done = cb_params_done;
   table_.device_memory = cb_device_memory;
   table_.grads_zeroed = cb_grads_zeroed;
+  table_.step_position = cb_step_position;
 }
 
 Host::~Host() {

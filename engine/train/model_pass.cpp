@@ -76,6 +76,8 @@ ModelPass::ModelPass(Session &s, PassPhase phase) : host_(s.host) {
     return st;
   };
   hooks.grads_zeroed = [zeroed = backward && phase.grads_zero] { return zeroed; };
+  hooks.update = phase.update;
+  hooks.micro = phase.micro;
   hooks.params_done = [&s](uint32_t mg) {
     uint32_t first = 0, last = 0;
     tsr_status st = groups_of(s, mg, &first, &last);

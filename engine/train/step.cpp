@@ -188,6 +188,7 @@ double train_step(StepPlan &p, TrainState &ts, Loader &loader) {
   double loss = 0;
   for (int64_t m = 0; m < p.st.accumulation; ++m) {
     MicroBatch mb;
+    mb.index = static_cast<uint32_t>(m);
     mb.last = m == p.st.accumulation - 1;
     if (mb.last && early_start(p)) {
       p.ranges = p.s.owned_ranges();
@@ -212,7 +213,10 @@ double micro_step(StepPlan &p, TrainState &ts, Loader &loader, const MicroBatch 
   tsr_forward_result res{};
   res.struct_size = tsr_forward_result_STRUCT_SIZE;
   auto fwd_t = p.obs.time(Part::forward, "forward");
-  ModelPass fwd(s, forward_phase(mb.last));
+  PassPhase fwd_phase = forward_phase(mb.last);
+  fwd_phase.update = static_cast<uint64_t>(ts.step);
+  fwd_phase.micro = mb.index;
+  ModelPass fwd(s, fwd_phase);
   plugin_ok(s.host, s.model.vt->forward(s.model.self, fwd.handle(), batch, 1, &res), "model",
             s.model.name, "forward");
   plugin_ok(s.host, s.zero.vt->end_pass(s.zero.self), "zero", s.zero.name, "end_pass");
@@ -228,7 +232,10 @@ double micro_step(StepPlan &p, TrainState &ts, Loader &loader, const MicroBatch 
   const bool cleared = ts.grads_dirty;
   if (cleared) clear_grads(p, ts);
   auto bwd_t = p.obs.time(Part::backward, "backward");
-  ModelPass bwd(s, backward_phase(mb.last, cleared, mb.grads_final));
+  PassPhase bwd_phase = backward_phase(mb.last, cleared, mb.grads_final);
+  bwd_phase.update = fwd_phase.update;
+  bwd_phase.micro = mb.index;
+  ModelPass bwd(s, bwd_phase);
   plugin_ok(s.host,
             s.model.vt->backward(s.model.self, bwd.handle(), batch,
                                  static_cast<float>(scale * ts.scaler.scale)),

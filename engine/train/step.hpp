@@ -82,7 +82,8 @@ double train_step(StepPlan &p, TrainState &ts, Loader &loader);
 // Where a micro-batch stands in its step: what its backward pass is told
 // (train/model_pass.hpp, PassPhase).
 struct MicroBatch {
-  bool last = true;  // the step's last micro-batch
+  uint32_t index = 0;  // within the step
+  bool last = true;    // the step's last micro-batch
   // Set when the update starts during this backward (early_start in
   // step.cpp): called with each group whose gradients are final.
   std::function<tsr_status(uint32_t)> grads_final;

@@ -106,11 +106,12 @@ TEST_CASE("tessera plugin check passes the llama plugin for every architecture",
 
 // LoRA: the base frozen (skipped), the adapters' gradients against finite
 // differences (B starts at zero, so A's are zero at the start; B's are not),
-// with recompute.
+// with recompute and dropout (the pass's masks stay fixed, so the finite
+// differences see the dropped forward the backward differentiates).
 TEST_CASE("tessera plugin check passes llama with LoRA adapters", "[llama][lora]") {
   const fs::path cfg =
       llama_config("check_lora",
-                   "lora.rank = 2\nrecompute = true\n"
+                   "lora.rank = 2\nrecompute = true\nlora.dropout = 0.2\n"
                    "lora.targets = [\"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\"]\n");
   RunResult r = run_cli({"plugin", "check", cfg.string(), "--elements", "0"});
   INFO(describe(r));
@@ -121,11 +122,13 @@ TEST_CASE("tessera plugin check passes llama with LoRA adapters", "[llama][lora]
 
 // A LoRA run stopped after 4 steps and resumed to 8 ends with the adapters
 // (and everything else) of the run that went through: the checkpoint holds
-// them and their optimizer state.
+// them and their optimizer state, and the resumed steps draw the dropout
+// masks the straight run drew (keyed on the step, not on the process).
 TEST_CASE("llama LoRA: a run resumed from a checkpoint ends with the same adapters",
           "[llama][lora]") {
   const std::string keys =
-      "lora.rank = 2\nlora.alpha = 4.0\nlora.targets = [\"q\", \"v\", \"up\", \"down\"]\n";
+      "lora.rank = 2\nlora.alpha = 4.0\nlora.dropout = 0.1\n"
+      "lora.targets = [\"q\", \"v\", \"up\", \"down\"]\n";
   const fs::path dir = scratch() / "llama_cli";
   const fs::path cfg = llama_config("lora_resume", keys);
   for (const char *run : {"lora_straight", "lora_resumed"}) fs::remove_all(dir / run);

@@ -33,6 +33,7 @@ namespace unit_test_llama_lora {
 using tessera::test::Fixture;
 using tessera::test::RefTensor;
 using tessera::test::gpt2_support::Batch;
+using tessera::test::gpt2_support::fresh_result;
 using tessera::test::gpt2_support::Model;
 using tessera::test::gpt2_support::State;
 using tessera::test::gpt2_support::token_data;
@@ -350,12 +351,108 @@ TEST_CASE("llama LoRA: init_from loads the base, the adapters keep their initial
   }
 }
 
-TEST_CASE("llama LoRA refuses dropout, an unknown target and a zero alpha, naming the key",
+// lora.dropout: a training pass drops the adapters' input, evaluation does
+// not; a recomputed layer and the backward draw the forward's masks (with
+// recompute the loss and every adapter gradient are those without); each
+// step position draws its own. (The gradients' agreement with the dropped
+// forward is checked by finite differences in `tessera plugin check`,
+// tests/integration/test_llama.cpp; the op's masks in test_cpu_dropout.)
+TEST_CASE("llama LoRA dropout: training drops, recompute draws the same masks, eval does not",
+          "[llama][lora][dropout]") {
+  const Golden g("llama3_L2_C64");
+  const std::string base = "hf_config = \"" + g.dir + "/config.json\"\nlora.rank = 3\n" + kAll;
+  Fixture f;
+  Model plain(f, "llama"), drop(f, "llama"), drop_rc(f, "llama");
+  REQUIRE(plain.create(f.config("model", "llama", base), token_data(g.T, g.V), g.B) == TSR_OK);
+  const std::string d = "lora.dropout = 0.3\n";
+  REQUIRE(drop.create(f.config("model", "llama", base + d), token_data(g.T, g.V), g.B) == TSR_OK);
+  REQUIRE(drop_rc.create(f.config("model", "llama", base + d + "recompute = true\n"),
+                         token_data(g.T, g.V), g.B) == TSR_OK);
+  State sp(plain), sd(drop), sr(drop_rc);
+  for (State *s : {&sp, &sd, &sr}) load_lora(*s, g);
+  Batch b1 = g.batch(), b2 = g.batch(), b3 = g.batch();
+  const tsr_forward_result rp = train_step(plain, sp, b1), rd = train_step(drop, sd, b2),
+                           rr = train_step(drop_rc, sr, b3);
+  INFO("loss without dropout " << rp.loss_sum << ", with " << rd.loss_sum << ", recompute "
+                               << rr.loss_sum);
+  CHECK(std::fabs(rd.loss_sum - rp.loss_sum) > 1e-4 * std::fabs(rp.loss_sum));
+  CHECK(rr.loss_sum == rd.loss_sum);
+  for (size_t i = 0; i < sd.info.size(); ++i) {
+    if (!is_adapter(sd.info[i].name)) continue;
+    INFO(sd.info[i].name);
+    CHECK(sr.grad[i] == sd.grad[i]);
+    // Only the adapters' input is dropped: A's gradient changes, and B's.
+    CHECK(sd.grad[i] != sp.grad[i]);
+  }
+  // Evaluation does not drop: the last-position logits are the plain model's.
+  for (int64_t t : {int64_t{0}, g.T - 1}) {
+    const std::vector<float> zd = last_logits(drop, sd, g, t), zp = last_logits(plain, sp, g, t);
+    CHECK(zd == zp);
+  }
+  // Another step position, other masks.
+  sd.hooks.update = 1;
+  for (auto &gr : sd.grad) std::fill(gr.begin(), gr.end(), 0.0f);
+  Batch b4 = g.batch();
+  const tsr_forward_result next = train_step(drop, sd, b4);
+  CHECK(next.loss_sum != rd.loss_sum);
+}
+
+// With B nonzero (the plugin check starts from B = 0, where A's gradient
+// and the adapters' share of dx vanish) the adapter gradients of a dropped
+// pass against central differences of that pass's loss: the step position
+// is fixed, so every forward draws the same masks.
+TEST_CASE("llama LoRA dropout: adapter gradients match finite differences of the dropped loss",
+          "[llama][lora][dropout]") {
+  const Golden g("llama3_L2_C64");
+  Fixture f;
+  Model m(f, "llama");
+  REQUIRE(m.create(f.config("model", "llama",
+                            "hf_config = \"" + g.dir + "/config.json\"\nlora.rank = 2\n" +
+                                "lora.dropout = 0.4\n" + kAll),
+                   token_data(g.T, g.V), g.B) == TSR_OK);
+  State s(m);
+  load_lora(s, g);
+  Batch b = g.batch();
+  const tsr_forward_result r = train_step(m, s, b);
+  const double count = static_cast<double>(r.count);
+  tsr_step *step = m.f.host.step_handle(&s.hooks);
+  const auto loss = [&] {
+    tsr_forward_result x = fresh_result();
+    REQUIRE(m.vt->forward(m.self, step, b.get(), 1, &x) == TSR_OK);
+    return x.loss_sum / count;
+  };
+  int checked = 0;
+  for (size_t i = 0; i < s.info.size(); ++i) {
+    const std::string name = s.info[i].name;
+    // Layer 0's adapters: their gradients pass through layer 1's dx.
+    if (!is_adapter(name) || name.find("layers.0.") == std::string::npos) continue;
+    std::vector<float> &w = s.value[i];
+    // The element with the largest gradient, and one in the middle.
+    size_t big = 0;
+    for (size_t j = 1; j < w.size(); ++j)
+      if (std::fabs(s.grad[i][j]) > std::fabs(s.grad[i][big])) big = j;
+    for (size_t j : {big, w.size() / 2}) {
+      const float keep = w[j], h = 3e-3f;
+      w[j] = keep + h;
+      const double up = loss();
+      w[j] = keep - h;
+      const double down = loss();
+      w[j] = keep;
+      const double numeric = (up - down) / (2.0 * h), analytic = s.grad[i][j];
+      INFO(name << "[" << j << "]: numeric " << numeric << ", analytic " << analytic);
+      CHECK(std::fabs(numeric - analytic) <= 5e-3 * std::fabs(s.grad[i][big]) + 1e-5);
+      ++checked;
+    }
+  }
+  CHECK(checked == 28);
+}
+
+TEST_CASE("llama LoRA refuses dropout 1, an unknown target and a zero alpha, naming the key",
           "[llama][lora]") {
   const Golden g("llama3_L2_C64");
   const std::string base = "hf_config = \"" + g.dir + "/config.json\"\nlora.rank = 4\n";
   const std::pair<const char *, const char *> cases[] = {
-      {"lora.dropout = 0.05\n", "model.lora.dropout"},
+      {"lora.dropout = 1.0\n", "model.lora.dropout"},
       {"lora.alpha = 0.0\n", "model.lora.alpha"},
       {"lora.targets = []\n", "model.lora.targets"},
   };

@@ -326,6 +326,8 @@ const tsr_ops *cpu_ops() {
       // ABI 1.8
       .attention_packed_forward = cpu::attention_packed_forward,
       .attention_packed_backward = cpu::attention_packed_backward,
+      // ABI 1.9
+      .dropout = cpu::dropout,
   };
   return &table;
 }

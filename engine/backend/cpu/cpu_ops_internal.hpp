@@ -144,5 +144,8 @@ tsr_status attention_packed_backward(tsr_host_ctx *ctx, const DLTensor *q, const
                                      const DLTensor *out, const DLTensor *dout, const DLTensor *lse,
                                      float scale, DLTensor *dq, DLTensor *dk,
                                      DLTensor *dv) noexcept;
+// ABI 1.9 (cpu_ops_dropout.cpp).
+tsr_status dropout(tsr_host_ctx *ctx, const DLTensor *x, float p, uint64_t seed, uint64_t stream,
+                   float beta, DLTensor *y) noexcept;
 
 }  // namespace tessera::cpu

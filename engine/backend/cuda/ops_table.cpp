@@ -265,6 +265,8 @@ const tsr_ops *cuda_ops() {
       // ABI 1.8
       .attention_packed_forward = cuda::attention_packed_forward,
       .attention_packed_backward = cuda::attention_packed_backward,
+      // ABI 1.9
+      .dropout = cuda::dropout,
   };
   return &table;
 }

@@ -182,6 +182,7 @@ void Llama::forward(tsr_step *step, const tsr_batch *batch, int32_t training,
   if (!out) throw Error(TSR_ERR_INVALID, "llama: forward result is NULL");
   const int64_t T = check_batch(batch);
   const int64_t B = batch->size;
+  lora_begin_pass(*this, step, training != 0);
   double loss_sum = 0;
   int64_t count = 0, correct = 0;
   if (B > 0) {
@@ -225,6 +226,7 @@ void Llama::predict(tsr_step *step, const tsr_batch *batch, DLTensor *out) {
   }
   const int64_t T = check_batch(batch, false);
   const int64_t B = batch->size;
+  lora_begin_pass(*this, step, false);
   const int64_t C = a.width, V = a.vocab;
   if (!out || !same_dtype(out->dtype, sdk::dtype_f32()) || out->ndim != 2 || !out->shape ||
       out->shape[0] != B || out->shape[1] != V || (out->strides && B > 1 && out->strides[0] != V))
@@ -403,6 +405,7 @@ void Llama::backward(tsr_step *step, const tsr_batch *batch, float loss_scale) {
                                      std::to_string(T) + " tokens, the forward before it had " +
                                      std::to_string(ready_n) + " x " + std::to_string(ready_T));
   ready = false;  // the logits hold the loss gradient: one backward per forward
+  lora_begin_pass(*this, step, true);  // the forward's masks again
   if (B > 0 && runs(L() + 1)) head_backward(step, B, T, loss_scale);
   check(host->grads_done(step, L() + 1));
   for (uint32_t l = L(); l-- > 0;) {

@@ -253,6 +253,7 @@ void lora_configure(Llama &m, const sdk::Config &c);
 void lora_declare(Llama &m, uint32_t l);
 void lora_freeze_base(Llama &m);
 void lora_allocate(Llama &m);
+void lora_begin_pass(Llama &m, tsr_step *step, bool training);
 std::string lora_summary(const Llama &m);
 // LoRA in the export (lora_export.cpp): parameter i's values as the export
 // writes them (merged with its adapter under TSR_EXPORT_MERGED; `scratch`

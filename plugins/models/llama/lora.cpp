@@ -3,6 +3,7 @@
 // adapters' share of each targeted projection's forward and backward.
 #include "lora.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -76,11 +77,20 @@ void lora_configure(Llama &m, const sdk::Config &c) {
   lo.dropout = c.get_float("lora.dropout");
   const std::vector<std::string> targets = c.get_string_array("lora.targets");
   if (lo.rank == 0) return;
-  if (lo.dropout != 0)
-    throw Error(TSR_ERR_UNSUPPORTED,
-                "llama: model.lora.dropout = " + std::to_string(lo.dropout) +
-                    ": the ops table has no dropout op, so LoRA trains with dropout 0 only; "
-                    "set model.lora.dropout = 0.0");
+  if (!(lo.dropout >= 0 && lo.dropout < 1))
+    throw Error(TSR_ERR_CONFIG, "llama: model.lora.dropout = " + std::to_string(lo.dropout) +
+                                    " must lie in [0, 1) (PEFT's lora_dropout)");
+  if (lo.dropout > 0) {
+    if (!TSR_HAS_FIELD(m.ops, tsr_ops, dropout) || !m.ops->dropout ||
+        !TSR_HAS_FIELD(m.host, tsr_host, step_position) || !m.host->step_position)
+      throw Error(TSR_ERR_UNSUPPORTED,
+                  "llama: model.lora.dropout = " + std::to_string(lo.dropout) +
+                      " needs the host's dropout op and step_position (ABI 1.9); this host "
+                      "speaks ABI " +
+                      std::to_string(m.host->abi_major) + "." + std::to_string(m.host->abi_minor) +
+                      ": set model.lora.dropout = 0.0 or use a newer tessera");
+    lo.seed = m.host->seed_for(m.host->ctx, "llama.lora.dropout", 1);
+  }
   if (!(lo.alpha > 0) || !std::isfinite(lo.alpha))
     throw Error(TSR_ERR_CONFIG,
                 "llama: model.lora.alpha must be a positive number (PEFT's "
@@ -139,11 +149,27 @@ void lora_freeze_base(Llama &m) {
 void lora_allocate(Llama &m) {
   Lora &lo = m.lora;
   lo.act.reset();
+  lo.drop.reset();
   if (!lo.enabled()) return;
   lo.rows = static_cast<size_t>(m.max_batch * m.a.max_seq);
   const size_t sets = m.sets.size() * lo.targets_on + 1;  // + du
   lo.act = sdk::Buffer(m.host, m.device, sets * lo.rows * static_cast<size_t>(lo.rank) * m.esize,
                        TSR_MEM_ACTIVATIONS);
+  if (lo.dropout == 0) return;
+  lo.drop_cols = 0;
+  for (uint32_t t = 0; t < kLoraTargets; ++t)
+    if (lo.on[t])
+      lo.drop_cols = std::max(lo.drop_cols, target_shape(m, static_cast<LoraTarget>(t))[1]);
+  lo.drop = sdk::Buffer(m.host, m.device, lo.rows * static_cast<size_t>(lo.drop_cols) * m.esize,
+                        TSR_MEM_ACTIVATIONS);
+}
+
+// Whether this pass drops (a training pass with lora.dropout > 0) and where
+// training stands, for the masks' streams.
+void lora_begin_pass(Llama &m, tsr_step *step, bool training) {
+  Lora &lo = m.lora;
+  lo.dropping = lo.enabled() && lo.dropout > 0 && training;
+  if (lo.dropping) check(m.host->step_position(step, &lo.update, &lo.micro));
 }
 
 std::string lora_summary(const Llama &m) {
@@ -154,10 +180,10 @@ std::string lora_summary(const Llama &m) {
     if (lo.is_adapter(i)) n += static_cast<double>(m.infos[i].shape[0] * m.infos[i].shape[1]);
   char buf[256];
   std::snprintf(buf, sizeof buf,
-                "llama: LoRA rank %lld, alpha %g (scale %g) on %s: %.0f adapter parameters "
-                "train, the base is frozen",
+                "llama: LoRA rank %lld, alpha %g (scale %g), dropout %g on %s: %.0f adapter "
+                "parameters train, the base is frozen",
                 static_cast<long long>(lo.rank), lo.alpha, static_cast<double>(lo.scale),
-                lo.targets_text().c_str(), n);
+                lo.dropout, lo.targets_text().c_str(), n);
   return buf;
 }
 
@@ -179,16 +205,35 @@ static View lora_du(const Llama &m, int64_t R) {
               m.adt, {R, lo.rank});
 }
 
-// u = x A^T, and with `y` y += s u B^T: after the base projection into y.
-// Without y (a recompute that stops before the down projection) only u,
-// which backward reads.
+// The scratch [R, cols] of the dropout: x_d in forward, du A in backward.
+static View lora_drop(const Llama &m, int64_t R, int64_t cols) {
+  return View(m.lora.drop.get(), 0, m.device, m.adt, {R, cols});
+}
+
+// x_d = dropout(x) for layer l's target t into the scratch.
+static View lora_dropped_input(const Llama &m, uint32_t l, LoraTarget t, View &x, int64_t R,
+                               int64_t cols) {
+  View xd = lora_drop(m, R, cols);
+  check(m.ops->dropout(m.host->ctx, x.get(), static_cast<float>(m.lora.dropout), m.lora.seed,
+                       m.lora.stream(l, t), 0.0f, xd.get()));
+  return xd;
+}
+
+// u = x A^T (x_d A^T when the pass drops), and with `y` y += s u B^T: after
+// the base projection into y. Without y (a recompute that stops before the
+// down projection) only u, which backward reads.
 void Llama::lora_forward(tsr_step *step, uint32_t l, LayerParam p, View &x, View *y, int64_t R) {
   const LoraTarget t = target_of(p);
   if (!lora.enabled() || t == kLoraTargets || !lora.on[t]) return;
   tsr_host_ctx *ctx = host->ctx;
   View u = lora_u(*this, l, t, R);
   DLTensor wa = param(step, lora.index[l][t][0]);
-  check(ops->matmul(ctx, x.get(), 0, &wa, 1, u.get(), 1.0f, 0.0f));
+  if (lora.dropping) {
+    View xd = lora_dropped_input(*this, l, t, x, R, wa.shape[1]);
+    check(ops->matmul(ctx, xd.get(), 0, &wa, 1, u.get(), 1.0f, 0.0f));
+  } else {
+    check(ops->matmul(ctx, x.get(), 0, &wa, 1, u.get(), 1.0f, 0.0f));
+  }
   if (!y) return;
   DLTensor wb = param(step, lora.index[l][t][1]);
   check(ops->matmul(ctx, u.get(), 0, &wb, 1, y->get(), lora.scale, 1.0f));
@@ -210,11 +255,25 @@ void Llama::lora_backward(tsr_step *step, uint32_t l, LayerParam p, View &dy, Vi
   }
   DLTensor wb = param(step, ib), wa = param(step, ia);
   check(ops->matmul(ctx, dy.get(), 0, &wb, 0, du.get(), lora.scale, 0.0f));
-  if (trainable(ia)) {
-    DLTensor ga = grad(step, ia);
-    check(ops->matmul(ctx, du.get(), 1, x.get(), 0, &ga, 1.0f, 1.0f));
+  if (!lora.dropping) {
+    if (trainable(ia)) {
+      DLTensor ga = grad(step, ia);
+      check(ops->matmul(ctx, du.get(), 1, x.get(), 0, &ga, 1.0f, 1.0f));
+    }
+    check(ops->matmul(ctx, du.get(), 0, &wa, 0, dx.get(), 1.0f, 1.0f));
+    return;
   }
-  check(ops->matmul(ctx, du.get(), 0, &wa, 0, dx.get(), 1.0f, 1.0f));
+  // With dropout: dA from x_d, drawn again; dx gets du A through the mask.
+  const int64_t in = wa.shape[1];
+  if (trainable(ia)) {
+    View xd = lora_dropped_input(*this, l, t, x, R, in);
+    DLTensor ga = grad(step, ia);
+    check(ops->matmul(ctx, du.get(), 1, xd.get(), 0, &ga, 1.0f, 1.0f));
+  }
+  View dxd = lora_drop(*this, R, in);
+  check(ops->matmul(ctx, du.get(), 0, &wa, 0, dxd.get(), 1.0f, 0.0f));
+  check(ops->dropout(ctx, dxd.get(), static_cast<float>(lora.dropout), lora.seed,
+                     lora.stream(l, t), 1.0f, dx.get()));
 }
 
 }  // namespace tessera::llama

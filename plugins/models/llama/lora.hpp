@@ -17,7 +17,17 @@
 // with recompute, refilled by the recomputed layer) for backward:
 //   dB += s dy^T u,  du = s dy B,  dA += du^T x,  dx += du A.
 // Everything runs through the ops table's matmul (CPU fp32, CUDA fp32 /
-// bf16 / fp16). lora.dropout must be 0: the ops table has no dropout op.
+// bf16 / fp16).
+//
+// lora.dropout = p > 0 drops the adapters' input in training passes, as
+// PEFT's lora_dropout does: x_d = x * keep / (1 - p) and u = x_d A^T, so
+//   dA += du^T x_d,  dx += (du A) * keep / (1 - p).
+// The mask is ABI 1.9's dropout op (Philox by element index), keyed on the
+// run's per-rank seed and a stream made of the step's position (the host's
+// step_position: updates done, micro-batch), the layer and the target: a
+// recomputed layer, the backward and a resumed run draw the same mask, and
+// x_d is never stored (backward draws it again into one scratch [rows,
+// widest input]). Evaluation and generation do not drop.
 #pragma once
 
 #include <array>
@@ -59,8 +69,23 @@ struct Lora {
   // activations' dtype.
   sdk::Buffer act;
   size_t rows = 0, targets_on = 0;
+  // Dropout: its key (the host's seed_for), the scratch for x_d and du A
+  // ([rows, widest targeted input], the activations' dtype), and the pass
+  // under way: whether it drops, and its position (lora_begin_pass).
+  uint64_t seed = 0;
+  sdk::Buffer drop;
+  int64_t drop_cols = 0;
+  bool dropping = false;
+  uint64_t update = 0;
+  uint32_t micro = 0;
 
   bool enabled() const { return rank > 0; }
+  // The dropout stream of layer l's target t in this pass: the update's low
+  // 29 bits, the micro-batch's and the layer's low 16, the target's 3.
+  uint64_t stream(uint32_t l, uint32_t t) const {
+    return ((update & 0x1fffffffULL) << 35) | (static_cast<uint64_t>(micro & 0xffffu) << 19) |
+           (static_cast<uint64_t>(l & 0xffffu) << 3) | t;
+  }
   bool is_adapter(size_t param) const { return param < adapter.size() && adapter[param]; }
   // The targets on, as lora.targets' words joined by commas.
   std::string targets_text() const;

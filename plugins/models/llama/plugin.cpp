@@ -68,8 +68,8 @@ const tsr_param_decl kParams[] = {
     sdk::param_min("lora.alpha", TSR_PARAM_FLOAT, "8.0",
                    "LoRA alpha (PEFT's lora_alpha): the adapters are scaled by alpha / rank", 0.0),
     sdk::param_range("lora.dropout", TSR_PARAM_FLOAT, "0.0",
-                     "LoRA dropout on the adapters' input; only 0 (the ops table has no dropout "
-                     "op: another value is refused)",
+                     "LoRA dropout on the adapters' input in training (PEFT's lora_dropout), in "
+                     "[0, 1); the masks are keyed on the step, so a resumed run draws the same",
                      0.0, 1.0),
     tsr_param_decl{sizeof(tsr_param_decl), "lora.targets", TSR_PARAM_STRING_ARRAY,
                    "[\"q\", \"k\", \"v\", \"o\"]",

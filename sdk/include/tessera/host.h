@@ -168,7 +168,16 @@ typedef struct tsr_host {
    * old gradient) and gets the same values; it still adds every later
    * contribution to the same gradient in the pass. */
   tsr_status (*grads_zeroed)(tsr_step *step, int32_t *out);
+
+  /* ---- ABI 1.9 (check TSR_HAS_FIELD(host, tsr_host, step_position)) ----
+   * Where this pass stands in training: *update = the optimizer updates
+   * done before it (a resumed run counts on from its checkpoint), *micro =
+   * its micro-batch within the update (0 .. accumulation - 1); outside
+   * training (evaluation, generation, checks) both 0. A
+   * model that draws random numbers (dropout) keys them on these, so a
+   * recomputed forward, a resumed run and a rerun draw the same ones. */
+  tsr_status (*step_position)(tsr_step *step, uint64_t *update, uint32_t *micro);
 } tsr_host;
-#define tsr_host_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_host, grads_zeroed)
+#define tsr_host_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_host, step_position)
 
 #endif /* TESSERA_HOST_H */

@@ -259,7 +259,23 @@ typedef struct tsr_ops {
                                           const DLTensor *out, const DLTensor *dout,
                                           const DLTensor *lse, float scale, DLTensor *dq,
                                           DLTensor *dk, DLTensor *dv);
+
+  /* ---- ABI 1.9: dropout (check TSR_HAS_FIELD(ops, tsr_ops, dropout) and
+   * the pointer, as for 1.3) ----
+   * y = beta * y + x * keep / (1 - p), element by element over x's numel
+   * (x and y compact, the same shape and dtype; y may be x; beta = 0 does
+   * not read y). keep_i = (u_i >= p), u_i the i-th uniform in [0, 1) of
+   * the stream (seed, stream): Philox4x32-10 with key {seed & 0xffffffff,
+   * seed >> 32} and counter {lo32(i / 4), hi32(i / 4), lo32(stream),
+   * hi32(stream)}, its output word i % 4 as w, u_i = (w >> 8) * 2^-24. The
+   * same seed and stream draw the same mask on the CPU and on CUDA, in a
+   * forward and in its recompute, so the op is its own backward:
+   * dx = beta * dx + dropout(dy) with the forward's seed and stream. p in
+   * [0, 1) (p = 0 keeps everything); 1 / (1 - p) is rounded to float32
+   * and the arithmetic is float32, rounded once to y's dtype. */
+  tsr_status (*dropout)(tsr_host_ctx *ctx, const DLTensor *x, float p, uint64_t seed,
+                        uint64_t stream, float beta, DLTensor *y);
 } tsr_ops;
-#define tsr_ops_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_ops, attention_packed_backward)
+#define tsr_ops_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_ops, dropout)
 
 #endif /* TESSERA_OPS_H */

@@ -1,0 +1,69 @@
+// CUDA ops, dropout (ABI 1.9): y = beta * y + x * keep / (1 - p) over
+// float32, bfloat16 and float16 tensors, in float32 arithmetic rounded once
+// to y's dtype. Each thread draws one Philox4x32-10 block (util/philox.hpp,
+// the same function the CPU op calls) for four consecutive elements, so
+// the mask is the CPU's bit for bit and nothing is stored between forward
+// and backward. Semantics follow backend/cpu/cpu_ops_dropout.cpp.
+#include <cmath>
+#include <string>
+
+#include "backend/cpu/cpu_ops.hpp"
+#include "backend/cuda/cuda_ops_internal.hpp"
+#include "backend/cuda/ops_decoder.hpp"
+#include "util/philox.hpp"
+
+namespace tessera::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+template <typename T>
+__global__ void dropout_kernel(const T *x, T *y, int64_t n, float p, float scale, float beta,
+                               uint64_t seed, uint64_t stream) {
+  const int64_t quads = (n + 3) / 4;
+  for (int64_t q = global_thread(); q < quads; q += global_threads()) {
+    const philox::Block b = philox::dropout_block(seed, stream, static_cast<uint64_t>(q));
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+      const int64_t i = q * 4 + k;
+      if (i >= n) break;
+      // Rounded products and sums (no contraction into FMA), as the CPU op.
+      const float kept = philox::uniform24(b.w[k]) >= p ? __fmul_rn(to_f(x[i]), scale) : 0.0f;
+      y[i] = from_f<T>(beta == 0.0f ? kept : __fadd_rn(__fmul_rn(beta, to_f(y[i])), kept));
+    }
+  }
+}
+
+}  // namespace
+
+tsr_status dropout(tsr_host_ctx *ctx, const DLTensor *x, float p, uint64_t seed, uint64_t stream,
+                   float beta, DLTensor *y) noexcept {
+  return guarded(ctx, [&] {
+    constexpr const char *op = "dropout";
+    if (side_of(op, {{"x", x}, {"y", y}}) == Side::Host) {
+      AsCpu hx(x), hy(y);
+      host_result(need_cpu(cpu_ops()->dropout, op)(ctx, hx.p, p, seed, stream, beta, hy.mut()));
+      return;
+    }
+    const View X = floating(op, "x", x), Y = floating(op, "y", y);
+    check_same_numel(op, "x", x, X, "y", y, Y);
+    check_same_dtype(op, "x", x, X, "y", y, Y);
+    TSR_CHECK(std::isfinite(p) && p >= 0.0f && p < 1.0f, TSR_ERR_INVALID,
+              std::string(op) + ": p must lie in [0, 1), got " + std::to_string(p));
+    TSR_CHECK(std::isfinite(beta), TSR_ERR_INVALID,
+              std::string(op) + ": beta must be finite, got " + std::to_string(beta));
+    const int64_t n = X.numel();
+    if (n == 0) return;
+    // Rounded on the host exactly as the CPU op rounds it.
+    const float scale = static_cast<float>(1.0 / (1.0 - static_cast<double>(p)));
+    dispatch_float(X.dt, [&](auto tag) {
+      using T = decltype(tag);
+      dropout_kernel<T><<<grid_for((n + 3) / 4, kThreads), kThreads, 0, compute_stream()>>>(
+          X.as<const T>(), Y.as<T>(), n, p, scale, beta, seed, stream);
+      check_launch();
+    });
+  });
+}
+
+}  // namespace tessera::cuda
