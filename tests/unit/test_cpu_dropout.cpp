@@ -42,10 +42,10 @@ TEST_CASE("Philox4x32-10 gives Random123's known answers", "[cpu][ops][dropout]"
 
 // The op's mask by its documented layout, from the generator alone.
 bool kept(uint64_t seed, uint64_t stream, uint64_t i, float p) {
-  const philox::Block b = philox::philox4x32_10(
-      static_cast<uint32_t>(i / 4), static_cast<uint32_t>((i / 4) >> 32),
-      static_cast<uint32_t>(stream), static_cast<uint32_t>(stream >> 32),
-      static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+  const philox::Block b =
+      philox::philox4x32_10(static_cast<uint32_t>(i / 4), static_cast<uint32_t>((i / 4) >> 32),
+                            static_cast<uint32_t>(stream), static_cast<uint32_t>(stream >> 32),
+                            static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
   return static_cast<double>(b.w[i % 4] >> 8) / 16777216.0 >= static_cast<double>(p);
 }
 

@@ -139,8 +139,7 @@ void gather(const V4 &X, int64_t b, int64_t h, const Dims &d, float *dst) {
 }
 
 // Row t of head (b, h) of X = src[0..D) * mul: the way back.
-void put_row(const V4 &X, int64_t b, int64_t t, int64_t h, int64_t D, const float *src,
-             float mul) {
+void put_row(const V4 &X, int64_t b, int64_t t, int64_t h, int64_t D, const float *src, float mul) {
   float *r = X.row(b, t, h);
   if (X.sd == 1)
     for (int64_t e = 0; e < D; e++) r[e] = src[e] * mul;

@@ -175,12 +175,12 @@ tsr_status rmsnorm_backward(tsr_host_ctx *ctx, const DLTensor *dy, const DLTenso
     // rows a double partial, the partials added in block order.
     const int64_t blocks = (rows + kRmsRowBlock - 1) / kRmsRowBlock;
     std::vector<double> part(static_cast<size_t>(blocks * C), 0.0);
-    parallel_for(
-        blocks, std::max<int64_t>(1, kRmsGrain / (kRmsRowBlock * C)), [&](int64_t b0, int64_t b1) {
-          for (int64_t b = b0; b < b1; b++)
-            rms_dw_rows(DY.p, X.p, R.p, part.data() + b * C, b * kRmsRowBlock,
-                        std::min(rows, (b + 1) * kRmsRowBlock), C);
-        });
+    parallel_for(blocks, std::max<int64_t>(1, kRmsGrain / (kRmsRowBlock * C)),
+                 [&](int64_t b0, int64_t b1) {
+                   for (int64_t b = b0; b < b1; b++)
+                     rms_dw_rows(DY.p, X.p, R.p, part.data() + b * C, b * kRmsRowBlock,
+                                 std::min(rows, (b + 1) * kRmsRowBlock), C);
+                 });
     for (int64_t j = 0; j < C; j++) {
       double s = 0.0;
       for (int64_t b = 0; b < blocks; b++) s += part[b * C + j];

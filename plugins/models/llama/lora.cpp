@@ -272,8 +272,8 @@ void Llama::lora_backward(tsr_step *step, uint32_t l, LayerParam p, View &dy, Vi
   }
   View dxd = lora_drop(*this, R, in);
   check(ops->matmul(ctx, du.get(), 0, &wa, 0, dxd.get(), 1.0f, 0.0f));
-  check(ops->dropout(ctx, dxd.get(), static_cast<float>(lora.dropout), lora.seed,
-                     lora.stream(l, t), 1.0f, dx.get()));
+  check(ops->dropout(ctx, dxd.get(), static_cast<float>(lora.dropout), lora.seed, lora.stream(l, t),
+                     1.0f, dx.get()));
 }
 
 }  // namespace tessera::llama

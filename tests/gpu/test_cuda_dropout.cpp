@@ -1,0 +1,59 @@
+// The CUDA dropout (ABI 1.9) against the CPU op, which
+// tests/unit/test_cpu_dropout.cpp holds to Random123's known answers and
+// the documented layout: the same seed and stream keep the same elements
+// on both sides (float32 values bit for bit; bfloat16 and float16 the CPU's
+// value rounded once to the dtype), beta accumulates, and host tensors go
+// through the CPU op.
+#include <tessera/ops.h>
+
+#include <catch2/catch.hpp>
+#include <string>
+#include <vector>
+
+#include "cuda_ops_support.hpp"
+
+// Its own namespace: in a unity batch (TESSERA_UNITY_BUILD) this file's
+// helpers and using-directives stay out of the other files' way.
+namespace gpu_test_cuda_dropout {
+
+using namespace cuda_ops_test;
+
+TEST_CASE("cuda ops table has the ABI 1.9 dropout", "[cuda][ops][dropout]") {
+  CHECK(TSR_HAS_FIELD(&gpu(), tsr_ops, dropout));
+  CHECK(gpu().dropout);
+}
+
+TEST_CASE("cuda dropout keeps the CPU's elements, with its values", "[cuda][ops][dropout]") {
+  // An odd count: the last Philox block is partial.
+  const int64_t n = 3 * 1000 * 1000 + 7;
+  const uint64_t seed = 0x0123456789abcdefULL, stream = 0xfedcba9876543210ULL;
+  for (Dt d : kFloatDts)
+    for (const float beta : {0.0f, 1.0f}) {
+      const std::string what = case_name("dropout", d, {n}) + (beta != 0 ? " beta 1" : "");
+      INFO(what);
+      Gpu x({n}, d, randn(static_cast<size_t>(n), 5)), y({n}, d, randn(static_cast<size_t>(n), 6));
+      Cpu cx({n}, x.vals), cy({n}, y.vals);
+      REQUIRE_OK(gpu().dropout(ctx(), x.dl(), 0.3f, seed, stream, beta, y.dl()));
+      REQUIRE_OK(cpu().dropout(ctx(), cx.dl(), 0.3f, seed, stream, beta, cy.dl()));
+      const std::vector<float> got = y.get(), want = rounded(d, cy.get());
+      size_t zeros_got = 0, zeros_want = 0, differ = 0;
+      for (size_t i = 0; i < got.size(); i++) {
+        zeros_got += got[i] == 0.0f;
+        zeros_want += want[i] == 0.0f;
+        differ += got[i] != want[i];
+      }
+      CHECK(zeros_got == zeros_want);
+      // The CPU's float32 result rounded once to d is what the kernel stores.
+      CHECK(differ == 0);
+    }
+}
+
+TEST_CASE("cuda dropout takes host tensors through the CPU op", "[cuda][ops][dropout]") {
+  Cpu x({1000}, randn(1000, 1)), a({1000}, std::vector<float>(1000)),
+      b({1000}, std::vector<float>(1000));
+  REQUIRE_OK(gpu().dropout(ctx(), x.dl(), 0.5f, 3, 4, 0.0f, a.dl()));
+  REQUIRE_OK(cpu().dropout(ctx(), x.dl(), 0.5f, 3, 4, 0.0f, b.dl()));
+  CHECK(a.get() == b.get());
+}
+
+}  // namespace gpu_test_cuda_dropout
