@@ -395,6 +395,38 @@ TEST_CASE("gpt2 freeze: frozen parameters get no gradient", "[gpt2]") {
   }
 }
 
+// With `freeze` the count is what runs: per parameter 2 n T forward, 2 n T
+// for its gradient when it trains, 2 n T for its input's gradient where
+// backward reaches its block (wte as the LM head: always, while anything
+// trains); per layer 2 C T^2 forward, 4 C T^2 more where backward reaches
+// it. Written out here from the declared shapes and groups.
+TEST_CASE("gpt2 FLOPs per sample count only the backward that runs under freeze", "[gpt2]") {
+  Fixture f;
+  const double T = static_cast<double>(kT), C = static_cast<double>(kWidth);
+  auto counts = [&](const std::string &keys, int64_t lowest_stage) {
+    Model m(f);
+    REQUIRE(m.create(f.config("model", "gpt2", golden_config(keys)), token_data(kT), 2) == TSR_OK);
+    double want = 0;
+    for (const tsr_param_info &q : m.infos()) {
+      double n = 1;
+      for (int32_t k = 0; k < q.ndim; ++k) n *= static_cast<double>(q.shape[k]);
+      const int64_t stage =
+          std::string(q.name) == "transformer.wte.weight" ? kLayers + 1 : int64_t(q.group);
+      want += (2.0 + (q.trainable ? 2.0 : 0.0) + (stage >= lowest_stage ? 2.0 : 0.0)) * n * T;
+    }
+    for (int64_t l = 0; l < kLayers; ++l) want += (l + 1 >= lowest_stage ? 6.0 : 2.0) * C * T * T;
+    return std::pair{m.vt->flops_per_sample(m.self), want};
+  };
+  const auto [all, all_want] = counts("", 0);
+  CHECK(all == Approx(all_want).epsilon(1e-12));
+  // Embeddings and block 0 frozen, and block 1's MLP: backward stops at
+  // block 1 (stage 2).
+  const auto [part, part_want] =
+      counts("freeze = [\"transformer.w*\", \"transformer.h.0.*\", \"transformer.h.1.mlp.*\"]", 2);
+  CHECK(part == Approx(part_want).epsilon(1e-12));
+  CHECK(part < all);
+}
+
 TEST_CASE("gpt2 init_from: config.json sets the dimensions", "[gpt2]") {
   Fixture f;
   const std::string dir = tessera::test::data_path("gpt2_L2_C64");

@@ -483,16 +483,25 @@ void Gpt2::backward(tsr_step *step, const tsr_batch *batch, float loss_scale) {
 // causal attention scores and their use (QK^T and AV, 2 x 2 C T per token
 // forward halved by the causal mask, times 3 for backward). N counts every
 // declared parameter, embeddings included (wte at its padded size: the LM
-// head's matmul multiplies all of it).
+// head's matmul multiplies all of it). With `freeze` the backward does
+// less, and this counts only what runs: per parameter 2 n T forward, 2 n T
+// for its gradient when it trains, 2 n T for its input's gradient when
+// backward reaches its stage (wte's as the head, L + 1); per layer 2 C T^2
+// forward and 4 C T^2 backward where backward reaches it.
 double Gpt2::flops_per_sample() const {
-  double N = 0;
-  for (const tsr_param_info &p : infos) {
+  const double T = static_cast<double>(data_T);
+  const auto reached = [&](int64_t stage) { return stage >= lowest_trainable_stage; };
+  double f = 0;
+  for (size_t i = 0; i < infos.size(); ++i) {
+    const tsr_param_info &p = infos[i];
     double n = 1;
     for (int32_t k = 0; k < p.ndim; ++k) n *= static_cast<double>(p.shape[k]);
-    N += n;
+    const int64_t stage = i == kWte ? d.layers + 1 : static_cast<int64_t>(p.group);
+    f += (2.0 + (p.trainable ? 2.0 : 0.0) + (reached(stage) ? 2.0 : 0.0)) * n * T;
   }
-  const double T = static_cast<double>(data_T);
-  return 6.0 * N * T + 6.0 * static_cast<double>(d.layers * d.width) * T * T;
+  for (int64_t l = 0; l < d.layers; ++l)
+    f += (2.0 + (reached(l + 1) ? 4.0 : 0.0)) * static_cast<double>(d.width) * T * T;
+  return f;
 }
 
 }  // namespace tessera::gpt2
