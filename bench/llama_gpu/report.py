@@ -1,7 +1,12 @@
 """bench/llama_gpu's result file from its scratch directory (bench/llama_gpu/run
 writes it):
 
-  report.py WORK REPS MODEL BATCH CONTEXT     (MODEL: 1b or qwen0.5b)
+  report.py WORK REPS MODEL BATCH CONTEXT [LORA_RANK PACK]   (MODEL: 1b or qwen0.5b)
+
+With LORA_RANK > 0 both sides fine-tune LoRA adapters on a frozen base
+(the anchor: torch_llama_lora.py), PACK 1 with packed examples; MFU then
+counts 4N + 6LHDT a token (no weight gradients of the frozen base; the
+adapters' are below 1%).
 
 WORK holds tessera-rI/ (I = 1..REPS: metrics.jsonl, summary.json; and
 tessera-rI.log), torch.json (the anchor's one JSON line, when it ran),
@@ -24,20 +29,22 @@ SHAPES = {"1b": (16, 2048, 32, 8, 64, 8192, 128256, True, False),
           "qwen0.5b": (24, 896, 14, 2, 64, 4864, 151936, True, True)}
 
 
-def flops_per_token(shape, T):
+def flops_per_token(shape, T, frozen=False):
     """Training FLOPs per token: 6 N (N the parameters, a tied embedding
-    once: it is the head's product) + 6 L H D T for attention's two products
-    (the causal mask halves 12 L H D T)."""
+    once: it is the head's product; 4 N when the base is frozen) + 6 L H D T
+    for attention's two products (the causal mask halves 12 L H D T)."""
     L, C, H, KV, D, I, V, tied, bias = shape
     layer = C * H * D * 2 + 2 * C * KV * D + 3 * C * I + 2 * C + (H * D + 2 * KV * D if bias else 0)
     n = V * C * (1 if tied else 2) + L * layer + C
-    return n, 6 * n + 6 * L * H * D * T
+    return n, (4 if frozen else 6) * n + 6 * L * H * D * T
 
 
 def main(argv):
     work, reps, model, B, T = argv[1], int(argv[2]), argv[3], int(argv[4]), int(argv[5])
+    lora = int(argv[6]) if len(argv) > 6 else 0
+    pack = len(argv) > 7 and argv[7] == "1"
     shape = SHAPES[model]
-    n_params, fpt = flops_per_token(shape, T)
+    n_params, fpt = flops_per_token(shape, T, frozen=lora > 0)
 
     def mfu(rate):
         return f"{100 * rate * fpt / PEAK:.1f}%" if rate else ""
@@ -65,8 +72,12 @@ def main(argv):
            f"{model}: {L} layers, width {C}, {H} query / {KV} key-value heads of {D}, "
            f"intermediate {I}, vocab {V}, {'tied' if tied else 'untied'}"
            f"{', q/k/v biases' if bias else ''} ({n_params / 1e9:.2f}B parameters); batch {B} x "
-           f"{T} tokens, bf16, AdamW, gradient clipping 1.0, random tokens, one GPU; MFU at "
-           f"6N + 6LHDT FLOPs a token against {PEAK / 1e12:.0f} TFLOP/s. tessera: the median "
+           f"{T} tokens, bf16, AdamW, gradient clipping 1.0, random tokens, one GPU"
+           + (f"; LoRA rank {lora} on q, k, v, o, gate, up, down (alpha {2 * lora}, dropout "
+              "0.05), the base frozen" if lora else "")
+           + ("; packed examples of 64-1024 tokens, attention within each" if pack else "")
+           + f"; MFU at {'4N' if lora else '6N'} + 6LHDT FLOPs a token against "
+           f"{PEAK / 1e12:.0f} TFLOP/s. tessera: the median "
            f"(min-max) of {reps} steady-state windows of at least {harness.MIN_WINDOW_S:g} s "
            "from the runs' own step timestamps (bench/lib/harness.py); PyTorch: the anchor's "
            "own timing of its steps after warm-up and compilation, one process.", "",
@@ -81,7 +92,8 @@ def main(argv):
     if ab is not None:
         row(f"tessera, `{ab}`", ours_b, mem_b)
     if theirs:
-        out.append(f"| PyTorch {tj.get('impl', '')} (torch_llama.py) | {theirs:,.0f} | | "
+        anchor = "torch_llama_lora.py over torch_llama.py" if lora else "torch_llama.py"
+        out.append(f"| PyTorch {tj.get('impl', '')} ({anchor}) | {theirs:,.0f} | | "
                    f"{mfu(theirs)} | {tj.get('peak_gpu_GiB', '')} GiB (max_memory_allocated) |")
     out.append("")
     if ab is not None and ours and ours_b:
