@@ -269,20 +269,8 @@ void Gpt2::predict(tsr_step *step, const tsr_batch *batch, DLTensor *out) {
   params_done(step, 0);
 
   // To the caller's float32 tensor: cast on the device, then copy across.
-  const bool on_model =
-      out->device.device_type == device.device_type && out->device.device_id == device.device_id;
-  if (same_dtype(adt, sdk::dtype_f32())) {
-    check(ops->copy(ctx, z.get(), out));
-  } else if (on_model) {
-    check(ops->cast(ctx, z.get(), out));
-  } else {
-    if (predict_f32.bytes() < static_cast<size_t>(B * V) * 4)
-      predict_f32 =
-          Buffer(host, device, static_cast<size_t>(max_batch * V) * 4, TSR_MEM_ACTIVATIONS);
-    View zf(predict_f32.get(), 0, device, sdk::dtype_f32(), {B, V});
-    check(ops->cast(ctx, z.get(), zf.get()));
-    check(ops->copy(ctx, zf.get(), out));
-  }
+  sdk::logits_to_f32(host, device, z.get(), out, predict_f32,
+                     static_cast<size_t>(max_batch * V) * 4);
 }
 
 // ---- backward ---------------------------------------------------------------

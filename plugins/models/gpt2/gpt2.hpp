@@ -95,6 +95,7 @@
 #include <initializer_list>
 #include <string>
 #include <tessera/cpp/plugin.hpp>
+#include <tessera/cpp/tensor.hpp>
 #include <vector>
 
 namespace tessera::gpt2 {
@@ -104,6 +105,9 @@ using sdk::Buffer;
 using sdk::check;
 using sdk::dtype_name;
 using sdk::Error;
+using sdk::same_dtype;
+using sdk::shape_str;
+using sdk::View;
 
 inline constexpr float kLayerNormEps = 1e-5f;  // GPT-2's layer_norm_epsilon
 
@@ -125,52 +129,10 @@ enum BlockParam : uint32_t {
 };
 inline constexpr uint32_t kWte = 0, kWpe = 1, kFirstBlock = 2;
 
-inline bool same_dtype(DLDataType a, DLDataType b) {
-  return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
-}
-
 inline bool is_i32(DLDataType t) {
   return same_dtype(t, sdk::dtype_i32());
 }
 
-inline std::string shape_str(const int64_t *shape, int32_t ndim) {
-  std::string s = "[";
-  for (int32_t i = 0; i < ndim; ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
-// A view with up to 5 dims and optional strides that owns its shape; get()
-// re-points the DLTensor at this object's arrays, so views copy freely.
-class View {
- public:
-  View() { std::memset(&t_, 0, sizeof t_); }
-  View(void *data, size_t byte_offset, DLDevice device, DLDataType dtype,
-       std::initializer_list<int64_t> shape, std::initializer_list<int64_t> strides = {}) {
-    std::memset(&t_, 0, sizeof t_);
-    t_.data = data;
-    t_.byte_offset = byte_offset;
-    t_.device = device;
-    t_.dtype = dtype;
-    t_.ndim = static_cast<int32_t>(shape.size());
-    std::copy(shape.begin(), shape.end(), shape_);
-    strided_ = strides.size() != 0;
-    std::copy(strides.begin(), strides.end(), strides_);
-  }
-  // The memory of `base` (a compact tensor) with another shape.
-  View(const DLTensor &base, std::initializer_list<int64_t> shape)
-      : View(base.data, base.byte_offset, base.device, base.dtype, shape) {}
-  DLTensor *get() {
-    t_.shape = shape_;
-    t_.strides = strided_ ? strides_ : nullptr;
-    return &t_;
-  }
-
- private:
-  DLTensor t_;
-  int64_t shape_[5] = {0, 0, 0, 0, 0};
-  int64_t strides_[5] = {0, 0, 0, 0, 0};
-  bool strided_ = false;
-};
 
 // Model dimensions.
 struct Dims {

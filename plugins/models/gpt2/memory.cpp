@@ -78,28 +78,7 @@ void Gpt2::ensure_dtype(const DLTensor &p) {
 // ---- parameters -------------------------------------------------------------
 
 DLTensor Gpt2::view_of(tsr_step *step, uint32_t index, bool grad) const {
-  DLTensor t;
-  std::memset(&t, 0, sizeof t);
-  check(grad ? host->grad(step, index, &t) : host->param(step, index, &t));
-  const tsr_param_info &p = infos[index];
-  int64_t want = 1, got = 1;
-  for (int32_t k = 0; k < p.ndim; ++k) want *= p.shape[k];
-  for (int32_t k = 0; k < t.ndim; ++k) got *= t.shape ? t.shape[k] : -1;
-  if (got != want)
-    throw Error(TSR_ERR_INTERNAL, std::string("gpt2: the host's ") +
-                                      (grad ? "gradient" : "parameter") + " view of '" + p.name +
-                                      "' has " + std::to_string(got) + " elements, expected " +
-                                      std::to_string(want));
-  if (t.strides) {  // compact only: reshaped views below assume it
-    int64_t expect = 1;
-    for (int32_t k = t.ndim - 1; k >= 0; --k) {
-      if (t.shape[k] != 1 && t.strides[k] != expect)
-        throw Error(TSR_ERR_INTERNAL,
-                    std::string("gpt2: the host's view of '") + p.name + "' is not compact");
-      expect *= t.shape[k];
-    }
-  }
-  return t;
+  return sdk::step_tensor(host, step, index, grad, infos[index], "gpt2");
 }
 
 // The gradient of a trainable parameter, or a zeroed scratch of its size

@@ -56,6 +56,7 @@
 #include <initializer_list>
 #include <string>
 #include <tessera/cpp/plugin.hpp>
+#include <tessera/cpp/tensor.hpp>
 #include <vector>
 
 #include "lora.hpp"
@@ -67,6 +68,9 @@ using sdk::Buffer;
 using sdk::check;
 using sdk::dtype_name;
 using sdk::Error;
+using sdk::same_dtype;
+using sdk::shape_str;
+using sdk::View;
 
 // The architecture: what config.json (or the TOML keys) say.
 struct Arch {
@@ -101,44 +105,6 @@ enum LayerParam : uint32_t {
 inline constexpr uint32_t kAbsent = 0xffffffffu;
 // The layer parameter each LoRA target adapts (lora.hpp's LoraTarget order).
 inline constexpr LayerParam kLoraBase[kLoraTargets] = {kQ, kK, kV, kO, kGate, kUp, kDown};
-
-inline bool same_dtype(DLDataType a, DLDataType b) {
-  return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
-}
-
-inline std::string shape_str(const int64_t *shape, int32_t ndim) {
-  std::string s = "[";
-  for (int32_t i = 0; i < ndim; ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
-// A view of up to 4 dims that owns its shape (get() re-points the DLTensor
-// at this object's array, so views copy freely). Compact row-major.
-class View {
- public:
-  View() { std::memset(&t_, 0, sizeof t_); }
-  View(void *data, size_t byte_offset, DLDevice device, DLDataType dtype,
-       std::initializer_list<int64_t> shape) {
-    std::memset(&t_, 0, sizeof t_);
-    t_.data = data;
-    t_.byte_offset = byte_offset;
-    t_.device = device;
-    t_.dtype = dtype;
-    t_.ndim = static_cast<int32_t>(shape.size());
-    std::copy(shape.begin(), shape.end(), shape_);
-  }
-  View(const DLTensor &base, std::initializer_list<int64_t> shape)
-      : View(base.data, base.byte_offset, base.device, base.dtype, shape) {}
-  DLTensor *get() {
-    t_.shape = shape_;
-    t_.strides = nullptr;
-    return &t_;
-  }
-
- private:
-  DLTensor t_;
-  int64_t shape_[4] = {0, 0, 0, 0};
-};
 
 struct Llama {
   static constexpr const char *kName = "llama";  // for messages
