@@ -133,7 +133,6 @@ inline bool is_i32(DLDataType t) {
   return same_dtype(t, sdk::dtype_i32());
 }
 
-
 // Model dimensions.
 struct Dims {
   int64_t layers = 0, heads = 0, width = 0, context = 0, vocab = 0, padded_vocab = 0;
