@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "gpt2_support.hpp"
+#include "llama_support.hpp"
 #include "plugin/layout.hpp"
 #include "support/fixture.hpp"
 #include "support/safetensors_read.hpp"
@@ -45,46 +46,11 @@ using tessera::test::gpt2_support::Model;
 using tessera::test::gpt2_support::State;
 using tessera::test::gpt2_support::token_data;
 using tessera::test::gpt2_support::train_step;
+using tessera::test::llama_support::Golden;
+using tessera::test::llama_support::prefix_logits;
+using tessera::test::llama_support::rel_err;
 
 namespace {
-
-struct Golden {
-  std::string dir;
-  std::map<std::string, RefTensor> weights, ref;
-  int64_t B = 0, T = 0, V = 0;
-  explicit Golden(const std::string &name) : dir(tessera::test::data_path(name)) {
-    weights = tessera::test::read_safetensors(dir + "/model.safetensors");
-    ref = tessera::test::read_safetensors(dir + "/reference.safetensors");
-    const RefTensor &ids = ref.at("input_ids");
-    B = ids.shape.at(0);
-    T = ids.shape.at(1);
-    V = ref.at("logits").shape.at(2);
-  }
-  std::vector<int32_t> ids(const std::string &name) const {
-    std::vector<int32_t> out;
-    for (double v : ref.at(name).data) out.push_back(static_cast<int32_t>(v));
-    return out;
-  }
-  Batch batch() const { return Batch(ids("input_ids"), ids("targets"), B, T); }
-  double loss() const { return ref.at("loss").data.at(0); }
-  void load(State &s) const {
-    for (size_t i = 0; i < s.info.size(); ++i) {
-      INFO(s.info[i].name);
-      const RefTensor &r = weights.at(s.info[i].name);
-      REQUIRE(r.shape == s.shape[i]);
-      for (size_t j = 0; j < r.data.size(); ++j) s.value[i][j] = static_cast<float>(r.data[j]);
-    }
-  }
-};
-
-double rel_err(const std::vector<float> &a, const std::vector<double> &b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < b.size(); ++i) {
-    num += (a[i] - b[i]) * (a[i] - b[i]);
-    den += b[i] * b[i];
-  }
-  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
-}
 
 std::string q(const std::string &s) {
   return "\"" + s + "\"";
@@ -117,23 +83,11 @@ void check_step(Model &m, const Golden &g) {
 void check_logits(Model &m, const Golden &g) {
   State s(m);
   g.load(s);
-  tsr_step *step = m.f.host.step_handle(&s.hooks);
   const std::vector<int32_t> ids = g.ids("input_ids");
   const RefTensor &z = g.ref.at("logits");
   double worst = 0;
   for (int64_t t = 0; t < g.T; ++t) {
-    std::vector<int32_t> x;
-    for (int64_t b = 0; b < g.B; ++b)
-      x.insert(x.end(), ids.begin() + b * g.T, ids.begin() + b * g.T + t + 1);
-    Batch batch(x, {}, g.B, t + 1);
-    tsr_batch *bp = const_cast<tsr_batch *>(batch.get());
-    bp->targets = DLTensor{};
-    std::vector<float> out(static_cast<size_t>(g.B * g.V));
-    int64_t shape[2] = {g.B, g.V};
-    DLTensor logits{out.data(), DLDevice{kDLCPU, 0}, 2, DLDataType{kDLFloat, 32, 1}, shape, nullptr,
-                    0};
-    INFO(m.f.host.last_error());
-    REQUIRE(m.vt->predict(m.self, step, bp, &logits) == TSR_OK);
+    const std::vector<float> out = prefix_logits(m, s, ids, g.B, g.T, g.V, t);
     for (int64_t b = 0; b < g.B; ++b) {
       const auto row = z.data.begin() + (b * g.T + t) * g.V;
       const std::vector<double> want(row, row + g.V);

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "gpt2_support.hpp"
+#include "llama_support.hpp"
 #include "plugin/layout.hpp"
 #include "support/fixture.hpp"
 #include "support/safetensors_read.hpp"
@@ -38,30 +39,14 @@ using tessera::test::gpt2_support::Model;
 using tessera::test::gpt2_support::State;
 using tessera::test::gpt2_support::token_data;
 using tessera::test::gpt2_support::train_step;
+using tessera::test::llama_support::Golden;
+using tessera::test::llama_support::prefix_logits;
+using tessera::test::llama_support::rel_err;
 
 namespace {
 
 const char *const kAll =
     "lora.targets = [\"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\"]\n";
-
-struct Golden {
-  std::string dir;
-  std::map<std::string, RefTensor> weights, ref;
-  int64_t B = 0, T = 0, V = 0;
-  explicit Golden(const std::string &name) : dir(tessera::test::data_path(name)) {
-    weights = tessera::test::read_safetensors(dir + "/model.safetensors");
-    ref = tessera::test::read_safetensors(dir + "/reference.safetensors");
-    B = ref.at("input_ids").shape.at(0);
-    T = ref.at("input_ids").shape.at(1);
-    V = ref.at("logits").shape.at(2);
-  }
-  std::vector<int32_t> ids(const std::string &name) const {
-    std::vector<int32_t> out;
-    for (double v : ref.at(name).data) out.push_back(static_cast<int32_t>(v));
-    return out;
-  }
-  Batch batch() const { return Batch(ids("input_ids"), ids("targets"), B, T); }
-};
 
 bool is_adapter(const std::string &name) {
   return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos;
@@ -111,34 +96,6 @@ void load_merged(State &plain, const State &lora, double scale) {
     }
     for (size_t j = 0; j < m.size(); ++j) plain.value[i][j] = static_cast<float>(m[j]);
   }
-}
-
-double rel_err(const std::vector<float> &a, const std::vector<double> &b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < b.size(); ++i) {
-    num += (a[i] - b[i]) * (a[i] - b[i]);
-    den += b[i] * b[i];
-  }
-  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
-}
-
-// Logits of the last position of prefixes of the batch, B x V per prefix.
-std::vector<float> last_logits(Model &m, State &s, const Golden &g, int64_t t) {
-  tsr_step *step = m.f.host.step_handle(&s.hooks);
-  const std::vector<int32_t> ids = g.ids("input_ids");
-  std::vector<int32_t> x;
-  for (int64_t b = 0; b < g.B; ++b)
-    x.insert(x.end(), ids.begin() + b * g.T, ids.begin() + b * g.T + t + 1);
-  Batch batch(x, {}, g.B, t + 1);
-  tsr_batch *bp = const_cast<tsr_batch *>(batch.get());
-  bp->targets = DLTensor{};
-  std::vector<float> out(static_cast<size_t>(g.B * g.V));
-  int64_t shape[2] = {g.B, g.V};
-  DLTensor logits{out.data(), DLDevice{kDLCPU, 0}, 2, DLDataType{kDLFloat, 32, 1}, shape, nullptr,
-                  0};
-  INFO(m.f.host.last_error());
-  REQUIRE(m.vt->predict(m.self, step, bp, &logits) == TSR_OK);
-  return out;
 }
 
 // The LoRA model (`lora_keys`) against the plain one with merged weights.
@@ -196,7 +153,8 @@ void check_against_merged(const Golden &g, const std::string &lora_keys, double 
   CHECK(adapters > 0);
   CHECK(sl.done == std::vector<uint32_t>{3, 2, 1, 0});
   for (int64_t t : {int64_t{0}, g.T / 2, g.T - 1}) {
-    const std::vector<float> zl = last_logits(lora, sl, g, t), zp = last_logits(plain, sp, g, t);
+    const std::vector<float> zl = prefix_logits(lora, sl, g, t),
+                             zp = prefix_logits(plain, sp, g, t);
     for (int64_t b = 0; b < g.B; ++b) {
       const std::vector<float> a(zl.begin() + b * g.V, zl.begin() + (b + 1) * g.V);
       const std::vector<double> want(zp.begin() + b * g.V, zp.begin() + (b + 1) * g.V);
@@ -386,7 +344,8 @@ TEST_CASE("llama LoRA dropout: training drops, recompute draws the same masks, e
   }
   // Evaluation does not drop: the last-position logits are the plain model's.
   for (int64_t t : {int64_t{0}, g.T - 1}) {
-    const std::vector<float> zd = last_logits(drop, sd, g, t), zp = last_logits(plain, sp, g, t);
+    const std::vector<float> zd = prefix_logits(drop, sd, g, t),
+                             zp = prefix_logits(plain, sp, g, t);
     CHECK(zd == zp);
   }
   // Another step position, other masks.

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "gpt2_support.hpp"
+#include "llama_support.hpp"
 #include "plugin/layout.hpp"
 #include "support/fixture.hpp"
 #include "support/safetensors_read.hpp"
@@ -47,6 +48,7 @@ using tessera::test::gpt2_support::Batch;
 using tessera::test::gpt2_support::Model;
 using tessera::test::gpt2_support::State;
 using tessera::test::gpt2_support::token_data;
+using tessera::test::llama_support::prefix_logits;
 
 namespace {
 
@@ -153,21 +155,9 @@ std::vector<float> tessera_logits(Model &m, const tessera::Layout &layout,
   for (size_t i = 0; i < s.info.size(); ++i)
     for (size_t j = 0; j < layout.params[i].numel; ++j)
       s.value[i][j] = flat[layout.params[i].offset + j];
-  tsr_step *step = m.f.host.step_handle(&s.hooks);
   std::vector<float> all(static_cast<size_t>(B * kT * kVocab));
   for (int64_t t = 0; t < kT; ++t) {
-    std::vector<int32_t> x;
-    for (int64_t b = 0; b < B; ++b)
-      x.insert(x.end(), ids.begin() + b * kT, ids.begin() + b * kT + t + 1);
-    Batch batch(x, {}, B, t + 1);
-    tsr_batch *bp = const_cast<tsr_batch *>(batch.get());
-    bp->targets = DLTensor{};
-    std::vector<float> out(static_cast<size_t>(B * kVocab));
-    int64_t shape[2] = {B, kVocab};
-    DLTensor logits{out.data(), DLDevice{kDLCPU, 0}, 2, DLDataType{kDLFloat, 32, 1}, shape, nullptr,
-                    0};
-    INFO(m.f.host.last_error());
-    REQUIRE(m.vt->predict(m.self, step, bp, &logits) == TSR_OK);
+    const std::vector<float> out = prefix_logits(m, s, ids, B, kT, kVocab, t);
     for (int64_t b = 0; b < B; ++b)
       std::copy(out.begin() + b * kVocab, out.begin() + (b + 1) * kVocab,
                 all.begin() + (b * kT + t) * kVocab);
