@@ -280,8 +280,8 @@ void log_summary(const Llama &m) {
   }
   const Arch &a = m.a;
   char buf[512];
-  // The activations, LoRA's u included.
-  const size_t act = m.act.bytes() + m.stats.bytes() + m.lora.act.bytes();
+  // The activations, LoRA's u and its dropout scratch included.
+  const size_t act = m.act.bytes() + m.stats.bytes() + m.lora.act.bytes() + m.lora.drop.bytes();
   std::snprintf(buf, sizeof buf,
                 "llama: %s, %lld layers, width %lld, %lld/%lld heads of %lld, intermediate "
                 "%lld, vocab %lld (%s), rope %s theta %g, %.0f parameters (%.0f frozen), "
