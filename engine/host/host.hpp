@@ -45,7 +45,7 @@ struct StepHooks {
   std::function<tsr_status(uint32_t)> params_done;
   // ABI 1.5 grads_zeroed: whether this pass's gradient buffers began at zero.
   std::function<bool()> grads_zeroed;
-  // ABI 1.9 step_position: updates done before this pass, its micro-batch.
+  // ABI 1.9 step_position: steps completed before this pass, its micro-batch.
   uint64_t update = 0;
   uint32_t micro = 0;
 };

@@ -30,8 +30,8 @@ struct PassPhase {
   // grads_done on the last micro-batch, once the group's gradients are
   // final.
   std::function<tsr_status(uint32_t)> grads_final;
-  // Where training stands (ABI 1.9 step_position): the updates done before
-  // this pass and its micro-batch within the update.
+  // Where training stands (ABI 1.9 step_position): the steps completed
+  // before this pass (skipped fp16 steps too) and its micro-batch.
   uint64_t update = 0;
   uint32_t micro = 0;
 };

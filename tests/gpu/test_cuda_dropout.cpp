@@ -48,6 +48,18 @@ TEST_CASE("cuda dropout keeps the CPU's elements, with its values", "[cuda][ops]
     }
 }
 
+TEST_CASE("cuda dropout in place, and p = 0 keeps every element", "[cuda][ops][dropout]") {
+  const int64_t n = 100003;
+  Gpu x({n}, Dt::F32, randn(static_cast<size_t>(n), 7));
+  Cpu cx({n}, x.vals);
+  REQUIRE_OK(gpu().dropout(ctx(), x.dl(), 0.5f, 11, 12, 0.0f, x.dl()));
+  REQUIRE_OK(cpu().dropout(ctx(), cx.dl(), 0.5f, 11, 12, 0.0f, cx.dl()));
+  CHECK(x.get() == cx.get());
+  Gpu y({n}, Dt::F32, randn(static_cast<size_t>(n), 8));
+  REQUIRE_OK(gpu().dropout(ctx(), y.dl(), 0.0f, 11, 12, 0.0f, y.dl()));
+  CHECK(y.get() == y.vals);
+}
+
 TEST_CASE("cuda dropout takes host tensors through the CPU op", "[cuda][ops][dropout]") {
   Cpu x({1000}, randn(1000, 1)), a({1000}, std::vector<float>(1000)),
       b({1000}, std::vector<float>(1000));

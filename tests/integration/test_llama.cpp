@@ -159,6 +159,43 @@ TEST_CASE("llama LoRA: a run resumed from a checkpoint ends with the same adapte
   CHECK(files[0] == files[1]);
 }
 
+// The host's step_position (ABI 1.9), which dropout keys its masks on, as
+// the engine sets it: llama_step_log (llama with each training pass's
+// position logged, tests/plugins/llama_wrap.cpp) over 2 micro-batches a
+// step gives every forward and backward its update and micro-batch, and a
+// run stopped after 2 steps and resumed counts on from 2, so the resumed
+// steps draw the masks the straight run would have.
+TEST_CASE("the engine tells each training pass its update and micro-batch, counting on at resume",
+          "[llama][dropout]") {
+  const fs::path dir = scratch() / "llama_cli";
+  const fs::path cfg = llama_config("step_log", "");
+  const fs::path run = dir / "step_log";
+  fs::remove_all(run);
+  auto train = [&](int steps, bool resume) {
+    std::vector<std::string> args = {
+        "run",           cfg.string(),
+        "--plugin-path", std::string(TESSERA_TEST_PLUGIN_ROOT) + "/llama_step_log",
+        "--set",         "model.plugin=\"llama_step_log\"",
+        "--set",         "batch.accumulation=2",
+        "--set",         "run.dir=\"" + run.string() + "\"",
+        "--set",         "run.steps=" + std::to_string(steps),
+        "--set",         "run.eval_every=0"};
+    if (resume) args.insert(args.end(), {"--set", "checkpoint.resume=\"auto\""});
+    RunResult r = run_cli(args);
+    INFO(describe(r));
+    REQUIRE(r.status == 0);
+  };
+  train(2, false);
+  train(4, true);
+  std::string want;
+  for (int update = 0; update < 4; ++update)
+    for (int micro = 0; micro < 2; ++micro)
+      for (const char *pass : {"F", "B"})
+        want +=
+            std::string(pass) + " " + std::to_string(update) + " " + std::to_string(micro) + "\n";
+  CHECK(read_text(run / "step_positions.txt") == want);
+}
+
 TEST_CASE("llama trains from random init on token shards, loss going down", "[llama]") {
   const fs::path cfg = llama_config("train", "architecture = \"Qwen2ForCausalLM\"\n");
   RunResult r = run_cli({"run", cfg.string(), "--set", "run.steps=30"});

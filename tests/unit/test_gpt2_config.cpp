@@ -419,6 +419,16 @@ TEST_CASE("gpt2 FLOPs per sample count only the backward that runs under freeze"
   };
   const auto [all, all_want] = counts("", 0);
   CHECK(all == Approx(all_want).epsilon(1e-12));
+  // Everything trains: the closed form 6 N T + 6 L C T^2.
+  Model whole(f);
+  REQUIRE(whole.create(f.config("model", "gpt2", golden_config()), token_data(kT), 2) == TSR_OK);
+  double N = 0;
+  for (const tsr_param_info &q : whole.infos()) {
+    double n = 1;
+    for (int32_t k = 0; k < q.ndim; ++k) n *= static_cast<double>(q.shape[k]);
+    N += n;
+  }
+  CHECK(all == Approx(6.0 * N * T + 6.0 * kLayers * C * T * T).epsilon(1e-12));
   // Embeddings and block 0 frozen, and block 1's MLP: backward stops at
   // block 1 (stage 2).
   const auto [part, part_want] =

@@ -77,7 +77,8 @@ void lora_configure(Llama &m, const sdk::Config &c) {
   lo.dropout = c.get_float("lora.dropout");
   const std::vector<std::string> targets = c.get_string_array("lora.targets");
   if (lo.rank == 0) return;
-  if (!(lo.dropout >= 0 && lo.dropout < 1))
+  // As the op takes it (float): 0.99999999 would round to 1.
+  if (!(lo.dropout >= 0 && static_cast<float>(lo.dropout) < 1.0f))
     throw Error(TSR_ERR_CONFIG, "llama: model.lora.dropout = " + std::to_string(lo.dropout) +
                                     " must lie in [0, 1) (PEFT's lora_dropout)");
   if (lo.dropout > 0) {
@@ -85,10 +86,11 @@ void lora_configure(Llama &m, const sdk::Config &c) {
         !TSR_HAS_FIELD(m.host, tsr_host, step_position) || !m.host->step_position)
       throw Error(TSR_ERR_UNSUPPORTED,
                   "llama: model.lora.dropout = " + std::to_string(lo.dropout) +
-                      " needs the host's dropout op and step_position (ABI 1.9); this host "
-                      "speaks ABI " +
+                      " needs the host's step_position and its ops table's dropout (ABI 1.9); "
+                      "this host (ABI " +
                       std::to_string(m.host->abi_major) + "." + std::to_string(m.host->abi_minor) +
-                      ": set model.lora.dropout = 0.0 or use a newer tessera");
+                      ") or its device's ops lack one: set model.lora.dropout = 0.0 or use a "
+                      "newer tessera");
     lo.seed = m.host->seed_for(m.host->ctx, "llama.lora.dropout", 1);
   }
   if (!(lo.alpha > 0) || !std::isfinite(lo.alpha))

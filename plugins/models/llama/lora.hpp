@@ -24,7 +24,7 @@
 //   dA += du^T x_d,  dx += (du A) * keep / (1 - p).
 // The mask is ABI 1.9's dropout op (Philox by element index), keyed on the
 // run's per-rank seed and a stream made of the step's position (the host's
-// step_position: updates done, micro-batch), the layer and the target: a
+// step_position: steps completed, micro-batch), the layer and the target: a
 // recomputed layer, the backward and a resumed run draw the same mask, and
 // x_d is never stored (backward draws it again into one scratch [rows,
 // widest input]). Evaluation and generation do not drop.

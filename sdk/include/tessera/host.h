@@ -170,8 +170,9 @@ typedef struct tsr_host {
   tsr_status (*grads_zeroed)(tsr_step *step, int32_t *out);
 
   /* ---- ABI 1.9 (check TSR_HAS_FIELD(host, tsr_host, step_position)) ----
-   * Where this pass stands in training: *update = the optimizer updates
-   * done before it (a resumed run counts on from its checkpoint), *micro =
+   * Where this pass stands in training: *update = the training steps
+   * completed before it (an fp16 step whose update was skipped counts; a
+   * resumed run counts on from its checkpoint), *micro =
    * its micro-batch within the update (0 .. accumulation - 1); outside
    * training (evaluation, generation, checks) both 0. A
    * model that draws random numbers (dropout) keys them on these, so a

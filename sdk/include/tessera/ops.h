@@ -263,7 +263,8 @@ typedef struct tsr_ops {
   /* ---- ABI 1.9: dropout (check TSR_HAS_FIELD(ops, tsr_ops, dropout) and
    * the pointer, as for 1.3) ----
    * y = beta * y + x * keep / (1 - p), element by element over x's numel
-   * (x and y compact, the same shape and dtype; y may be x; beta = 0 does
+   * (x and y compact, as many elements and the same dtype, element i of
+   * one row-major order in both; y may be x; beta = 0 does
    * not read y). keep_i = (u_i >= p), u_i the i-th uniform in [0, 1) of
    * the stream (seed, stream): Philox4x32-10 with key {seed & 0xffffffff,
    * seed >> 32} and counter {lo32(i / 4), hi32(i / 4), lo32(stream),

@@ -34,6 +34,10 @@ class View {
   View() { std::memset(&t_, 0, sizeof t_); }
   View(void *data, size_t byte_offset, DLDevice device, DLDataType dtype,
        std::initializer_list<int64_t> shape, std::initializer_list<int64_t> strides = {}) {
+    if (shape.size() > 5 || (strides.size() != 0 && strides.size() != shape.size()))
+      throw Error(TSR_ERR_INTERNAL, "sdk::View: " + std::to_string(shape.size()) + " dims and " +
+                                        std::to_string(strides.size()) +
+                                        " strides; at most 5 dims, and a stride for each or none");
     std::memset(&t_, 0, sizeof t_);
     t_.data = data;
     t_.byte_offset = byte_offset;
