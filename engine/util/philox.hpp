@@ -55,4 +55,10 @@ TSR_PHILOX_FN float uniform24(uint32_t w) {
   return static_cast<float>(w >> 8) * (1.0f / 16777216.0f);
 }
 
+// The dropout op's scale for kept elements, 1 / (1 - p) rounded to float
+// from double: the CPU op and the CUDA op (on the host) both take it here.
+inline float dropout_scale(float p) {
+  return static_cast<float>(1.0 / (1.0 - static_cast<double>(p)));
+}
+
 }  // namespace tessera::philox

@@ -44,7 +44,7 @@ tsr_status dropout(tsr_host_ctx *ctx, const DLTensor *x, float p, uint64_t seed,
               std::string(op) + ": p must lie in [0, 1), got " + std::to_string(p));
     TSR_CHECK(std::isfinite(beta), TSR_ERR_INVALID,
               std::string(op) + ": beta must be finite, got " + std::to_string(beta));
-    const float scale = static_cast<float>(1.0 / (1.0 - static_cast<double>(p)));
+    const float scale = philox::dropout_scale(p);
     const int64_t n = X.numel(), quads = (n + 3) / 4;
     parallel_for(quads, 4096, [&](int64_t q0, int64_t q1) {
       dropout_span(X.p, Y.p, q0 * 4, std::min(n, q1 * 4), p, scale, beta, seed, stream);

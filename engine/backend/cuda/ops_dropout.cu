@@ -55,8 +55,7 @@ tsr_status dropout(tsr_host_ctx *ctx, const DLTensor *x, float p, uint64_t seed,
               std::string(op) + ": beta must be finite, got " + std::to_string(beta));
     const int64_t n = X.numel();
     if (n == 0) return;
-    // Rounded on the host exactly as the CPU op rounds it.
-    const float scale = static_cast<float>(1.0 / (1.0 - static_cast<double>(p)));
+    const float scale = philox::dropout_scale(p);
     dispatch_float(X.dt, [&](auto tag) {
       using T = decltype(tag);
       dropout_kernel<T><<<grid_for((n + 3) / 4, kThreads), kThreads, 0, compute_stream()>>>(

@@ -212,12 +212,19 @@ static View lora_drop(const Llama &m, int64_t R, int64_t cols) {
   return View(m.lora.drop.get(), 0, m.device, m.adt, {R, cols});
 }
 
-// x_d = dropout(x) for layer l's target t into the scratch.
-static View lora_dropped_input(const Llama &m, uint32_t l, LoraTarget t, View &x, int64_t R,
-                               int64_t cols) {
+// out = beta * out + dropout(in) with layer l's target t's mask.
+static void lora_dropout(const Llama &m, uint32_t l, LoraTarget t, View &in, float beta,
+                         View &out) {
+  check(m.ops->dropout(m.host->ctx, in.get(), static_cast<float>(m.lora.dropout), m.lora.seed,
+                       m.lora.stream(l, t), beta, out.get()));
+}
+
+// The adapter's input [R, cols]: x, or in a pass that drops x_d = dropout(x)
+// in the scratch (drawn again, the same, in backward).
+static View lora_input(const Llama &m, uint32_t l, LoraTarget t, View &x, int64_t R, int64_t cols) {
+  if (!m.lora.dropping) return x;
   View xd = lora_drop(m, R, cols);
-  check(m.ops->dropout(m.host->ctx, x.get(), static_cast<float>(m.lora.dropout), m.lora.seed,
-                       m.lora.stream(l, t), 0.0f, xd.get()));
+  lora_dropout(m, l, t, x, 0.0f, xd);
   return xd;
 }
 
@@ -230,12 +237,8 @@ void Llama::lora_forward(tsr_step *step, uint32_t l, LayerParam p, View &x, View
   tsr_host_ctx *ctx = host->ctx;
   View u = lora_u(*this, l, t, R);
   DLTensor wa = param(step, lora.index[l][t][0]);
-  if (lora.dropping) {
-    View xd = lora_dropped_input(*this, l, t, x, R, wa.shape[1]);
-    check(ops->matmul(ctx, xd.get(), 0, &wa, 1, u.get(), 1.0f, 0.0f));
-  } else {
-    check(ops->matmul(ctx, x.get(), 0, &wa, 1, u.get(), 1.0f, 0.0f));
-  }
+  View in = lora_input(*this, l, t, x, R, wa.shape[1]);
+  check(ops->matmul(ctx, in.get(), 0, &wa, 1, u.get(), 1.0f, 0.0f));
   if (!y) return;
   DLTensor wb = param(step, lora.index[l][t][1]);
   check(ops->matmul(ctx, u.get(), 0, &wb, 1, y->get(), lora.scale, 1.0f));
@@ -243,7 +246,8 @@ void Llama::lora_forward(tsr_step *step, uint32_t l, LayerParam p, View &x, View
 
 // The adapter's backward for the projection y = f(x): dy its output's
 // gradient, dx its input's, to which du A is added (after the base
-// weight's share, written or added there first).
+// weight's share, written or added there first); with dropout dA comes
+// from x_d and du A reaches dx through the mask.
 void Llama::lora_backward(tsr_step *step, uint32_t l, LayerParam p, View &dy, View &x, View &dx,
                           int64_t R) {
   const LoraTarget t = target_of(p);
@@ -257,25 +261,19 @@ void Llama::lora_backward(tsr_step *step, uint32_t l, LayerParam p, View &dy, Vi
   }
   DLTensor wb = param(step, ib), wa = param(step, ia);
   check(ops->matmul(ctx, dy.get(), 0, &wb, 0, du.get(), lora.scale, 0.0f));
+  const int64_t in_cols = wa.shape[1];
+  if (trainable(ia)) {
+    View in = lora_input(*this, l, t, x, R, in_cols);
+    DLTensor ga = grad(step, ia);
+    check(ops->matmul(ctx, du.get(), 1, in.get(), 0, &ga, 1.0f, 1.0f));
+  }
   if (!lora.dropping) {
-    if (trainable(ia)) {
-      DLTensor ga = grad(step, ia);
-      check(ops->matmul(ctx, du.get(), 1, x.get(), 0, &ga, 1.0f, 1.0f));
-    }
     check(ops->matmul(ctx, du.get(), 0, &wa, 0, dx.get(), 1.0f, 1.0f));
     return;
   }
-  // With dropout: dA from x_d, drawn again; dx gets du A through the mask.
-  const int64_t in = wa.shape[1];
-  if (trainable(ia)) {
-    View xd = lora_dropped_input(*this, l, t, x, R, in);
-    DLTensor ga = grad(step, ia);
-    check(ops->matmul(ctx, du.get(), 1, xd.get(), 0, &ga, 1.0f, 1.0f));
-  }
-  View dxd = lora_drop(*this, R, in);
+  View dxd = lora_drop(*this, R, in_cols);
   check(ops->matmul(ctx, du.get(), 0, &wa, 0, dxd.get(), 1.0f, 0.0f));
-  check(ops->dropout(ctx, dxd.get(), static_cast<float>(lora.dropout), lora.seed, lora.stream(l, t),
-                     1.0f, dx.get()));
+  lora_dropout(*this, l, t, dxd, 1.0f, dx);
 }
 
 }  // namespace tessera::llama
