@@ -223,13 +223,16 @@ TEST_CASE("llama LoRA declares PEFT's adapters in the layer's group, the base fr
 // FLOPs per sample count what the step computes: 6 n T for a trained
 // matrix, 4 n T for a frozen one backward passes through (no weight
 // gradient), and the attention's 6 Hq D T^2 per layer; the untied
-// embedding is a lookup. Counted here from the declared shapes.
+// embedding is a lookup; with only the head training, backward stops at
+// its weight gradient. Counted here from the declared shapes.
 TEST_CASE("llama FLOPs per sample: frozen weights count no weight gradient", "[llama][lora]") {
   const Golden g("llama3_L2_C64");
   const double T = static_cast<double>(g.T);
   // The plugin's count and the one written out here, from the declared
   // shapes, while the model (which owns the names) lives.
-  auto counts = [&](const std::string &keys, bool *all_trainable) {
+  // head_only: only lm_head trains, so backward stops at its weight
+  // gradient (no input gradient of the head, nothing below it).
+  auto counts = [&](const std::string &keys, bool *all_trainable, bool head_only = false) {
     Fixture f;
     Model m(f, "llama");
     REQUIRE(
@@ -243,7 +246,7 @@ TEST_CASE("llama FLOPs per sample: frozen weights count no weight gradient", "[l
       *all_trainable = *all_trainable && p.trainable;
       if (p.ndim < 2 || name == "model.embed_tokens.weight") continue;
       const double n = static_cast<double>(p.shape[0]) * static_cast<double>(p.shape[1]);
-      want += (p.trainable ? 6.0 : 4.0) * n * T;
+      want += (2.0 + (p.trainable ? 2.0 : 0.0) + (head_only ? 0.0 : 2.0)) * n * T;
       if (name.find("self_attn.q_proj.weight") != std::string::npos) {
         qd = static_cast<double>(p.shape[0]);
         ++layers;
@@ -251,7 +254,8 @@ TEST_CASE("llama FLOPs per sample: frozen weights count no weight gradient", "[l
     }
     REQUIRE(layers == 2);
     REQUIRE(m.vt->flops_per_sample);
-    return std::pair{m.vt->flops_per_sample(m.self), want + 6.0 * layers * qd * T * T};
+    const double attention = (head_only ? 2.0 : 6.0) * layers * qd * T * T;
+    return std::pair{m.vt->flops_per_sample(m.self), want + attention};
   };
   bool all_trainable = false;
   const auto [all, all_want] = counts("", &all_trainable);
@@ -262,6 +266,9 @@ TEST_CASE("llama FLOPs per sample: frozen weights count no weight gradient", "[l
   CHECK_FALSE(all_trainable);
   CHECK(adapted == Approx(adapted_want).epsilon(1e-12));
   CHECK(adapted < all);
+  const auto [head, head_want] = counts("freeze = [\"model.*\"]\n", &all_trainable, true);
+  CHECK_FALSE(all_trainable);
+  CHECK(head == Approx(head_want).epsilon(1e-12));
 }
 
 // ABI 1.8's init-from may_lack: the llama plugin answers 1 for its adapters

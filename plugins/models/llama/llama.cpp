@@ -422,16 +422,18 @@ void Llama::backward(tsr_step *step, const tsr_batch *batch, float loss_scale) {
 // forward and 4 Hq D T^2 backward where backward reaches it. With every
 // parameter trainable: 6 N T + 6 L Hq D T^2. Frozen weights (freeze, or
 // LoRA's base) thus count 4 n T, or 2 n T below the lowest trainable
-// layer, and MFU is not overstated for them.
+// layer, and MFU is not overstated for them. The head's input gradient
+// runs only where something below the head trains (head_backward).
 double Llama::flops_per_sample() const {
   const double T = static_cast<double>(data_T);
+  const uint32_t hi = a.tie ? embed : lm_head;
   double f = 0;
   for (size_t i = 0; i < infos.size(); ++i) {
     if (infos[i].ndim < 2 || (i == embed && !a.tie)) continue;
     double n = 1;
     for (int32_t k = 0; k < infos[i].ndim; ++k) n *= static_cast<double>(infos[i].shape[k]);
-    const int32_t group = static_cast<int32_t>(infos[i].group);
-    const bool reached = runs(i == embed ? a.layers + 1 : group);  // tied: it is the head too
+    const bool reached =
+        i == hi ? runs(L()) || trainable(final_norm) : runs(static_cast<int32_t>(infos[i].group));
     f += (2.0 + (trainable(static_cast<uint32_t>(i)) ? 2.0 : 0.0) + (reached ? 2.0 : 0.0)) * n * T;
   }
   for (int64_t l = 0; l < a.layers; ++l)
