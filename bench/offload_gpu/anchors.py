@@ -2,7 +2,8 @@
 or DeepSpeed user runs instead of ZeRO-Offload, on the same GPT-2 (default
 1.5B: 48 x 1600, 25 heads; --shape L C H B picks another; context 1024,
 vocab 50304; bench/gpt2_gpu/torch_gpt2.py's model), batch 4 x 1024, bf16,
-AdamW, one GPU, no gradient clipping (as tessera's runs here).
+AdamW, one GPU; --clip MAX clips the global gradient norm as tessera's
+run.gradient_clipping does (default 0: none).
 
   python3 anchors.py fsdp2 --seconds S --metrics M.jsonl
       FSDP2 (fully_shard per block and at the root) with CPUOffloadPolicy
@@ -57,9 +58,9 @@ def ds_zero(which, width, pin=True):
             "stage3_param_persistence_threshold": 10 * width}
 
 
-def ds_config(which, batch, width, pin=True):
+def ds_config(which, batch, width, pin=True, clip=0.0):
     return {"train_micro_batch_size_per_gpu": batch, "gradient_accumulation_steps": 1,
-            "bf16": {"enabled": True}, "gradient_clipping": 0.0,
+            "bf16": {"enabled": True}, "gradient_clipping": clip,
             "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.1}},
             "zero_optimization": ds_zero(which, width, pin), "steps_per_print": 10**9}
 
@@ -83,6 +84,8 @@ def main():
     p.add_argument("--no-pin", action="store_true",
                    help="DeepSpeed: pin_memory false (pageable host memory: slower copies, "
                         "but less locked memory)")
+    p.add_argument("--clip", type=float, default=0.0,
+                   help="max global gradient norm (0: no clipping)")
     p.add_argument("--seconds", type=float, default=21.0)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--probe", type=int, default=2)
@@ -102,7 +105,7 @@ def main():
     torch.manual_seed(0)
     if a.which == "deepspeed3":
         import deepspeed
-        cfg = ds_config(a.which, B, C, not a.no_pin)
+        cfg = ds_config(a.which, B, C, not a.no_pin, a.clip)
         # Built partitioned and on the host, as DeepSpeed's docs say for
         # models that do not fit one device.
         with deepspeed.zero.Init(config_dict_or_path=cfg, remote_device="cpu",
@@ -117,6 +120,7 @@ def main():
     shape = f"{L} x {C}, {H} heads, B{B}{', recompute' if a.recompute else ''}"
     if a.gpu_cap_gib > 0:
         shape += f", GPU capped at {a.gpu_cap_gib:g} GiB"
+    shape += f", clipping {a.clip:g}" if a.clip > 0 else ", no clipping"
     if a.which == "fsdp2":
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
         dist.init_process_group("nccl", rank=0, world_size=1)
@@ -133,13 +137,15 @@ def main():
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 loss = model(idx, tgt)
             loss.backward()
+            if a.clip > 0:  # what FSDP2's users call: the norm over every shard
+                torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
             opt.step()
             opt.zero_grad(set_to_none=True)
             return loss.item()
     else:
         import deepspeed
         eng, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                            config=ds_config(a.which, B, C, not a.no_pin))
+                                            config=ds_config(a.which, B, C, not a.no_pin, a.clip))
         what = ("ZeRO-2 + offload_optimizer cpu" if a.which == "deepspeed" else
                 "ZeRO-3 + offload_param cpu + offload_optimizer cpu")
         pin = "pageable host memory" if a.no_pin else "pin_memory"
