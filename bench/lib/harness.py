@@ -351,6 +351,30 @@ def repeat_windows(step, reps, steps=0, window_s=5.5, units_per_step=1.0):
     return out
 
 
+def breakdowns(metrics, warmup):
+    """Each logged train line's log.breakdown (docs/observability.md) past
+    the warm-up steps."""
+    out = []
+    for raw in open(metrics):
+        j = json.loads(raw)
+        if j.get("type", "train") == "train" and j.get("step", 0) > warmup and "breakdown" in j:
+            out.append(j["breakdown"])
+    return out
+
+
+def mean_part(parts, *keys):
+    """The mean per step of one part of the breakdowns (keys: a path into
+    each, e.g. "offload", "cpu_step"); nan where no breakdown has it."""
+    vals = []
+    for p in parts:
+        x = p
+        for k in keys:
+            x = x.get(k, {}) if isinstance(x, dict) else {}
+        if isinstance(x, (int, float)):
+            vals.append(x / max(1, p.get("steps", 1)))
+    return statistics.mean(vals) if vals else float("nan")
+
+
 def fmt_num(x):
     if x >= 1e7:
         return f"{x:.3g}"

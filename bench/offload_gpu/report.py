@@ -15,36 +15,14 @@ import argparse
 import datetime
 import json
 import os
-import statistics
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import harness  # noqa: E402
 import machine  # noqa: E402
-from harness import BenchError  # noqa: E402
+from harness import BenchError, breakdowns, mean_part  # noqa: E402
 
 TOKENS = 1024  # per sample
-
-
-def breakdowns(metrics, warmup):
-    """Each logged step's log.breakdown after the warm-up."""
-    out = []
-    for raw in open(metrics):
-        j = json.loads(raw)
-        if j.get("type", "train") == "train" and j.get("step", 0) > warmup and "breakdown" in j:
-            out.append(j["breakdown"])
-    return out
-
-
-def mean_part(parts, *keys):
-    vals = []
-    for p in parts:
-        x = p
-        for k in keys:
-            x = x.get(k, {}) if isinstance(x, dict) else {}
-        if isinstance(x, (int, float)):
-            vals.append(x / max(1, p.get("steps", 1)))
-    return statistics.mean(vals) if vals else float("nan")
 
 
 def load_json(path):

@@ -276,6 +276,50 @@ class Reports(unittest.TestCase):
         self.assertIn("## Environment", out)
 
 
+    def offload_llama_run(self, step_s, n, batch, loss0=11.8):
+        path = os.path.join(self.work, "tessera-r1", "metrics.jsonl")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            for s, t in steps(step_s, n):
+                offload = {"wait": 0.2, "cpu_step": 1.5, "d2h": 0.3, "h2d": 0.3,
+                           "held_for_norm": 0.0, "speculation_save": 0.01, "redo": 0.0,
+                           "redone_steps": 1 if s == 6 else 0}
+                f.write(json.dumps({"type": "train", "step": s, "loss": loss0 - 0.1 * s,
+                                    "elapsed_s": t,
+                                    "breakdown": {"steps": 1, "forward": 0.6, "backward": 1.2,
+                                                  "optimizer": 0.01, "offload": offload}}) + "\n")
+        self.put("tessera-r1/summary.json", {"samples": batch * n, "steps": n,
+                                             "peak_memory_bytes": 40 * 2**30,
+                                             "peak_memory_by_rank": [{"rank": 0,
+                                                                      "rss": 90 * 2**30}]})
+
+    def test_offload_llama_gpu(self):
+        self.offload_llama_run(1.6, 4 + 16, 2)  # 2 x 2048 tokens a 1.6 s step: 2,560 tokens/s
+        self.put("anchor-fsdp2.json", {"impl": "torch-2.9-fsdp2_offload", "tokens_per_s": 1000,
+                                       "peak_gpu_GiB": 20.5})
+        rc, out = self.report("offload_llama_gpu", self.work, "3b", "2", "3")
+        self.assertEqual(rc, 0, out)
+        self.assertIn("| tessera offload cpu | 2,560 (2,560-2,560) |", out)
+        self.assertIn("| 2.56x (2.56-2.56) | 2x |", out)
+        self.assertIn("| DeepSpeed ZeRO-2 + offload_optimizer cpu | not run or failed", out)
+        self.assertIn("the CPU's update 1500", out)
+        self.assertIn("1 of 16 steps redone", out)
+        self.assertIn("the GPU's forward and backward bounds the step at 2,560 tokens/s", out)
+        self.assertIn("communication wait -, data -", out)
+        self.assertIn("host RSS 90.0 GiB", out)
+        # 8B: 8 x 2048 tokens a 2 s step, over the 6,000 goal; too short a
+        # run is refused.
+        shutil.rmtree(os.path.join(self.work, "tessera-r1"))
+        self.offload_llama_run(2.0, 4 + 12, 8)
+        rc, out = self.report("offload_llama_gpu", self.work, "8b", "8", "3")
+        self.assertEqual(rc, 0, out)
+        self.assertIn("| 8,192 (8,192-8,192) | 6,000 (met) |", out)
+        self.assertIn("Loss over 16 logged steps: 11.700 at step 1", out)
+        self.offload_llama_run(2.0, 4 + 3, 8)
+        rc, out = self.report("offload_llama_gpu", self.work, "8b", "8", "3")
+        self.assertEqual(rc, 1, out)
+        self.assertIn("refused: tessera", out)
+
     def test_offload_params_gpu(self):
         runs = ["tessera big 48 3200 25 4", "deepspeed ds_big 48 3200 25 4",
                 "tessera small 48 1600 25 4", "deepspeed ds_small 48 1600 25 4",
