@@ -229,7 +229,7 @@ typedef struct tsr_ext_offload_grads {
  * overlapped step. begin's flags: TSR_SPECULATE_MAY_SKIP when resolve may
  * say SKIP (the backend then also keeps what it needs to restore the
  * compute parameters). How the backend keeps what it needs to undo, and
- * how much it speculates, is its own (offload cpu: docs/offload.md);
+ * how much it speculates, is its own (offload cpu: docs/config.md);
  * stats reports it for the breakdown. */
 #define TSR_EXT_OFFLOAD_SPECULATE "tessera.offload.speculate/1"
 #define TSR_SPECULATE_KEEP 0
