@@ -72,7 +72,7 @@ struct Rig {
   ThreadPool pool{2};
   std::vector<char> undo;
   std::unique_ptr<HostPipeline> pipe;
-  explicit Rig(size_t undo_bytes, bool worst_case) : undo(undo_bytes) {
+  explicit Rig(size_t undo_bytes, bool worst_case, bool adaptive = true) : undo(undo_bytes) {
     PipelineSetup s;
     tsr_host host{};
     s.host = &host;  // a CPU run without the gradient sink never calls it
@@ -87,6 +87,7 @@ struct Rig {
     s.undo = undo.empty() ? nullptr : undo.data();
     s.undo_bytes = undo.size();
     s.worst_case = worst_case;
+    s.adaptive = adaptive;
     pipe = std::make_unique<HostPipeline>(s);
   }
   void submit_all(double scale, int64_t step) {
@@ -158,6 +159,42 @@ TEST_CASE("speculative offload steps: the stats count what was redone", "[offloa
   CHECK(st.elements_redone == kN);
   CHECK(st.redo_s > 0);
   CHECK(st.held_s == 0);
+}
+
+// speculation = "adaptive": a round after one whose verdict changed the
+// update steps nothing ahead (its ranges wait for the verdict), so where
+// the norm clips step after step nothing is kept and redone; after a kept
+// round it speculates again. "always" redoes every clipped round. Both
+// give the plain steps' bits.
+TEST_CASE("speculative offload steps: adaptive holds the round after a changed one",
+          "[offload][speculate]") {
+  // The verdicts of four steps: clipped, clipped, kept, clipped.
+  const int32_t verdicts[] = {TSR_SPECULATE_RESTEP, TSR_SPECULATE_RESTEP, TSR_SPECULATE_KEEP,
+                              TSR_SPECULATE_RESTEP};
+  for (bool adaptive : {true, false}) {
+    INFO((adaptive ? "adaptive" : "always"));
+    Rig plain(0, false), spec(kWhole, true, adaptive);
+    int64_t step = 0;
+    for (int32_t v : verdicts) {
+      ++step;
+      const double scale = v == TSR_SPECULATE_KEEP ? 1.0 : 0.5;
+      plain.submit_all(scale, step);
+      spec.pipe->spec_begin(false);
+      spec.submit_all(1.0, step);
+      spec.pipe->spec_resolve(v, scale);
+    }
+    plain.pipe->flush();
+    spec.pipe->flush();
+    CHECK(spec.w == plain.w);
+    const tsr_speculate_stats st = spec.pipe->spec_stats();
+    CHECK(st.steps == 4);
+    // Adaptive: the first and the last clipped rounds were stepped ahead
+    // (each followed nothing, or a kept round); the second and the kept
+    // one waited for their verdicts.
+    CHECK(st.redone == (adaptive ? 2u : 3u));
+    CHECK(st.elements_redone == (adaptive ? 2u : 3u) * kN);
+    if (adaptive) CHECK(st.held_s > 0);
+  }
 }
 
 TEST_CASE("speculative offload steps: misuse is refused by name", "[offload][speculate]") {

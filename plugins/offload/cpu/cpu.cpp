@@ -76,6 +76,7 @@ struct Cpu {
   int32_t params_where = TSR_PARAMS_ON_DEVICE;  // `params`
   std::string speculation_memory;               // "auto", "0" or a size
   bool speculation_worst_case = false;
+  bool speculation_adaptive = true;             // speculation = "adaptive" (else "always")
 
   size_t n = 0;
   const tsr_optimizer_vtable *opt = nullptr;
@@ -152,6 +153,11 @@ std::unique_ptr<Cpu> build(const tsr_host *host, const tsr_config *cfg) {
   s->params_where = parse_params_home(c.get_string("params"), kWho, false);
   s->speculation_memory = c.get_string("speculation_memory");
   s->speculation_worst_case = c.get_bool("speculation_worst_case");
+  const std::string policy = c.get_string("speculation");
+  if (policy != "adaptive" && policy != "always")
+    throw Error(TSR_ERR_CONFIG, fmt("%s: speculation = \"%s\": expected \"adaptive\" or \"always\"",
+                                    kWho, policy.c_str()));
+  s->speculation_adaptive = policy == "adaptive";
   uint64_t bytes = 0;
   if (s->speculation_memory != "auto" && s->speculation_memory != "0" &&
       !sdk::parse_size(s->speculation_memory, &bytes))
@@ -267,11 +273,15 @@ void log_setup(Cpu *s, std::pair<double, double> took) {
   s->host->log(s->host->ctx, TSR_LOG_INFO,
                fmt("%s (rank %u): speculation (clipping, fp16): an undo space of %.2f MiB in "
                    "pageable host memory holds the pre-step values of %s ranges stepped before "
-                   "the gradient norm is known",
+                   "the gradient norm is known%s",
                    kWho, rank, mib(static_cast<double>(s->undo.bytes())),
                    s->undo.bytes() == 0                            ? "no (speculation off):"
                    : static_cast<double>(s->undo.bytes()) >= whole ? "all"
-                                                                   : "the first")
+                                                                   : "the first",
+                   s->speculation_adaptive && s->undo.bytes() > 0
+                       ? "; after a step the norm clipped, the next holds its ranges for the "
+                         "norm instead (speculation = \"adaptive\")"
+                       : "")
                    .c_str());
   if (s->home.active())
     s->host->log(s->host->ctx, TSR_LOG_INFO,
@@ -318,6 +328,7 @@ void Cpu::setup(const tsr_offload_setup *st) {
   p.undo = undo.as<char>();
   p.undo_bytes = undo.bytes();
   p.worst_case = speculation_worst_case;
+  p.adaptive = speculation_adaptive;
   if (held) {
     p.params_home = cuda ? params_pinned.as<char>() : params_host.as<char>();
     home.init(kWho, n, compute_dtype, p.params_home, cuda, p.device);
@@ -406,6 +417,11 @@ const tsr_param_decl kParams[] = {
                          "host memory left), 0 (each update waits for the norm), bytes or a size "
                          "(\"8GiB\")",
                          0, 1e18, "auto|#|*"),
+    sdk::param("speculation", TSR_PARAM_STRING, "\"adaptive\"",
+               "with gradient clipping or fp16: \"adaptive\" (a step after one whose norm "
+               "clipped or overflowed holds its ranges for the norm instead of stepping them "
+               "ahead, since they would likely be redone) or \"always\" (every step steps "
+               "ahead what the undo space holds)"),
     sdk::param("speculation_worst_case", TSR_PARAM_BOOL, "false",
                "for tests and measurements: the norm's verdict waits until every range handed "
                "over has been stepped ahead, so every clipped step is redone in full"),

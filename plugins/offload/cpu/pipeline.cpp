@@ -136,7 +136,7 @@ bool HostPipeline::take(Job &j, std::unique_lock<std::mutex> &lk) {
   if (!j.spec) return true;
   if (!verdict_known_) {
     const UndoLayout l{j.u.count, s_.state_count, may_skip_ ? dtype_bytes(s_.compute_dtype) : 0};
-    if (undo_used_ + l.bytes() <= s_.undo_bytes) {
+    if (undo_used_ + l.bytes() <= round_undo_bytes_) {
       j.undo = undo_used_;
       undo_used_ += l.bytes();
       return true;
@@ -352,6 +352,7 @@ void HostPipeline::spec_begin(bool may_skip) {
   verdict_ = TSR_SPECULATE_KEEP;
   verdict_scale_ = 1;
   undo_used_ = 0;
+  round_undo_bytes_ = s_.adaptive && last_verdict_ != TSR_SPECULATE_KEEP ? 0 : s_.undo_bytes;
 }
 
 void HostPipeline::spec_resolve(int32_t verdict, double grad_scale) {
@@ -378,6 +379,7 @@ void HostPipeline::spec_resolve(int32_t verdict, double grad_scale) {
   verdict_known_ = true;  // a held range is held no longer, though the dispatcher may not know yet
   verdict_ = verdict;
   verdict_scale_ = grad_scale;
+  last_verdict_ = verdict;
   ++spec_.steps;
   bool any = false;
   if (verdict != TSR_SPECULATE_KEEP) {

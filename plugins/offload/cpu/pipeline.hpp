@@ -86,6 +86,12 @@ struct PipelineSetup {
   // verdict waits until every range handed over is stepped ahead (or held
   // for want of undo space), so every range that could be redone is.
   bool worst_case = false;
+  // Adaptive speculation: after a step whose verdict changed the update
+  // (its norm clipped, or fp16 overflowed), the next step steps nothing
+  // ahead and holds its ranges for the verdict, as with no undo space.
+  // Where most steps clip, a speculative range is redone almost always,
+  // and keeping and redoing it costs more than waiting for the norm.
+  bool adaptive = true;
 };
 
 class HostPipeline {
@@ -166,6 +172,8 @@ class HostPipeline {
   int32_t verdict_ = TSR_SPECULATE_KEEP;
   double verdict_scale_ = 1;
   size_t undo_used_ = 0;
+  size_t round_undo_bytes_ = 0;  // this round's undo space (adaptive: 0 after a change)
+  int32_t last_verdict_ = TSR_SPECULATE_KEEP;
   size_t holding_ = kNoUndo;  // the job the dispatcher holds for the verdict
   tsr_speculate_stats spec_{};
 #if TSR_PLUGIN_CUDA

@@ -99,7 +99,7 @@ TEST_CASE("one GPU, bf16, clipping on, clipped steps redone in full: offload cpu
   r.offload = "none";
   const Trained ref = train_job(r);
   for (Job j : offload_jobs(0.05)) {
-    j.offload_more = "speculation_worst_case = true\n";
+    j.offload_more = "speculation_worst_case = true\nspeculation = \"always\"\n";
     j.tag = "worst";
     const Trained t = train_job(j);
     INFO(describe(t.run));
