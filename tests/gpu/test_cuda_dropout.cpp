@@ -24,37 +24,41 @@ TEST_CASE("cuda ops table has the ABI 1.9 dropout", "[cuda][ops][dropout]") {
 }
 
 TEST_CASE("cuda dropout keeps the CPU's elements, with its values", "[cuda][ops][dropout]") {
-  // An odd count: the last Philox block is partial.
-  const int64_t n = 3 * 1000 * 1000 + 7;
+  // An odd count (the last Philox block is partial: the element-wise
+  // kernel) and a multiple of four (a quad per access).
   const uint64_t seed = 0x0123456789abcdefULL, stream = 0xfedcba9876543210ULL;
-  for (Dt d : kFloatDts)
-    for (const float beta : {0.0f, 1.0f}) {
-      const std::string what = case_name("dropout", d, {n}) + (beta != 0 ? " beta 1" : "");
-      INFO(what);
-      Gpu x({n}, d, randn(static_cast<size_t>(n), 5)), y({n}, d, randn(static_cast<size_t>(n), 6));
-      Cpu cx({n}, x.vals), cy({n}, y.vals);
-      REQUIRE_OK(gpu().dropout(ctx(), x.dl(), 0.3f, seed, stream, beta, y.dl()));
-      REQUIRE_OK(cpu().dropout(ctx(), cx.dl(), 0.3f, seed, stream, beta, cy.dl()));
-      const std::vector<float> got = y.get(), want = rounded(d, cy.get());
-      size_t zeros_got = 0, zeros_want = 0, differ = 0;
-      for (size_t i = 0; i < got.size(); i++) {
-        zeros_got += got[i] == 0.0f;
-        zeros_want += want[i] == 0.0f;
-        differ += got[i] != want[i];
+  for (const int64_t n : {int64_t{3 * 1000 * 1000 + 7}, int64_t{3 * 1000 * 1000}})
+    for (Dt d : kFloatDts)
+      for (const float beta : {0.0f, 1.0f}) {
+        const std::string what = case_name("dropout", d, {n}) + (beta != 0 ? " beta 1" : "");
+        INFO(what);
+        Gpu x({n}, d, randn(static_cast<size_t>(n), 5)),
+            y({n}, d, randn(static_cast<size_t>(n), 6));
+        Cpu cx({n}, x.vals), cy({n}, y.vals);
+        REQUIRE_OK(gpu().dropout(ctx(), x.dl(), 0.3f, seed, stream, beta, y.dl()));
+        REQUIRE_OK(cpu().dropout(ctx(), cx.dl(), 0.3f, seed, stream, beta, cy.dl()));
+        const std::vector<float> got = y.get(), want = rounded(d, cy.get());
+        size_t zeros_got = 0, zeros_want = 0, differ = 0;
+        for (size_t i = 0; i < got.size(); i++) {
+          zeros_got += got[i] == 0.0f;
+          zeros_want += want[i] == 0.0f;
+          differ += got[i] != want[i];
+        }
+        CHECK(zeros_got == zeros_want);
+        // The CPU's float32 result rounded once to d is what the kernel stores.
+        CHECK(differ == 0);
       }
-      CHECK(zeros_got == zeros_want);
-      // The CPU's float32 result rounded once to d is what the kernel stores.
-      CHECK(differ == 0);
-    }
 }
 
 TEST_CASE("cuda dropout in place, and p = 0 keeps every element", "[cuda][ops][dropout]") {
   const int64_t n = 100003;
-  Gpu x({n}, Dt::F32, randn(static_cast<size_t>(n), 7));
-  Cpu cx({n}, x.vals);
-  REQUIRE_OK(gpu().dropout(ctx(), x.dl(), 0.5f, 11, 12, 0.0f, x.dl()));
-  REQUIRE_OK(cpu().dropout(ctx(), cx.dl(), 0.5f, 11, 12, 0.0f, cx.dl()));
-  CHECK(x.get() == cx.get());
+  for (const int64_t count : {n, n - 3}) {  // element-wise, then by quads
+    Gpu x({count}, Dt::F32, randn(static_cast<size_t>(count), 7));
+    Cpu cx({count}, x.vals);
+    REQUIRE_OK(gpu().dropout(ctx(), x.dl(), 0.5f, 11, 12, 0.0f, x.dl()));
+    REQUIRE_OK(cpu().dropout(ctx(), cx.dl(), 0.5f, 11, 12, 0.0f, cx.dl()));
+    CHECK(x.get() == cx.get());
+  }
   Gpu y({n}, Dt::F32, randn(static_cast<size_t>(n), 8));
   REQUIRE_OK(gpu().dropout(ctx(), y.dl(), 0.0f, 11, 12, 0.0f, y.dl()));
   CHECK(y.get() == y.vals);

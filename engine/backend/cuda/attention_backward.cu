@@ -18,9 +18,10 @@
 //
 // With positions (ABI 1.8 attention_packed_*) P is 0 outside each query's
 // window [window_start, i]: the tensor-core kernel's DOC instantiation
-// keeps the window starts of its query blocks beside lse and Di and masks
-// every block; the fp32 kernels mask per pair and skip tiles wholly before
-// a query's window.
+// keeps the window starts of its query blocks beside lse and Di, masks
+// every block, and ends each key block's walk at the last query whose
+// window reaches it (packed examples: the end of its document); the fp32 kernels mask per pair and
+// skip tiles wholly before a query's window.
 #include <mutex>
 
 #include "backend/cuda/attention.cuh"
@@ -160,11 +161,28 @@ __global__ void __launch_bounds__(kThreads) bwd_mma_kernel(const BwdParams<T> p)
     for (int e = 0; e < 4; e++) dv[nt][e] = dk[nt][e] = 0.0f;
   const int key_g = kb * kBc + warp * 16 + lane / 4;  // key of c0/c1; c2/c3 is key_g + 8
 
-  for (int qb = kb; qb < nqb; qb++) {
+  // With document masking only the rows whose window reaches back into
+  // this key block see one of its keys; the query blocks past the last
+  // such row have P = 0 here and are skipped (packed examples: the walk
+  // ends with the block's document instead of at T). Exact for any
+  // positions: every row past the block is asked.
+  int nq_end = nqb;
+  if constexpr (DOC) {
+    __shared__ int last_row;
+    const int last_key = min(kb * kBc + kBc - 1, p.T_ - 1);
+    if (threadIdx.x == 0) last_row = last_key;
+    __syncthreads();
+    for (int r = last_key + 1 + threadIdx.x; r < p.T_; r += kThreads)
+      if (window_start(p.pos, b, r, p.T_) <= last_key) atomicMax(&last_row, r);
+    __syncthreads();
+    nq_end = last_row / kBr + 1;
+  }
+
+  for (int qb = kb; qb < nq_end; qb++) {
     const int buf = (qb - kb) & 1;
     // Prefetch the next query block into the other buffer (free: everyone
     // passed the barrier closing the previous iteration), wait for this one.
-    if (qb + 1 < nqb) {
+    if (qb + 1 < nq_end) {
       load_q(qb + 1, buf ^ 1);
       cp_async_wait<1>();
     } else {

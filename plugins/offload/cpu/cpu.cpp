@@ -76,7 +76,7 @@ struct Cpu {
   int32_t params_where = TSR_PARAMS_ON_DEVICE;  // `params`
   std::string speculation_memory;               // "auto", "0" or a size
   bool speculation_worst_case = false;
-  bool speculation_adaptive = true;             // speculation = "adaptive" (else "always")
+  bool speculation_adaptive = true;  // speculation = "adaptive" (else "always")
 
   size_t n = 0;
   const tsr_optimizer_vtable *opt = nullptr;
