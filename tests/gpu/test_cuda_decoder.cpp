@@ -200,40 +200,44 @@ TEST_CASE("cuda rope matches the CPU on views into a fused qkv buffer", "[cuda][
   }
 }
 
+// Head dim 64 copies K/V per query head and sums their gradients 16 bytes
+// at a time; 36 (not a multiple of 8 elements) takes the element-wise copies
+// in bf16/fp16.
 TEST_CASE("cuda attention_gqa matches the CPU (GQA and MQA)", "[cuda][ops][decoder]") {
-  for (Dt d : kFloatDts) {
-    for (const int64_t Hk : {int64_t(2), int64_t(1), int64_t(8)}) {
-      const int64_t B = 2, T = 128, H = 8, D = 64;
-      const float scale = 0.125f;
-      const std::string what = case_name("attention_gqa", d, {B, T, H, Hk, D});
-      INFO(what);
-      Gpu q({B, T, H, D}, d, randn(B * T * H * D, 121)),
-          k({B, T, Hk, D}, d, randn(B * T * Hk * D, 122));
-      Gpu v({B, T, Hk, D}, d, randn(B * T * Hk * D, 123)),
-          dout({B, T, H, D}, d, randn(B * T * H * D, 124));
-      Tensor out({B, T, H, D}, d), lse({B, H, T}, Dt::F32);
-      Tensor dq({B, T, H, D}, d), dk({B, T, Hk, D}, d), dv({B, T, Hk, D}, d);
-      REQUIRE_OK(
-          gpu().attention_gqa_forward(ctx(), q.dl(), k.dl(), v.dl(), scale, out.dl(), lse.dl()));
-      REQUIRE_OK(gpu().attention_gqa_backward(ctx(), q.dl(), k.dl(), v.dl(), out.dl(), dout.dl(),
-                                              lse.dl(), scale, dq.dl(), dk.dl(), dv.dl()));
-      Cpu cq({B, T, H, D}, q.vals), ck({B, T, Hk, D}, k.vals), cv({B, T, Hk, D}, v.vals);
-      Cpu cdo({B, T, H, D}, dout.vals), co({B, T, H, D}, std::vector<float>(B * T * H * D));
-      Cpu cl({B, H, T}, std::vector<float>(B * H * T));
-      Cpu cdq({B, T, H, D}, std::vector<float>(B * T * H * D));
-      Cpu cdk({B, T, Hk, D}, std::vector<float>(B * T * Hk * D)),
-          cdv({B, T, Hk, D}, std::vector<float>(B * T * Hk * D));
-      REQUIRE_OK(
-          cpu().attention_gqa_forward(ctx(), cq.dl(), ck.dl(), cv.dl(), scale, co.dl(), cl.dl()));
-      REQUIRE_OK(cpu().attention_gqa_backward(ctx(), cq.dl(), ck.dl(), cv.dl(), co.dl(), cdo.dl(),
-                                              cl.dl(), scale, cdq.dl(), cdk.dl(), cdv.dl()));
-      expect_close(what + " out", out.get(), co.get(), fwd_tol(d));
-      expect_close(what + " lse", lse.get(), cl.get(), 1e-4);
-      expect_close(what + " dq", dq.get(), cdq.get(), grad_tol(d));
-      expect_close(what + " dk", dk.get(), cdk.get(), grad_tol(d));
-      expect_close(what + " dv", dv.get(), cdv.get(), grad_tol(d));
+  for (Dt d : kFloatDts)
+    for (const int64_t D : {int64_t(64), int64_t(36)}) {
+      for (const int64_t Hk : {int64_t(2), int64_t(1), int64_t(8)}) {
+        const int64_t B = 2, T = 128, H = 8;
+        const float scale = 0.125f;
+        const std::string what = case_name("attention_gqa", d, {B, T, H, Hk, D});
+        INFO(what);
+        Gpu q({B, T, H, D}, d, randn(B * T * H * D, 121)),
+            k({B, T, Hk, D}, d, randn(B * T * Hk * D, 122));
+        Gpu v({B, T, Hk, D}, d, randn(B * T * Hk * D, 123)),
+            dout({B, T, H, D}, d, randn(B * T * H * D, 124));
+        Tensor out({B, T, H, D}, d), lse({B, H, T}, Dt::F32);
+        Tensor dq({B, T, H, D}, d), dk({B, T, Hk, D}, d), dv({B, T, Hk, D}, d);
+        REQUIRE_OK(
+            gpu().attention_gqa_forward(ctx(), q.dl(), k.dl(), v.dl(), scale, out.dl(), lse.dl()));
+        REQUIRE_OK(gpu().attention_gqa_backward(ctx(), q.dl(), k.dl(), v.dl(), out.dl(), dout.dl(),
+                                                lse.dl(), scale, dq.dl(), dk.dl(), dv.dl()));
+        Cpu cq({B, T, H, D}, q.vals), ck({B, T, Hk, D}, k.vals), cv({B, T, Hk, D}, v.vals);
+        Cpu cdo({B, T, H, D}, dout.vals), co({B, T, H, D}, std::vector<float>(B * T * H * D));
+        Cpu cl({B, H, T}, std::vector<float>(B * H * T));
+        Cpu cdq({B, T, H, D}, std::vector<float>(B * T * H * D));
+        Cpu cdk({B, T, Hk, D}, std::vector<float>(B * T * Hk * D)),
+            cdv({B, T, Hk, D}, std::vector<float>(B * T * Hk * D));
+        REQUIRE_OK(
+            cpu().attention_gqa_forward(ctx(), cq.dl(), ck.dl(), cv.dl(), scale, co.dl(), cl.dl()));
+        REQUIRE_OK(cpu().attention_gqa_backward(ctx(), cq.dl(), ck.dl(), cv.dl(), co.dl(), cdo.dl(),
+                                                cl.dl(), scale, cdq.dl(), cdk.dl(), cdv.dl()));
+        expect_close(what + " out", out.get(), co.get(), fwd_tol(d));
+        expect_close(what + " lse", lse.get(), cl.get(), 1e-4);
+        expect_close(what + " dq", dq.get(), cdq.get(), grad_tol(d));
+        expect_close(what + " dk", dk.get(), cdk.get(), grad_tol(d));
+        expect_close(what + " dv", dv.get(), cdv.get(), grad_tol(d));
+      }
     }
-  }
 }
 
 TEST_CASE("cuda attention_gqa refuses head counts that do not divide", "[cuda][ops][decoder]") {
