@@ -159,11 +159,16 @@ void lora_allocate(Llama &m) {
                        TSR_MEM_ACTIVATIONS);
   if (lo.dropout == 0) return;
   lo.drop_cols = 0;
-  for (uint32_t t = 0; t < kLoraTargets; ++t)
-    if (lo.on[t])
-      lo.drop_cols = std::max(lo.drop_cols, target_shape(m, static_cast<LoraTarget>(t))[1]);
-  lo.drop = sdk::Buffer(m.host, m.device, lo.rows * static_cast<size_t>(lo.drop_cols) * m.esize,
-                        TSR_MEM_ACTIVATIONS);
+  lo.drop_set = 0;
+  for (uint32_t t = 0; t < kLoraTargets; ++t) {
+    if (!lo.on[t]) continue;
+    const int64_t cols = target_shape(m, static_cast<LoraTarget>(t))[1];
+    lo.drop_cols = std::max(lo.drop_cols, cols);
+    lo.drop_off[t] = lo.drop_set;
+    lo.drop_set += lo.rows * static_cast<size_t>(cols);
+  }
+  const size_t elems = m.sets.size() * lo.drop_set + lo.rows * static_cast<size_t>(lo.drop_cols);
+  lo.drop = sdk::Buffer(m.host, m.device, elems * m.esize, TSR_MEM_ACTIVATIONS);
 }
 
 // Whether this pass drops (a training pass with lora.dropout > 0) and where
@@ -207,9 +212,17 @@ static View lora_du(const Llama &m, int64_t R) {
               m.adt, {R, lo.rank});
 }
 
-// The scratch [R, cols] of the dropout: x_d in forward, du A in backward.
-static View lora_drop(const Llama &m, int64_t R, int64_t cols) {
-  return View(m.lora.drop.get(), 0, m.device, m.adt, {R, cols});
+// x_d [R, cols] of layer l's target t, kept from forward for backward.
+static View lora_xd(const Llama &m, uint32_t l, LoraTarget t, int64_t R, int64_t cols) {
+  const Lora &lo = m.lora;
+  const size_t at = (m.recompute ? 0 : l) * lo.drop_set + lo.drop_off[t];
+  return View(lo.drop.get(), at * m.esize, m.device, m.adt, {R, cols});
+}
+
+// The scratch [R, cols] of du A in backward, before its dropout.
+static View lora_scratch(const Llama &m, int64_t R, int64_t cols) {
+  return View(m.lora.drop.get(), m.sets.size() * m.lora.drop_set * m.esize, m.device, m.adt,
+              {R, cols});
 }
 
 // out = beta * out + dropout(in) with layer l's target t's mask.
@@ -219,12 +232,13 @@ static void lora_dropout(const Llama &m, uint32_t l, LoraTarget t, View &in, flo
                        m.lora.stream(l, t), beta, out.get()));
 }
 
-// The adapter's input [R, cols]: x, or in a pass that drops x_d = dropout(x)
-// in the scratch (drawn again, the same, in backward).
-static View lora_input(const Llama &m, uint32_t l, LoraTarget t, View &x, int64_t R, int64_t cols) {
+// The adapter's input [R, cols]: x, or in a pass that drops x_d = dropout(x),
+// drawn in forward and kept for backward (`draw` false: read back).
+static View lora_input(const Llama &m, uint32_t l, LoraTarget t, View &x, int64_t R, int64_t cols,
+                       bool draw) {
   if (!m.lora.dropping) return x;
-  View xd = lora_drop(m, R, cols);
-  lora_dropout(m, l, t, x, 0.0f, xd);
+  View xd = lora_xd(m, l, t, R, cols);
+  if (draw) lora_dropout(m, l, t, x, 0.0f, xd);
   return xd;
 }
 
@@ -237,7 +251,7 @@ void Llama::lora_forward(tsr_step *step, uint32_t l, LayerParam p, View &x, View
   tsr_host_ctx *ctx = host->ctx;
   View u = lora_u(*this, l, t, R);
   DLTensor wa = param(step, lora.index[l][t][0]);
-  View in = lora_input(*this, l, t, x, R, wa.shape[1]);
+  View in = lora_input(*this, l, t, x, R, wa.shape[1], true);
   check(ops->matmul(ctx, in.get(), 0, &wa, 1, u.get(), 1.0f, 0.0f));
   if (!y) return;
   DLTensor wb = param(step, lora.index[l][t][1]);
@@ -263,7 +277,7 @@ void Llama::lora_backward(tsr_step *step, uint32_t l, LayerParam p, View &dy, Vi
   check(ops->matmul(ctx, dy.get(), 0, &wb, 0, du.get(), lora.scale, 0.0f));
   const int64_t in_cols = wa.shape[1];
   if (trainable(ia)) {
-    View in = lora_input(*this, l, t, x, R, in_cols);
+    View in = lora_input(*this, l, t, x, R, in_cols, false);
     DLTensor ga = grad(step, ia);
     check(ops->matmul(ctx, du.get(), 1, in.get(), 0, &ga, 1.0f, 1.0f));
   }
@@ -271,7 +285,7 @@ void Llama::lora_backward(tsr_step *step, uint32_t l, LayerParam p, View &dy, Vi
     check(ops->matmul(ctx, du.get(), 0, &wa, 0, dx.get(), 1.0f, 1.0f));
     return;
   }
-  View dxd = lora_drop(*this, R, in_cols);
+  View dxd = lora_scratch(*this, R, in_cols);
   check(ops->matmul(ctx, du.get(), 0, &wa, 0, dxd.get(), 1.0f, 0.0f));
   lora_dropout(*this, l, t, dxd, 1.0f, dx);
 }

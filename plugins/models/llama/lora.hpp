@@ -25,9 +25,11 @@
 // The mask is ABI 1.9's dropout op (Philox by element index), keyed on the
 // run's per-rank seed and a stream made of the step's position (the host's
 // step_position: steps completed, micro-batch), the layer and the target: a
-// recomputed layer, the backward and a resumed run draw the same mask, and
-// x_d is never stored (backward draws it again into one scratch [rows,
-// widest input]). Evaluation and generation do not drop.
+// recomputed layer and a resumed run draw the same mask. The forward keeps
+// x_d per layer and target (one set with recompute, refilled by the
+// recomputed layer, as u), so backward reads it instead of drawing it
+// again; du A goes through one scratch [rows, widest input]. Evaluation
+// and generation do not drop.
 #pragma once
 
 #include <array>
@@ -69,12 +71,16 @@ struct Lora {
   // activations' dtype.
   sdk::Buffer act;
   size_t rows = 0, targets_on = 0;
-  // Dropout: its key (the host's seed_for), the scratch for x_d and du A
-  // ([rows, widest targeted input], the activations' dtype), and the pass
-  // under way: whether it drops, and its position (lora_begin_pass).
+  // Dropout: its key (the host's seed_for); x_d per (set, target on),
+  // [rows, the target's input] each at drop_off[t] within a set of
+  // drop_set elements, then the du A scratch [rows, widest targeted
+  // input], in the activations' dtype; and the pass under way: whether it
+  // drops, and its position (lora_begin_pass).
   uint64_t seed = 0;
   sdk::Buffer drop;
   int64_t drop_cols = 0;
+  std::array<size_t, kLoraTargets> drop_off{};
+  size_t drop_set = 0;
   bool dropping = false;
   uint64_t update = 0;
   uint32_t micro = 0;
