@@ -124,6 +124,18 @@ TEST_CASE("llama matches Hugging Face's Qwen2ForCausalLM (q/k/v biases, tied hea
   check_logits(m, g);
 }
 
+// recompute_swiglu = "always" (the default on GPUs): one SwiGLU output for
+// both layers, layer 0's computed again in backward; the same gradients.
+TEST_CASE("llama with one SwiGLU buffer for all layers matches Hugging Face", "[llama]") {
+  const Golden g("llama3_L2_C64");
+  Fixture f;
+  Model m(f, "llama");
+  const std::string cfg =
+      "hf_config = " + q(g.dir + "/config.json") + "\nrecompute_swiglu = \"always\"\n";
+  REQUIRE(m.create(f.config("model", "llama", cfg), token_data(g.T, g.V), g.B) == TSR_OK);
+  check_step(m, g);
+}
+
 TEST_CASE("llama from TOML keys alone, with recompute, equals the config.json model", "[llama]") {
   const Golden g("llama3_L2_C64");
   Fixture f;

@@ -172,6 +172,11 @@ TEST_CASE("llama LoRA equals the merged model, adapter gradients by the chain ru
   check_against_merged(g, std::string("lora.rank = 3\nlora.alpha = 6.0\n") + kAll, 2.0);
   check_against_merged(g, std::string("lora.rank = 4\nlora.alpha = 2.0\nrecompute = true\n") + kAll,
                        0.5);
+  // One SwiGLU output for both layers: the down adapter's dA reads layer
+  // 0's again.
+  check_against_merged(
+      g, std::string("lora.rank = 3\nlora.alpha = 6.0\nrecompute_swiglu = \"always\"\n") + kAll,
+      2.0);
 }
 
 TEST_CASE("llama LoRA on Qwen2 (q/k/v biases, tied head) with some targets", "[llama][lora]") {

@@ -316,6 +316,9 @@ Llama *build(const tsr_host *host, const tsr_config *cfg, const tsr_model_init *
   m->ops = ops;
   m->device = host->run->device;
   m->recompute = c.get_bool("recompute");
+  const std::string swiglu = c.get_string("recompute_swiglu");  // a choice, checked by the host
+  m->recompute_swiglu = !m->recompute && (swiglu == "always" ||
+                                          (swiglu == "auto" && m->device.device_type != kDLCPU));
   lora_configure(*m, c);
   const std::string init_from = c.get_string("init_from"), hf_config = c.get_string("hf_config");
   if (!init_from.empty() && !hf_config.empty())

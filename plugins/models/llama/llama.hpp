@@ -114,7 +114,8 @@ struct Llama {
   Arch a;
   int64_t max_batch = 0, data_T = 0;
   bool recompute = false;
-  std::string init_weights;  // init_from's safetensors ("" without)
+  bool recompute_swiglu = false;  // model.recompute_swiglu, resolved (never with recompute)
+  std::string init_weights;       // init_from's safetensors ("" without)
   // init_from's directory, or hf_config's: the tokenizer files there go
   // with a Hugging Face export ("" without either).
   std::string source_dir;
@@ -153,6 +154,8 @@ struct Llama {
   int64_t lowest_trainable_stage = 0;
 
   uint32_t L() const { return static_cast<uint32_t>(a.layers); }
+  // Whether the layers share one swiglu output buffer (plan_memory).
+  bool share_act() const { return recompute_swiglu; }
   int64_t C() const { return a.width; }
   int64_t QD() const { return a.heads * a.head_dim; }
   int64_t KD() const { return a.kv_heads * a.head_dim; }

@@ -57,6 +57,11 @@ const tsr_param_decl kParams[] = {
                "\"model.layers.0.*\"]"),
     sdk::param("recompute", TSR_PARAM_BOOL, "false",
                "Keep only each layer's input and recompute its activations in backward"),
+    sdk::param_choice("recompute_swiglu", "\"auto\"",
+                      "without recompute: always = one SwiGLU output for all layers, computed "
+                      "again in backward (less memory for an elementwise pass a layer); never = "
+                      "each layer keeps its own; auto = always on GPUs, never on the CPU",
+                      "auto|always|never"),
     sdk::param_min("init_std", TSR_PARAM_FLOAT, "0",
                    "std of the initial matrices; 0: config.json's initializer_range, else 0.02",
                    0.0),
