@@ -15,47 +15,15 @@ namespace tessera::gpt2 {
 // Checks the batch and returns its sequence length. predict passes
 // with_targets = false: its targets may be absent and are not read.
 int64_t Gpt2::check_batch(const tsr_batch *batch, bool with_targets) const {
-  if (!batch) throw Error(TSR_ERR_INVALID, "gpt2: batch is NULL");
-  const int64_t n = batch->size;
-  if (n < 0 || n > max_batch)
-    throw Error(TSR_ERR_INVALID, "gpt2: batch of " + std::to_string(n) +
-                                     " sequences; the model was built for at most " +
-                                     std::to_string(max_batch));
-  if (n == 0) return 0;
   // ABI 1.8 packed sequences: gpt2 would attend across the examples.
-  if (TSR_HAS_FIELD(batch, tsr_batch, positions) && batch->positions.data)
+  if (batch && batch->size > 0 && TSR_HAS_FIELD(batch, tsr_batch, positions) &&
+      batch->positions.data)
     throw Error(TSR_ERR_UNSUPPORTED,
                 "gpt2: the batch holds packed sequences (positions, the tokens dataset's pack = "
                 "true); gpt2 does not keep attention inside each example: use pack = false, or "
                 "the llama model");
-  const DLTensor &x = batch->inputs, &y = batch->targets;
-  for (const DLTensor *t : {&x, &y}) {
-    if (t == &y && !with_targets) break;
-    const char *what = t == &x ? "inputs" : "targets";
-    if (!is_i32(t->dtype))
-      throw Error(TSR_ERR_INVALID, std::string("gpt2: batch ") + what +
-                                       " must be int32 token ids, got " + dtype_name(t->dtype));
-    if (t->ndim != 2 || !t->shape || t->shape[0] != n)
-      throw Error(TSR_ERR_INVALID, std::string("gpt2: batch ") + what + " are " +
-                                       (t->shape ? shape_str(t->shape, t->ndim) : "?") +
-                                       ", expected [" + std::to_string(n) + ", T]");
-    if (t->device.device_type != device.device_type || t->device.device_id != device.device_id)
-      throw Error(TSR_ERR_INVALID,
-                  std::string("gpt2: batch ") + what + " are not on the model's device");
-    if (t->strides && ((t->shape[1] != 1 && t->strides[1] != 1) ||
-                       (t->shape[0] != 1 && t->strides[0] != t->shape[1])))
-      throw Error(TSR_ERR_INVALID,
-                  std::string("gpt2: batch ") + what + " must be contiguous row-major");
-  }
-  const int64_t T = x.shape[1];
-  if (with_targets && y.shape[1] != T)
-    throw Error(TSR_ERR_INVALID, "gpt2: batch targets have " + std::to_string(y.shape[1]) +
-                                     " tokens per sequence, inputs " + std::to_string(T));
-  if (T < 1 || T > d.context)
-    throw Error(TSR_ERR_INVALID, "gpt2: sequences of " + std::to_string(T) +
-                                     " tokens; the model's context is " +
-                                     std::to_string(d.context));
-  return T;
+  return sdk::check_token_batch("gpt2", batch, with_targets, max_batch, device, d.context,
+                                "context");
 }
 
 // ---- forward ----------------------------------------------------------------

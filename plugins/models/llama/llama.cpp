@@ -14,40 +14,10 @@ namespace tessera::llama {
 
 int64_t Llama::check_batch(const tsr_batch *batch, bool with_targets) {
   packed = false;
-  if (!batch) throw Error(TSR_ERR_INVALID, "llama: batch is NULL");
+  const int64_t T =
+      sdk::check_token_batch("llama", batch, with_targets, max_batch, device, a.max_seq, "max_seq");
+  if (T == 0) return 0;
   const int64_t n = batch->size;
-  if (n < 0 || n > max_batch)
-    throw Error(TSR_ERR_INVALID, "llama: batch of " + std::to_string(n) +
-                                     " sequences; the model was built for at most " +
-                                     std::to_string(max_batch));
-  if (n == 0) return 0;
-  for (const DLTensor *t : {&batch->inputs, &batch->targets}) {
-    if (t == &batch->targets && !with_targets) break;
-    const char *what = t == &batch->inputs ? "inputs" : "targets";
-    if (!same_dtype(t->dtype, sdk::dtype_i32()))
-      throw Error(TSR_ERR_INVALID, std::string("llama: batch ") + what +
-                                       " must be int32 token ids, got " + dtype_name(t->dtype));
-    if (t->ndim != 2 || !t->shape || t->shape[0] != n)
-      throw Error(TSR_ERR_INVALID, std::string("llama: batch ") + what + " are " +
-                                       (t->shape ? shape_str(t->shape, t->ndim) : "?") +
-                                       ", expected [" + std::to_string(n) + ", T]");
-    if (t->device.device_type != device.device_type || t->device.device_id != device.device_id)
-      throw Error(TSR_ERR_INVALID,
-                  std::string("llama: batch ") + what + " are not on the model's device");
-    if (t->strides && ((t->shape[1] != 1 && t->strides[1] != 1) ||
-                       (t->shape[0] != 1 && t->strides[0] != t->shape[1])))
-      throw Error(TSR_ERR_INVALID,
-                  std::string("llama: batch ") + what + " must be contiguous row-major");
-  }
-  const int64_t T = batch->inputs.shape[1];
-  if (with_targets && batch->targets.shape[1] != T)
-    throw Error(TSR_ERR_INVALID, "llama: batch targets have " +
-                                     std::to_string(batch->targets.shape[1]) +
-                                     " tokens per sequence, inputs " + std::to_string(T));
-  if (T < 1 || T > a.max_seq)
-    throw Error(TSR_ERR_INVALID, "llama: sequences of " + std::to_string(T) +
-                                     " tokens; the model's max_seq is " +
-                                     std::to_string(a.max_seq));
   check_positions(batch, n, T);
   return T;
 }

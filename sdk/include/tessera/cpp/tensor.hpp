@@ -1,7 +1,8 @@
 // Tensor helpers for model plugins written on the ops table: a DLTensor view
 // that owns its shape, the checked view of a parameter or gradient the host
 // hands out for a step, and the last copy of predict's logits into the
-// caller's float32 tensor. Header-only; the gpt2 and llama plugins use them.
+// caller's float32 tensor, and the check of a batch of token sequences.
+// Header-only; the gpt2 and llama plugins use them.
 #pragma once
 
 #include <tessera/tessera.h>
@@ -116,6 +117,49 @@ inline void logits_to_f32(const tsr_host *host, DLDevice device, DLTensor *z, DL
     check(ops->cast(host->ctx, z, zf.get()));
     check(ops->copy(host->ctx, zf.get(), out));
   }
+}
+
+// A language model's batch of `batch->size` token sequences: inputs (and
+// with `with_targets` targets) int32 [n, T], contiguous, on `device`, n at
+// most `max_batch` and T from 1 to `max_len` (`len_key` names the model's
+// key in the message). Returns T (0 for an empty batch); errors start with
+// `who`. predict passes with_targets = false: its targets may be absent.
+inline int64_t check_token_batch(const char *who, const tsr_batch *batch, bool with_targets,
+                                 int64_t max_batch, DLDevice device, int64_t max_len,
+                                 const char *len_key) {
+  const std::string w = who;
+  if (!batch) throw Error(TSR_ERR_INVALID, w + ": batch is NULL");
+  const int64_t n = batch->size;
+  if (n < 0 || n > max_batch)
+    throw Error(TSR_ERR_INVALID, w + ": batch of " + std::to_string(n) +
+                                     " sequences; the model was built for at most " +
+                                     std::to_string(max_batch));
+  if (n == 0) return 0;
+  const DLTensor &x = batch->inputs, &y = batch->targets;
+  for (const DLTensor *t : {&x, &y}) {
+    if (t == &y && !with_targets) break;
+    const std::string what = w + ": batch " + (t == &x ? "inputs" : "targets");
+    if (!same_dtype(t->dtype, dtype_i32()))
+      throw Error(TSR_ERR_INVALID, what + " must be int32 token ids, got " + dtype_name(t->dtype));
+    if (t->ndim != 2 || !t->shape || t->shape[0] != n)
+      throw Error(TSR_ERR_INVALID, what + " are " +
+                                       (t->shape ? shape_str(t->shape, t->ndim) : "?") +
+                                       ", expected [" + std::to_string(n) + ", T]");
+    if (t->device.device_type != device.device_type || t->device.device_id != device.device_id)
+      throw Error(TSR_ERR_INVALID, what + " are not on the model's device");
+    if (t->strides && ((t->shape[1] != 1 && t->strides[1] != 1) ||
+                       (t->shape[0] != 1 && t->strides[0] != t->shape[1])))
+      throw Error(TSR_ERR_INVALID, what + " must be contiguous row-major");
+  }
+  const int64_t T = x.shape[1];
+  if (with_targets && y.shape[1] != T)
+    throw Error(TSR_ERR_INVALID, w + ": batch targets have " + std::to_string(y.shape[1]) +
+                                     " tokens per sequence, inputs " + std::to_string(T));
+  if (T < 1 || T > max_len)
+    throw Error(TSR_ERR_INVALID, w + ": sequences of " + std::to_string(T) +
+                                     " tokens; the model's " + len_key + " is " +
+                                     std::to_string(max_len));
+  return T;
 }
 
 }  // namespace tessera::sdk
