@@ -138,6 +138,20 @@ void gather(const V4 &X, int64_t b, int64_t h, const Dims &d, float *dst) {
   }
 }
 
+// Head (b, h) of X as rows of D floats `ld` apart: in place where X is
+// contiguous along D (every layout the models use: the gemms read it with
+// its row stride), else gathered into `dst` as a compact [T][D].
+struct Head {
+  const float *p;
+  int64_t ld;
+};
+
+Head head_of(const V4 &X, int64_t b, int64_t h, const Dims &d, float *dst) {
+  if (X.sd == 1) return Head{X.row(b, 0, h), X.st};
+  gather(X, b, h, d, dst);
+  return Head{dst, d.D};
+}
+
 // Row t of head (b, h) of X = src[0..D) * mul: the way back.
 void put_row(const V4 &X, int64_t b, int64_t t, int64_t h, int64_t D, const float *src, float mul) {
   float *r = X.row(b, t, h);
@@ -247,16 +261,16 @@ void forward_head(const V4 &Q, const V4 &K, const V4 &Vv, const V4 &O, float *L,
   const int64_t T = d.T, D = d.D, tile = std::min(kTile, T);
   float *q = scratch(static_cast<size_t>(3 * T * D + tile * T + tile * D + tile));
   float *k = q + T * D, *v = k + T * D, *s = v + T * D, *o = s + tile * T, *inv = o + tile * D;
-  gather(Q, b, h, d, q);
-  gather(K, b, h / (d.H / d.Hk), d, k);
-  gather(Vv, b, h / (d.H / d.Hk), d, v);
+  const Head qh = head_of(Q, b, h, d, q), kh = head_of(K, b, h / (d.H / d.Hk), d, k),
+             vh = head_of(Vv, b, h / (d.H / d.Hk), d, v);
   float *lse = L + (b * d.H + h) * T;
   for (int64_t r0 = 0; r0 < T; r0 += tile) {
     const int64_t r1 = std::min(T, r0 + tile), rows = r1 - r0;
     const int64_t k0 = tile_first_key(start, r0, r1), keys = r1 - k0;
-    sgemm(false, true, rows, keys, D, scale, q + r0 * D, D, k + k0 * D, D, 0.0f, s, keys);
+    sgemm(false, true, rows, keys, D, scale, qh.p + r0 * qh.ld, qh.ld, kh.p + k0 * kh.ld, kh.ld,
+          0.0f, s, keys);
     softmax_rows(s, r0, r1, k0, keys, start, lse, inv);
-    sgemm(false, false, rows, D, keys, 1.0f, s, keys, v + k0 * D, D, 0.0f, o, D);
+    sgemm(false, false, rows, D, keys, 1.0f, s, keys, vh.p + k0 * vh.ld, vh.ld, 0.0f, o, D);
     for (int64_t t = r0; t < r1; t++) put_row(O, b, t, h, D, o + (t - r0) * D, inv[t - r0]);
   }
 }
@@ -270,26 +284,25 @@ void backward_group(const V4 &Q, const V4 &K, const V4 &Vv, const V4 &O, const V
   float *q = scratch(static_cast<size_t>(6 * T * D + 2 * tile * T + tile * D + tile));
   float *k = q + T * D, *v = k + T * D, *dout = v + T * D, *dk = dout + T * D, *dv = dk + T * D;
   float *s = dv + T * D, *dp = s + tile * T, *dq = dp + tile * T, *di = dq + tile * D;
-  gather(K, b, hk, d, k);
-  gather(Vv, b, hk, d, v);
+  const Head kh = head_of(K, b, hk, d, k), vh = head_of(Vv, b, hk, d, v);
   for (int64_t i = 0; i < 2 * T * D; i++) dk[i] = 0.0f;  // dk and dv, adjacent
   for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
-    gather(Q, b, h, d, q);
-    gather(dO, b, h, d, dout);
+    const Head qh = head_of(Q, b, h, d, q), oh = head_of(dO, b, h, d, dout);
     const float *lse = L + (b * d.H + h) * T;
     for (int64_t r0 = 0; r0 < T; r0 += tile) {
       const int64_t r1 = std::min(T, r0 + tile), rows = r1 - r0;
       const int64_t k0 = tile_first_key(start, r0, r1), keys = r1 - k0;
       // Di = dO_t . O_t, the softmax's own gradient correction.
-      for (int64_t t = r0; t < r1; t++) di[t - r0] = dot_row(O, b, t, h, D, dout + t * D);
-      const float *kk = k + k0 * D, *vk = v + k0 * D;
-      sgemm(false, true, rows, keys, D, scale, q + r0 * D, D, kk, D, 0.0f, s, keys);
-      sgemm(false, true, rows, keys, D, 1.0f, dout + r0 * D, D, vk, D, 0.0f, dp, keys);
-      softmax_grad_rows(s, dp, r0, r1, k0, keys, start, lse, di, scale);       // s = P, dp = dS
-      sgemm(false, false, rows, D, keys, 1.0f, dp, keys, kk, D, 0.0f, dq, D);  // dQ = dS K
-      sgemm(true, false, keys, D, rows, 1.0f, dp, keys, q + r0 * D, D, 1.0f, dk + k0 * D,
+      for (int64_t t = r0; t < r1; t++) di[t - r0] = dot_row(O, b, t, h, D, oh.p + t * oh.ld);
+      const float *kk = kh.p + k0 * kh.ld, *vk = vh.p + k0 * vh.ld;
+      const float *qr = qh.p + r0 * qh.ld, *dor = oh.p + r0 * oh.ld;
+      sgemm(false, true, rows, keys, D, scale, qr, qh.ld, kk, kh.ld, 0.0f, s, keys);
+      sgemm(false, true, rows, keys, D, 1.0f, dor, oh.ld, vk, vh.ld, 0.0f, dp, keys);
+      softmax_grad_rows(s, dp, r0, r1, k0, keys, start, lse, di, scale);           // s = P, dp = dS
+      sgemm(false, false, rows, D, keys, 1.0f, dp, keys, kk, kh.ld, 0.0f, dq, D);  // dQ = dS K
+      sgemm(true, false, keys, D, rows, 1.0f, dp, keys, qr, qh.ld, 1.0f, dk + k0 * D,
             D);  // dK += dS^T Q
-      sgemm(true, false, keys, D, rows, 1.0f, s, keys, dout + r0 * D, D, 1.0f, dv + k0 * D,
+      sgemm(true, false, keys, D, rows, 1.0f, s, keys, dor, oh.ld, 1.0f, dv + k0 * D,
             D);  // dV += P^T dO
       for (int64_t t = r0; t < r1; t++) put_row(dQ, b, t, h, D, dq + (t - r0) * D, 1.0f);
     }
