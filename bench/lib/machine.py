@@ -215,6 +215,21 @@ def _load_txt(l):
         f" ({l['running']} runnable/total)" if "running" in l else "")
 
 
+def markdown_of(work):
+    """The environment section from WORK/env-before.json and env-after.json
+    (what `harness env` wrote), after a blank line; [] when the before
+    snapshot is missing or unreadable."""
+    def read(name):
+        try:
+            with open(os.path.join(work, name)) as f:
+                text = f.read().strip()
+            return json.loads(text.splitlines()[-1]) if text else {}
+        except (OSError, ValueError, IndexError):
+            return {}
+    before = read("env-before.json")
+    return [""] + markdown(before, read("env-after.json") or None) if before else []
+
+
 def markdown(before, after=None):
     """The environment section: a list of lines."""
     c, b, g = before["cpu"], before["openblas"], before.get("gpu")

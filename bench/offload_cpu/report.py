@@ -107,9 +107,7 @@ def main(argv):
         out.append("- offload cpu: skipped")
     for e in refused:
         out.append(f"- refused: {e}")
-    before = load(os.path.join(work, "env-before.json"))
-    if before:
-        out += [""] + machine.markdown(before, load(os.path.join(work, "env-after.json")) or None)
+    out += machine.markdown_of(work)
     print("\n".join(out))
     return 1 if refused else 0
 

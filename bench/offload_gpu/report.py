@@ -148,9 +148,7 @@ def main(argv=None):
             for line in open(log):
                 if "offload cpu (rank 0)" in line or "ratio = \"auto\"" in line:
                     out.append(f"- {name}: {line.strip()}")
-    before = load_json(os.path.join(w, "env-before.json"))
-    if before:
-        out += [""] + machine.markdown(before, load_json(os.path.join(w, "env-after.json")) or None)
+    out += machine.markdown_of(w)
     print("\n".join(out))
     return 1 if refused else 0
 

@@ -138,9 +138,7 @@ def main(argv):
                               r"ratio = \"auto\"|summary|throughput|peak memory|time \(rank", l)]
         if lines:
             out += ["", "```"] + lines[:24] + ["```"]
-    before = load_json(os.path.join(work, "env-before.json"))
-    if before:
-        out += [""] + machine.markdown(before, load_json(os.path.join(work, "env-after.json")) or None)
+    out += machine.markdown_of(work)
     print("\n".join(out))
     return 1 if refused else 0
 

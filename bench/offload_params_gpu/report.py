@@ -292,10 +292,7 @@ def main(argv=None):
             for line in open(log, errors="replace"):
                 if "parameters of rank 0" in line or "expected" in line:
                     out.append(f"- {name}: {line.strip()}")
-    before = load_json(os.path.join(a.work, "env-before.json"))
-    if before:
-        out += [""] + machine.markdown(before, load_json(os.path.join(a.work, "env-after.json"))
-                                       or None)
+    out += machine.markdown_of(a.work)
     print("\n".join(out))
     return 1 if refused else 0
 
