@@ -153,10 +153,7 @@ std::unique_ptr<Cpu> build(const tsr_host *host, const tsr_config *cfg) {
   s->params_where = parse_params_home(c.get_string("params"), kWho, false);
   s->speculation_memory = c.get_string("speculation_memory");
   s->speculation_worst_case = c.get_bool("speculation_worst_case");
-  const std::string policy = c.get_string("speculation");
-  if (policy != "adaptive" && policy != "always")
-    throw Error(TSR_ERR_CONFIG, fmt("%s: speculation = \"%s\": expected \"adaptive\" or \"always\"",
-                                    kWho, policy.c_str()));
+  const std::string policy = c.get_string("speculation");  // a choice, checked by the host
   s->speculation_adaptive = policy == "adaptive";
   uint64_t bytes = 0;
   if (s->speculation_memory != "auto" && s->speculation_memory != "0" &&
@@ -417,11 +414,12 @@ const tsr_param_decl kParams[] = {
                          "host memory left), 0 (each update waits for the norm), bytes or a size "
                          "(\"8GiB\")",
                          0, 1e18, "auto|#|*"),
-    sdk::param("speculation", TSR_PARAM_STRING, "\"adaptive\"",
-               "with gradient clipping or fp16: \"adaptive\" (a step after one whose norm "
-               "clipped or overflowed holds its ranges for the norm instead of stepping them "
-               "ahead, since they would likely be redone) or \"always\" (every step steps "
-               "ahead what the undo space holds)"),
+    sdk::param_choice("speculation", "\"adaptive\"",
+                      "with gradient clipping or fp16: adaptive = a step after one whose norm "
+                      "clipped or overflowed holds its ranges for the norm instead of stepping "
+                      "them ahead, since they would likely be redone; always = every step steps "
+                      "ahead what the undo space holds",
+                      "adaptive|always"),
     sdk::param("speculation_worst_case", TSR_PARAM_BOOL, "false",
                "for tests and measurements: the norm's verdict waits until every range handed "
                "over has been stepped ahead, so every clipped step is redone in full"),
