@@ -266,6 +266,15 @@ def load_json(path):
         return json.loads(text.splitlines()[-1])
 
 
+def load_json_or_empty(path):
+    """load_json, or {} where the file is missing, empty or not JSON (an
+    anchor that did not run)."""
+    try:
+        return load_json(path)
+    except (OSError, ValueError, IndexError):
+        return {}
+
+
 def tessera_runs(work, prefix, reps, warmup_steps, what, refused):
     """The figure (samples/s) and peak memory of the tessera runs
     WORK/{prefix}r1..rREPS (each a run.dir: metrics.jsonl, summary.json), as

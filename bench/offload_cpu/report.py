@@ -22,11 +22,7 @@ from harness import BenchError, Sample  # noqa: E402
 CAP_WARMUP = 3
 
 
-def load(path):
-    try:
-        return harness.load_json(path)
-    except (OSError, ValueError, IndexError):
-        return {}
+load = harness.load_json_or_empty  # {} where an anchor or a run left nothing
 
 
 def windows_figure(j, prefix):

@@ -13,7 +13,6 @@ figure is refused (its row says why).
 """
 import argparse
 import datetime
-import json
 import os
 import sys
 
@@ -25,12 +24,7 @@ from harness import BenchError, breakdowns, mean_part  # noqa: E402
 TOKENS = 1024  # per sample
 
 
-def load_json(path):
-    try:
-        text = open(path).read().strip()
-        return json.loads(text.splitlines()[-1]) if text else {}
-    except (OSError, ValueError, IndexError):
-        return {}
+load_json = harness.load_json_or_empty  # {} where an anchor or a run left nothing
 
 
 def vs(a, b):
