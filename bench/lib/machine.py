@@ -219,15 +219,11 @@ def markdown_of(work):
     """The environment section from WORK/env-before.json and env-after.json
     (what `harness env` wrote), after a blank line; [] when the before
     snapshot is missing or unreadable."""
-    def read(name):
-        try:
-            with open(os.path.join(work, name)) as f:
-                text = f.read().strip()
-            return json.loads(text.splitlines()[-1]) if text else {}
-        except (OSError, ValueError, IndexError):
-            return {}
-    before = read("env-before.json")
-    return [""] + markdown(before, read("env-after.json") or None) if before else []
+    from harness import load_json_or_empty  # harness imports this module only in its main
+
+    before = load_json_or_empty(os.path.join(work, "env-before.json"))
+    after = load_json_or_empty(os.path.join(work, "env-after.json"))
+    return [""] + markdown(before, after or None) if before else []
 
 
 def markdown(before, after=None):

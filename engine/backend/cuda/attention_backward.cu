@@ -20,8 +20,8 @@
 // window [window_start, i]: the tensor-core kernel's DOC instantiation
 // keeps the window starts of its query blocks beside lse and Di, masks
 // every block, and ends each key block's walk at the last query whose
-// window reaches it (packed examples: the end of its document); the fp32 kernels mask per pair and
-// skip tiles wholly before a query's window.
+// window reaches it (packed examples: the end of its document); the fp32
+// kernels mask per pair and skip tiles wholly before a query's window.
 #include <mutex>
 
 #include "backend/cuda/attention.cuh"

@@ -20,6 +20,15 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// One element: x * scale where the word keeps it, added to beta * y unless
+// beta is 0 (y then unread). Rounded products and sums (no contraction
+// into FMA), as the CPU op.
+__device__ __forceinline__ float dropped(uint32_t w, float x, float p, float scale, float beta,
+                                         float y) {
+  const float kept = philox::uniform24(w) >= p ? __fmul_rn(x, scale) : 0.0f;
+  return beta == 0.0f ? kept : __fadd_rn(__fmul_rn(beta, y), kept);
+}
+
 template <typename T>
 __global__ void dropout_kernel(const T *x, T *y, int64_t n, float p, float scale, float beta,
                                uint64_t seed, uint64_t stream) {
@@ -30,9 +39,8 @@ __global__ void dropout_kernel(const T *x, T *y, int64_t n, float p, float scale
     for (int k = 0; k < 4; k++) {
       const int64_t i = q * 4 + k;
       if (i >= n) break;
-      // Rounded products and sums (no contraction into FMA), as the CPU op.
-      const float kept = philox::uniform24(b.w[k]) >= p ? __fmul_rn(to_f(x[i]), scale) : 0.0f;
-      y[i] = from_f<T>(beta == 0.0f ? kept : __fadd_rn(__fmul_rn(beta, to_f(y[i])), kept));
+      y[i] =
+          from_f<T>(dropped(b.w[k], to_f(x[i]), p, scale, beta, beta == 0.0f ? 0.0f : to_f(y[i])));
     }
   }
 }
@@ -52,21 +60,11 @@ __global__ void dropout_quad_kernel(const Quad<T> *x, Quad<T> *y, int64_t quads,
                                     float scale, float beta, uint64_t seed, uint64_t stream) {
   for (int64_t q = global_thread(); q < quads; q += global_threads()) {
     const philox::Block b = philox::dropout_block(seed, stream, static_cast<uint64_t>(q));
-    const Quad<T> xq = x[q];
+    const Quad<T> xq = x[q], yq = beta == 0.0f ? Quad<T>{} : y[q];
     Quad<T> out;
-    if (beta == 0.0f) {
 #pragma unroll
-      for (int k = 0; k < 4; k++)
-        out.v[k] =
-            from_f<T>(philox::uniform24(b.w[k]) >= p ? __fmul_rn(to_f(xq.v[k]), scale) : 0.0f);
-    } else {
-      const Quad<T> yq = y[q];
-#pragma unroll
-      for (int k = 0; k < 4; k++) {
-        const float kept = philox::uniform24(b.w[k]) >= p ? __fmul_rn(to_f(xq.v[k]), scale) : 0.0f;
-        out.v[k] = from_f<T>(__fadd_rn(__fmul_rn(beta, to_f(yq.v[k])), kept));
-      }
-    }
+    for (int k = 0; k < 4; k++)
+      out.v[k] = from_f<T>(dropped(b.w[k], to_f(xq.v[k]), p, scale, beta, to_f(yq.v[k])));
     y[q] = out;
   }
 }

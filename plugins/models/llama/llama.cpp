@@ -318,7 +318,7 @@ void Llama::layer_backward(tsr_step *step, uint32_t l, const Set &s, int64_t B, 
   // read: by the down weight's gradient, or its adapter's without dropout
   // (with dropout the adapter kept its dropped input).
   const bool reads_act = trains(kDown) || (lora.enabled() && lora.on[kLoraDown] && !lora.dropping);
-  if (share_act() && l + 1 < L() && reads_act)
+  if (recompute_swiglu && l + 1 < L() && reads_act)
     check(ops->swiglu_forward(ctx, gate.get(), up.get(), act_v.get()));
   weight_grad(kDown, dres_v, act_v);
   DLTensor w = W(kDown);

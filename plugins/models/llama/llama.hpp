@@ -154,8 +154,6 @@ struct Llama {
   int64_t lowest_trainable_stage = 0;
 
   uint32_t L() const { return static_cast<uint32_t>(a.layers); }
-  // Whether the layers share one swiglu output buffer (plan_memory).
-  bool share_act() const { return recompute_swiglu; }
   int64_t C() const { return a.width; }
   int64_t QD() const { return a.heads * a.head_dim; }
   int64_t KD() const { return a.kv_heads * a.head_dim; }

@@ -22,13 +22,13 @@ void Llama::plan_memory() {
   resid.clear();
   for (uint32_t l = 0; l <= L(); ++l) resid.push_back(take(x, R * C));
   sets.assign(recompute ? 1 : L(), Set{});
-  // On a GPU swiglu's output, [R, intermediate], is one buffer for every
-  // layer: the down projection's weight gradient reads it again from gate
-  // and up (layer_backward), an elementwise pass that costs less than
-  // keeping it (a Llama-3.2-1B step at 4 x 2048: 2 GiB for 2.6 ms in 130
-  // ms). On the CPU, where memory is the cheaper of the two, each layer
-  // keeps its own.
-  const size_t act_shared = share_act() ? take(x, R * F) : 0;
+  // With recompute_swiglu (by default on GPUs) swiglu's output, [R,
+  // intermediate], is one buffer for every layer: the down projection's
+  // weight gradient reads it again from gate and up (layer_backward), an
+  // elementwise pass that costs less than keeping it (a Llama-3.2-1B step
+  // at 4 x 2048: 2 GiB for 2.6 ms in 130 ms). On the CPU, where memory is
+  // the cheaper of the two, each layer keeps its own by default.
+  const size_t act_shared = recompute_swiglu ? take(x, R * F) : 0;
   for (Set &e : sets) {
     e.h1 = take(x, R * C);
     e.qraw = a.qk_norm ? take(x, R * Q) : 0;
@@ -41,7 +41,7 @@ void Llama::plan_memory() {
     e.h2 = take(x, R * C);
     e.gate = take(x, R * F);
     e.up = take(x, R * F);
-    e.act = share_act() ? act_shared : take(x, R * F);
+    e.act = recompute_swiglu ? act_shared : take(x, R * F);
     e.rstd1 = take(s, R);
     e.rstd2 = take(s, R);
     e.rstdq = a.qk_norm ? take(s, R * Hq) : 0;
