@@ -1,6 +1,7 @@
 // The overlapped host update (pipeline.hpp).
 #include "pipeline.hpp"
 
+#include <algorithm>
 #include <chrono>
 
 namespace tessera::offload {
@@ -94,6 +95,8 @@ void HostPipeline::push(Job j, bool copy_grads) {
 #else
   (void)copy_grads;
 #endif
+  pos_.push_back(order_.size());
+  order_.push_back(jobs_.size());
   jobs_.push_back(std::move(j));
 }
 
@@ -103,11 +106,13 @@ void HostPipeline::serve() {
 #endif
   std::unique_lock<std::mutex> lk(mu_);
   for (;;) {
-    work_.wait(lk, [&] { return stop_ || next_ < jobs_.size(); });
+    work_.wait(lk, [&] { return stop_ || next_ < order_.size(); });
     if (stop_) return;
-    Job &j = jobs_[next_];
-    if (!take(j, lk)) return;
-    const size_t k = next_++;
+    const size_t k = order_[next_];
+    Job &j = jobs_[k];
+    // Held for the verdict: look again, the order may have changed since.
+    if (!admit(j, lk)) continue;
+    ++next_;
     void *events = nullptr, *of_events = nullptr;
 #if TSR_PLUGIN_CUDA
     if (s_.cuda) {
@@ -127,12 +132,13 @@ void HostPipeline::serve() {
   }
 }
 
-// Decides how the dispatcher runs job j (under mu_, which it may release
-// while it waits): a range of an open speculative round is stepped ahead
-// where the undo space has room for its pre-step values, else held until
-// the verdict; once the verdict is known, a range not yet stepped takes
-// its scale (or is skipped). Returns false when the pipeline stops.
-bool HostPipeline::take(Job &j, std::unique_lock<std::mutex> &lk) {
+// Decides how the dispatcher runs job j, the next in order (under mu_,
+// which it may release while it waits): a range of an open speculative
+// round is stepped ahead where the undo space has room for its pre-step
+// values; else the dispatcher waits for the verdict and returns false, to
+// take whatever is first by then. Once the verdict is known, a range not
+// yet stepped takes its scale (or is skipped).
+bool HostPipeline::admit(Job &j, std::unique_lock<std::mutex> &lk) {
   if (!j.spec) return true;
   if (!verdict_known_) {
     const UndoLayout l{j.u.count, s_.state_count, may_skip_ ? dtype_bytes(s_.compute_dtype) : 0};
@@ -147,11 +153,44 @@ bool HostPipeline::take(Job &j, std::unique_lock<std::mutex> &lk) {
     work_.wait(lk, [&] { return stop_ || verdict_known_; });
     holding_ = kNoUndo;
     spec_.held_s += seconds_since(t0);
-    if (stop_) return false;
+    return false;
   }
   if (verdict_ == TSR_SPECULATE_RESTEP) j.u.grad_scale = verdict_scale_;
   j.skip = verdict_ == TSR_SPECULATE_SKIP;
   return true;
+}
+
+// Puts the jobs not yet taken in the order the last step's forward asked
+// for their ranges (under mu_); ranges it did not ask for keep their order,
+// after the others. Once per step: the order does not change within one.
+void HostPipeline::order_as_demanded() {
+  if (ordered_ || next_ >= order_.size() || last_demanded_.empty()) return;
+  ordered_ = true;
+  auto rank = [&](size_t k) {  // last_demanded_.size() where not asked for
+    return static_cast<size_t>(
+        std::find(last_demanded_.begin(), last_demanded_.end(), jobs_[k].u.offset) -
+        last_demanded_.begin());
+  };
+  std::stable_sort(order_.begin() + static_cast<std::ptrdiff_t>(next_), order_.end(),
+                   [&](size_t a, size_t b) { return rank(a) < rank(b); });
+  for (size_t p = next_; p < order_.size(); ++p) pos_[order_[p]] = p;
+}
+
+// The host waits for job k (under mu_): if it has not started it goes
+// next; a wait for its parameters (the next forward's) is noted for the
+// next step's order.
+void HostPipeline::demand(size_t k, bool params) {
+  Job &j = jobs_[k];
+  if (params && !j.demanded && !j.fix) {
+    j.demanded = true;
+    demanded_.push_back(j.u.offset);
+  }
+  const size_t p = pos_[k];
+  if (p <= next_) return;  // started, or next already
+  std::rotate(order_.begin() + static_cast<std::ptrdiff_t>(next_),
+              order_.begin() + static_cast<std::ptrdiff_t>(p),
+              order_.begin() + static_cast<std::ptrdiff_t>(p) + 1);
+  for (size_t q = next_; q <= p; ++q) pos_[order_[q]] = q;
 }
 
 // The host update of job j's range: its master, state, gradients and where
@@ -243,9 +282,9 @@ void HostPipeline::raise(const Job &j) const {
 }
 
 void HostPipeline::wait_done(size_t k, std::unique_lock<std::mutex> &lk) {
-  // A range at or after the one the dispatcher holds for the verdict
+  // A range at or after the position the dispatcher holds for the verdict
   // cannot finish before spec_resolve: say so instead of waiting for ever.
-  auto stuck = [&] { return !verdict_known_ && holding_ <= k; };
+  auto stuck = [&] { return !verdict_known_ && holding_ <= pos_[k]; };
   done_.wait(lk, [&] { return jobs_[k].done || stuck(); });
   if (!jobs_[k].done)
     throw sdk::Error(TSR_ERR_INTERNAL,
@@ -255,24 +294,30 @@ void HostPipeline::wait_done(size_t k, std::unique_lock<std::mutex> &lk) {
   if (jobs_[k].status != TSR_OK) raise(jobs_[k]);
 }
 
-void HostPipeline::wait_range(size_t offset, size_t count) {
-  std::unique_lock<std::mutex> lk(mu_);
-  for (size_t k = 0; k < jobs_.size(); ++k) {
-    const RangeUpdate &r = jobs_[k].u;
-    if (r.offset < offset + count && r.offset + r.count > offset) wait_done(k, lk);
-  }
-}
-
-void HostPipeline::wait_params(size_t offset, size_t count) {
-  // Offloaded parameters go to the device only when fetched, after this.
-  if (s_.params_home) return wait_range(offset, count);
-  std::unique_lock<std::mutex> lk(mu_);
+std::vector<size_t> HostPipeline::overlapping(size_t offset, size_t count, bool params) {
+  std::vector<size_t> ks;
+  if (params) order_as_demanded();
   for (size_t k = 0; k < jobs_.size(); ++k) {
     const RangeUpdate &r = jobs_[k].u;
     if (r.offset >= offset + count || r.offset + r.count <= offset) continue;
+    demand(k, params);
+    ks.push_back(k);
+  }
+  return ks;
+}
+
+void HostPipeline::wait_range(size_t offset, size_t count) {
+  std::unique_lock<std::mutex> lk(mu_);
+  for (size_t k : overlapping(offset, count, false)) wait_done(k, lk);
+}
+
+void HostPipeline::wait_params(size_t offset, size_t count) {
+  std::unique_lock<std::mutex> lk(mu_);
+  for (size_t k : overlapping(offset, count, true)) {
     wait_done(k, lk);
 #if TSR_PLUGIN_CUDA
-    if (s_.cuda)
+    // Offloaded parameters go to the device only when fetched, after this.
+    if (s_.cuda && !s_.params_home)
       cuda_check(
           cudaStreamWaitEvent(static_cast<cudaStream_t>(s_.host->compute_stream), events_[k][3], 0),
           s_.who, "wait for the upload");
@@ -302,8 +347,9 @@ void HostPipeline::retire() {
   for (size_t k = 0; k < jobs_.size(); ++k) wait_done(k, lk);
 #if TSR_PLUGIN_CUDA
   if (s_.cuda && !jobs_.empty()) {
+    // Uploads queue in the order the jobs ran: the last position's is last.
     if (!s_.params_home)
-      cuda_check(cudaEventSynchronize(events_[jobs_.size() - 1][3]), s_.who, "upload");
+      cuda_check(cudaEventSynchronize(events_[order_.back()][3]), s_.who, "upload");
     for (size_t k = 0; k < jobs_.size(); ++k) {
       float d2h = 0, h2d = 0;
       if (cudaEventElapsedTime(&d2h, events_[k][0], events_[k][1]) == cudaSuccess)
@@ -316,7 +362,12 @@ void HostPipeline::retire() {
   }
 #endif
   jobs_.clear();
+  order_.clear();
+  pos_.clear();
   next_ = 0;
+  ordered_ = false;
+  if (!demanded_.empty()) last_demanded_.swap(demanded_);
+  demanded_.clear();
 }
 
 void HostPipeline::flush() {
@@ -367,7 +418,7 @@ void HostPipeline::spec_resolve(int32_t verdict, double grad_scale) {
   if (s_.worst_case)
     done_.wait(lk, [&] {
       for (size_t k = 0; k < jobs_.size(); ++k)
-        if (!jobs_[k].done && holding_ > k) return false;  // the verdict is not known yet
+        if (!jobs_[k].done && holding_ > pos_[k]) return false;  // the verdict is not known yet
       return true;
     });
   if (verdict == TSR_SPECULATE_SKIP && !may_skip_)
@@ -400,6 +451,9 @@ void HostPipeline::spec_resolve(int32_t verdict, double grad_scale) {
     }
   }
   if (any) ++(verdict == TSR_SPECULATE_SKIP ? spec_.restored : spec_.redone);
+  // Every range of the step is in (the norm needed them all): what is left,
+  // held ranges and redos alike, goes in the next forward's order.
+  order_as_demanded();
   lk.unlock();
   work_.notify_all();
 }

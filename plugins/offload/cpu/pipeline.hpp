@@ -19,6 +19,17 @@
 // a staging slot. In a CPU run the same dispatcher updates in place while
 // the main thread goes on to the next forward.
 //
+// The order: ranges come in backward's order, last layer first, and the
+// next forward wants them the other way round. Where the CPU update is the
+// longer part of the step, most ranges are still waiting when that forward
+// begins, and updating them as they came would make the first layer wait
+// for every other. So the dispatcher serves demand: a range the host
+// waits for and that has not started goes next, and once the step's
+// ranges are all in (the verdict of a speculative round, or the first
+// wait of the next forward) the rest are put in the order the last step's
+// forward asked for them. Each range's update depends on its own elements
+// alone, so the order changes no bit.
+//
 // The update math is run_update's (offload_common.hpp): the same chunks and
 // the same optimizer kernel as a synchronous step, so the same bits.
 //
@@ -39,6 +50,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "grad_sink.hpp"
 #include "offload_common.hpp"
@@ -145,11 +157,15 @@ class HostPipeline {
     // a fix job restores job `of`'s, and steps again unless `skip`.
     bool spec = false, fix = false, skip = false;
     size_t undo = kNoUndo, of = 0;
-    double save_s = 0;  // keeping the pre-step values (the threads' time, averaged)
+    double save_s = 0;      // keeping the pre-step values (the threads' time, averaged)
+    bool demanded = false;  // the host has waited for its parameters
   };
   void push(Job j, bool copy_grads);
   void serve();
-  bool take(Job &j, std::unique_lock<std::mutex> &lk);
+  bool admit(Job &j, std::unique_lock<std::mutex> &lk);
+  void order_as_demanded();
+  void demand(size_t k, bool params);
+  std::vector<size_t> overlapping(size_t offset, size_t count, bool params);
   HostUpdate update_of(const Job &j) const;
   void process(Job &j, size_t index, void *events, void *of_events);
   void wait_done(size_t index, std::unique_lock<std::mutex> &lk);
@@ -158,7 +174,15 @@ class HostPipeline {
 
   PipelineSetup s_;
   std::deque<Job> jobs_;  // this step's ranges (references stay valid)
-  size_t next_ = 0;       // the next job the dispatcher takes
+  // The dispatcher takes jobs_[order_[next_]], then the next position;
+  // positions from next_ on may be reordered (order_as_demanded, demand).
+  // pos_ is order_'s inverse.
+  std::vector<size_t> order_, pos_;
+  size_t next_ = 0;
+  // The offsets of this step's and the last step's ranges in the order the
+  // host first waited for their parameters (the next forward's order).
+  std::vector<size_t> demanded_, last_demanded_;
+  bool ordered_ = false;  // this step's pending ranges were put in that order
   int64_t step_ = 0;      // the step the jobs belong to
   bool stop_ = false;
   std::mutex mu_;
@@ -174,7 +198,7 @@ class HostPipeline {
   size_t undo_used_ = 0;
   size_t round_undo_bytes_ = 0;  // this round's undo space (adaptive: 0 after a change)
   int32_t last_verdict_ = TSR_SPECULATE_KEEP;
-  size_t holding_ = kNoUndo;  // the job the dispatcher holds for the verdict
+  size_t holding_ = kNoUndo;  // the position the dispatcher holds for the verdict
   tsr_speculate_stats spec_{};
 #if TSR_PLUGIN_CUDA
   CopyStreams copies_;
