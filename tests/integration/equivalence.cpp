@@ -136,6 +136,7 @@ Trained train_job(const Job &j, bool with_params) {
   // OPENBLAS_CORETYPE=Haswell (an AMD EPYC VM, 2026-12-03) put the
   // stage-2 micro-batch-32 run 24 tolerances off, every other run inside.
   o.env["OPENBLAS_CORETYPE"] = "Sandybridge";
+  for (const auto &[k, v] : j.env) o.env[k] = v;
   const double t0 = now_s();
   t.run = run_cli({"run", "-n", std::to_string(j.world), config.string()}, o);
   std::printf("  %-28s %5.1f s\n", j.name().c_str(), now_s() - t0);

@@ -39,6 +39,7 @@ struct Job {
   // parameter under the model's own names, LoRA adapters too) instead of the
   // model's Hugging Face export where it has one.
   bool own_names = false;
+  std::map<std::string, std::string> env = {};  // more environment for the run (name it with `tag`)
   int accumulation() const { return global / (micro * world); }
   std::string name() const;
 };

@@ -54,6 +54,13 @@ inline void to_compute(const float *src, size_t n, DLDataType t, void *dst) {
 // left, or TESSERA_HOST_MEMORY_AVAILABLE) shared by the ranks on it:
 // refused before anything is allocated, naming both and where the figure
 // came from, rather than an OOM kill mid-run.
+// This rank's part of the host memory available (0: nothing readable).
+inline double host_memory_share(const tsr_host *host) {
+  const sdk::HostMemory avail = sdk::host_memory_available();
+  const uint32_t local = host->run ? std::max<uint32_t>(1, host->run->local_world_size) : 1;
+  return static_cast<double>(avail.bytes) / local;
+}
+
 inline void check_host_memory(const tsr_host *host, const char *who, double bytes,
                               const std::string &what) {
   const sdk::HostMemory avail = sdk::host_memory_available();

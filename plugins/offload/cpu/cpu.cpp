@@ -79,6 +79,9 @@ struct Cpu {
   bool speculation_adaptive = true;  // speculation = "adaptive" (else "always")
 
   size_t n = 0;
+  // The host's arrays hold owned elements [first, n); those below are the
+  // GPU's (ratio "auto" decided at start-up where the host cannot hold all).
+  size_t first = 0;
   const tsr_optimizer_vtable *opt = nullptr;
   void *opt_self = nullptr;
   uint32_t state_count = 0;
@@ -192,15 +195,17 @@ Cpu::~Cpu() {
 std::pair<double, double> allocate(Cpu *s) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
+  const size_t held_here = s->n - s->first;
   for (uint32_t i = 0; i < 1 + s->state_count; ++i) {
-    s->slots.emplace_back(s->host, DLDevice{kDLCPU, 0}, s->n * sizeof(float), TSR_MEM_OPTIMIZER);
+    s->slots.emplace_back(s->host, DLDevice{kDLCPU, 0}, held_here * sizeof(float),
+                          TSR_MEM_OPTIMIZER);
     // Huge pages where the kernel has them: the step streams five arrays,
     // and 4 KiB pages would cost a page walk every 1024 elements of each.
     advise_huge_pages(s->slots.back().get(), s->slots.back().bytes());
     first_touch(*s->pool, s->slots.back().get(), s->slots.back().bytes());
   }
   const auto t1 = Clock::now();
-  const size_t bytes = std::max<size_t>(s->n, 1) * dtype_bytes(s->compute_dtype);
+  const size_t bytes = std::max<size_t>(held_here, 1) * dtype_bytes(s->compute_dtype);
   const bool held = s->params_where != TSR_PARAMS_ON_DEVICE;
   if (s->cuda) {
     const DLDevice mem{s->pin ? kDLCUDAHost : kDLCPU, 0};
@@ -225,7 +230,7 @@ void allocate_undo(Cpu *s) {
   const double cb = static_cast<double>(dtype_bytes(s->compute_dtype));
   // Each range's arrays start 64-byte aligned: 1 MiB covers that slack for
   // any plausible number of ranges.
-  const double whole = s->n * (4.0 * (1 + s->state_count) + cb) + 1048576.0;
+  const double whole = (s->n - s->first) * (4.0 * (1 + s->state_count) + cb) + 1048576.0;
   double bytes = whole;
   if (s->speculation_memory == "0") {
     bytes = 0;
@@ -251,8 +256,9 @@ void log_setup(Cpu *s, std::pair<double, double> took) {
     const char *nm = s->opt->state_name(s->opt_self, i);
     names += (i ? ", " : "") + std::string(nm ? nm : "?");
   }
-  const double state_bytes = 4.0 * (1 + s->state_count) * s->n;
-  const double staging = s->cuda ? 2.0 * s->n * dtype_bytes(s->compute_dtype) : 0.0;
+  const double here = static_cast<double>(s->n - s->first);
+  const double state_bytes = 4.0 * (1 + s->state_count) * here;
+  const double staging = s->cuda ? 2.0 * here * dtype_bytes(s->compute_dtype) : 0.0;
   const uint32_t rank = s->host->run ? s->host->run->rank : 0;
   s->host->log(
       s->host->ctx, TSR_LOG_INFO,
@@ -262,11 +268,12 @@ void log_setup(Cpu *s, std::pair<double, double> took) {
           "ready in %.2f s (state %.2f s, pinning %.2f s); step on the CPU on %u thread(s), "
           "overlapped with the %s%s",
           kWho, rank, s->state_count, s->state_count == 1 ? "" : "s", names.empty() ? "" : " (",
-          names.c_str(), names.empty() ? "" : ")", s->n, mib(state_bytes), mib(staging),
+          names.c_str(), names.empty() ? "" : ")", s->n - s->first, mib(state_bytes), mib(staging),
           s->pin ? "pinned" : "pageable", took.first + took.second, took.first, took.second,
           s->pool->size(), s->cuda ? "GPU" : "forward", s->share.describe().c_str())
           .c_str());
-  const double whole = s->n * (4.0 * (1 + s->state_count) + dtype_bytes(s->compute_dtype));
+  const double whole =
+      (s->n - s->first) * (4.0 * (1 + s->state_count) + dtype_bytes(s->compute_dtype));
   s->host->log(s->host->ctx, TSR_LOG_INFO,
                fmt("%s (rank %u): speculation (clipping, fp16): an undo space of %.2f MiB in "
                    "pageable host memory holds the pre-step values of %s ranges stepped before "
@@ -302,9 +309,19 @@ void Cpu::setup(const tsr_offload_setup *st) {
   pool = std::make_unique<ThreadPool>(threads, pin_threads);
   const double cb = static_cast<double>(dtype_bytes(compute_dtype));
   const bool held = params_where != TSR_PARAMS_ON_DEVICE;
-  check_host_memory(host, kWho, n * (4.0 * (1 + state_count) + (cuda || held ? 2 * cb : 0)),
-                    fmt("the master weights and optimizer state%s of %zu owned elements",
-                        held ? ", the offloaded parameters" : "", n));
+  const double per_element = 4.0 * (1 + state_count) + (cuda || held ? 2 * cb : 0);
+  share.init(host, kWho, st);
+  // ratio "auto" decides after the first step, from its peak; where the
+  // host cannot hold the whole state there would be no first step, so it
+  // decides now and the host holds only the rest.
+  const double host_bytes = host_memory_share(host);
+  if (ratio.automatic && cuda && !held && host_bytes > 0 && n * per_element > host_bytes)
+    first = share.choose_at_start(host_bytes, n * per_element);
+  check_host_memory(
+      host, kWho, (n - first) * per_element,
+      fmt("the master weights and optimizer state%s of %zu owned elements%s",
+          held ? ", the offloaded parameters" : "", n - first,
+          first ? fmt(" (%zu more on the GPU, all that fits there)", first).c_str() : ""));
   const std::pair<double, double> took = allocate(this);
   allocate_undo(this);
   PipelineSetup p;
@@ -322,6 +339,7 @@ void Cpu::setup(const tsr_offload_setup *st) {
   p.params_pinned = params_pinned.as<char>();
   p.grads_host = grads_host.as<char>();
   p.n = n;
+  p.first = first;
   p.undo = undo.as<char>();
   p.undo_bytes = undo.bytes();
   p.worst_case = speculation_worst_case;
@@ -331,7 +349,7 @@ void Cpu::setup(const tsr_offload_setup *st) {
     home.init(kWho, n, compute_dtype, p.params_home, cuda, p.device);
   }
   pipeline = std::make_unique<HostPipeline>(p);
-  share.init(host, kWho, st, p.slots);
+  share.attach_host(p.slots);
   if (!ratio.automatic) share.resize(ratio.fraction);
   log_setup(this, took);
 }
@@ -373,15 +391,20 @@ void Cpu::step(const tsr_offload_step *st) {
 void Cpu::read_state(uint32_t i, size_t offset, size_t count, float *dst) {
   check_range(offset, count);
   float *base = slot(i);
-  // The device share's values live on the device; the rest here.
+  // The device share's values live on the device; the rest here (from
+  // owned element `first` on, which the share covers up to).
   const size_t on_dev = share.read(i, offset, count, dst);
   if (count > on_dev)
-    std::memcpy(dst + on_dev, base + offset + on_dev, (count - on_dev) * sizeof(float));
+    std::memcpy(dst + on_dev, base + (offset + on_dev - first), (count - on_dev) * sizeof(float));
 }
 
 void Cpu::write_state(uint32_t i, size_t offset, size_t count, const float *src) {
   check_range(offset, count);
-  if (count) std::memcpy(slot(i) + offset, src, count * sizeof(float));
+  // The host keeps its copy of what it holds, the device share's too where
+  // it holds it (first = 0).
+  const size_t lo = std::max(offset, first);
+  if (offset + count > lo)
+    std::memcpy(slot(i) + (lo - first), src + (lo - offset), (offset + count - lo) * sizeof(float));
   share.write(i, offset, count, src);
   // Offloaded parameters follow their masters (the initial values, a
   // checkpoint's), once no copy reads the old ones.

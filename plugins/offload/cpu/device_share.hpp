@@ -42,8 +42,7 @@ inline Ratio parse_ratio(const std::string &v, const char *who) {
 
 class DeviceShare {
  public:
-  void init(const tsr_host *host, const char *who, const tsr_offload_setup *st,
-            float *const *host_slots) {
+  void init(const tsr_host *host, const char *who, const tsr_offload_setup *st) {
     host_ = host;
     who_ = who;
     n_ = st->n;
@@ -53,6 +52,10 @@ class DeviceShare {
     opt_ = st->optimizer;
     opt_self_ = st->optimizer_self;
     slots_ = 1 + st->state_count;
+  }
+  // The host's arrays, owned element 0 first (a fixed share copies its
+  // start from them; a CPU run steps its share in them).
+  void attach_host(float *const *host_slots) {
     for (uint32_t i = 0; i < slots_; ++i) host_slot_[i] = host_slots[i];
   }
   bool decided() const { return decided_; }
@@ -89,6 +92,41 @@ class DeviceShare {
             gib(static_cast<double>(m.limit))));
   }
 
+  // ratio = "auto" where the host cannot hold all of the state, so the run
+  // could not reach its first step: the share is chosen at start-up, from
+  // what the device holds now (the weights, the gradients and the model's
+  // activations are allocated by then), less a margin for what a step adds
+  // on top (library workspaces, the loss's temporaries): a sixteenth of
+  // the limit, at least 2 GiB. Its state starts at zero on the device; the
+  // host's write_state brings the initial values. The host's arrays then
+  // hold owned elements [split, n) only. Returns the split; 0, deciding
+  // nothing, where the device reports no limit.
+  size_t choose_at_start(double host_bytes, double host_need) {
+    tsr_device_memory m = sdk::make<tsr_device_memory>();
+    if (!cuda_ || !TSR_HAS_FIELD(host_, tsr_host, device_memory) || !host_->device_memory ||
+        host_->device_memory(host_->ctx, &m) != TSR_OK || m.limit == 0)
+      return 0;
+    const size_t margin = std::max<size_t>(size_t{2} << 30, m.limit / 16);
+    const size_t budget = m.limit > m.in_use + margin ? m.limit - m.in_use - margin : 0;
+    decided_ = true;
+    split_ = std::min(n_, budget / (4 * slots_)) / kAlignElems * kAlignElems;
+    dev_.clear();
+    for (uint32_t i = 0; split_ > 0 && i < slots_; ++i) {
+      dev_.emplace_back(host_, device_, split_ * sizeof(float), TSR_MEM_OPTIMIZER);
+      int64_t len = static_cast<int64_t>(split_);
+      DLTensor t = sdk::view(dev_.back().get(), device_, DLDataType{kDLFloat, 32, 1}, 1, &len);
+      sdk::check(host_->ops->fill(host_->ctx, &t, 0.0f));
+    }
+    log(fmt(
+        "%s: ratio = \"auto\" chose %.3f at start-up: the whole state needs %.2f GiB of host "
+        "memory and %.2f GiB is available, so %zu of %zu owned elements (%.2f GiB of state) "
+        "live on the GPU, beside the %.2f GiB allocated there now and a margin of %.2f GiB "
+        "for the step, under a limit of %.2f GiB",
+        who_, n_ ? static_cast<double>(split_) / static_cast<double>(n_) : 0.0, gib(host_need),
+        gib(host_bytes), split_, n_, gib(4.0 * slots_ * split_), gib(static_cast<double>(m.in_use)),
+        gib(static_cast<double>(margin)), gib(static_cast<double>(m.limit))));
+    return split_;
+  }
   // From now until resolve(), step() keeps what it is handed.
   void defer() {
     deferring_ = true;

@@ -87,8 +87,8 @@ void HostPipeline::push(Job j, bool copy_grads) {
     // No gradients handed over: the sink's copies put them in place
     // already, and ev[1] comes after those on the same stream.
     if (copy_grads && j.u.grads)
-      cuda_check(cudaMemcpyAsync(s_.grads_pinned + j.u.offset * cb, j.u.grads, j.u.count * cb,
-                                 cudaMemcpyDeviceToHost, copies_.d2h),
+      cuda_check(cudaMemcpyAsync(s_.grads_pinned + (j.u.offset - s_.first) * cb, j.u.grads,
+                                 j.u.count * cb, cudaMemcpyDeviceToHost, copies_.d2h),
                  s_.who, "copy gradients to the host");
     cuda_check(cudaEventRecord(ev[1], copies_.d2h), s_.who, "record");
   }
@@ -108,6 +108,7 @@ void HostPipeline::serve() {
   for (;;) {
     work_.wait(lk, [&] { return stop_ || next_ < order_.size(); });
     if (stop_) return;
+    take_landed();
     const size_t k = order_[next_];
     Job &j = jobs_[k];
     // Held for the verdict: look again, the order may have changed since.
@@ -185,12 +186,36 @@ void HostPipeline::demand(size_t k, bool params) {
     j.demanded = true;
     demanded_.push_back(j.u.offset);
   }
-  const size_t p = pos_[k];
-  if (p <= next_) return;  // started, or next already
+  move_up(pos_[k]);
+}
+
+// The job at position p goes next (under mu_), unless it has started.
+void HostPipeline::move_up(size_t p) {
+  if (p <= next_ || p >= order_.size()) return;
   std::rotate(order_.begin() + static_cast<std::ptrdiff_t>(next_),
               order_.begin() + static_cast<std::ptrdiff_t>(p),
               order_.begin() + static_cast<std::ptrdiff_t>(p) + 1);
   for (size_t q = next_; q <= p; ++q) pos_[order_[q]] = q;
+}
+
+// In a CUDA run, the first job in order whose gradients have reached the
+// host goes next (under mu_); if none has, the one whose copy was queued
+// first (the copies land in the order they were queued). The order wants
+// the first layer first, but its gradients are the last to land: waiting
+// for them while other ranges are in would leave the CPU idle.
+void HostPipeline::take_landed() {
+#if TSR_PLUGIN_CUDA
+  if (!s_.cuda) return;
+  size_t earliest = next_;
+  for (size_t p = next_; p < order_.size(); ++p) {
+    const cudaError_t e = cudaEventQuery(events_[order_[p]][1]);
+    if (e == cudaSuccess) return move_up(p);
+    if (e != cudaErrorNotReady) break;  // the job's own wait reports it
+    if (order_[p] < order_[earliest]) earliest = p;
+  }
+  (void)cudaGetLastError();
+  move_up(earliest);
+#endif
 }
 
 // The host update of job j's range: its master, state, gradients and where
@@ -198,10 +223,11 @@ void HostPipeline::demand(size_t k, bool params) {
 HostUpdate HostPipeline::update_of(const Job &j) const {
   const RangeUpdate &r = j.u;
   const size_t cb = dtype_bytes(s_.compute_dtype);
+  const size_t at = r.offset - s_.first;  // in the host's arrays
   HostUpdate u;
-  u.master = s_.slots[0] + r.offset;
+  u.master = s_.slots[0] + at;
   u.state_count = s_.state_count;
-  for (uint32_t i = 0; i < s_.state_count; ++i) u.state[i] = s_.slots[1 + i] + r.offset;
+  for (uint32_t i = 0; i < s_.state_count; ++i) u.state[i] = s_.slots[1 + i] + at;
   u.owned = r.offset;
   u.count = r.count;
   u.segments = r.segments.data();
@@ -211,13 +237,13 @@ HostUpdate HostPipeline::update_of(const Job &j) const {
   u.step = r.step;
   u.grads_dtype = s_.compute_dtype;
   u.out_dtype = s_.compute_dtype;
-  u.grads = r.grads ? r.grads : s_.grads_host + r.offset * cb;
+  u.grads = r.grads ? r.grads : s_.grads_host + at * cb;
   u.params_out = r.params;
   if (s_.cuda) {
-    u.grads = s_.grads_pinned + r.offset * cb;
-    u.params_out = s_.params_pinned + r.offset * cb;
+    u.grads = s_.grads_pinned + at * cb;
+    u.params_out = s_.params_pinned + at * cb;
   }
-  if (s_.params_home) u.params_out = s_.params_home + r.offset * cb;
+  if (s_.params_home) u.params_out = s_.params_home + at * cb;
   return u;
 }
 
@@ -265,7 +291,7 @@ void HostPipeline::process(Job &j, size_t, void *events, void *of_events) {
   if (s_.cuda && !s_.params_home) {
     cudaError_t e = cudaEventRecord(ev[2], copies_.h2d);
     if (e == cudaSuccess && upload)
-      e = cudaMemcpyAsync(r.params, s_.params_pinned + r.offset * cb, r.count * cb,
+      e = cudaMemcpyAsync(r.params, s_.params_pinned + (r.offset - s_.first) * cb, r.count * cb,
                           cudaMemcpyHostToDevice, copies_.h2d);
     if (e == cudaSuccess) e = cudaEventRecord(ev[3], copies_.h2d);
     if (e != cudaSuccess) {

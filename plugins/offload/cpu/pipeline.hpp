@@ -27,7 +27,9 @@
 // waits for and that has not started goes next, and once the step's
 // ranges are all in (the verdict of a speculative round, or the first
 // wait of the next forward) the rest are put in the order the last step's
-// forward asked for them. Each range's update depends on its own elements
+// forward asked for them. In a CUDA run a range whose gradients have not
+// reached the host yet gives way to one whose have (the first layer's are
+// the last to land). Each range's update depends on its own elements
 // alone, so the order changes no bit.
 //
 // The update math is run_update's (offload_common.hpp): the same chunks and
@@ -85,6 +87,10 @@ struct PipelineSetup {
   // owned element, compute dtype); CUDA runs use grads_pinned.
   char *grads_host = nullptr;
   size_t n = 0;  // owned elements
+  // The host's arrays (slots, pinned buffers, grads_host) hold owned
+  // elements [first, n): those below are the device share's (ratio "auto"
+  // decided at start-up, device_share.hpp), and no range below comes here.
+  size_t first = 0;
   // Parameter offload: the update writes the compute copy here (every owned
   // element, host memory) and nothing goes back to the device; the zero
   // plugin fetches from it (param_home.hpp).
@@ -165,6 +171,8 @@ class HostPipeline {
   bool admit(Job &j, std::unique_lock<std::mutex> &lk);
   void order_as_demanded();
   void demand(size_t k, bool params);
+  void move_up(size_t p);
+  void take_landed();
   std::vector<size_t> overlapping(size_t offset, size_t count, bool params);
   HostUpdate update_of(const Job &j) const;
   void process(Job &j, size_t index, void *events, void *of_events);

@@ -126,3 +126,33 @@ TEST_CASE("one GPU, bf16, stage 3: parameters in nvme's state file match offload
           "[gpu][jobs][offload]") {
   stage3_params_match_none("nvme", "nvme", "a file");
 }
+
+// ratio = "auto" where the host cannot hold the whole state: the GPU's share
+// is chosen at start-up from what the GPU holds then, the host's arrays
+// hold only the rest, and the run still matches offload none. The host's
+// figure is the environment's (TESSERA_HOST_MEMORY_AVAILABLE): room for the
+// fp32 parameters and half the state, never for all of it.
+TEST_CASE("one GPU, bf16: ratio auto on a host too small for the state splits at start-up",
+          "[gpu][jobs][offload]") {
+  Job r = gpu_job(1, 128, 0.5);
+  r.offload = "none";
+  const Trained ref = train_job(r);
+  Job probe = gpu_job(1, 128, 0.5);
+  probe.ratio = "auto";
+  probe.steps = 2;
+  probe.tag = "probe";
+  const Trained p = train_job(probe, false);
+  const std::string log = p.run.all();
+  const size_t at = log.find(" owned elements in pageable host memory");
+  REQUIRE(at != std::string::npos);
+  const size_t from = log.rfind(" of ", at);
+  const uint64_t n = std::stoull(log.substr(from + 4, at - from - 4));
+  Job j = gpu_job(1, 128, 0.5);
+  j.ratio = "auto";
+  j.tag = "host-small";
+  j.env["TESSERA_HOST_MEMORY_AVAILABLE"] = std::to_string(n * 8);  // of 16 bytes an element
+  const Trained t = train_job(j);
+  INFO(describe(t.run));
+  CHECK_THAT(t.run.all(), Catch::Contains("chose") && Catch::Contains("at start-up"));
+  check_equivalent(ref, t, kAdamBf16);
+}
