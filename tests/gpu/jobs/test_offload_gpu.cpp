@@ -131,25 +131,38 @@ TEST_CASE("one GPU, bf16, stage 3: parameters in nvme's state file match offload
 // is chosen at start-up from what the GPU holds then, the host's arrays
 // hold only the rest, and the run still matches offload none. The host's
 // figure is the environment's (TESSERA_HOST_MEMORY_AVAILABLE): room for the
-// fp32 parameters and half the state, never for all of it.
+// fp32 parameters and half the state, never for all of it. A small llama
+// from TOML keys on random tokens (no Fashion-MNIST needed).
 TEST_CASE("one GPU, bf16: ratio auto on a host too small for the state splits at start-up",
           "[gpu][jobs][offload]") {
-  Job r = gpu_job(1, 128, 0.5);
-  r.offload = "none";
+  const fs::path tokens = scratch() / "auto_start_tokens" / "tok_train_000000.bin";
+  write_token_shard(tokens, 200 * 32 + 1, 512, 91);
+  Job r{1, 1, 8, 8};
+  r.steps = 20;
+  r.device = "cuda";
+  r.precision = "bf16";
+  r.clip = 0.5;
+  r.tag = "auto_start";
+  r.model_data =
+      "[model]\nplugin = \"llama\"\narchitecture = \"LlamaForCausalLM\"\nlayers = 2\n"
+      "width = 64\nheads = 4\nkv_heads = 2\nhead_dim = 16\nintermediate = 128\nvocab = 512\n"
+      "max_seq = 32\n\n[data.train]\nplugin = \"tokens\"\nfiles = \"" +
+      tokens.string() + "\"\ncontext = 32\nvocab = 512\n";
   const Trained ref = train_job(r);
-  Job probe = gpu_job(1, 128, 0.5);
+  Job probe = r;
+  probe.offload = "cpu";
   probe.ratio = "auto";
   probe.steps = 2;
-  probe.tag = "probe";
+  probe.tag = "auto_start_probe";
   const Trained p = train_job(probe, false);
   const std::string log = p.run.all();
   const size_t at = log.find(" owned elements in pageable host memory");
   REQUIRE(at != std::string::npos);
   const size_t from = log.rfind(" of ", at);
   const uint64_t n = std::stoull(log.substr(from + 4, at - from - 4));
-  Job j = gpu_job(1, 128, 0.5);
-  j.ratio = "auto";
-  j.tag = "host-small";
+  Job j = probe;
+  j.steps = r.steps;
+  j.tag = "auto_start_small_host";
   j.env["TESSERA_HOST_MEMORY_AVAILABLE"] = std::to_string(n * 8);  // of 16 bytes an element
   const Trained t = train_job(j);
   INFO(describe(t.run));
