@@ -45,7 +45,33 @@ def losses(metrics):
     return out
 
 
-def breakdown_lines(parts, tokens_per_step):
+def bound_lines(step_ms, cpu, held, tokens_per_step):
+    """What bounds the step. The host's timings cannot give the GPU's own
+    time: the host blocks in wait_params while the GPU runs what it queued.
+    What they can give is the CPU's side: its update, and how long its
+    ranges waited for the norm."""
+    if not (step_ms == step_ms and cpu == cpu and step_ms > 0 and cpu > 0):
+        return []
+    rate = tokens_per_step / step_ms * 1e3
+    if held == held and held > 0.25 * step_ms:
+        gpu = step_ms - cpu
+        return [f"Bounds: clipping held the CPU's ranges for the norm {held:.0f} ms a step "
+                f"(the norm clipped, and after a clipped step speculation = \"adaptive\" steps "
+                f"nothing ahead), so "
+                f"the CPU's update ({cpu:.0f} ms) ran after backward and before the next "
+                f"forward could pass the first layer it holds: the step ({step_ms:.0f} ms, "
+                f"{rate:,.0f} tokens/s) is the GPU's forward and backward plus that update, "
+                f"which puts the GPU's own near {gpu:.0f} ms. Where the norm does not clip "
+                f"(speculation keeps the ranges stepped during backward) the update hides "
+                f"behind backward, and the longer of the two bounds the step at "
+                f"{tokens_per_step / max(gpu, cpu) * 1e3:,.0f} tokens/s."]
+    who = "the CPU's update bounds it" if cpu >= 0.9 * step_ms else (
+        "the GPU's forward and backward (or the transfers) take the rest")
+    return [f"Bounds: the CPU's update {cpu:.0f} ms of a {step_ms:.0f} ms step: {who}; the "
+            f"update alone would allow {tokens_per_step / cpu * 1e3:,.0f} tokens/s."]
+
+
+def breakdown_lines(parts, tokens_per_step, step_ms):
     def ms(*keys):
         return mean_part(parts, *keys) * 1e3
 
@@ -65,12 +91,8 @@ def breakdown_lines(parts, tokens_per_step):
            f"after ranges were stepped); keeping the pre-step state "
            f"{f('offload', 'speculation_save', digits=1)} ms, redoing "
            f"{f('offload', 'redo', digits=1)} ms per step."]
-    cpu, gpu = ms("offload", "cpu_step"), ms("forward") + ms("backward") - ms("offload", "wait")
-    if cpu == cpu and gpu == gpu and max(cpu, gpu) > 0:
-        bound = "the CPU's update" if cpu >= gpu else "the GPU's forward and backward"
-        out.append(f"Bounds: the GPU's own step {gpu:.0f} ms, the CPU's update {cpu:.0f} ms: "
-                   f"{bound} bounds the step at {tokens_per_step / max(cpu, gpu) * 1e3:,.0f} "
-                   "tokens/s when the other hides behind it entirely.")
+    out += bound_lines(step_ms, ms("offload", "cpu_step"), ms("offload", "held_for_norm"),
+                       tokens_per_step)
     return out
 
 
@@ -123,7 +145,7 @@ def main(argv):
                     f"{min(l for _, l in ls):.3f} lowest, {ls[-1][1]:.3f} at step {ls[-1][0]}."]
     out.append("")
     if parts:
-        out += breakdown_lines(parts, B * T) + [""]
+        out += breakdown_lines(parts, B * T, B * T / (fig.median * T) * 1e3 if fig else float("nan")) + [""]
     for e in refused:
         out.append(f"- refused: {e}")
     log = run + ".log"

@@ -276,13 +276,13 @@ class Reports(unittest.TestCase):
         self.assertIn("## Environment", out)
 
 
-    def offload_llama_run(self, step_s, n, batch, loss0=11.8):
+    def offload_llama_run(self, step_s, n, batch, loss0=11.8, held=0.0):
         path = os.path.join(self.work, "tessera-r1", "metrics.jsonl")
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as f:
             for s, t in steps(step_s, n):
                 offload = {"wait": 0.2, "cpu_step": 1.5, "d2h": 0.3, "h2d": 0.3,
-                           "held_for_norm": 0.0, "speculation_save": 0.01, "redo": 0.0,
+                           "held_for_norm": held, "speculation_save": 0.01, "redo": 0.0,
                            "redone_steps": 1 if s == 6 else 0}
                 f.write(json.dumps({"type": "train", "step": s, "loss": loss0 - 0.1 * s,
                                     "elapsed_s": t,
@@ -304,7 +304,8 @@ class Reports(unittest.TestCase):
         self.assertIn("| DeepSpeed ZeRO-2 + offload_optimizer cpu | not run or failed", out)
         self.assertIn("the CPU's update 1500", out)
         self.assertIn("1 of 16 steps redone", out)
-        self.assertIn("the GPU's forward and backward bounds the step at 2,560 tokens/s", out)
+        self.assertIn("the CPU's update 1500 ms of a 1600 ms step: the CPU's update bounds it; "
+                      "the update alone would allow 2,731 tokens/s", out)
         self.assertIn("communication wait -, data -", out)
         self.assertIn("host RSS 90.0 GiB", out)
         # 8B: 8 x 2048 tokens a 2 s step, over the 6,000 goal; too short a
@@ -315,6 +316,17 @@ class Reports(unittest.TestCase):
         self.assertEqual(rc, 0, out)
         self.assertIn("| 8,192 (8,192-8,192) | 6,000 (met) |", out)
         self.assertIn("Loss over 16 logged steps: 11.700 at step 1", out)
+        # Every step clipped, its ranges held for the norm 1.2 s: the step
+        # (2 s) is the GPU's part (2 - 1.5 s) plus the update, and the bound
+        # without the hold is the update's 1.5 s.
+        shutil.rmtree(os.path.join(self.work, "tessera-r1"))
+        self.offload_llama_run(2.0, 4 + 12, 8, held=1.2)
+        rc, out = self.report("offload_llama_gpu", self.work, "8b", "8", "3")
+        self.assertEqual(rc, 0, out)
+        self.assertIn("held the CPU's ranges for the norm 1200 ms a step", out)
+        self.assertIn("the GPU's own near 500 ms", out)
+        self.assertIn("bounds the step at 10,923 tokens/s", out)
+        shutil.rmtree(os.path.join(self.work, "tessera-r1"))
         self.offload_llama_run(2.0, 4 + 3, 8)
         rc, out = self.report("offload_llama_gpu", self.work, "8b", "8", "3")
         self.assertEqual(rc, 1, out)
