@@ -428,7 +428,8 @@ const tsr_param_decl kParams[] = {
     sdk::param_number_or("ratio", "0",
                          "share of the owned state kept and stepped on the GPU, 0 to 1 "
                          "(DeepSpeed's offload_optimizer.ratio), or \"auto\": the largest share "
-                         "that fits beside the first step's peak under run.max_gpu_memory",
+                         "that fits beside the first step's peak under run.max_gpu_memory "
+                         "(chosen at start-up where the host cannot hold the whole state)",
                          0.0, 1.0, "auto|#"),
     sdk::param_number_or("speculation_memory", "\"auto\"",
                          "with gradient clipping or fp16: host memory that keeps the pre-step "
