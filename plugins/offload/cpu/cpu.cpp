@@ -195,7 +195,9 @@ Cpu::~Cpu() {
 std::pair<double, double> allocate(Cpu *s) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
-  const size_t held_here = s->n - s->first;
+  // At least one element: the GPU may hold every owned element (ratio "auto"
+  // decided at start-up), and a buffer of no bytes has no address.
+  const size_t held_here = std::max<size_t>(s->n - s->first, 1);
   for (uint32_t i = 0; i < 1 + s->state_count; ++i) {
     s->slots.emplace_back(s->host, DLDevice{kDLCPU, 0}, held_here * sizeof(float),
                           TSR_MEM_OPTIMIZER);
@@ -205,7 +207,7 @@ std::pair<double, double> allocate(Cpu *s) {
     first_touch(*s->pool, s->slots.back().get(), s->slots.back().bytes());
   }
   const auto t1 = Clock::now();
-  const size_t bytes = std::max<size_t>(held_here, 1) * dtype_bytes(s->compute_dtype);
+  const size_t bytes = held_here * dtype_bytes(s->compute_dtype);
   const bool held = s->params_where != TSR_PARAMS_ON_DEVICE;
   if (s->cuda) {
     const DLDevice mem{s->pin ? kDLCUDAHost : kDLCPU, 0};
