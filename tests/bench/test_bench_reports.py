@@ -232,15 +232,16 @@ class Reports(unittest.TestCase):
 
     def test_offload_gpu(self):
         for name, step_s in (("none", 0.124), ("cpu", 0.454), ("cpu_auto", 0.124),
-                             ("cpu_clip", 0.454)):
+                             ("cpu_clip", 0.454), ("cpu_clip_kept", 0.46)):
             n = 4 + int(22 / step_s)
             pts = steps(step_s, n)
             path = os.path.join(self.work, name, "metrics.jsonl")
             os.makedirs(os.path.dirname(path), exist_ok=True)
             offload = {"wait": 0.3, "cpu_step": 0.4, "d2h": 0.06, "h2d": 0.07}
-            if name == "cpu_clip":  # the speculative step: every other step redone
+            if name.startswith("cpu_clip"):  # the speculative step
                 offload.update({"speculated_steps": 1, "speculation_save": 0.002,
-                                "redo": 0.1, "held_for_norm": 0.0})
+                                "redo": 0.1 if name == "cpu_clip" else 0.0,
+                                "held_for_norm": 0.0, "redone_steps": 0})
             with open(path, "w") as f:
                 for s, t in pts:
                     if name == "cpu_clip":
@@ -264,7 +265,8 @@ class Reports(unittest.TestCase):
         self.put("alone.json", {"step_s": 0.38, "params": 1.56e9, "threads": 16,
                                 "kernel": "avx512", "params_per_s": 4.1e9, "GBps": 115})
         rc, out = self.report("offload_gpu", "--work", self.work, "--windows", "3",
-                              "--commit", "abc", "none", "cpu", "cpu_auto", "cpu_clip")
+                              "--commit", "abc", "none", "cpu", "cpu_auto", "cpu_clip",
+                              "cpu_clip_kept")
         self.assertEqual(rc, 1, out)
         self.assertIn("| tessera offload cpu | 9,022 (9,022-9,022) | 1.67x", out)
         self.assertIn("refused: DeepSpeed 0.19.8", out)
@@ -273,6 +275,11 @@ class Reports(unittest.TestCase):
         self.assertIn("Speculation (cpu_clip): 24 of 48 measured steps redone; per step: keeping "
                       "the pre-step state 2.0 ms, redoing 100.0 ms", out)
         self.assertIn("cpu_clip against cpu without clipping: 1.00x", out)
+        # Every verdict kept: what speculation costs where nothing clips.
+        self.assertIn("Speculation (cpu_clip_kept): 0 of", out)
+        self.assertIn("cpu_clip_kept (a max norm no step reaches: every verdict keeps what was "
+                      "stepped ahead) against cpu without clipping: **0.99x", out)
+        self.assertNotIn("Speculation (cpu):", out)
         self.assertIn("## Environment", out)
 
 
