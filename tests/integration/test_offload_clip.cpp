@@ -25,6 +25,8 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <map>
+#include <string>
 
 #include "harness.hpp"
 #include "offload_support.hpp"
@@ -45,13 +47,15 @@ struct Trained {
   std::vector<double> norms;  // grad_norm of each step
   int64_t speculated = 0, redone = 0;
   double redo_s = -1, held_s = -1;
+  std::string log;  // the run's output
 };
 
 // One run of `stage` on `world` ranks with max norm `clip`, offload
 // `variant` ("none", "cpu", "cpu-ratio"; `more` appended to its section).
 Trained train(int world, const std::string &stage, const std::string &variant, double clip,
               const std::string &name, const std::string &more = "",
-              const std::vector<std::string> &extra = {}) {
+              const std::vector<std::string> &extra = {},
+              const std::map<std::string, std::string> &env = {}) {
   const std::string zero = "\n[zero]\nplugin = \"" + stage + "\"\n[log]\nbreakdown = true\n";
   const bool none = variant == "none";
   Setup s = setup(
@@ -66,10 +70,12 @@ Trained train(int world, const std::string &stage, const std::string &variant, d
   a.insert(a.end(), extra.begin(), extra.end());
   RunOptions o;
   o.timeout_s = 100;
+  for (const auto &[k, v] : env) o.env[k] = v;
   RunResult r = run_cli(a, o);
   INFO(name << ": " << describe(r));
   REQUIRE(r.status == 0);
   Trained t;
+  t.log = r.all();
   if (!none) CHECK_THAT(r.all(), Catch::Contains("speculation (clipping, fp16): an undo space of"));
   // The start-up report places every byte rank 0 allocated.
   CHECK_THAT(r.all(), Catch::Contains("where rank 0's bytes live: pageable host memory"));
@@ -204,6 +210,29 @@ TEST_CASE("offload cpu speculation: a small undo space holds ranges for the norm
   CHECK(clipped > 0);
   CHECK(t.redone == clipped);
   CHECK(t.held_s > 0);
+}
+
+// speculation_memory = "auto" on a host whose half left cannot hold every
+// element's undo at start-up waits for the first speculative step to size
+// it (the engine's initial values are gone by then). The host's figure is
+// the environment's: 20 bytes an element of the model's (as the reference
+// run reports them), room for the state (12) but not for the whole undo
+// (16) in half of it.
+TEST_CASE("offload cpu speculation: the auto undo space sized at the first speculative step",
+          "[offload][clip]") {
+  const double clip = 1e-6;
+  const Trained ref = train(1, "stage0", "none", clip, "undo-late-ref");
+  const size_t at = ref.log.find(" parameters, ");
+  REQUIRE(at != std::string::npos);
+  const size_t from = ref.log.rfind('(', at);
+  const size_t n = std::stoull(ref.log.substr(from + 1, at - from - 1));
+  const Trained t = train(1, "stage0", "cpu", clip, "undo-late", "", {},
+                          {{"TESSERA_HOST_MEMORY_AVAILABLE", std::to_string(20 * n)}});
+  INFO(t.log);
+  CHECK(compare(t.params, ref.params).bitwise);
+  CHECK(t.speculated == kSteps);
+  CHECK(t.log.find("is sized at the first speculative step") != std::string::npos);
+  CHECK(t.log.find("ranges stepped before the gradient norm is known") != std::string::npos);
 }
 
 }  // namespace itest_test_offload_clip

@@ -77,6 +77,9 @@ struct Cpu {
   std::string speculation_memory;               // "auto", "0" or a size
   bool speculation_worst_case = false;
   bool speculation_adaptive = true;  // speculation = "adaptive" (else "always")
+  // speculation_memory = "auto" with too little host memory at start-up for
+  // every element's undo: sized at the first speculative step instead.
+  bool undo_deferred = false;
 
   size_t n = 0;
   // The host's arrays hold owned elements [first, n); those below are the
@@ -115,6 +118,7 @@ struct Cpu {
   // the host's are stepped ahead and undone where the verdict says
   // (pipeline.hpp).
   void spec_begin(uint32_t flags) {
+    if (undo_deferred) size_undo_late();
     pipeline->spec_begin((flags & TSR_SPECULATE_MAY_SKIP) != 0);
     share.defer();
   }
@@ -122,6 +126,8 @@ struct Cpu {
     pipeline->spec_resolve(verdict, grad_scale);
     share.resolve(verdict, grad_scale);
   }
+
+  void size_undo_late();
 
   // The vtable's entries (sdk::offload_vtable): the short ones here.
   ~Cpu();
@@ -228,7 +234,12 @@ std::pair<double, double> allocate(Cpu *s) {
 // ("auto": at most half of the host memory this rank has left once its
 // state is allocated). First-touched like the state, so a speculative step
 // takes no page faults.
-void allocate_undo(Cpu *s) {
+//
+// "auto" where half of what is left cannot hold every element at start-up
+// waits for the first speculative step (size_undo_late): the engine's
+// initial values of the whole model, a full fp32 copy, are gone by then,
+// and an 8B model's undo space grows by half that copy.
+void allocate_undo(Cpu *s, bool at_start) {
   const double cb = static_cast<double>(dtype_bytes(s->compute_dtype));
   // Each range's arrays start 64-byte aligned: 1 MiB covers that slack for
   // any plausible number of ranges.
@@ -237,9 +248,12 @@ void allocate_undo(Cpu *s) {
   if (s->speculation_memory == "0") {
     bytes = 0;
   } else if (s->speculation_memory == "auto") {
-    const sdk::HostMemory avail = sdk::host_memory_available();
-    const uint32_t local = s->host->run ? std::max<uint32_t>(1, s->host->run->local_world_size) : 1;
-    if (avail.bytes > 0) bytes = std::min(whole, static_cast<double>(avail.bytes) / local / 2);
+    const double half = host_memory_share(s->host) / 2;
+    if (half > 0) bytes = std::min(whole, half);
+    if (at_start && bytes < whole) {
+      s->undo_deferred = true;
+      return;
+    }
   } else {
     uint64_t b = 0;
     sdk::parse_size(s->speculation_memory, &b);  // checked in build()
@@ -250,6 +264,36 @@ void allocate_undo(Cpu *s) {
   s->undo = sdk::Buffer(s->host, DLDevice{kDLCPU, 0}, static_cast<size_t>(bytes), TSR_MEM_OTHER);
   advise_huge_pages(s->undo.get(), s->undo.bytes());
   first_touch(*s->pool, s->undo.get(), s->undo.bytes());
+}
+
+// The speculation's undo space, where it lives and how much it holds.
+void log_undo(Cpu *s) {
+  const uint32_t rank = s->host->run ? s->host->run->rank : 0;
+  if (s->undo_deferred) {
+    s->host->log(s->host->ctx, TSR_LOG_INFO,
+                 fmt("%s (rank %u): speculation (clipping, fp16): the undo space "
+                     "(speculation_memory = \"auto\") is sized at the first speculative step, "
+                     "once start-up's buffers are released: the host cannot hold every owned "
+                     "element's now",
+                     kWho, rank)
+                     .c_str());
+    return;
+  }
+  const double whole =
+      (s->n - s->first) * (4.0 * (1 + s->state_count) + dtype_bytes(s->compute_dtype));
+  s->host->log(s->host->ctx, TSR_LOG_INFO,
+               fmt("%s (rank %u): speculation (clipping, fp16): an undo space of %.2f MiB in "
+                   "pageable host memory holds the pre-step values of %s ranges stepped before "
+                   "the gradient norm is known%s",
+                   kWho, rank, mib(static_cast<double>(s->undo.bytes())),
+                   s->undo.bytes() == 0                            ? "no (speculation off):"
+                   : static_cast<double>(s->undo.bytes()) >= whole ? "all"
+                                                                   : "the first",
+                   s->speculation_adaptive && s->undo.bytes() > 0
+                       ? "; after a step the norm clipped, the next holds its ranges for the "
+                         "norm instead (speculation = \"adaptive\")"
+                       : "")
+                   .c_str());
 }
 
 void log_setup(Cpu *s, std::pair<double, double> took) {
@@ -274,21 +318,7 @@ void log_setup(Cpu *s, std::pair<double, double> took) {
           s->pin ? "pinned" : "pageable", took.first + took.second, took.first, took.second,
           s->pool->size(), s->cuda ? "GPU" : "forward", s->share.describe().c_str())
           .c_str());
-  const double whole =
-      (s->n - s->first) * (4.0 * (1 + s->state_count) + dtype_bytes(s->compute_dtype));
-  s->host->log(s->host->ctx, TSR_LOG_INFO,
-               fmt("%s (rank %u): speculation (clipping, fp16): an undo space of %.2f MiB in "
-                   "pageable host memory holds the pre-step values of %s ranges stepped before "
-                   "the gradient norm is known%s",
-                   kWho, rank, mib(static_cast<double>(s->undo.bytes())),
-                   s->undo.bytes() == 0                            ? "no (speculation off):"
-                   : static_cast<double>(s->undo.bytes()) >= whole ? "all"
-                                                                   : "the first",
-                   s->speculation_adaptive && s->undo.bytes() > 0
-                       ? "; after a step the norm clipped, the next holds its ranges for the "
-                         "norm instead (speculation = \"adaptive\")"
-                       : "")
-                   .c_str());
+  log_undo(s);
   if (s->home.active())
     s->host->log(s->host->ctx, TSR_LOG_INFO,
                  fmt("%s (rank %u): compute parameters of the %zu owned elements in %s host "
@@ -325,7 +355,7 @@ void Cpu::setup(const tsr_offload_setup *st) {
           held ? ", the offloaded parameters" : "", n - first,
           first ? fmt(" (%zu more on the GPU, all that fits there)", first).c_str() : ""));
   const std::pair<double, double> took = allocate(this);
-  allocate_undo(this);
+  allocate_undo(this, true);
   PipelineSetup p;
   p.host = host;
   p.who = kWho;
@@ -365,6 +395,17 @@ RangeUpdate range_of(const tsr_offload_step *st, size_t begin, size_t end) {
   u.grad_scale = st->grad_scale;
   u.step = st->step;
   return u;
+}
+
+// The undo space deferred at start-up (allocate_undo), before the first
+// speculative round: no range has been stepped ahead yet, and the flush
+// keeps the pool's threads to the first touch of the new space.
+void Cpu::size_undo_late() {
+  undo_deferred = false;
+  pipeline->flush();
+  allocate_undo(this, false);
+  pipeline->set_undo(undo.as<char>(), undo.bytes());
+  log_undo(this);
 }
 
 void Cpu::step(const tsr_offload_step *st) {

@@ -418,6 +418,15 @@ double HostPipeline::sink_norm_sq() {
   return sink_.norm_sq();
 }
 
+void HostPipeline::set_undo(char *undo, size_t bytes) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (spec_open_ || undo_used_ > 0)
+    throw sdk::Error(TSR_ERR_INTERNAL,
+                     fmt("%s: the undo space changed while a speculative round used it", s_.who));
+  s_.undo = undo;
+  s_.undo_bytes = bytes;
+}
+
 void HostPipeline::spec_begin(bool may_skip) {
   // The last round's fix jobs are done (they use the undo space); so is
   // every range of the last step, as at any new step.

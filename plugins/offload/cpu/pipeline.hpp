@@ -147,6 +147,9 @@ class HostPipeline {
   // submitted from spec_begin on are stepped ahead of the verdict (with
   // may_skip, keeping the compute parameters too); spec_resolve gives it.
   void spec_begin(bool may_skip);
+  // The undo space, given after construction (speculation_memory = "auto"
+  // sized at the first round); before any round has stepped ahead.
+  void set_undo(char *undo, size_t bytes);
   void spec_resolve(int32_t verdict, double grad_scale);
   tsr_speculate_stats spec_stats();
 
