@@ -200,20 +200,21 @@ void HostPipeline::move_up(size_t p) {
 
 // In a CUDA run, the first job in order whose gradients have reached the
 // host goes next (under mu_); if none has, the one whose copy was queued
-// first (the copies land in the order they were queued). The order wants
-// the first layer first, but its gradients are the last to land: waiting
-// for them while other ranges are in would leave the CPU idle.
+// first. The order wants the first layer first, but its gradients are the
+// last to land: waiting for them while other ranges are in would leave the
+// CPU idle. Every job records its copy's end on the one copy stream in the
+// order the jobs came, so the jobs landed are a prefix of jobs_: landed_
+// only grows, and each event is asked about until it has.
 void HostPipeline::take_landed() {
 #if TSR_PLUGIN_CUDA
   if (!s_.cuda) return;
+  while (landed_ < jobs_.size() && cudaEventQuery(events_[landed_][1]) == cudaSuccess) ++landed_;
+  (void)cudaGetLastError();  // not ready is no error; a failed copy is the job's to report
   size_t earliest = next_;
   for (size_t p = next_; p < order_.size(); ++p) {
-    const cudaError_t e = cudaEventQuery(events_[order_[p]][1]);
-    if (e == cudaSuccess) return move_up(p);
-    if (e != cudaErrorNotReady) break;  // the job's own wait reports it
+    if (order_[p] < landed_) return move_up(p);
     if (order_[p] < order_[earliest]) earliest = p;
   }
-  (void)cudaGetLastError();
   move_up(earliest);
 #endif
 }
@@ -391,6 +392,7 @@ void HostPipeline::retire() {
   order_.clear();
   pos_.clear();
   next_ = 0;
+  landed_ = 0;
   ordered_ = false;
   if (!demanded_.empty()) last_demanded_.swap(demanded_);
   demanded_.clear();

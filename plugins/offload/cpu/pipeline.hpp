@@ -194,6 +194,7 @@ class HostPipeline {
   // host first waited for their parameters (the next forward's order).
   std::vector<size_t> demanded_, last_demanded_;
   bool ordered_ = false;  // this step's pending ranges were put in that order
+  size_t landed_ = 0;     // CUDA: jobs_[0, landed_) have their gradients on the host
   int64_t step_ = 0;      // the step the jobs belong to
   bool stop_ = false;
   std::mutex mu_;
