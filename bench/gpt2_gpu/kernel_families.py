@@ -25,9 +25,17 @@ FAMILIES = [
     ("grad norm, clipping", r"sum_squares|sum_partials|l2norm|L2Norm|norm_kernel|foreach"),
     ("matmul", r"gemm|xmma|nvjet|cutlass|cublas|matmul|splitK|splitk|col_partials|col_finalize"),
     ("embedding", r"embedding|indexSelect|index_select|scatter|gather"),
+    # The decoder blocks of Llama-family models (bench/llama_gpu): ours by
+    # name; PyTorch's fused Triton kernels stay in "other elementwise".
+    ("rmsnorm", r"rms_?norm"),
+    ("rope", r"rope|rotary"),
+    ("swiglu", r"swiglu|silu"),
+    ("dropout", r"dropout"),
+    ("gqa expand, group sum", r"expand_(rows_)?kernel|group_sum"),
     ("other elementwise", r"."),
 ]
 OPT = re.compile(r"adam|step_kernel|FusedAdam", re.I)
+NORM = dict(FAMILIES)["grad norm, clipping"]  # kernels that may sit inside an optimizer run
 
 def family(name):
     for label, pat in FAMILIES:
@@ -55,7 +63,7 @@ def step_window(ks, warmup):
             else:
                 ends[-1] = e
             in_run = True
-        elif not re.search(FAMILIES[5][1], n, re.I):
+        elif not re.search(NORM, n, re.I):
             in_run = False
     if len(ends) < warmup + 2:
         sys.exit(f"kernel_families: only {len(ends)} optimizer runs in the trace; "
