@@ -45,30 +45,37 @@ def losses(metrics):
     return out
 
 
-def bound_lines(step_ms, cpu, held, tokens_per_step):
+def bound_lines(step_ms, cpu, held, tokens_per_step, gpu_own=float("nan")):
     """What bounds the step. The host's timings cannot give the GPU's own
-    time: the host blocks in wait_params while the GPU runs what it queued.
-    What they can give is the CPU's side: its update, and how long its
-    ranges waited for the norm."""
+    time (the host blocks in wait_params while the GPU runs what it
+    queued): gpu_own comes from the GPU's events in the breakdown where the
+    run has them (gpu_passes - gpu_waited), else it is inferred. The host's
+    timings give the CPU's side: its update, and how long its ranges waited
+    for the norm."""
     if not (step_ms == step_ms and cpu == cpu and step_ms > 0 and cpu > 0):
         return []
     rate = tokens_per_step / step_ms * 1e3
     if held == held and held > 0.25 * step_ms:
-        gpu = step_ms - cpu
+        measured = gpu_own == gpu_own
+        gpu = gpu_own if measured else step_ms - cpu
+        said = ("the GPU's own work, from its events, being" if measured else
+                "which puts the GPU's own near")
         return [f"Bounds: clipping held the CPU's ranges for the norm {held:.0f} ms a step "
                 f"(the norm clipped, and after a clipped step speculation = \"adaptive\" steps "
                 f"nothing ahead), so "
                 f"the CPU's update ({cpu:.0f} ms) ran after backward and before the next "
                 f"forward could pass the first layer it holds: the step ({step_ms:.0f} ms, "
                 f"{rate:,.0f} tokens/s) is the GPU's forward and backward plus that update, "
-                f"which puts the GPU's own near {gpu:.0f} ms. Where the norm does not clip "
+                f"{said} {gpu:.0f} ms. Where the norm does not clip "
                 f"(speculation keeps the ranges stepped during backward) the update hides "
                 f"behind backward, and the longer of the two bounds the step at "
                 f"{tokens_per_step / max(gpu, cpu) * 1e3:,.0f} tokens/s."]
     who = "the CPU's update bounds it" if cpu >= 0.9 * step_ms else (
         "the GPU's forward and backward (or the transfers) take the rest")
-    return [f"Bounds: the CPU's update {cpu:.0f} ms of a {step_ms:.0f} ms step: {who}; the "
-            f"update alone would allow {tokens_per_step / cpu * 1e3:,.0f} tokens/s."]
+    gpu = (f", the GPU's own work {gpu_own:.0f} ms (from its events)"
+           if gpu_own == gpu_own else "")
+    return [f"Bounds: the CPU's update {cpu:.0f} ms of a {step_ms:.0f} ms step{gpu}: {who}; "
+            f"the update alone would allow {tokens_per_step / cpu * 1e3:,.0f} tokens/s."]
 
 
 def breakdown_lines(parts, tokens_per_step, step_ms):
@@ -91,8 +98,13 @@ def breakdown_lines(parts, tokens_per_step, step_ms):
            f"after ranges were stepped); keeping the pre-step state "
            f"{f('offload', 'speculation_save', digits=1)} ms, redoing "
            f"{f('offload', 'redo', digits=1)} ms per step."]
+    gpu_own = ms("offload", "gpu_passes") - ms("offload", "gpu_waited")
+    if gpu_own == gpu_own:  # CUDA events: the GPU's own figures
+        out.append(f"The GPU's side, from its own events: its passes {f('offload', 'gpu_passes')} "
+                   f"ms a step, of which idle at the waits for the CPU's update "
+                   f"{f('offload', 'gpu_waited')} ms: its own work {gpu_own:.0f} ms.")
     out += bound_lines(step_ms, ms("offload", "cpu_step"), ms("offload", "held_for_norm"),
-                       tokens_per_step)
+                       tokens_per_step, gpu_own)
     return out
 
 

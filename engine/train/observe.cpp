@@ -121,6 +121,10 @@ nlohmann::json RunObserver::offload_interval() {
                       {"wait", s_.flight.wait_s - wait_last_}};
   offload_last_ = now;
   wait_last_ = s_.flight.wait_s;
+  // The GPU's side (CUDA): the stream's time over the passes and at the
+  // waits for the update, from its own events (the spans it has finished).
+  if (s_.flight.gpu_passes) j["gpu_passes"] = s_.flight.gpu_passes->take();
+  if (s_.flight.gpu_waits) j["gpu_waited"] = s_.flight.gpu_waits->take();
   if (const auto *sp = s_.offload.caps.offload.speculate) {
     // Speculation (ABI 1.7): how often a step stepped ahead of the norm was
     // redone or undone, and what keeping and redoing cost.

@@ -165,6 +165,11 @@ std::string format_breakdown(const nlohmann::json &b) {
       std::snprintf(buf, sizeof buf, " %s %.0f", p[1], o.value(p[0], 0.0) / steps * 1e3);
       out += buf;
     }
+    // CUDA: the GPU's own idle time at those waits, from its events.
+    if (o.contains("gpu_waited")) {
+      std::snprintf(buf, sizeof buf, " (gpu idle %.0f)", o.value("gpu_waited", 0.0) / steps * 1e3);
+      out += buf;
+    }
   }
   return out;
 }

@@ -212,6 +212,7 @@ void attach_update(Session &s, const float *initial) {
                                         initial + r.flat_offset),
               "[offload] initial master weights");
   flight_attach(s.flight, s.host, s.offload, s.layout, owned, s.plan.partition_params != 0);
+  if (s.job.settings.log_breakdown) flight_time_gpu(s.flight, s.host.facts().device);
 }
 
 }  // namespace

@@ -186,6 +186,8 @@ double train_step(StepPlan &p, TrainState &ts, Loader &loader) {
   p.obs.begin_step(ts.step + 1);
   p.s.host.set_step(ts.step + 1);
   double loss = 0;
+  // The GPU's own time over the step's passes (log.breakdown, CUDA).
+  if (p.s.flight.gpu_passes) p.s.flight.gpu_passes->begin();
   for (int64_t m = 0; m < p.st.accumulation; ++m) {
     MicroBatch mb;
     mb.index = static_cast<uint32_t>(m);
@@ -197,6 +199,7 @@ double train_step(StepPlan &p, TrainState &ts, Loader &loader) {
     }
     loss += micro_step(p, ts, loader, mb);
   }
+  if (p.s.flight.gpu_passes) p.s.flight.gpu_passes->end();
   apply_update(p, ts, loss);
   if (!std::isfinite(loss)) loss = 0;  // fp16: an overflowing step, skipped
   ++ts.step;

@@ -13,9 +13,13 @@ namespace {
 tsr_status wait_group(UpdateFlight &f, uint32_t g) {
   if (g >= f.in_flight.size() || !f.in_flight[g]) return TSR_OK;
   const auto t0 = std::chrono::steady_clock::now();
+  // The stream's time from here to past the backend's waits: the GPU idle
+  // for want of the update (or of the host, blocked on it meanwhile).
+  if (f.gpu_waits) f.gpu_waits->begin();
   for (const auto &[offset, count] : f.group_owned[g])
     if (tsr_status st = f.offload->vt->wait_params(f.offload->self, offset, count); st != TSR_OK)
       return st;
+  if (f.gpu_waits) f.gpu_waits->end();
   f.in_flight[g] = 0;
   f.wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return TSR_OK;
@@ -38,6 +42,11 @@ void flight_attach(UpdateFlight &f, Host &host, const Instance<tsr_offload_vtabl
       if (r.flat_offset < hi && r.flat_offset + r.count > lo)
         f.group_owned[g].emplace_back(r.owned_offset, r.count);
     }
+}
+
+void flight_time_gpu(UpdateFlight &f, DLDevice device) {
+  f.gpu_waits = gpu_clock_make(device);
+  f.gpu_passes = gpu_clock_make(device);
 }
 
 void flight_handed_over(UpdateFlight &f) {

@@ -14,6 +14,7 @@
 
 #include "host/host.hpp"
 #include "plugin/layout.hpp"
+#include "train/gpu_clock.hpp"
 #include "train/instance.hpp"
 
 namespace tessera {
@@ -31,7 +32,15 @@ struct UpdateFlight {
   // Seconds the param views spent waiting for updates in flight (the GPU,
   // or the CPU forward, waiting for the offloaded step).
   double wait_s = 0;
+  // CUDA runs with log.breakdown: the compute stream's own time at those
+  // waits, and over each step's passes (flight_time_gpu; null: untimed).
+  std::unique_ptr<GpuClock> gpu_waits, gpu_passes;
 };
+
+// Times the GPU's side of the offloaded step on `device` (CUDA only): the
+// stream's time at the waits for updates in flight and over each step's
+// passes, which the breakdown reports beside the host's.
+void flight_time_gpu(UpdateFlight &f, DLDevice device);
 
 // Which owned ranges (all of this rank's, in owned order) touch each group
 // of `layout`: what a wait for a group waits for.

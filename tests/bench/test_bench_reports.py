@@ -280,7 +280,7 @@ class Reports(unittest.TestCase):
         self.assertIn("## Environment", out)
 
 
-    def offload_llama_run(self, step_s, n, batch, loss0=11.8, held=0.0):
+    def offload_llama_run(self, step_s, n, batch, loss0=11.8, held=0.0, gpu=None):
         path = os.path.join(self.work, "tessera-r1", "metrics.jsonl")
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as f:
@@ -288,6 +288,8 @@ class Reports(unittest.TestCase):
                 offload = {"wait": 0.2, "cpu_step": 1.5, "d2h": 0.3, "h2d": 0.3,
                            "held_for_norm": held, "speculation_save": 0.01, "redo": 0.0,
                            "redone_steps": 1 if s == 6 else 0}
+                if gpu:  # the GPU's own events: (passes, waited) seconds
+                    offload.update({"gpu_passes": gpu[0], "gpu_waited": gpu[1]})
                 f.write(json.dumps({"type": "train", "step": s, "loss": loss0 - 0.1 * s,
                                     "elapsed_s": t,
                                     "breakdown": {"steps": 1, "forward": 0.6, "backward": 1.2,
@@ -330,6 +332,16 @@ class Reports(unittest.TestCase):
         self.assertIn("held the CPU's ranges for the norm 1200 ms a step", out)
         self.assertIn("the GPU's own near 500 ms", out)
         self.assertIn("bounds the step at 10,923 tokens/s", out)
+        # With the GPU's events: its passes 1.4 s, 0.6 s of them idle at
+        # the waits: its own work 800 ms, which the bound takes over the
+        # inference (500 ms); the update's 1.5 s still bounds.
+        shutil.rmtree(os.path.join(self.work, "tessera-r1"))
+        self.offload_llama_run(2.0, 4 + 12, 8, held=1.2, gpu=(1.4, 0.6))
+        rc, out = self.report("offload_llama_gpu", self.work, "8b", "8", "3")
+        self.assertEqual(rc, 0, out)
+        self.assertIn("its passes 1400 ms a step, of which idle at the waits for the CPU's update "
+                      "600 ms: its own work 800 ms", out)
+        self.assertIn("the GPU's own work, from its events, being 800 ms", out)
         shutil.rmtree(os.path.join(self.work, "tessera-r1"))
         self.offload_llama_run(2.0, 4 + 3, 8)
         rc, out = self.report("offload_llama_gpu", self.work, "8b", "8", "3")
