@@ -212,7 +212,11 @@ void attach_update(Session &s, const float *initial) {
                                         initial + r.flat_offset),
               "[offload] initial master weights");
   flight_attach(s.flight, s.host, s.offload, s.layout, owned, s.plan.partition_params != 0);
-  if (s.job.settings.log_breakdown) flight_time_gpu(s.flight, s.host.facts().device);
+  // The GPU's side of an overlapped update, where the breakdown reports it
+  // (observe.cpp's offload part reads the clocks; nothing else would).
+  if (s.job.settings.log_breakdown && s.offload.caps.offload.stats &&
+      s.offload.caps.offload.wait_params)
+    flight_time_gpu(s.flight, s.host.facts().device);
 }
 
 }  // namespace

@@ -39,6 +39,13 @@ void StreamSpans::end() {
   TSR_CUDA_CHECK(cudaEventRecord(e, compute_stream()));
   pending_.emplace_back(open_, e);
   open_ = nullptr;
+  // Nobody taking them (or a stream that never gets there): keep a bounded
+  // number rather than an event pair per span for the whole run.
+  if (pending_.size() > kMaxPending) {
+    cudaEventDestroy(pending_.front().first);
+    cudaEventDestroy(pending_.front().second);
+    pending_.erase(pending_.begin());
+  }
 }
 
 double StreamSpans::take() {

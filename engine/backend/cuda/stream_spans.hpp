@@ -28,6 +28,7 @@ class StreamSpans {
   double take();
 
  private:
+  static constexpr size_t kMaxPending = 4096;
   cudaEvent_t event();
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> pending_;
   std::vector<cudaEvent_t> spare_;
