@@ -17,6 +17,7 @@
 
 #include "comm/dist_context.hpp"
 #include "comm/store.hpp"
+#include "launch/child_exec.hpp"
 #include "launch/core_dump.hpp"
 #include "launch/job_secret.hpp"
 #include "launch/pipe_poll.hpp"
@@ -80,6 +81,9 @@ std::string worker_exe() {
 pid_t spawn(Worker &w, const std::vector<std::string> &args, const std::vector<std::string> &env,
             bool null_stdin) {
   const std::string exe = worker_exe();
+  std::vector<std::string> argv{"tessera"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  ChildExec child(std::move(argv), env, "cannot exec " + exe + ": ");
   int out[2], err[2];
   if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)
     throw Error(TSR_ERR_IO, std::string("cannot create pipes: ") + std::strerror(errno));
@@ -92,14 +96,7 @@ pid_t spawn(Worker &w, const std::vector<std::string> &args, const std::vector<s
       int in = ::open("/dev/null", O_RDONLY);
       if (in >= 0) ::dup2(in, 0);
     }
-    for (const auto &e : env) ::putenv(const_cast<char *>(e.c_str()));
-    std::vector<char *> argv;
-    argv.push_back(const_cast<char *>("tessera"));
-    for (const auto &a : args) argv.push_back(const_cast<char *>(a.c_str()));
-    argv.push_back(nullptr);
-    ::execv(exe.c_str(), argv.data());
-    std::fprintf(stderr, "cannot exec %s: %s\n", exe.c_str(), std::strerror(errno));
-    ::_exit(127);
+    child.run(exe.c_str());
   }
   ::close(out[1]);
   ::close(err[1]);

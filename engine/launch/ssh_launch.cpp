@@ -15,6 +15,7 @@
 #include <regex>
 #include <thread>
 
+#include "launch/child_exec.hpp"
 #include "launch/pipe_poll.hpp"
 #include "util/error.hpp"
 #include "util/text.hpp"
@@ -89,6 +90,7 @@ pid_t spawn_ssh(Node &n, const std::vector<std::string> &argv_s) {
   int in[2], out[2], err[2];
   if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)
     throw Error(TSR_ERR_IO, std::string("cannot create pipes: ") + std::strerror(errno));
+  ChildExec child(argv_s, {}, "cannot run " + argv_s[0] + " (install openssh-client): ");
   // ssh must not outlive us: its end closes the session, and the node
   // launcher then stops its workers.
   const pid_t pid = fork_tied_child();
@@ -100,13 +102,7 @@ pid_t spawn_ssh(Node &n, const std::vector<std::string> &argv_s) {
     ::dup2(in[0], 0);
     ::dup2(out[1], 1);
     ::dup2(err[1], 2);
-    std::vector<char *> argv;
-    for (const auto &a : argv_s) argv.push_back(const_cast<char *>(a.c_str()));
-    argv.push_back(nullptr);
-    ::execvp(argv[0], argv.data());
-    std::fprintf(stderr, "cannot run %s: %s (install openssh-client)\n", argv[0],
-                 std::strerror(errno));
-    ::_exit(127);
+    child.run(argv_s[0].c_str());
   }
   ::close(in[0]);
   ::close(out[1]);
