@@ -49,11 +49,6 @@ inline void to_compute(const float *src, size_t n, DLDataType t, void *dst) {
     out[i] = bf16 ? sdk::float_to_bf16(src[i]) : sdk::float_to_f16(src[i]);
 }
 
-// The host memory `bytes` more need, against what this machine has
-// available (sdk::host_memory_available: MemAvailable, the cgroup's limit
-// left, or TESSERA_HOST_MEMORY_AVAILABLE) shared by the ranks on it:
-// refused before anything is allocated, naming both and where the figure
-// came from, rather than an OOM kill mid-run.
 // This rank's part of the host memory available (0: nothing readable).
 inline double host_memory_share(const tsr_host *host) {
   const sdk::HostMemory avail = sdk::host_memory_available();
@@ -61,6 +56,11 @@ inline double host_memory_share(const tsr_host *host) {
   return static_cast<double>(avail.bytes) / local;
 }
 
+// The host memory `bytes` more need, against what this machine has
+// available (sdk::host_memory_available: MemAvailable, the cgroup's limit
+// left, or TESSERA_HOST_MEMORY_AVAILABLE) shared by the ranks on it:
+// refused before anything is allocated, naming both and where the figure
+// came from, rather than an OOM kill mid-run.
 inline void check_host_memory(const tsr_host *host, const char *who, double bytes,
                               const std::string &what) {
   const sdk::HostMemory avail = sdk::host_memory_available();

@@ -239,11 +239,16 @@ std::pair<double, double> allocate(Cpu *s) {
 // waits for the first speculative step (size_undo_late): the engine's
 // initial values of the whole model, a full fp32 copy, are gone by then,
 // and an 8B model's undo space grows by half that copy.
+// The undo space for every element the host holds: master, state and a
+// compute parameter each.
+double undo_whole(const Cpu *s) {
+  return (s->n - s->first) * (4.0 * (1 + s->state_count) + dtype_bytes(s->compute_dtype));
+}
+
 void allocate_undo(Cpu *s, bool at_start) {
-  const double cb = static_cast<double>(dtype_bytes(s->compute_dtype));
   // Each range's arrays start 64-byte aligned: 1 MiB covers that slack for
   // any plausible number of ranges.
-  const double whole = (s->n - s->first) * (4.0 * (1 + s->state_count) + cb) + 1048576.0;
+  const double whole = undo_whole(s) + 1048576.0;
   double bytes = whole;
   if (s->speculation_memory == "0") {
     bytes = 0;
@@ -279,8 +284,7 @@ void log_undo(Cpu *s) {
                      .c_str());
     return;
   }
-  const double whole =
-      (s->n - s->first) * (4.0 * (1 + s->state_count) + dtype_bytes(s->compute_dtype));
+  const double whole = undo_whole(s);
   s->host->log(s->host->ctx, TSR_LOG_INFO,
                fmt("%s (rank %u): speculation (clipping, fp16): an undo space of %.2f MiB in "
                    "pageable host memory holds the pre-step values of %s ranges stepped before "

@@ -64,7 +64,7 @@ class DeviceShare {
 
   // A fixed share (ratio = "0.3").
   void resize(double fraction) {
-    resize_elems(static_cast<size_t>(fraction * static_cast<double>(n_)));
+    resize_elems(static_cast<size_t>(fraction * static_cast<double>(n_)), true);
   }
 
   // ratio = "auto", once the first step has shown the peak: the largest
@@ -72,10 +72,7 @@ class DeviceShare {
   // for what a step allocates beyond the host's count (library workspaces).
   void choose_auto() {
     tsr_device_memory m = sdk::make<tsr_device_memory>();
-    const bool known = cuda_ && TSR_HAS_FIELD(host_, tsr_host, device_memory) &&
-                       host_->device_memory && host_->device_memory(host_->ctx, &m) == TSR_OK &&
-                       m.limit > 0;
-    if (!known) {
+    if (!device_memory(&m)) {
       decided_ = true;
       log(fmt("%s: ratio = \"auto\": all of the state stays on the host (%s)", who_,
               cuda_ ? "the host reports no device memory limit" : "a CPU run"));
@@ -83,7 +80,7 @@ class DeviceShare {
     }
     const size_t margin = std::max<size_t>(size_t{1} << 30, m.limit / 20);
     const size_t budget = m.limit > m.peak + margin ? m.limit - m.peak - margin : 0;
-    resize_elems(std::min(n_, budget / (4 * slots_)));
+    resize_elems(std::min(n_, budget / (4 * slots_)), true);
     log(
         fmt("%s: ratio = \"auto\" chose %.3f: %zu of %zu owned elements (%.2f GiB of state) on "
             "the GPU, beside step 1's peak of %.2f GiB under a limit of %.2f GiB",
@@ -103,20 +100,10 @@ class DeviceShare {
   // nothing, where the device reports no limit.
   size_t choose_at_start(double host_bytes, double host_need) {
     tsr_device_memory m = sdk::make<tsr_device_memory>();
-    if (!cuda_ || !TSR_HAS_FIELD(host_, tsr_host, device_memory) || !host_->device_memory ||
-        host_->device_memory(host_->ctx, &m) != TSR_OK || m.limit == 0)
-      return 0;
+    if (!device_memory(&m)) return 0;
     const size_t margin = std::max<size_t>(size_t{2} << 30, m.limit / 16);
     const size_t budget = m.limit > m.in_use + margin ? m.limit - m.in_use - margin : 0;
-    decided_ = true;
-    split_ = std::min(n_, budget / (4 * slots_)) / kAlignElems * kAlignElems;
-    dev_.clear();
-    for (uint32_t i = 0; split_ > 0 && i < slots_; ++i) {
-      dev_.emplace_back(host_, device_, split_ * sizeof(float), TSR_MEM_OPTIMIZER);
-      int64_t len = static_cast<int64_t>(split_);
-      DLTensor t = sdk::view(dev_.back().get(), device_, DLDataType{kDLFloat, 32, 1}, 1, &len);
-      sdk::check(host_->ops->fill(host_->ctx, &t, 0.0f));
-    }
+    resize_elems(std::min(n_, budget / (4 * slots_)), false);
     log(fmt(
         "%s: ratio = \"auto\" chose %.3f at start-up: the whole state needs %.2f GiB of host "
         "memory and %.2f GiB is available, so %zu of %zu owned elements (%.2f GiB of state) "
@@ -218,15 +205,27 @@ class DeviceShare {
     DLTensor d = sdk::view(dst, to, DLDataType{kDLFloat, 32, 1}, 1, &len);
     sdk::check(host_->ops->copy(host_->ctx, &s, &d));
   }
-  // The device's arrays for [0, elems), starting from the host's values.
-  void resize_elems(size_t elems) {
+  // The run's device memory, where the host reports a limit (CUDA runs).
+  bool device_memory(tsr_device_memory *m) const {
+    return cuda_ && TSR_HAS_FIELD(host_, tsr_host, device_memory) && host_->device_memory &&
+           host_->device_memory(host_->ctx, m) == TSR_OK && m->limit > 0;
+  }
+  // The device's arrays for [0, elems), starting from the host's values
+  // (`from_host`) or from zeros (the host holds none of them).
+  void resize_elems(size_t elems, bool from_host) {
     decided_ = true;
     split_ = elems / kAlignElems * kAlignElems;
     if (!cuda_ || split_ == 0) return;
     dev_.clear();
+    int64_t len = static_cast<int64_t>(split_);
     for (uint32_t i = 0; i < slots_; ++i) {
       dev_.emplace_back(host_, device_, split_ * sizeof(float), TSR_MEM_OPTIMIZER);
-      copy(host_slot_[i], DLDevice{kDLCPU, 0}, dev_.back().as<float>(), device_, split_);
+      if (from_host) {
+        copy(host_slot_[i], DLDevice{kDLCPU, 0}, dev_.back().as<float>(), device_, split_);
+        continue;
+      }
+      DLTensor t = sdk::view(dev_.back().get(), device_, DLDataType{kDLFloat, 32, 1}, 1, &len);
+      sdk::check(host_->ops->fill(host_->ctx, &t, 0.0f));
     }
   }
 

@@ -167,13 +167,15 @@ bool HostPipeline::admit(Job &j, std::unique_lock<std::mutex> &lk) {
 void HostPipeline::order_as_demanded() {
   if (ordered_ || next_ >= order_.size() || last_demanded_.empty()) return;
   ordered_ = true;
-  auto rank = [&](size_t k) {  // last_demanded_.size() where not asked for
-    return static_cast<size_t>(
-        std::find(last_demanded_.begin(), last_demanded_.end(), jobs_[k].u.offset) -
+  // Each pending job's place in that order, looked up once (under the
+  // lock the dispatcher waits on): last_demanded_.size() where not asked for.
+  std::vector<size_t> rank(jobs_.size());
+  for (size_t p = next_; p < order_.size(); ++p)
+    rank[order_[p]] = static_cast<size_t>(
+        std::find(last_demanded_.begin(), last_demanded_.end(), jobs_[order_[p]].u.offset) -
         last_demanded_.begin());
-  };
   std::stable_sort(order_.begin() + static_cast<std::ptrdiff_t>(next_), order_.end(),
-                   [&](size_t a, size_t b) { return rank(a) < rank(b); });
+                   [&](size_t a, size_t b) { return rank[a] < rank[b]; });
   for (size_t p = next_; p < order_.size(); ++p) pos_[order_[p]] = p;
 }
 
