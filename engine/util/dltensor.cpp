@@ -104,4 +104,19 @@ std::vector<double> rope_inv_freq(const char *op, const tsr_rope_params *p, int6
   return f;
 }
 
+void check_lowrank_shapes(const char *op, const DLTensor *a, const DLTensor *b, const DLTensor *y) {
+  const std::string w = std::string(op) + ": ";
+  TSR_CHECK(a && b && y, TSR_ERR_INVALID, w + "a, b and y must not be NULL");
+  TSR_CHECK(a->ndim == 2 && b->ndim == 2 && y->ndim == 2, TSR_ERR_INVALID,
+            w + "a, b and y must be 2-D, got a " + describe(a) + ", b " + describe(b) + ", y " +
+                describe(y));
+  const int64_t M = a->shape[0], r = a->shape[1], N = b->shape[1];
+  TSR_CHECK(b->shape[0] == r && y->shape[0] == M && y->shape[1] == N, TSR_ERR_INVALID,
+            w + "expected a [M, r], b [r, N], y [M, N], got a " + describe(a) + ", b " +
+                describe(b) + ", y " + describe(y));
+  TSR_CHECK(r >= 1 && r <= kLowrankMaxRank, TSR_ERR_INVALID,
+            w + "the rank r (a's columns, b's rows) must lie in [1, " +
+                std::to_string(kLowrankMaxRank) + "], got " + describe(a));
+}
+
 }  // namespace tessera

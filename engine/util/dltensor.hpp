@@ -1,7 +1,8 @@
 // The SDK's tensor and op arguments in words and checks that every backend's
 // ops share (backend/cpu, backend/cuda): one description of a DLTensor in
-// messages, one activation check, and the rotary embedding's frequencies,
-// so a CPU and a CUDA call of an op refuse and compute alike.
+// messages, one activation check, the rotary embedding's frequencies and
+// the low-rank product's shapes, so a CPU and a CUDA call of an op refuse
+// and compute alike.
 #pragma once
 
 #include <dlpack/dlpack.h>
@@ -26,5 +27,13 @@ void check_activation(const char *op, tsr_activation act);
 // outside their domain (theta <= 1, factor <= 0, low >= high frequency
 // factor, original context <= 0).
 std::vector<double> rope_inv_freq(const char *op, const tsr_rope_params *p, int64_t head_dim);
+
+// The largest rank lowrank_dropout takes (ops.h, ABI 1.10).
+constexpr int64_t kLowrankMaxRank = 256;
+
+// lowrank_dropout's shapes: a [M, r], b [r, N], y [M, N] (each 2-D), 1 <=
+// r <= kLowrankMaxRank. Throws naming `op` and the tensor otherwise; the
+// dtype, device and layout checks stay the backend's.
+void check_lowrank_shapes(const char *op, const DLTensor *a, const DLTensor *b, const DLTensor *y);
 
 }  // namespace tessera

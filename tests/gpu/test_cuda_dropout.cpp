@@ -3,9 +3,11 @@
 // the documented layout: the same seed and stream keep the same elements
 // on both sides (float32 values bit for bit; bfloat16 and float16 the CPU's
 // value rounded once to the dtype), beta accumulates, and host tensors go
-// through the CPU op.
+// through the CPU op. ABI 1.10's lowrank_dropout the same way: its sums are
+// one fmaf a term on both sides, so float32 agrees bit for bit.
 #include <tessera/ops.h>
 
+#include <array>
 #include <catch2/catch.hpp>
 #include <string>
 #include <vector>
@@ -18,9 +20,12 @@ namespace gpu_test_cuda_dropout {
 
 using namespace cuda_ops_test;
 
-TEST_CASE("cuda ops table has the ABI 1.9 dropout", "[cuda][ops][dropout]") {
+TEST_CASE("cuda ops table has the ABI 1.9 dropout and 1.10 lowrank_dropout",
+          "[cuda][ops][dropout]") {
   CHECK(TSR_HAS_FIELD(&gpu(), tsr_ops, dropout));
   CHECK(gpu().dropout);
+  CHECK(TSR_HAS_FIELD(&gpu(), tsr_ops, lowrank_dropout));
+  CHECK(gpu().lowrank_dropout);
 }
 
 TEST_CASE("cuda dropout keeps the CPU's elements, with its values", "[cuda][ops][dropout]") {
@@ -70,6 +75,30 @@ TEST_CASE("cuda dropout takes host tensors through the CPU op", "[cuda][ops][dro
   REQUIRE_OK(gpu().dropout(ctx(), x.dl(), 0.5f, 3, 4, 0.0f, a.dl()));
   REQUIRE_OK(cpu().dropout(ctx(), x.dl(), 0.5f, 3, 4, 0.0f, b.dl()));
   CHECK(a.get() == b.get());
+}
+
+TEST_CASE("cuda lowrank_dropout gives the CPU's bits", "[cuda][ops][dropout]") {
+  const uint64_t seed = 0x0123456789abcdefULL, stream = 0xfedcba9876543210ULL;
+  // LoRA's backward shape (rows, rank 16, width) by quads with a last
+  // partial row group; N % 4 != 0 (the element-wise kernel); rank 1.
+  for (const auto &[M, r, N] : {std::array<int64_t, 3>{4099, 16, 2048}, {37, 8, 70}, {6, 1, 5}})
+    for (Dt d : kFloatDts)
+      for (const float beta : {0.0f, 1.0f}) {
+        const std::string what =
+            case_name("lowrank_dropout", d, {M, r, N}) + (beta != 0 ? " beta 1" : "");
+        INFO(what);
+        Gpu a({M, r}, d, randn(static_cast<size_t>(M * r), 1)),
+            b({r, N}, d, randn(static_cast<size_t>(r * N), 2)),
+            y({M, N}, d, randn(static_cast<size_t>(M * N), 3));
+        Cpu ca({M, r}, a.vals), cb({r, N}, b.vals), cy({M, N}, y.vals);
+        REQUIRE_OK(gpu().lowrank_dropout(ctx(), a.dl(), b.dl(), 0.1f, seed, stream, beta, y.dl()));
+        REQUIRE_OK(
+            cpu().lowrank_dropout(ctx(), ca.dl(), cb.dl(), 0.1f, seed, stream, beta, cy.dl()));
+        const std::vector<float> got = y.get(), want = rounded(d, cy.get());
+        size_t differ = 0;
+        for (size_t i = 0; i < got.size(); i++) differ += got[i] != want[i];
+        CHECK(differ == 0);
+      }
 }
 
 }  // namespace gpu_test_cuda_dropout

@@ -3,9 +3,11 @@
 // layout sdk ops.h promises (element i keeps iff the top 24 bits of word
 // i % 4 of block i / 4, over 2^24, are >= p), its scale and beta, the
 // share it keeps, that streams and seeds differ, that the pool's split
-// does not change the mask, and its refusals.
+// does not change the mask, and its refusals. ABI 1.10's lowrank_dropout
+// against the test's own float32 sums put through the dropout op.
 #include <tessera/ops.h>
 
+#include <array>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <limits>
@@ -137,6 +139,80 @@ TEST_CASE("dropout refuses p outside [0, 1), a non-finite beta and mismatched si
   CHECK_THAT(m.last(), Catch::Contains("beta must be finite"));
   CHECK(ops().dropout(m.ctx(), x.dl(), 0.1f, 1, 1, 0.0f, small.dl()) != TSR_OK);
   CHECK_THAT(m.last(), Catch::Contains("dropout"));
+}
+
+// a @ b as lowrank_dropout documents its sums (ops.h): one fused
+// multiply-add a term, k rising, from 0 in float32. The test's own loop.
+std::vector<float> fma_product(const F32 &a, const F32 &b, int64_t M, int64_t r, int64_t N) {
+  std::vector<float> s(static_cast<size_t>(M * N), 0.0f);
+  for (int64_t m = 0; m < M; m++)
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t k = 0; k < r; k++)
+        s[m * N + n] = std::fma(a.v[m * r + k], b.v[k * N + n], s[m * N + n]);
+  return s;
+}
+
+TEST_CASE("lowrank_dropout is the dropout op over the float32 product, without its scratch",
+          "[cpu][ops][dropout]") {
+  const uint64_t seed = 0x0123456789abcdefULL, stream = 0xfedcba9876543210ULL;
+  // N = 6: the mask's blocks of four straddle rows; N = 64: they do not.
+  for (const auto &[M, r, N] : {std::array<int64_t, 3>{37, 16, 64}, {9, 3, 6}, {5, 1, 1}}) {
+    INFO("M " << M << " r " << r << " N " << N);
+    F32 a({M, r}), b({r, N}), scratch({M, N});
+    randomize(a.v, 11);
+    randomize(b.v, 12);
+    scratch.v = fma_product(a, b, M, r, N);
+    for (float beta : {0.0f, 1.0f, 0.5f}) {
+      INFO("beta " << beta);
+      F32 want({M, N}), got({M, N});
+      randomize(want.v, 13);
+      got.v = want.v;
+      REQUIRE(ops().dropout(nullptr, scratch.dl(), 0.2f, seed, stream, beta, want.dl()) == TSR_OK);
+      REQUIRE(ops().lowrank_dropout(nullptr, a.dl(), b.dl(), 0.2f, seed, stream, beta, got.dl()) ==
+              TSR_OK);
+      CHECK(got.v == want.v);
+    }
+  }
+}
+
+TEST_CASE("lowrank_dropout at p = 0 adds the product; beta = 0 does not read y",
+          "[cpu][ops][dropout]") {
+  const int64_t M = 23, r = 8, N = 40;
+  F32 a({M, r}), b({r, N}), y({M, N}, 0.25f);
+  randomize(a.v, 21);
+  randomize(b.v, 22);
+  REQUIRE(ops().lowrank_dropout(nullptr, a.dl(), b.dl(), 0.0f, 5, 6, 1.0f, y.dl()) == TSR_OK);
+  for (int64_t m = 0; m < M; m++)
+    for (int64_t n = 0; n < N; n++) {
+      double s = 0.25;
+      for (int64_t k = 0; k < r; k++) s += double(a.v[m * r + k]) * double(b.v[k * N + n]);
+      CHECK(y.v[m * N + n] == Approx(s).epsilon(1e-5).margin(1e-5));
+    }
+  F32 nan({M, N}, std::numeric_limits<float>::quiet_NaN()), zero({M, N}, 0.0f);
+  REQUIRE(ops().lowrank_dropout(nullptr, a.dl(), b.dl(), 0.3f, 5, 6, 0.0f, nan.dl()) == TSR_OK);
+  REQUIRE(ops().lowrank_dropout(nullptr, a.dl(), b.dl(), 0.3f, 5, 6, 0.0f, zero.dl()) == TSR_OK);
+  CHECK(nan.v == zero.v);
+}
+
+TEST_CASE("lowrank_dropout refuses shapes that do not chain, a rank over 256 and bad p",
+          "[cpu][ops][dropout]") {
+  Msgs m;
+  F32 a({4, 3}), b({3, 5}), y({4, 5}), b_wrong({2, 5}), y_wrong({4, 6}), flat({20});
+  CHECK(ops().lowrank_dropout(m.ctx(), a.dl(), b_wrong.dl(), 0.1f, 1, 1, 0.0f, y.dl()) ==
+        TSR_ERR_INVALID);
+  CHECK_THAT(m.last(), Catch::Contains("lowrank_dropout") && Catch::Contains("b [r, N]"));
+  CHECK(ops().lowrank_dropout(m.ctx(), a.dl(), b.dl(), 0.1f, 1, 1, 0.0f, y_wrong.dl()) ==
+        TSR_ERR_INVALID);
+  CHECK(ops().lowrank_dropout(m.ctx(), a.dl(), b.dl(), 0.1f, 1, 1, 0.0f, flat.dl()) ==
+        TSR_ERR_INVALID);
+  CHECK_THAT(m.last(), Catch::Contains("2-D"));
+  F32 wide_a({2, 257}), wide_b({257, 4}), wide_y({2, 4});
+  CHECK(ops().lowrank_dropout(m.ctx(), wide_a.dl(), wide_b.dl(), 0.1f, 1, 1, 0.0f, wide_y.dl()) ==
+        TSR_ERR_INVALID);
+  CHECK_THAT(m.last(), Catch::Contains("[1, 256]"));
+  CHECK(ops().lowrank_dropout(m.ctx(), a.dl(), b.dl(), 1.0f, 1, 1, 0.0f, y.dl()) ==
+        TSR_ERR_INVALID);
+  CHECK_THAT(m.last(), Catch::Contains("p must lie in [0, 1)"));
 }
 
 }  // namespace unit_test_cpu_dropout

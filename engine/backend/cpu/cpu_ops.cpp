@@ -328,6 +328,8 @@ const tsr_ops *cpu_ops() {
       .attention_packed_backward = cpu::attention_packed_backward,
       // ABI 1.9
       .dropout = cpu::dropout,
+      // ABI 1.10
+      .lowrank_dropout = cpu::lowrank_dropout,
   };
   return &table;
 }

@@ -147,5 +147,8 @@ tsr_status attention_packed_backward(tsr_host_ctx *ctx, const DLTensor *q, const
 // ABI 1.9 (cpu_ops_dropout.cpp).
 tsr_status dropout(tsr_host_ctx *ctx, const DLTensor *x, float p, uint64_t seed, uint64_t stream,
                    float beta, DLTensor *y) noexcept;
+// ABI 1.10 (cpu_ops_dropout.cpp).
+tsr_status lowrank_dropout(tsr_host_ctx *ctx, const DLTensor *a, const DLTensor *b, float p,
+                           uint64_t seed, uint64_t stream, float beta, DLTensor *y) noexcept;
 
 }  // namespace tessera::cpu

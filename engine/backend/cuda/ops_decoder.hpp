@@ -1,7 +1,7 @@
 // The CUDA entries of ABI 1.6, the ops of Llama-family decoder blocks:
 // ops_rmsnorm.cu, ops_rope.cu, ops_swiglu.cu and attention_gqa.cpp (cuDNN
 // where it takes the call, the engine's kernels otherwise), with 1.8's
-// packed attention and 1.9's dropout. Same signatures as the tsr_ops
+// packed attention, 1.9's dropout and 1.10's lowrank_dropout. Same signatures as the tsr_ops
 // members; semantics follow the CPU ops.
 #pragma once
 
@@ -49,6 +49,9 @@ tsr_status attention_packed_backward(tsr_host_ctx *ctx, const DLTensor *q, const
 // ABI 1.9: dropout by Philox4x32-10 (ops_dropout.cu), the CPU's mask.
 tsr_status dropout(tsr_host_ctx *ctx, const DLTensor *x, float p, uint64_t seed, uint64_t stream,
                    float beta, DLTensor *y) noexcept;
+// ABI 1.10: y = beta * y + dropout(a @ b) for a low rank (ops_dropout.cu).
+tsr_status lowrank_dropout(tsr_host_ctx *ctx, const DLTensor *a, const DLTensor *b, float p,
+                           uint64_t seed, uint64_t stream, float beta, DLTensor *y) noexcept;
 
 // attention_gqa_kernels.cu, on the compute stream: dst [B, T, H, D]
 // compact (dt) = src [B, T, H / group, D] with each head repeated `group`

@@ -267,6 +267,8 @@ const tsr_ops *cuda_ops() {
       .attention_packed_backward = cuda::attention_packed_backward,
       // ABI 1.9
       .dropout = cuda::dropout,
+      // ABI 1.10
+      .lowrank_dropout = cuda::lowrank_dropout,
   };
   return &table;
 }

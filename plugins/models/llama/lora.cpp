@@ -148,6 +148,12 @@ void lora_freeze_base(Llama &m) {
     if (!lo.adapter[i]) m.infos[i].trainable = 0;
 }
 
+// Whether the ops put du A through the dropout mask into dx in one pass
+// (ABI 1.10's lowrank_dropout) rather than through a scratch.
+static bool fused_drop(const Llama &m) {
+  return TSR_HAS_FIELD(m.ops, tsr_ops, lowrank_dropout) && m.ops->lowrank_dropout;
+}
+
 void lora_allocate(Llama &m) {
   Lora &lo = m.lora;
   lo.act.reset();
@@ -167,7 +173,10 @@ void lora_allocate(Llama &m) {
     lo.drop_off[t] = lo.drop_set;
     lo.drop_set += lo.rows * static_cast<size_t>(cols);
   }
-  const size_t elems = m.sets.size() * lo.drop_set + lo.rows * static_cast<size_t>(lo.drop_cols);
+  // du A's scratch only where the ops cannot put it through the mask
+  // themselves (lowrank_dropout, ABI 1.10).
+  const size_t scratch = fused_drop(m) ? 0 : lo.rows * static_cast<size_t>(lo.drop_cols);
+  const size_t elems = m.sets.size() * lo.drop_set + scratch;
   lo.drop = sdk::Buffer(m.host, m.device, elems * m.esize, TSR_MEM_ACTIVATIONS);
 }
 
@@ -283,6 +292,12 @@ void Llama::lora_backward(tsr_step *step, uint32_t l, LayerParam p, View &dy, Vi
   }
   if (!lora.dropping) {
     check(ops->matmul(ctx, du.get(), 0, &wa, 0, dx.get(), 1.0f, 1.0f));
+    return;
+  }
+  if (fused_drop(*this)) {  // dx += mask * (du A) / (1 - p), no scratch
+    View dx2(*dx.get(), {R, in_cols});
+    check(ops->lowrank_dropout(ctx, du.get(), &wa, static_cast<float>(lora.dropout), lora.seed,
+                               lora.stream(l, t), 1.0f, dx2.get()));
     return;
   }
   View dxd = lora_scratch(*this, R, in_cols);

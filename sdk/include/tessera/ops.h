@@ -276,7 +276,25 @@ typedef struct tsr_ops {
    * and the arithmetic is float32, rounded once to y's dtype. */
   tsr_status (*dropout)(tsr_host_ctx *ctx, const DLTensor *x, float p, uint64_t seed,
                         uint64_t stream, float beta, DLTensor *y);
+
+  /* ---- ABI 1.10: a low-rank product through dropout (check
+   * TSR_HAS_FIELD(ops, tsr_ops, lowrank_dropout) and the pointer, as for
+   * 1.3) ----
+   * y = beta * y + dropout(a @ b): a [M, r], b [r, N], y [M, N], compact
+   * row-major, one dtype, 1 <= r <= 256 (a LoRA adapter's rank). Element
+   * (m, n) of the product is s = fma(a[m, r-1], b[r-1, n], ... fma(a[m, 0],
+   * b[0, n], 0)) in float32, k rising, each step one fused multiply-add,
+   * never rounded to y's dtype; then y[m, n] = beta * y[m, n] + keep * s /
+   * (1 - p) as the dropout op computes it, with the dropout op's mask over
+   * y's elements (element i = m * N + n of the stream (seed, stream)). So
+   * the CPU and CUDA give the same float32 bits, and the result is what a
+   * float32 matmul into a scratch followed by dropout(scratch, p, seed,
+   * stream, beta, y) gives, without the scratch's round trip through
+   * memory. p = 0 keeps every element; beta = 0 does not read y. LoRA's
+   * backward with dropout is its use: dx += keep * (du A) / (1 - p). */
+  tsr_status (*lowrank_dropout)(tsr_host_ctx *ctx, const DLTensor *a, const DLTensor *b, float p,
+                                uint64_t seed, uint64_t stream, float beta, DLTensor *y);
 } tsr_ops;
-#define tsr_ops_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_ops, dropout)
+#define tsr_ops_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_ops, lowrank_dropout)
 
 #endif /* TESSERA_OPS_H */
