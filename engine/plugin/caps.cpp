@@ -41,6 +41,7 @@ ZeroCaps zero_caps(const tsr_plugin_descriptor *d) {
   c.param_source = CAPS_EXT(d, tsr_ext_zero_param_source, TSR_EXT_ZERO_PARAM_SOURCE, use);
   c.grad_sink = CAPS_EXT(d, tsr_ext_zero_grad_sink, TSR_EXT_ZERO_GRAD_SINK, use);
   c.frozen = CAPS_EXT(d, tsr_ext_zero_frozen, TSR_EXT_ZERO_FROZEN, frozen_ranges);
+  c.final_groups = CAPS_EXT(d, tsr_ext_zero_final_groups, TSR_EXT_ZERO_FINAL_GROUPS, take_final);
   return c;
 }
 

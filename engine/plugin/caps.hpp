@@ -37,6 +37,8 @@ struct ZeroCaps {
   const tsr_ext_zero_grad_sink *grad_sink = nullptr;
   // Frozen groups without gradients or owned state (extensions.h).
   const tsr_ext_zero_frozen *frozen = nullptr;
+  // ABI 1.10: groups whose reduced gradients are final during backward.
+  const tsr_ext_zero_final_groups *final_groups = nullptr;
 };
 
 struct OffloadCaps {

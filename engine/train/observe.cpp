@@ -118,9 +118,11 @@ nlohmann::json RunObserver::offload_interval() {
                       {"cpu_step", now.host_s - offload_last_.host_s},
                       {"h2d", now.h2d_s - offload_last_.h2d_s},
                       {"device_share", now.device_s - offload_last_.device_s},
-                      {"wait", s_.flight.wait_s - wait_last_}};
+                      {"wait", s_.flight.wait_s - wait_last_},
+                      {"ranges_in_backward", s_.flight.ranges_in_backward - early_last_}};
   offload_last_ = now;
   wait_last_ = s_.flight.wait_s;
+  early_last_ = s_.flight.ranges_in_backward;
   // The GPU's side (CUDA): the stream's time over the passes and at the
   // waits for the update, from its own events (the spans it has finished).
   if (s_.flight.gpu_passes) j["gpu_passes"] = s_.flight.gpu_passes->take();

@@ -55,6 +55,7 @@ class RunObserver {
   tsr_offload_stats offload_last_{};
   tsr_speculate_stats spec_last_{};
   double wait_last_ = 0;
+  uint64_t early_last_ = 0;  // flight.ranges_in_backward at the last interval
 };
 
 // Local time as ISO 8601 with offset ("2025-01-31T14:05:09+0100").

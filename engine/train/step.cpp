@@ -2,6 +2,7 @@
 #include "train/step.hpp"
 
 #include <cstdint>
+#include <iterator>
 
 #include "host/zero_update.hpp"
 #include "train/model_pass.hpp"
@@ -111,15 +112,17 @@ bool speculates(const StepPlan &p) {
 
 // Whether a step's update may start during its last backward, group by
 // group: the owned gradients are final when backward declares them (one
-// rank, not partitioned: no reduction to wait for), the backend overlaps
-// (ABI 1.2), and the update needs nothing computed over the whole gradient
-// first (no clipping norm, no fp16 overflow check) or the backend
-// speculates. The ranges then go in backward's order, the same updates as
-// after backward, so the same bits.
+// rank, not partitioned: no reduction to wait for) or when the zero plugin
+// says their reduction is (several ranks, not partitioned: ABI 1.10
+// final-groups), the backend overlaps (ABI 1.2), and the update needs
+// nothing computed over the whole gradient first (no clipping norm, no
+// fp16 overflow check) or the backend speculates. The ranges then go in
+// backward's order, the same updates as after backward, so the same bits.
 bool early_start(const StepPlan &p) {
   const Session &s = p.s;
   const bool needs_norm = p.st.gradient_clipping > 0 || p.st.precision == "fp16";
-  return (!needs_norm || speculates(p)) && s.host.facts().world_size == 1 &&
+  const bool final_when_declared = s.host.facts().world_size == 1;
+  return (!needs_norm || speculates(p)) && (final_when_declared || s.zero.caps.zero.final_groups) &&
          !s.plan.partition_grads && s.offload.caps.offload.wait_params;
 }
 
@@ -143,14 +146,18 @@ UpdateArgs unclipped(const StepPlan &p, const TrainState &ts) {
   return u;
 }
 
-// Hands over the owned ranges in flat [lo, hi) not handed over yet.
-void start_ranges(StepPlan &p, const UpdateArgs &u, size_t lo, size_t hi) {
+// Hands over the owned ranges in flat [lo, hi) not handed over yet;
+// returns how many.
+size_t start_ranges(StepPlan &p, const UpdateArgs &u, size_t lo, size_t hi) {
+  size_t n = 0;
   for (size_t i = 0; i < p.ranges.size(); ++i) {
     const tsr_owned_range &r = p.ranges[i];
     if (p.started[i] || r.flat_offset < lo || r.flat_offset >= hi) continue;
     p.started[i] = 1;
+    ++n;
     plugin_ok(p.s.host, offload_step(p, u, r), "offload", p.s.offload.name, "step");
   }
+  return n;
 }
 
 // Called as backward declares group g's gradients final (PassPhase::grads_final).
@@ -162,8 +169,24 @@ tsr_status start_group(StepPlan &p, const TrainState &ts, uint32_t g) {
   return guarded(p.s.host.ctx(), [&] {
     if (!p.speculating && speculates(p)) begin_speculation(p);
     const size_t lo = p.s.layout.group_offset[g], hi = lo + p.s.layout.group_size[g];
-    start_ranges(p, unclipped(p, ts), lo, hi);
+    p.s.flight.ranges_in_backward += start_ranges(p, unclipped(p, ts), lo, hi);
   });
+}
+
+// Called as backward declares a group done at several ranks: the groups
+// whose reduction the zero plugin has made final since the last call get
+// their update started (those left start after finish_grads).
+tsr_status start_final_groups(StepPlan &p, const TrainState &ts) {
+  const auto *fg = p.s.zero.caps.zero.final_groups;
+  uint32_t groups[64];
+  size_t n = 0;
+  do {
+    const tsr_status st = fg->take_final(p.s.zero.self, groups, std::size(groups), &n);
+    if (st != TSR_OK) return st;
+    for (size_t i = 0; i < n; ++i)
+      if (const tsr_status sg = start_group(p, ts, groups[i]); sg != TSR_OK) return sg;
+  } while (n == std::size(groups));
+  return TSR_OK;
 }
 
 // The norm is known: the speculative round's verdict. `apply` false: an
@@ -195,7 +218,10 @@ double train_step(StepPlan &p, TrainState &ts, Loader &loader) {
     if (mb.last && early_start(p)) {
       p.ranges = p.s.owned_ranges();
       p.started.assign(p.ranges.size(), 0);
-      mb.grads_final = [&p, &ts](uint32_t g) { return start_group(p, ts, g); };
+      if (p.s.host.facts().world_size == 1)
+        mb.grads_final = [&p, &ts](uint32_t g) { return start_group(p, ts, g); };
+      else
+        mb.grads_final = [&p, &ts](uint32_t) { return start_final_groups(p, ts); };
     }
     loss += micro_step(p, ts, loader, mb);
   }

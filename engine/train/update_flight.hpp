@@ -32,6 +32,9 @@ struct UpdateFlight {
   // Seconds the param views spent waiting for updates in flight (the GPU,
   // or the CPU forward, waiting for the offloaded step).
   double wait_s = 0;
+  // Owned ranges whose update a last backward handed over before it ended
+  // (early_start in train/step.cpp), counted for the breakdown.
+  uint64_t ranges_in_backward = 0;
   // CUDA runs with log.breakdown: the compute stream's own time at those
   // waits, and over each step's passes (flight_time_gpu; null: untimed).
   std::unique_ptr<GpuClock> gpu_waits, gpu_passes;

@@ -31,9 +31,12 @@ const tsr_ext_zero_grad_sink kGradSink = {tsr_ext_zero_grad_sink_STRUCT_SIZE,
 const tsr_ext_zero_frozen kFrozen = {tsr_ext_zero_frozen_STRUCT_SIZE,
                                      entries::member<ZeroState, &ZeroState::set_frozen>,
                                      entries::member<ZeroState, &ZeroState::frozen_ranges>};
+const tsr_ext_zero_final_groups kFinalGroups = {tsr_ext_zero_final_groups_STRUCT_SIZE,
+                                                entries::member<ZeroState, &ZeroState::take_final>};
 const Extension kExtensions[] = {{TSR_EXT_ZERO_PARAM_SOURCE, &kParamSource},
                                  {TSR_EXT_ZERO_GRAD_SINK, &kGradSink},
-                                 {TSR_EXT_ZERO_FROZEN, &kFrozen}};
+                                 {TSR_EXT_ZERO_FROZEN, &kFrozen},
+                                 {TSR_EXT_ZERO_FINAL_GROUPS, &kFinalGroups}};
 const void *get_extension(const char *id) {
   return find_extension(kExtensions, id);
 }

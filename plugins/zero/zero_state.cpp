@@ -8,6 +8,9 @@ namespace tessera::zero {
 namespace {
 // Reduce-scatter buckets a backward keeps in flight (stages 2-3).
 constexpr size_t kScattersInFlight = 2;
+// All-reduce buckets take_final leaves in flight (stages 0-1): older ones
+// it waits for, so their groups' updates can start during backward.
+constexpr size_t kReducesInFlight = 2;
 }  // namespace
 
 using sdk::check;
@@ -325,9 +328,28 @@ void ZeroState::launch_bucket() {
       grad_offset_[static_cast<size_t>(bucket_hi_)] + size_[static_cast<size_t>(bucket_hi_)];
   DLTensor t = view(at(grads_.get(), lo), hi - lo);
   Pending p;
+  for (int64_t g = bucket_lo_; g <= bucket_hi_; ++g)
+    if (!frozen_[static_cast<size_t>(g)]) p.groups.push_back(static_cast<uint32_t>(g));
   check(host_->comm->all_reduce(host_->ctx, &t, TSR_REDUCE_AVG, opt_.overlap ? &p.work : nullptr));
-  if (p.work) pending_.push_back(std::move(p));
+  if (p.work)
+    pending_.push_back(std::move(p));
+  else
+    final_.insert(final_.end(), p.groups.begin(), p.groups.end());
   bucket_lo_ = bucket_hi_ = -1;
+}
+
+void ZeroState::take_final(uint32_t *groups, size_t cap, size_t *n) {
+  if (!n || (cap > 0 && !groups)) throw Error(TSR_ERR_INVALID, "zero: take_final without room");
+  // Stages 0-1 only: a stage 2-3 bucket leaves only slices on each rank.
+  while (opt_.stage < 2 && pending_.size() > kReducesInFlight) {
+    Pending done = std::move(pending_.front());
+    pending_.erase(pending_.begin());
+    complete(done);
+  }
+  size_t k = 0;
+  while (opt_.stage < 2 && k < cap && final_taken_ < final_.size())
+    groups[k++] = final_[final_taken_++];
+  *n = k;
 }
 
 void ZeroState::grads_done(uint32_t g, bool last_micro) {
@@ -433,6 +455,7 @@ void ZeroState::complete(Pending &p) {
     p.work = nullptr;
     check(host_->comm->wait(host_->ctx, w));
   }
+  if (opt_.stage < 2) final_.insert(final_.end(), p.groups.begin(), p.groups.end());
   if (opt_.stage >= 2 && p.reduced.get() && sunk_) {
     // This micro-batch's averaged slices leave the device; the buffer
     // returns to the pool once the copies have read it (two may drain).
@@ -479,6 +502,10 @@ void ZeroState::finish_grads() {
   pending.swap(pending_);
   for (auto &p : pending) complete(p);
   if (sunk_) finish_sink();
+  // Every group is final now; the host starts what take_final did not
+  // report, and the next step reports afresh.
+  final_.clear();
+  final_taken_ = 0;
 }
 
 // A group no micro-batch produced a gradient for still owes the sink its

@@ -62,6 +62,9 @@ class ZeroState {
   void grads_done(uint32_t g, bool last_micro);
   void end_pass();
   void finish_grads();
+  // Stages 0-1 at several ranks (ABI 1.10 take_final): up to `cap` groups
+  // whose reduced gradients became final since the last call.
+  void take_final(uint32_t *groups, size_t cap, size_t *n);
   double grad_norm_sq();
   // ABI 1.0's step: every range through st->update, flush, reshare,
   // clear_grads. A 1.2 host makes those calls itself.
@@ -81,7 +84,7 @@ class ZeroState {
   };
   struct Pending {  // a reduction in flight
     tsr_comm_work *work = nullptr;
-    std::vector<uint32_t> groups;  // stage 2/3: the groups packed in the bucket
+    std::vector<uint32_t> groups;  // the groups in the bucket
     sdk::Buffer packed;            // stage 2/3: their gradients, rank-major
     sdk::Buffer reduced;           // stage 2/3: this rank's reduced slices
   };
@@ -144,6 +147,10 @@ class ZeroState {
   std::vector<sdk::Buffer> pool_;
   // stage 0-1: groups whose last-micro-batch gradients were declared done
   std::vector<char> declared_;
+  // stage 0-1: groups whose reduction is final this step, in launch order;
+  // take_final has reported the first final_taken_ of them.
+  std::vector<uint32_t> final_;
+  size_t final_taken_ = 0;
   int64_t shapes_[8] = {};  // a ring: views live only for one call
   unsigned next_shape_ = 0;
 };

@@ -3,8 +3,9 @@
 // the ranges already stepped when clipping changes the update. After 30
 // steps its parameters equal offload none's with the same clipping bit for
 // bit, at stage 0 on one rank (the update starts during backward) and at
-// stages 1-3 on two ranks through the launcher (it starts as the reduced
-// gradients are final, beside the norm), with and without a GPU share
+// stages 1-3 on two ranks through the launcher (at stage 1 as each
+// bucket's reduction is final, during backward; at stages 2-3 beside the
+// norm), with and without a GPU share
 // (ratio 0.5, which on the CPU is stepped on the compute thread), in three
 // regimes: a max norm so low that every step clips, so high that none does,
 // and one from the observed norms where steps go both ways.
@@ -46,6 +47,7 @@ struct Trained {
   std::map<std::string, F32Tensor> params;
   std::vector<double> norms;  // grad_norm of each step
   int64_t speculated = 0, redone = 0;
+  int64_t in_backward = 0;  // ranges handed over before backward ended
   double redo_s = -1, held_s = -1;
   std::string log;  // the run's output
 };
@@ -87,6 +89,7 @@ Trained train(int world, const std::string &stage, const std::string &variant, d
     const auto &o = m.at("breakdown").at("offload");
     t.speculated += o.at("speculated_steps").get<int64_t>();
     t.redone += o.at("redone_steps").get<int64_t>();
+    t.in_backward += o.at("ranges_in_backward").get<int64_t>();
   }
   REQUIRE(t.norms.size() == static_cast<size_t>(kSteps));
   if (!none) {
@@ -156,6 +159,8 @@ void clip_exact(int world, const std::string &stage) {
       CHECK(t.norms == ref.norms);  // the same trajectory, step by step
       // The speculative path ran every step and redid the clipped ones.
       CHECK(t.speculated == kSteps);
+      // One rank: every group's update starts as backward declares it.
+      if (world == 1) CHECK(t.in_backward > 0);
       if (exact) {
         CHECK(t.redone == (always ? clipped : adaptive_redone(ref, g.clip)));
         if (clipped > 0) CHECK(t.redo_s > 0);
@@ -178,6 +183,25 @@ TEST_CASE("offload cpu with clipping equals offload none bit for bit at stage 0 
 TEST_CASE("offload cpu with clipping equals offload none bit for bit at stage 1 on two ranks",
           "[offload][clip]") {
   clip_exact(2, "stage1");
+}
+
+TEST_CASE("at two ranks, stage 1 starts a group's update as its reduction is final, same bits",
+          "[offload][clip]") {
+  // Buckets of one group each (and four layers), so reductions complete
+  // while backward runs: the zero plugin reports those groups final
+  // (final-groups, ABI 1.10) and their updates start before backward ends.
+  const std::vector<std::string> small = {"--set", "zero.bucket_mb=0.001", "--set",
+                                          "model.hidden=[256, 256, 256]"};
+  for (const double clip : {1e6, 1e-6}) {
+    INFO("max norm " << clip);
+    const std::string tag = clip > 1 ? "high" : "low";
+    const Trained ref = train(2, "stage1", "none", clip, "early-none-" + tag, "", small);
+    const Trained t = train(2, "stage1", "cpu", clip, "early-cpu-" + tag, "", small);
+    CHECK(compare(t.params, ref.params).bitwise);
+    CHECK(t.norms == ref.norms);
+    CHECK(t.speculated == kSteps);
+    CHECK(t.in_backward > 0);
+  }
 }
 
 TEST_CASE("offload cpu with clipping equals offload none bit for bit at stage 2 on two ranks",
