@@ -104,6 +104,13 @@ std::vector<double> rope_inv_freq(const char *op, const tsr_rope_params *p, int6
   return f;
 }
 
+void check_dropout_args(const char *op, float p, float beta) {
+  TSR_CHECK(std::isfinite(p) && p >= 0.0f && p < 1.0f, TSR_ERR_INVALID,
+            std::string(op) + ": p must lie in [0, 1), got " + std::to_string(p));
+  TSR_CHECK(std::isfinite(beta), TSR_ERR_INVALID,
+            std::string(op) + ": beta must be finite, got " + std::to_string(beta));
+}
+
 void check_lowrank_shapes(const char *op, const DLTensor *a, const DLTensor *b, const DLTensor *y) {
   const std::string w = std::string(op) + ": ";
   TSR_CHECK(a && b && y, TSR_ERR_INVALID, w + "a, b and y must not be NULL");

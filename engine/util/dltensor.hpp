@@ -1,8 +1,8 @@
 // The SDK's tensor and op arguments in words and checks that every backend's
 // ops share (backend/cpu, backend/cuda): one description of a DLTensor in
-// messages, one activation check, the rotary embedding's frequencies and
-// the low-rank product's shapes, so a CPU and a CUDA call of an op refuse
-// and compute alike.
+// messages, one activation check, the rotary embedding's frequencies, the
+// dropout ops' arguments and the low-rank product's shapes, so a CPU and a
+// CUDA call of an op refuse and compute alike.
 #pragma once
 
 #include <dlpack/dlpack.h>
@@ -27,6 +27,10 @@ void check_activation(const char *op, tsr_activation act);
 // outside their domain (theta <= 1, factor <= 0, low >= high frequency
 // factor, original context <= 0).
 std::vector<double> rope_inv_freq(const char *op, const tsr_rope_params *p, int64_t head_dim);
+
+// The dropout ops' p and beta (ops.h, ABI 1.9 and 1.10): finite, p in
+// [0, 1). Throws naming `op` otherwise.
+void check_dropout_args(const char *op, float p, float beta);
 
 // The largest rank lowrank_dropout takes (ops.h, ABI 1.10).
 constexpr int64_t kLowrankMaxRank = 256;

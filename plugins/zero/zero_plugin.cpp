@@ -1,5 +1,5 @@
 // The zero plugins stage0..stage3: one library, four descriptors, one
-// implementation (zero_state.cpp) configured by the stage number.
+// implementation (zero_state.cpp, zero_grads.cpp) configured by the stage number.
 #include <tessera/cpp/extension.hpp>
 #include <tessera/cpp/plugin.hpp>
 #include <tessera/cpp/zero.hpp>

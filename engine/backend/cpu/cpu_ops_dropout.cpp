@@ -65,14 +65,6 @@ TSR_OPS_CLONES void lowrank_rows(const float *a, const float *b, float *y, int64
   }
 }
 
-// p and beta as the dropout ops take them: finite, p in [0, 1).
-void check_drop_args(const char *op, float p, float beta) {
-  TSR_CHECK(std::isfinite(p) && p >= 0.0f && p < 1.0f, TSR_ERR_INVALID,
-            std::string(op) + ": p must lie in [0, 1), got " + std::to_string(p));
-  TSR_CHECK(std::isfinite(beta), TSR_ERR_INVALID,
-            std::string(op) + ": beta must be finite, got " + std::to_string(beta));
-}
-
 }  // namespace
 
 tsr_status lowrank_dropout(tsr_host_ctx *ctx, const DLTensor *a, const DLTensor *b, float p,
@@ -81,7 +73,7 @@ tsr_status lowrank_dropout(tsr_host_ctx *ctx, const DLTensor *a, const DLTensor 
     const char *op = "lowrank_dropout";
     const Mat<float> A = f32(op, "a", a), B = f32(op, "b", b), Y = f32(op, "y", y);
     check_lowrank_shapes(op, a, b, y);
-    check_drop_args(op, p, beta);
+    check_dropout_args(op, p, beta);
     const float scale = philox::dropout_scale(p);
     const int64_t M = Y.rows, N = Y.cols, r = A.cols;
     if (M * N == 0) return;
@@ -98,7 +90,7 @@ tsr_status dropout(tsr_host_ctx *ctx, const DLTensor *x, float p, uint64_t seed,
     const char *op = "dropout";
     const Mat<float> X = f32(op, "x", x), Y = f32(op, "y", y);
     check_same_numel(op, "x", x, "y", y);
-    check_drop_args(op, p, beta);
+    check_dropout_args(op, p, beta);
     const float scale = philox::dropout_scale(p);
     const int64_t n = X.numel(), quads = (n + 3) / 4;
     parallel_for(quads, 4096, [&](int64_t q0, int64_t q1) {

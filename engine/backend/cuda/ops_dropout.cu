@@ -131,14 +131,6 @@ __global__ void lowrank_kernel(const T *a, const T *b, T *y, int64_t M, int64_t 
   }
 }
 
-// p and beta as both dropout ops take them.
-void check_drop_args(const char *op, float p, float beta) {
-  TSR_CHECK(std::isfinite(p) && p >= 0.0f && p < 1.0f, TSR_ERR_INVALID,
-            std::string(op) + ": p must lie in [0, 1), got " + std::to_string(p));
-  TSR_CHECK(std::isfinite(beta), TSR_ERR_INVALID,
-            std::string(op) + ": beta must be finite, got " + std::to_string(beta));
-}
-
 }  // namespace
 
 tsr_status lowrank_dropout(tsr_host_ctx *ctx, const DLTensor *a, const DLTensor *b, float p,
@@ -155,7 +147,7 @@ tsr_status lowrank_dropout(tsr_host_ctx *ctx, const DLTensor *a, const DLTensor 
     check_same_dtype(op, "a", a, A, "y", y, Y);
     check_same_dtype(op, "b", b, B, "y", y, Y);
     check_lowrank_shapes(op, a, b, y);
-    check_drop_args(op, p, beta);
+    check_dropout_args(op, p, beta);
     const int64_t M = y->shape[0], N = y->shape[1];
     const int r = static_cast<int>(a->shape[1]);
     if (M * N == 0) return;
@@ -191,7 +183,7 @@ tsr_status dropout(tsr_host_ctx *ctx, const DLTensor *x, float p, uint64_t seed,
     const View X = floating(op, "x", x), Y = floating(op, "y", y);
     check_same_numel(op, "x", x, X, "y", y, Y);
     check_same_dtype(op, "x", x, X, "y", y, Y);
-    check_drop_args(op, p, beta);
+    check_dropout_args(op, p, beta);
     const int64_t n = X.numel();
     if (n == 0) return;
     const float scale = philox::dropout_scale(p);

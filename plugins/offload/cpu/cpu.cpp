@@ -229,6 +229,12 @@ std::pair<double, double> allocate(Cpu *s) {
           std::chrono::duration<double>(t2 - t1).count()};
 }
 
+// The undo space for every element the host holds: master, state and a
+// compute parameter each.
+double undo_whole(const Cpu *s) {
+  return (s->n - s->first) * (4.0 * (1 + s->state_count) + dtype_bytes(s->compute_dtype));
+}
+
 // The undo space of speculation (undo.hpp): every owned element's master,
 // state and compute parameter, or what `speculation_memory` allows of it
 // ("auto": at most half of the host memory this rank has left once its
@@ -239,12 +245,6 @@ std::pair<double, double> allocate(Cpu *s) {
 // waits for the first speculative step (size_undo_late): the engine's
 // initial values of the whole model, a full fp32 copy, are gone by then,
 // and an 8B model's undo space grows by half that copy.
-// The undo space for every element the host holds: master, state and a
-// compute parameter each.
-double undo_whole(const Cpu *s) {
-  return (s->n - s->first) * (4.0 * (1 + s->state_count) + dtype_bytes(s->compute_dtype));
-}
-
 void allocate_undo(Cpu *s, bool at_start) {
   // Each range's arrays start 64-byte aligned: 1 MiB covers that slack for
   // any plausible number of ranges.
