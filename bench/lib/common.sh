@@ -2,6 +2,8 @@
 #   bench_scratch NAME      prints (and makes) the bench's scratch directory:
 #                           $TESSERA_BENCH_SCRATCH/NAME, else ${TMPDIR:-/tmp}/tessera-bench/NAME
 #   harness ARGS...         bench/lib/harness.py (sample, figure, plan, env, env-md)
+#   check_settings REPS [WINDOW_S]  exits at once where the figure would be
+#                           refused at the end (too few samples, too short)
 #   json_get FILE KEY...    one value of a JSON file
 #   plan_steps PROBE_DIR SECONDS WARMUP   sets plan_steps_n and plan_log_every
 #                           from a probe run's metrics.jsonl
@@ -13,6 +15,10 @@ bench_scratch() {
   mkdir -p "$d" && echo "$d"
 }
 harness() { python3 "$bench_lib/harness.py" "$@"; }
+check_settings() {
+  if [ -n "${2:-}" ]; then harness check --reps "$1" --window "$2" || exit 1
+  else harness check --reps "$1" || exit 1; fi
+}
 json_get() {
   python3 -c 'import json, sys
 d = json.load(open(sys.argv[1]))

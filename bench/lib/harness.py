@@ -202,6 +202,16 @@ def run_samples(path, per_step, warmup_steps=0, warmup_s=0.0, windows=1,
     return out
 
 
+def check_settings(reps, window_s=None):
+    """Refuses, before any run, settings whose figure would be refused at the
+    end (a bench that ran for minutes and then printed nothing)."""
+    if reps < MIN_REPS:
+        raise BenchError(f"REPS={reps}: a figure needs at least {MIN_REPS} samples (set REPS >= {MIN_REPS})")
+    if window_s is not None and not window_s >= MIN_WINDOW_S:
+        raise BenchError(f"WINDOW_S={window_s:g}: a timed window must be at least {MIN_WINDOW_S:g} s "
+                         f"(set WINDOW_S >= {MIN_WINDOW_S:g})")
+
+
 def figure(samples, min_reps=MIN_REPS):
     """The median (min-max) of the samples (Sample or plain rates)."""
     rates = [s.rate if isinstance(s, Sample) else s for s in samples]
@@ -437,6 +447,9 @@ def main(argv=None):
     pl.add_argument("--seconds", type=float, required=True)
     pl.add_argument("--warmup-steps", type=int, default=0)
     pl.add_argument("--log-s", type=float, default=0.1)
+    c = sub.add_parser("check")
+    c.add_argument("--reps", type=int, required=True)
+    c.add_argument("--window", type=float, default=None)
     e = sub.add_parser("env")
     e.add_argument("--bin", default=None)
     e.add_argument("--python", default=None)
@@ -451,6 +464,8 @@ def main(argv=None):
         elif a.cmd == "figure":
             got = [x for m in a.metrics for x in _samples(a, m)]
             print(json.dumps(figure(got, a.min_reps).as_json()))
+        elif a.cmd == "check":
+            check_settings(a.reps, a.window)
         elif a.cmd == "plan":
             print(json.dumps(plan(read_steps(a.metrics), a.seconds, a.warmup_steps, a.log_s)))
         elif a.cmd == "env":

@@ -383,6 +383,24 @@ class Scripts(unittest.TestCase):
 
 
 
+    def test_every_bench_with_reps_refuses_too_few_before_running(self):
+        """REPS=2 (a figure needs 3) stops a bench at once, naming REPS, not
+        after minutes of runs (here no bench has a build, so one that got
+        past the check would fail on that instead)."""
+        seen = 0
+        for path in glob.glob(os.path.join(ROOT, "bench", "*", "run")):
+            with open(path) as f:
+                if "${REPS:-" not in f.read():
+                    continue
+            seen += 1
+            env = dict(os.environ, REPS="2", TESSERA_BENCH_SCRATCH=tempfile.mkdtemp())
+            r = subprocess.run([path], env=env, cwd=ROOT,
+                               capture_output=True, text=True, timeout=60)
+            self.assertNotEqual(r.returncode, 0, path)
+            self.assertIn("REPS=2", r.stderr, f"{path}: {r.stderr[-400:]}")
+        self.assertGreaterEqual(seen, 8)
+
+
 class KernelFamilies(unittest.TestCase):
     """bench/gpt2_gpu/kernel_families.py on a made-up trace whose figures are
     known by construction: per step a 5 ms GEMM, 1 ms attention forward,

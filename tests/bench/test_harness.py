@@ -73,6 +73,16 @@ class Statistics(unittest.TestCase):
         with self.assertRaisesRegex(BenchError, "at least 3"):
             harness.figure([100.0, 101.0])
 
+    def test_settings_that_would_be_refused_are_refused_before_a_run(self):
+        harness.check_settings(3, 5.0)
+        harness.check_settings(5)
+        with self.assertRaisesRegex(BenchError, "REPS=2: .*at least 3"):
+            harness.check_settings(2, 6.0)
+        with self.assertRaisesRegex(BenchError, "WINDOW_S=4: .*at least 5"):
+            harness.check_settings(3, 4.0)
+        with self.assertRaisesRegex(BenchError, "WINDOW_S=nan"):
+            harness.check_settings(3, float("nan"))
+
     def test_ratio_and_its_range(self):
         a, b = harness.figure([110.0, 120.0, 130.0]), harness.figure([90.0, 100.0, 110.0])
         r = harness.ratio(a, b)
