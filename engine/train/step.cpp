@@ -110,20 +110,27 @@ bool speculates(const StepPlan &p) {
          !s.home.grads_streamed;
 }
 
+// Whether a group's owned gradients are final as soon as backward declares
+// it done: one rank, not partitioned (no reduction to wait for). Elsewhere
+// the zero plugin says which reductions are final (ABI 1.10 final-groups).
+bool final_when_declared(const Session &s) {
+  return s.host.facts().world_size == 1 && !s.plan.partition_grads;
+}
+
 // Whether a step's update may start during its last backward, group by
-// group: the owned gradients are final when backward declares them (one
-// rank, not partitioned: no reduction to wait for) or when the zero plugin
-// says their reduction is (several ranks, not partitioned: ABI 1.10
-// final-groups), the backend overlaps (ABI 1.2), and the update needs
-// nothing computed over the whole gradient first (no clipping norm, no
-// fp16 overflow check) or the backend speculates. The ranges then go in
-// backward's order, the same updates as after backward, so the same bits.
+// group: the owned gradients are final when backward declares them or when
+// the zero plugin says so, the backend overlaps (ABI 1.2) and does not
+// hold the gradients itself (the gradient sink, whose copies land at
+// finish_grads), and the update needs nothing computed over the whole
+// gradient first (no clipping norm, no fp16 overflow check) or the backend
+// speculates. The ranges then go in the order their gradients became
+// final, the same updates as after backward, so the same bits.
 bool early_start(const StepPlan &p) {
   const Session &s = p.s;
   const bool needs_norm = p.st.gradient_clipping > 0 || p.st.precision == "fp16";
-  const bool final_when_declared = s.host.facts().world_size == 1;
-  return (!needs_norm || speculates(p)) && (final_when_declared || s.zero.caps.zero.final_groups) &&
-         !s.plan.partition_grads && s.offload.caps.offload.wait_params;
+  return (!needs_norm || speculates(p)) &&
+         (final_when_declared(s) || s.zero.caps.zero.final_groups) &&
+         s.offload.caps.offload.wait_params && !s.home.grads_streamed;
 }
 
 // A speculative round begins: the ranges handed over from now on may be
@@ -173,7 +180,8 @@ tsr_status start_group(StepPlan &p, const TrainState &ts, uint32_t g) {
   });
 }
 
-// Called as backward declares a group done at several ranks: the groups
+// Called as backward declares a group done where a reduction stands
+// between it and its owned gradients (several ranks, or stages 2-3): the groups
 // whose reduction the zero plugin has made final since the last call get
 // their update started (those left start after finish_grads).
 tsr_status start_final_groups(StepPlan &p, const TrainState &ts) {
@@ -218,7 +226,7 @@ double train_step(StepPlan &p, TrainState &ts, Loader &loader) {
     if (mb.last && early_start(p)) {
       p.ranges = p.s.owned_ranges();
       p.started.assign(p.ranges.size(), 0);
-      if (p.s.host.facts().world_size == 1)
+      if (final_when_declared(p.s))
         mb.grads_final = [&p, &ts](uint32_t g) { return start_group(p, ts, g); };
       else
         mb.grads_final = [&p, &ts](uint32_t) { return start_final_groups(p, ts); };

@@ -14,8 +14,9 @@ namespace tessera::zero {
 namespace {
 // Reduce-scatter buckets a backward keeps in flight (stages 2-3).
 constexpr size_t kScattersInFlight = 2;
-// All-reduce buckets take_final leaves in flight (stages 0-1): older ones
-// it waits for, so their groups' updates can start during backward.
+// Reductions take_final leaves in flight: older ones it waits for, so
+// their groups' updates can start during backward. (Stages 2-3 complete
+// past kScattersInFlight as they launch, so this bound is already met.)
 constexpr size_t kReducesInFlight = 2;
 }  // namespace
 
@@ -59,15 +60,16 @@ void ZeroState::launch_bucket() {
 
 void ZeroState::take_final(uint32_t *groups, size_t cap, size_t *n) {
   if (!n || (cap > 0 && !groups)) throw Error(TSR_ERR_INVALID, "zero: take_final without room");
-  // Stages 0-1 only: a stage 2-3 bucket leaves only slices on each rank.
-  while (opt_.stage < 2 && pending_.size() > kReducesInFlight) {
+  // Completed in launch order, as finish_grads would: the same sums.
+  while (pending_.size() > kReducesInFlight) {
     Pending done = std::move(pending_.front());
     pending_.erase(pending_.begin());
     complete(done);
   }
+  // With the gradient sink the backend holds the slices (copies still
+  // landing): the host starts no update before finish_grads there.
   size_t k = 0;
-  while (opt_.stage < 2 && k < cap && final_taken_ < final_.size())
-    groups[k++] = final_[final_taken_++];
+  while (!sunk_ && k < cap && final_taken_ < final_.size()) groups[k++] = final_[final_taken_++];
   *n = k;
 }
 
@@ -103,7 +105,7 @@ void ZeroState::grads_done(uint32_t g, bool last_micro) {
   auto it = active_grads_.find(g);
   if (it == active_grads_.end()) return;  // the model produced no gradient for g
   scatter_bytes_ += size_[g] * esize_;
-  scatter_bucket_.emplace_back(g, std::move(it->second));
+  scatter_bucket_.push_back({g, std::move(it->second), last_micro});
   active_grads_.erase(it);
   if (static_cast<double>(scatter_bytes_) >= opt_.bucket_mb * 1048576.0) launch_scatter_bucket();
 }
@@ -126,23 +128,25 @@ void ZeroState::launch_scatter_bucket() {
   if (scatter_bucket_.empty()) return;
   Pending p;
   size_t sum_per = 0;
-  for (auto &[g, buf] : scatter_bucket_) sum_per += per(g);
+  for (const Finished &f : scatter_bucket_) sum_per += per(f.group);
   // Pack rank-major: rank q's slices of every group in the bucket, in a row,
   // so one reduce-scatter hands each rank exactly its slices.
   p.packed = take(sum_per * world_, TSR_MEM_COMM);
   p.reduced = take(sum_per, TSR_MEM_COMM);
   for (uint32_t q = 0; q < world_; ++q) {
     size_t off = q * sum_per;
-    for (auto &[g, buf] : scatter_bucket_) {
-      DLTensor src = view(at(buf.get(), q * per(g)), per(g));
-      DLTensor dst = view(at(p.packed.get(), off), per(g));
+    for (const Finished &f : scatter_bucket_) {
+      const size_t n = per(f.group);
+      DLTensor src = view(at(f.grads.get(), q * n), n);
+      DLTensor dst = view(at(p.packed.get(), off), n);
       check(host_->ops->copy(host_->ctx, &src, &dst));
-      off += per(g);
+      off += n;
     }
   }
-  for (auto &[g, buf] : scatter_bucket_) {
-    p.groups.push_back(g);
-    give(std::move(buf));
+  for (Finished &f : scatter_bucket_) {
+    p.groups.push_back(f.group);
+    if (f.last) p.last_groups.push_back(f.group);
+    give(std::move(f.grads));
   }
   scatter_bucket_.clear();
   scatter_bytes_ = 0;
@@ -175,6 +179,9 @@ void ZeroState::complete(Pending &p) {
     check(host_->comm->wait(host_->ctx, w));
   }
   if (opt_.stage < 2) final_.insert(final_.end(), p.groups.begin(), p.groups.end());
+  // Stages 2-3: the axpy below is queued on the compute stream before the
+  // host hears of these groups, so a backend's copy after it reads the sum.
+  final_.insert(final_.end(), p.last_groups.begin(), p.last_groups.end());
   if (opt_.stage >= 2 && p.reduced.get() && sunk_) {
     // This micro-batch's averaged slices leave the device; the buffer
     // returns to the pool once the copies have read it (two may drain).

@@ -62,8 +62,9 @@ class ZeroState {
   void grads_done(uint32_t g, bool last_micro);
   void end_pass();
   void finish_grads();
-  // Stages 0-1 at several ranks (ABI 1.10 take_final): up to `cap` groups
-  // whose reduced gradients became final since the last call.
+  // ABI 1.10 take_final (stages 0-1 at several ranks, stages 2-3 at any
+  // number): up to `cap` groups whose reduced gradients (at stages 2-3,
+  // this rank's slices of them) became final since the last call.
   void take_final(uint32_t *groups, size_t cap, size_t *n);
   double grad_norm_sq();
   // ABI 1.0's step: every range through st->update, flush, reshare,
@@ -85,8 +86,11 @@ class ZeroState {
   struct Pending {  // a reduction in flight
     tsr_comm_work *work = nullptr;
     std::vector<uint32_t> groups;  // the groups in the bucket
-    sdk::Buffer packed;            // stage 2/3: their gradients, rank-major
-    sdk::Buffer reduced;           // stage 2/3: this rank's reduced slices
+    // stage 2/3: those whose entry came from the step's last micro-batch
+    // (their owned slices are final once this completes)
+    std::vector<uint32_t> last_groups;
+    sdk::Buffer packed;   // stage 2/3: their gradients, rank-major
+    sdk::Buffer reduced;  // stage 2/3: this rank's reduced slices
   };
 
   DLTensor view(void *data, size_t count);
@@ -141,13 +145,19 @@ class ZeroState {
   std::vector<Pending> pending_;
   // stage 0-1 bucket being filled: groups [bucket_lo_, bucket_hi_]
   int64_t bucket_lo_ = -1, bucket_hi_ = -1;
-  // stage 2-3 bucket being filled: finished groups and their gradients
-  std::vector<std::pair<uint32_t, sdk::Buffer>> scatter_bucket_;
+  // stage 2-3 bucket being filled: finished groups, their gradients, and
+  // whether the last micro-batch declared them (a bucket may span two)
+  struct Finished {
+    uint32_t group;
+    sdk::Buffer grads;
+    bool last;
+  };
+  std::vector<Finished> scatter_bucket_;
   size_t scatter_bytes_ = 0;
   std::vector<sdk::Buffer> pool_;
   // stage 0-1: groups whose last-micro-batch gradients were declared done
   std::vector<char> declared_;
-  // stage 0-1: groups whose reduction is final this step, in launch order;
+  // groups whose reduction is final this step, in completion order;
   // take_final has reported the first final_taken_ of them.
   std::vector<uint32_t> final_;
   size_t final_taken_ = 0;

@@ -188,25 +188,52 @@ TEST_CASE("offload cpu with clipping equals offload none bit for bit at stage 1 
   clip_exact(2, "stage1");
 }
 
-TEST_CASE("at two ranks, stage 1 starts a group's update as its reduction is final, same bits",
-          "[offload][clip]") {
-  // Buckets of one group each (and four layers), so reductions complete
-  // while backward runs: the zero plugin reports those groups final
-  // (final-groups, ABI 1.10) and their updates start before backward ends.
-  const std::vector<std::string> small = {"--set", "zero.bucket_mb=0.001", "--set",
-                                          "model.hidden=[256, 256, 256]"};
-  // No clipping (no speculation: the update itself starts early), and
-  // clipping that never and always changes the update.
+// Buckets of one group each (and four layers), so reductions complete
+// while backward runs: the zero plugin reports those groups final
+// (final-groups, ABI 1.10) and their updates start before backward ends.
+// No clipping (no speculation: the update itself starts early), and
+// clipping that never and always changes the update.
+static void early_start_exact(int world, const std::string &stage,
+                              const std::vector<std::string> &more = {}) {
+  std::vector<std::string> small = {"--set", "zero.bucket_mb=0.001", "--set",
+                                    "model.hidden=[256, 256, 256]"};
+  small.insert(small.end(), more.begin(), more.end());
   for (const double clip : {0.0, 1e6, 1e-6}) {
-    INFO("max norm " << clip);
-    const std::string tag = clip == 0 ? "off" : clip > 1 ? "high" : "low";
-    const Trained ref = train(2, "stage1", "none", clip, "early-none-" + tag, "", small);
-    const Trained t = train(2, "stage1", "cpu", clip, "early-cpu-" + tag, "", small);
+    INFO(stage << " at " << world << " rank(s), max norm " << clip);
+    const std::string tag = stage + "x" + std::to_string(world) + (more.empty() ? "" : "-acc") +
+                            "-" +
+                            (clip == 0  ? "off"
+                             : clip > 1 ? "high"
+                                        : "low");
+    const Trained ref = train(world, stage, "none", clip, "early-none-" + tag, "", small);
+    const Trained t = train(world, stage, "cpu", clip, "early-cpu-" + tag, "", small);
     CHECK(compare(t.params, ref.params).bitwise);
     CHECK(t.norms == ref.norms);
     CHECK(t.speculated == (clip == 0 ? 0 : kSteps));
     CHECK(t.in_backward > 0);
   }
+}
+
+TEST_CASE("at two ranks, stage 1 starts a group's update as its reduction is final, same bits",
+          "[offload][clip]") {
+  early_start_exact(2, "stage1");
+}
+
+// Stages 2-3: a group's owned slices are final once the last micro-batch's
+// reduce-scatter of its bucket completes, at any number of ranks.
+TEST_CASE("stages 2-3 start a group's update as its reduce-scatter is final, same bits",
+          "[offload][clip]") {
+  early_start_exact(2, "stage2");
+  early_start_exact(2, "stage3");
+  early_start_exact(1, "stage2");
+  // Two micro-batches a step, and buckets of ~0.1 MB over layers of 4.6 KB
+  // (784 -> 8 -> 128) then 66 KB (128 -> 128): the first micro-batch's two
+  // small layers wait in a bucket that the second's first layers fill, and
+  // that bucket completes while backward still runs. Only the second's
+  // entries are final: the first's must wait for their second reduction.
+  early_start_exact(2, "stage2",
+                    {"--set", "batch.global=128", "--set", "zero.bucket_mb=0.1", "--set",
+                     "model.hidden=[8, 128, 128, 128, 128, 128, 128, 128]"});
 }
 
 TEST_CASE("offload cpu with clipping equals offload none bit for bit at stage 2 on two ranks",

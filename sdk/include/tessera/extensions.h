@@ -291,18 +291,23 @@ typedef struct tsr_ext_zero_frozen {
 #define tsr_ext_zero_frozen_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_ext_zero_frozen, frozen_ranges)
 
 /* ABI 1.10: which groups' gradients are final on this rank during the
- * step's last backward, at several ranks, where the plugin reduces whole
- * gradients in buckets (stages 0-1). take_final(self, groups, cap, &n)
- * writes up to cap such groups, in the order their reductions were
- * launched, each once a step, and sets n: groups declared done on the last
- * micro-batch whose reduction has completed, or on a device is ordered
- * before anything the host enqueues on the compute stream from now on. It
- * may wait for the oldest reductions in flight to make them final (a
- * bounded number stays in flight); the rest are final when finish_grads
- * returns. The host calls it after grads_done on the last micro-batch, to
- * start the update of those groups while backward still runs; it reports
- * none at stages 2-3 or at one rank (where every group is final when
- * declared). */
+ * step's last backward, where the plugin reduces gradients in buckets.
+ * take_final(self, groups, cap, &n) writes up to cap such groups, in the
+ * order their reductions were launched, each once a step, and sets n:
+ * groups declared done on the last micro-batch whose reduction has
+ * completed, or on a device is ordered before anything the host enqueues
+ * on the compute stream from now on. At stages 0-1 that is the whole
+ * group's gradient (several ranks; at one rank every group is final when
+ * declared and the host does not ask); at stages 2-3, at any number of
+ * ranks, this rank's owned slices of the group. It may wait for the
+ * oldest reductions in flight to make them final (a bounded number stays
+ * in flight); the rest are final when finish_grads returns. The host calls
+ * it after grads_done on the last micro-batch, to start the update of
+ * those groups while backward still runs. Reporting none is always
+ * correct (the host then starts every range after finish_grads): a plugin
+ * does so where the backend holds the gradients (the gradient sink) or a
+ * stage it does not track. (Hosts before 2026-12-07 asked only at stages
+ * 0-1 on several ranks.) */
 #define TSR_EXT_ZERO_FINAL_GROUPS "tessera.zero.final-groups/1"
 typedef struct tsr_ext_zero_final_groups {
   size_t struct_size;
