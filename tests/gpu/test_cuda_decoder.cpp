@@ -99,6 +99,11 @@ TEST_CASE("cuda rmsnorm forward and backward match the CPU", "[cuda][ops][decode
           cpu().rmsnorm_backward(ctx(), cdy.dl(), cx.dl(), cw.dl(), cr.dl(), cdx.dl(), cdw.dl()));
       expect_close(what + " dx", dx.get(), cdx.get(), grad_tol(d));
       expect_close(what + " dweight", dw.get(), cdw.get(), grad_tol(d));
+      // ABI 1.11: no dweight (a frozen weight), the same dx bits.
+      Gpu dx2(shape, d, randn(n, 84));
+      REQUIRE_OK(
+          gpu().rmsnorm_backward(ctx(), dy.dl(), x.dl(), w.dl(), rstd.dl(), dx2.dl(), nullptr));
+      CHECK(dx2.get() == dx.get());
     }
   }
 }

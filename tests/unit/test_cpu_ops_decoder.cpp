@@ -99,6 +99,27 @@ TEST_CASE("rmsnorm_backward matches finite differences and accumulates", "[cpu_o
   for (size_t i = 0; i < gw.size(); i++) CHECK(dw.v[i] + 0.5 == Approx(gw[i]).margin(1e-4));
 }
 
+TEST_CASE("rmsnorm_backward without dweight gives the same dx (ABI 1.11)", "[cpu_ops][decoder]") {
+  const int64_t rows = 70, C = 33;  // more than one block of rows for the column sums
+  F32 x({rows, C}), w({C}), y({rows, C}), rstd({rows}), dy({rows, C}), dx({rows, C}, 0.25f),
+      dx2({rows, C}, 0.25f), dw({C}, 0.0f);
+  randomize(x.v, 6);
+  randomize(w.v, 7, 0.5f, 1.5f);
+  randomize(dy.v, 8);
+  REQUIRE(ops().rmsnorm_forward(nullptr, x.dl(), w.dl(), 1e-5f, y.dl(), rstd.dl()) == TSR_OK);
+  REQUIRE(ops().rmsnorm_backward(nullptr, dy.dl(), x.dl(), w.dl(), rstd.dl(), dx.dl(), dw.dl()) ==
+          TSR_OK);
+  REQUIRE(ops().rmsnorm_backward(nullptr, dy.dl(), x.dl(), w.dl(), rstd.dl(), dx2.dl(), nullptr) ==
+          TSR_OK);
+  CHECK(dx2.v == dx.v);
+  // dx aliasing dy, as the llama plugin calls it.
+  F32 g = dy;
+  REQUIRE(ops().rmsnorm_backward(nullptr, g.dl(), x.dl(), w.dl(), rstd.dl(), g.dl(), nullptr) ==
+          TSR_OK);
+  for (size_t i = 0; i < g.v.size(); i++)
+    CHECK(g.v[i] == Approx(dx.v[i] - 0.25f + dy.v[i]).margin(1e-5));
+}
+
 TEST_CASE("add_rmsnorm_forward is the add, then rmsnorm_forward", "[cpu_ops][decoder]") {
   const int64_t rows = 3, C = 16;
   F32 x({rows, C}), y({rows, C}), w({C}), r({rows, C}), out({rows, C}), rstd({rows});

@@ -154,6 +154,27 @@ TSR_OPS_CLONES void rms_dw_rows(const float *DY, const float *X, const float *R,
   }
 }
 
+// dweight += sum over rows of dy * n, before dx (it reads dy, which dx may
+// alias): per fixed block of rows a double partial, the partials added in
+// block order.
+void rms_dweight(const Mat<float> &DY, const Mat<float> &X, const Mat<float> &R,
+                 const Mat<float> &DW) {
+  const int64_t rows = X.rows, C = X.cols;
+  const int64_t blocks = (rows + kRmsRowBlock - 1) / kRmsRowBlock;
+  std::vector<double> part(static_cast<size_t>(blocks * C), 0.0);
+  parallel_for(blocks, std::max<int64_t>(1, kRmsGrain / (kRmsRowBlock * C)),
+               [&](int64_t b0, int64_t b1) {
+                 for (int64_t b = b0; b < b1; b++)
+                   rms_dw_rows(DY.p, X.p, R.p, part.data() + b * C, b * kRmsRowBlock,
+                               std::min(rows, (b + 1) * kRmsRowBlock), C);
+               });
+  for (int64_t j = 0; j < C; j++) {
+    double s = 0.0;
+    for (int64_t b = 0; b < blocks; b++) s += part[b * C + j];
+    DW.p[j] = static_cast<float>(DW.p[j] + s);
+  }
+}
+
 }  // namespace
 
 tsr_status rmsnorm_backward(tsr_host_ctx *ctx, const DLTensor *dy, const DLTensor *x,
@@ -163,29 +184,19 @@ tsr_status rmsnorm_backward(tsr_host_ctx *ctx, const DLTensor *dy, const DLTenso
     const char *op = "rmsnorm_backward";
     const Mat<float> DY = f32(op, "dy", dy, 1), X = f32(op, "x", x, 1),
                      W = f32(op, "weight", weight), R = f32(op, "rstd", rstd),
-                     DX = f32(op, "dx", dx, 1), DW = f32(op, "dweight", dweight);
+                     DX = f32(op, "dx", dx, 1);
     const int64_t rows = X.rows, C = X.cols;
     rms_check_like_x(op, "dy", dy, DY, x, X);
     rms_check_like_x(op, "dx", dx, DX, x, X);
     rms_check_numel(op, "weight", weight, W, C, "the last dim of x");
-    rms_check_numel(op, "dweight", dweight, DW, C, "the last dim of x");
     rms_check_numel(op, "rstd", rstd, R, rows, "one per row of x");
-    if (rows == 0 || C == 0) return;
-    // dweight first (it reads dy, which dx may alias): per fixed block of
-    // rows a double partial, the partials added in block order.
-    const int64_t blocks = (rows + kRmsRowBlock - 1) / kRmsRowBlock;
-    std::vector<double> part(static_cast<size_t>(blocks * C), 0.0);
-    parallel_for(blocks, std::max<int64_t>(1, kRmsGrain / (kRmsRowBlock * C)),
-                 [&](int64_t b0, int64_t b1) {
-                   for (int64_t b = b0; b < b1; b++)
-                     rms_dw_rows(DY.p, X.p, R.p, part.data() + b * C, b * kRmsRowBlock,
-                                 std::min(rows, (b + 1) * kRmsRowBlock), C);
-                 });
-    for (int64_t j = 0; j < C; j++) {
-      double s = 0.0;
-      for (int64_t b = 0; b < blocks; b++) s += part[b * C + j];
-      DW.p[j] = static_cast<float>(DW.p[j] + s);
+    // ABI 1.11: no dweight, no weight gradient (a frozen weight).
+    if (dweight) {
+      const Mat<float> DW = f32(op, "dweight", dweight);
+      rms_check_numel(op, "dweight", dweight, DW, C, "the last dim of x");
+      if (rows > 0 && C > 0) rms_dweight(DY, X, R, DW);
     }
+    if (rows == 0 || C == 0) return;
     parallel_for(rows, std::max<int64_t>(1, kRmsGrain / C), [&](int64_t r0, int64_t r1) {
       rms_dx_rows(DY.p, X.p, W.p, R.p, DX.p, r0, r1, C);
     });

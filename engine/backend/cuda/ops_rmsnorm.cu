@@ -250,26 +250,33 @@ tsr_status rmsnorm_backward(tsr_host_ctx *ctx, const DLTensor *dy, const DLTenso
     }
     const View DY = floating(op, "dy", dy, 1), X = floating(op, "x", x, 1),
                W = floating(op, "weight", weight), S = f32(op, "rstd", rstd),
-               DX = floating(op, "dx", dx, 1), DW = floating(op, "dweight", dweight);
+               DX = floating(op, "dx", dx, 1);
     check_rows(op, "dy", dy, DY, x, X);
     check_rows(op, "dx", dx, DX, x, X);
     check_n(op, "weight", weight, W, X.cols, "the last dim of x");
-    check_n(op, "dweight", dweight, DW, X.cols, "the last dim of x");
     check_n(op, "rstd", rstd, S, X.rows, "one per row of x");
+    // ABI 1.11: no dweight, no weight gradient (a frozen weight's pass).
+    View DW{};
+    if (dweight) {
+      DW = floating(op, "dweight", dweight);
+      check_n(op, "dweight", dweight, DW, X.cols, "the last dim of x");
+    }
     if (X.rows == 0 || X.cols == 0) return;
     dispatch_float(X.dt, [&](auto xtag) {
       using T = decltype(xtag);
       // dweight first: it reads dy, which dx may alias.
-      const int64_t tiles = (X.cols + 31) / 32;
-      int64_t rpc = 0;
-      const int64_t chunks = col_chunks(X.rows, tiles, &rpc);
-      float *partial =
-          static_cast<float *>(scratch(Slot::Partials, sizeof(float) * chunks * X.cols));
-      rmsnorm_dw_partials<T><<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(chunks)),
-                               dim3(32, kColY), 0, compute_stream()>>>(
-          DY.as<T>(), X.as<T>(), S.as<float>(), X.rows, X.cols, rpc, partial);
-      check_launch();
-      launch_col_finalize(partial, chunks, DW);
+      if (dweight) {
+        const int64_t tiles = (X.cols + 31) / 32;
+        int64_t rpc = 0;
+        const int64_t chunks = col_chunks(X.rows, tiles, &rpc);
+        float *partial =
+            static_cast<float *>(scratch(Slot::Partials, sizeof(float) * chunks * X.cols));
+        rmsnorm_dw_partials<T><<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(chunks)),
+                                 dim3(32, kColY), 0, compute_stream()>>>(
+            DY.as<T>(), X.as<T>(), S.as<float>(), X.rows, X.cols, rpc, partial);
+        check_launch();
+        launch_col_finalize(partial, chunks, DW);
+      }
       const bool vec = X.cols % kPack == 0 && aligned16(X.p) && aligned16(DY.p) &&
                        aligned16(DX.p) && aligned16(W.p);
       const unsigned grid = static_cast<unsigned>((X.rows + kRowsPerBlock - 1) / kRowsPerBlock);

@@ -265,9 +265,11 @@ void Llama::attention_backward(tsr_step *step, uint32_t l, const Set &s, int64_t
     check(ops->fill(ctx, dkr.get(), 0.0f));
     DLTensor wq = W(kQNorm), wk = W(kKNorm);
     View gq = norm_grad(step, P(l, kQNorm), D);
-    check(ops->rmsnorm_backward(ctx, dq2.get(), qr.get(), &wq, rq.get(), dqr.get(), gq.get()));
+    check(ops->rmsnorm_backward(ctx, dq2.get(), qr.get(), &wq, rq.get(), dqr.get(),
+                                grad_or_null(gq)));
     View gk = norm_grad(step, P(l, kKNorm), D);
-    check(ops->rmsnorm_backward(ctx, dk2.get(), kr.get(), &wk, rk.get(), dkr.get(), gk.get()));
+    check(ops->rmsnorm_backward(ctx, dk2.get(), kr.get(), &wk, rk.get(), dkr.get(),
+                                grad_or_null(gk)));
     dqs = dqraw;
     dks = dkraw;
   }
@@ -292,7 +294,8 @@ void Llama::attention_backward(tsr_step *step, uint32_t l, const Set &s, int64_t
   View x = A(resid[l], {R, C}), rstd1 = S(s.rstd1, {R});
   DLTensor wn = W(kInNorm);
   View gn = norm_grad(step, P(l, kInNorm), C);
-  check(ops->rmsnorm_backward(ctx, dsm_v.get(), x.get(), &wn, rstd1.get(), dres_v.get(), gn.get()));
+  check(ops->rmsnorm_backward(ctx, dsm_v.get(), x.get(), &wn, rstd1.get(), dres_v.get(),
+                              grad_or_null(gn)));
 }
 
 // Layer l's backward: dres holds d x_{l+1} on entry and d x_l on exit.
@@ -335,7 +338,8 @@ void Llama::layer_backward(tsr_step *step, uint32_t l, const Set &s, int64_t B, 
   lora_backward(step, l, kUp, dup_v, h2, dsm_v, R);
   w = W(kPostNorm);
   View g = norm_grad(step, P(l, kPostNorm), C);
-  check(ops->rmsnorm_backward(ctx, dsm_v.get(), r.get(), &w, rstd2.get(), dres_v.get(), g.get()));
+  check(ops->rmsnorm_backward(ctx, dsm_v.get(), r.get(), &w, rstd2.get(), dres_v.get(),
+                              grad_or_null(g)));
   attention_backward(step, l, s, B, T);
 }
 
@@ -357,7 +361,8 @@ void Llama::head_backward(tsr_step *step, int64_t B, int64_t T, float loss_scale
   check(ops->fill(ctx, dres_v.get(), 0.0f));
   DLTensor nw = param(step, final_norm);
   View ng = norm_grad(step, final_norm, C);
-  check(ops->rmsnorm_backward(ctx, dsm_v.get(), xL.get(), &nw, rs.get(), dres_v.get(), ng.get()));
+  check(ops->rmsnorm_backward(ctx, dsm_v.get(), xL.get(), &nw, rs.get(), dres_v.get(),
+                              grad_or_null(ng)));
 }
 
 void Llama::backward(tsr_step *step, const tsr_batch *batch, float loss_scale) {

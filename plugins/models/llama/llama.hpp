@@ -182,7 +182,13 @@ struct Llama {
   DLTensor grad(tsr_step *step, uint32_t index) const { return view_of(step, index, true); }
   // A norm weight's gradient [n], or for a frozen one a zeroed scratch
   // (rmsnorm_backward always writes the weight's gradient).
+  // A norm weight's gradient for rmsnorm_backward; empty (grad_or_null:
+  // NULL) where the weight is frozen and the host skips it (ABI 1.11).
   View norm_grad(tsr_step *step, uint32_t index, int64_t n) const;
+  static DLTensor *grad_or_null(View &v) {
+    DLTensor *t = v.get();
+    return t->data ? t : nullptr;
+  }
   void params_done(tsr_step *step, uint32_t group) const {
     if (TSR_HAS_FIELD(host, tsr_host, params_done) && host->params_done)
       check(host->params_done(step, group));

@@ -117,6 +117,10 @@ View Llama::token_positions(int64_t B, int64_t T) {
 
 View Llama::norm_grad(tsr_step *step, uint32_t index, int64_t n) const {
   if (trainable(index)) return View(grad(step, index), {n});
+  // A frozen norm's weight gradient: none from ABI 1.11 (rmsnorm_backward
+  // takes a NULL dweight and skips the column sums); before, a scratch
+  // the op adds into and nobody reads.
+  if (host->abi_major > 1 || host->abi_minor >= 11) return View();
   View scratch = A(discard, {n});
   check(ops->fill(host->ctx, scratch.get(), 0.0f));
   return scratch;

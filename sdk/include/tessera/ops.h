@@ -188,7 +188,9 @@ typedef struct tsr_ops {
                                 float eps, DLTensor *y, DLTensor *rstd);
   /* Adds the input gradient into dx and the weight gradient
    * (sum over rows of dy * x * rstd) into dweight:
-   * dx += rstd * (w*dy - x*rstd * mean(w*dy * x*rstd)). dx may alias dy. */
+   * dx += rstd * (w*dy - x*rstd * mean(w*dy * x*rstd)). dx may alias dy.
+   * From ABI 1.11 dweight may be NULL: no weight gradient (a frozen
+   * weight), dx alike; a 1.10 host refuses NULL. */
   tsr_status (*rmsnorm_backward)(tsr_host_ctx *ctx, const DLTensor *dy, const DLTensor *x,
                                  const DLTensor *weight, const DLTensor *rstd, DLTensor *dx,
                                  DLTensor *dweight);
