@@ -138,7 +138,9 @@ Trained train_job(const Job &j, bool with_params) {
   o.env["OPENBLAS_CORETYPE"] = "Sandybridge";
   for (const auto &[k, v] : j.env) o.env[k] = v;
   const double t0 = now_s();
-  t.run = run_cli({"run", "-n", std::to_string(j.world), config.string()}, o);
+  std::vector<std::string> args = {"run", "-n", std::to_string(j.world), config.string()};
+  for (const std::string &kv : j.sets) args.insert(args.end(), {"--set", kv});
+  t.run = run_cli(args, o);
   std::printf("  %-28s %5.1f s\n", j.name().c_str(), now_s() - t0);
   std::fflush(stdout);
   INFO(j.name() << ": " << describe(t.run));

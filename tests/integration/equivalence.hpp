@@ -40,6 +40,7 @@ struct Job {
   // model's Hugging Face export where it has one.
   bool own_names = false;
   std::map<std::string, std::string> env = {};  // more environment for the run (name it with `tag`)
+  std::vector<std::string> sets = {};           // more --set KEY=VALUE (name it with `tag`)
   int accumulation() const { return global / (micro * world); }
   std::string name() const;
 };

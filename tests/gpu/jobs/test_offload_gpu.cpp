@@ -110,6 +110,29 @@ TEST_CASE("one GPU, bf16, clipping on, clipped steps redone in full: offload cpu
   }
 }
 
+TEST_CASE("one GPU, bf16, stages 2-3, clipping on: the update starts during backward, matches none",
+          "[gpu][jobs][offload]") {
+  // Buckets of one group and two micro-batches a step: each group's owned
+  // slice is final once the second micro-batch's reduce-scatter of its
+  // bucket completes, and its update starts then, speculatively.
+  Job r = gpu_job(1, 128, 0.5);
+  r.offload = "none";
+  const Trained ref = train_job(r);
+  for (const int stage : {2, 3}) {
+    Job j = gpu_job(stage, 64, 0.5);
+    j.sets = {"zero.bucket_mb=0.01", "log.breakdown=true"};
+    j.tag = "early";
+    const Trained t = train_job(j);
+    INFO(describe(t.run));
+    check_equivalent(ref, t, kAdamBf16);
+    int64_t in_backward = 0;
+    for (const auto &m : read_jsonl(t.dir / "metrics.jsonl"))
+      if (m.value("type", "") == "train")
+        in_backward += m.at("breakdown").at("offload").at("ranges_in_backward").get<int64_t>();
+    CHECK(in_backward > 0);
+  }
+}
+
 TEST_CASE("one GPU, bf16, stage 3: parameters and gradients offloaded match offload none",
           "[gpu][jobs][offload]") {
   stage3_params_match_none("cpu", "cpu", "host memory");
