@@ -214,6 +214,19 @@ static void early_start_exact(int world, const std::string &stage,
   }
 }
 
+// The same with half of the state updated on the device (ratio 0.5): the
+// ranges started early are the CPU's share; every step clips.
+static void early_start_ratio_exact(int world, const std::string &stage) {
+  const std::vector<std::string> small = {"--set", "zero.bucket_mb=0.001", "--set",
+                                          "model.hidden=[256, 256, 256]"};
+  const std::string tag = stage + "x" + std::to_string(world);
+  const Trained ref = train(world, stage, "none", 1e-6, "early-ratio-none-" + tag, "", small);
+  const Trained t = train(world, stage, "cpu-ratio", 1e-6, "early-ratio-" + tag, "", small);
+  CHECK(compare(t.params, ref.params).bitwise);
+  CHECK(t.norms == ref.norms);
+  CHECK(t.in_backward > 0);
+}
+
 TEST_CASE("at two ranks, stage 1 starts a group's update as its reduction is final, same bits",
           "[offload][clip]") {
   early_start_exact(2, "stage1");
@@ -226,6 +239,7 @@ TEST_CASE("stages 2-3 start a group's update as its reduce-scatter is final, sam
   early_start_exact(2, "stage2");
   early_start_exact(2, "stage3");
   early_start_exact(1, "stage2");
+  early_start_ratio_exact(2, "stage3");
   // Two micro-batches a step, and buckets of ~0.1 MB over layers of 4.6 KB
   // (784 -> 8 -> 128) then 66 KB (128 -> 128): the first micro-batch's two
   // small layers wait in a bucket that the second's first layers fill, and
