@@ -47,14 +47,16 @@ void ZeroState::launch_bucket() {
   size_t hi =
       grad_offset_[static_cast<size_t>(bucket_hi_)] + size_[static_cast<size_t>(bucket_hi_)];
   DLTensor t = view(at(grads_.get(), lo), hi - lo);
+  // Launched on the last micro-batch only: every group it holds is final
+  // once it completes.
   Pending p;
   for (int64_t g = bucket_lo_; g <= bucket_hi_; ++g)
-    if (!frozen_[static_cast<size_t>(g)]) p.groups.push_back(static_cast<uint32_t>(g));
+    if (!frozen_[static_cast<size_t>(g)]) p.finals.push_back(static_cast<uint32_t>(g));
   check(host_->comm->all_reduce(host_->ctx, &t, TSR_REDUCE_AVG, opt_.overlap ? &p.work : nullptr));
   if (p.work)
     pending_.push_back(std::move(p));
   else
-    final_.insert(final_.end(), p.groups.begin(), p.groups.end());
+    complete(p);
   bucket_lo_ = bucket_hi_ = -1;
 }
 
@@ -145,7 +147,7 @@ void ZeroState::launch_scatter_bucket() {
   }
   for (Finished &f : scatter_bucket_) {
     p.groups.push_back(f.group);
-    if (f.last) p.last_groups.push_back(f.group);
+    if (f.last) p.finals.push_back(f.group);
     give(std::move(f.grads));
   }
   scatter_bucket_.clear();
@@ -178,10 +180,9 @@ void ZeroState::complete(Pending &p) {
     p.work = nullptr;
     check(host_->comm->wait(host_->ctx, w));
   }
-  if (opt_.stage < 2) final_.insert(final_.end(), p.groups.begin(), p.groups.end());
-  // Stages 2-3: the axpy below is queued on the compute stream before the
+  // At stages 2-3 the axpy below is queued on the compute stream before the
   // host hears of these groups, so a backend's copy after it reads the sum.
-  final_.insert(final_.end(), p.last_groups.begin(), p.last_groups.end());
+  final_.insert(final_.end(), p.finals.begin(), p.finals.end());
   if (opt_.stage >= 2 && p.reduced.get() && sunk_) {
     // This micro-batch's averaged slices leave the device; the buffer
     // returns to the pool once the copies have read it (two may drain).

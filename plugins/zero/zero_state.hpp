@@ -85,10 +85,11 @@ class ZeroState {
   };
   struct Pending {  // a reduction in flight
     tsr_comm_work *work = nullptr;
-    std::vector<uint32_t> groups;  // the groups in the bucket
-    // stage 2/3: those whose entry came from the step's last micro-batch
-    // (their owned slices are final once this completes)
-    std::vector<uint32_t> last_groups;
+    std::vector<uint32_t> groups;  // stage 2/3: the groups packed in the bucket
+    // The groups this reduction makes final (take_final): at stages 0-1 all
+    // of the bucket's (launched on the last micro-batch only), at 2-3 those
+    // whose entry came from the last micro-batch.
+    std::vector<uint32_t> finals;
     sdk::Buffer packed;   // stage 2/3: their gradients, rank-major
     sdk::Buffer reduced;  // stage 2/3: this rank's reduced slices
   };

@@ -3,9 +3,8 @@
 // the ranges already stepped when clipping changes the update. After 30
 // steps its parameters equal offload none's with the same clipping bit for
 // bit, at stage 0 on one rank (the update starts during backward) and at
-// stages 1-3 on two ranks through the launcher (at stage 1 as each
-// bucket's reduction is final, during backward; at stages 2-3 beside the
-// norm), with and without a GPU share
+// stages 1-3 on two ranks through the launcher (as each bucket's
+// reduction is final, during backward), with and without a GPU share
 // (ratio 0.5, which on the CPU is stepped on the compute thread), in three
 // regimes: a max norm so low that every step clips, so high that none does,
 // and one from the observed norms where steps go both ways.
@@ -193,10 +192,12 @@ TEST_CASE("offload cpu with clipping equals offload none bit for bit at stage 1 
 // (final-groups, ABI 1.10) and their updates start before backward ends.
 // No clipping (no speculation: the update itself starts early), and
 // clipping that never and always changes the update.
+static const std::vector<std::string> kOneGroupBuckets = {"--set", "zero.bucket_mb=0.001", "--set",
+                                                          "model.hidden=[256, 256, 256]"};
+
 static void early_start_exact(int world, const std::string &stage,
                               const std::vector<std::string> &more = {}) {
-  std::vector<std::string> small = {"--set", "zero.bucket_mb=0.001", "--set",
-                                    "model.hidden=[256, 256, 256]"};
+  std::vector<std::string> small = kOneGroupBuckets;
   small.insert(small.end(), more.begin(), more.end());
   for (const double clip : {0.0, 1e6, 1e-6}) {
     INFO(stage << " at " << world << " rank(s), max norm " << clip);
@@ -217,11 +218,11 @@ static void early_start_exact(int world, const std::string &stage,
 // The same with half of the state updated on the device (ratio 0.5): the
 // ranges started early are the CPU's share; every step clips.
 static void early_start_ratio_exact(int world, const std::string &stage) {
-  const std::vector<std::string> small = {"--set", "zero.bucket_mb=0.001", "--set",
-                                          "model.hidden=[256, 256, 256]"};
   const std::string tag = stage + "x" + std::to_string(world);
-  const Trained ref = train(world, stage, "none", 1e-6, "early-ratio-none-" + tag, "", small);
-  const Trained t = train(world, stage, "cpu-ratio", 1e-6, "early-ratio-" + tag, "", small);
+  const Trained ref =
+      train(world, stage, "none", 1e-6, "early-ratio-none-" + tag, "", kOneGroupBuckets);
+  const Trained t =
+      train(world, stage, "cpu-ratio", 1e-6, "early-ratio-" + tag, "", kOneGroupBuckets);
   CHECK(compare(t.params, ref.params).bitwise);
   CHECK(t.norms == ref.norms);
   CHECK(t.in_backward > 0);

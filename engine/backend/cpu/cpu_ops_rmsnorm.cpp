@@ -191,12 +191,13 @@ tsr_status rmsnorm_backward(tsr_host_ctx *ctx, const DLTensor *dy, const DLTenso
     rms_check_numel(op, "weight", weight, W, C, "the last dim of x");
     rms_check_numel(op, "rstd", rstd, R, rows, "one per row of x");
     // ABI 1.11: no dweight, no weight gradient (a frozen weight).
+    Mat<float> DW{};
     if (dweight) {
-      const Mat<float> DW = f32(op, "dweight", dweight);
+      DW = f32(op, "dweight", dweight);
       rms_check_numel(op, "dweight", dweight, DW, C, "the last dim of x");
-      if (rows > 0 && C > 0) rms_dweight(DY, X, R, DW);
     }
     if (rows == 0 || C == 0) return;
+    if (dweight) rms_dweight(DY, X, R, DW);
     parallel_for(rows, std::max<int64_t>(1, kRmsGrain / C), [&](int64_t r0, int64_t r1) {
       rms_dx_rows(DY.p, X.p, W.p, R.p, DX.p, r0, r1, C);
     });

@@ -180,10 +180,9 @@ struct Llama {
   DLTensor view_of(tsr_step *step, uint32_t index, bool grad) const;
   DLTensor param(tsr_step *step, uint32_t index) const { return view_of(step, index, false); }
   DLTensor grad(tsr_step *step, uint32_t index) const { return view_of(step, index, true); }
-  // A norm weight's gradient [n], or for a frozen one a zeroed scratch
-  // (rmsnorm_backward always writes the weight's gradient).
-  // A norm weight's gradient for rmsnorm_backward; empty (grad_or_null:
-  // NULL) where the weight is frozen and the host skips it (ABI 1.11).
+  // A norm weight's gradient [n] for rmsnorm_backward; for a frozen one
+  // empty (grad_or_null: NULL) where the host skips it (ABI 1.11), else a
+  // zeroed scratch the op adds into.
   View norm_grad(tsr_step *step, uint32_t index, int64_t n) const;
   static DLTensor *grad_or_null(View &v) {
     DLTensor *t = v.get();
