@@ -315,13 +315,12 @@ void Llama::layer_backward(tsr_step *step, uint32_t l, const Set &s, int64_t B, 
     DLTensor g = G(p);
     check(ops->matmul(ctx, dy.get(), 1, x.get(), 0, &g, 1.0f, 1.0f));
   };
-  // swiglu's output is shared by the layers (plan_memory): again from gate
-  // and up where another layer's forward came since this one's (not the
-  // last layer's; with recompute this layer's forward just ran) and it is
-  // read: by the down weight's gradient, or its adapter's without dropout
-  // (with dropout the adapter kept its dropped input).
+  // swiglu's output is shared by the layers and shares the logits' space
+  // (plan_memory): again from gate and up, the last layer's too, where it
+  // is read: by the down weight's gradient, or its adapter's without
+  // dropout (with dropout the adapter kept its dropped input).
   const bool reads_act = trains(kDown) || (lora.enabled() && lora.on[kLoraDown] && !lora.dropping);
-  if (recompute_swiglu && l + 1 < L() && reads_act)
+  if (recompute_swiglu && reads_act)
     check(ops->swiglu_forward(ctx, gate.get(), up.get(), act_v.get()));
   weight_grad(kDown, dres_v, act_v);
   DLTensor w = W(kDown);
