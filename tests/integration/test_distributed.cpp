@@ -104,12 +104,16 @@ TEST_CASE("SGD with gradient clipping: every ZeRO stage at world size 4 matches 
 namespace {
 
 // Every ZeRO stage at 2 ranks, 20 steps of micro batch 4, against world-1
-// stage 0, with the llama `sections` ([model] and [data.train]).
-// `offload`: also stage 2 with offload cpu and stage 3 with the
-// parameters offloaded too.
+// stage 0, with the llama `sections` ([model] and [data.train]); and
+// gradient accumulation (world 1 in micro-batches of 2, stage 3 at 2 ranks
+// in 2 of 2), where a backward after the first must add to the gradients
+// its weight-gradient matmuls wrote (first_grad_beta). `offload`: also
+// stage 2 with offload cpu and stage 3 with the parameters offloaded too.
 Trained llama_every_stage(const std::string &tag, const std::string &sections,
                           bool own_names = false, bool offload = false) {
   std::vector<Job> jobs = every_stage(2, 8, {4});
+  jobs.push_back(Job{1, 0, 8, 2});
+  jobs.push_back(Job{2, 3, 8, 2});
   if (offload) {
     jobs.push_back(jobs[2]);
     jobs.back().offload = "cpu";

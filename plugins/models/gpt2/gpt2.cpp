@@ -367,7 +367,7 @@ void Gpt2::backward(tsr_step *step, const tsr_batch *batch, float loss_scale) {
                                      std::to_string(T) + " tokens, the forward before it had " +
                                      std::to_string(ready_n) + " x " + std::to_string(ready_T));
   ready = false;  // forward left dlogits over the logits: one backward per forward
-  wgrad_beta = first_grad_beta(step);
+  wgrad_beta = sdk::first_grad_beta(host, step);
   const uint32_t nL = L();
   const auto run = [&](int64_t stage) { return B > 0 && stage >= lowest_trainable_stage; };
   tsr_host_ctx *ctx = host->ctx;

@@ -225,16 +225,6 @@ struct Gpt2 {
   DLTensor grad(tsr_step *step, uint32_t index) const { return view_of(step, index, true); }
   View grad_or_discard(tsr_step *step, uint32_t index, int which);
 
-  // The beta of a gradient's first contribution in this backward: 0 where
-  // the host says the buffers began at zero (ABI 1.5; a matmul then writes
-  // instead of reading the old gradient, same values), else 1.
-  float first_grad_beta(tsr_step *step) const {
-    int32_t zeroed = 0;
-    if (TSR_HAS_FIELD(host, tsr_host, grads_zeroed) && host->grads_zeroed)
-      check(host->grads_zeroed(step, &zeroed));
-    return zeroed ? 0.0f : 1.0f;
-  }
-
   void params_done(tsr_step *step, uint32_t group) const {
     if (TSR_HAS_FIELD(host, tsr_host, params_done) && host->params_done)
       check(host->params_done(step, group));

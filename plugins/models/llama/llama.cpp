@@ -237,7 +237,7 @@ void Llama::attention_backward(tsr_step *step, uint32_t l, const Set &s, int64_t
   DLTensor w = W(kO);
   if (trains(kO)) {
     DLTensor g = G(kO);
-    check(ops->matmul(ctx, dres_v.get(), 1, o.get(), 0, &g, 1.0f, 1.0f));
+    check(ops->matmul(ctx, dres_v.get(), 1, o.get(), 0, &g, 1.0f, wgrad_beta));
   }
   View dout_v = A(dout, {R, QD()});
   check(ops->matmul(ctx, dres_v.get(), 0, &w, 0, dout_v.get(), 1.0f, 0.0f));
@@ -285,7 +285,7 @@ void Llama::attention_backward(tsr_step *step, uint32_t l, const Set &s, int64_t
     }
     if (trains(proj[i][0])) {
       DLTensor gw = G(proj[i][0]);
-      check(ops->matmul(ctx, dy.get(), 1, h1.get(), 0, &gw, 1.0f, 1.0f));
+      check(ops->matmul(ctx, dy.get(), 1, h1.get(), 0, &gw, 1.0f, wgrad_beta));
     }
     DLTensor pw = W(proj[i][0]);
     check(ops->matmul(ctx, dy.get(), 0, &pw, 0, dsm_v.get(), 1.0f, i == 0 ? 0.0f : 1.0f));
@@ -313,7 +313,7 @@ void Llama::layer_backward(tsr_step *step, uint32_t l, const Set &s, int64_t B, 
   const auto weight_grad = [&](LayerParam p, View &dy, View &x) {
     if (!trains(p)) return;
     DLTensor g = G(p);
-    check(ops->matmul(ctx, dy.get(), 1, x.get(), 0, &g, 1.0f, 1.0f));
+    check(ops->matmul(ctx, dy.get(), 1, x.get(), 0, &g, 1.0f, wgrad_beta));
   };
   // swiglu's output is shared by the layers and shares the logits' space
   // (plan_memory): again from gate and up, the last layer's too, where it
@@ -350,7 +350,7 @@ void Llama::head_backward(tsr_step *step, int64_t B, int64_t T, float loss_scale
   const uint32_t hi = a.tie ? embed : lm_head;
   if (trainable(hi)) {
     DLTensor g = grad(step, hi);
-    check(ops->matmul(ctx, z.get(), 1, y.get(), 0, &g, loss_scale, 1.0f));
+    check(ops->matmul(ctx, z.get(), 1, y.get(), 0, &g, loss_scale, wgrad_beta));
   }
   // Only the LM head trains: nothing below needs the gradient of its input.
   if (lowest_trainable_stage > L() && !trainable(final_norm)) return;
@@ -375,6 +375,7 @@ void Llama::backward(tsr_step *step, const tsr_batch *batch, float loss_scale) {
                                      std::to_string(T) + " tokens, the forward before it had " +
                                      std::to_string(ready_n) + " x " + std::to_string(ready_T));
   ready = false;  // the logits hold the loss gradient: one backward per forward
+  wgrad_beta = sdk::first_grad_beta(host, step);
   lora_begin_pass(*this, step, true);  // the forward's masks again
   if (B > 0 && runs(L() + 1)) head_backward(step, B, T, loss_scale);
   check(host->grads_done(step, L() + 1));

@@ -148,6 +148,9 @@ struct Llama {
 
   bool ready = false;
   int64_t ready_n = 0, ready_T = 0;
+  // This backward's beta for every weight gradient (each has one
+  // contribution a pass): 0 where the host says they began at zero.
+  float wgrad_beta = 1.0f;
   Lora lora;  // lora.rank > 0: adapters on the targeted projections (lora.hpp)
   // `freeze`: the lowest group (backward stage) holding a trainable
   // parameter; below it backward computes nothing. L + 2 when all is frozen.

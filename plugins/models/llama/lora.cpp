@@ -280,7 +280,7 @@ void Llama::lora_backward(tsr_step *step, uint32_t l, LayerParam p, View &dy, Vi
   View u = lora_u(*this, l, t, R), du = lora_du(*this, R);
   if (trainable(ib)) {
     DLTensor gb = grad(step, ib);
-    check(ops->matmul(ctx, dy.get(), 1, u.get(), 0, &gb, lora.scale, 1.0f));
+    check(ops->matmul(ctx, dy.get(), 1, u.get(), 0, &gb, lora.scale, wgrad_beta));
   }
   DLTensor wb = param(step, ib), wa = param(step, ia);
   check(ops->matmul(ctx, dy.get(), 0, &wb, 0, du.get(), lora.scale, 0.0f));
@@ -288,7 +288,7 @@ void Llama::lora_backward(tsr_step *step, uint32_t l, LayerParam p, View &dy, Vi
   if (trainable(ia)) {
     View in = lora_input(*this, l, t, x, R, in_cols, false);
     DLTensor ga = grad(step, ia);
-    check(ops->matmul(ctx, du.get(), 1, in.get(), 0, &ga, 1.0f, 1.0f));
+    check(ops->matmul(ctx, du.get(), 1, in.get(), 0, &ga, 1.0f, wgrad_beta));
   }
   if (!lora.dropping) {
     check(ops->matmul(ctx, du.get(), 0, &wa, 0, dx.get(), 1.0f, 1.0f));

@@ -24,6 +24,7 @@
 #include <string>
 #include <tessera/cpp/model.hpp>
 #include <tessera/cpp/plugin.hpp>
+#include <tessera/cpp/tensor.hpp>
 #include <vector>
 
 namespace {
@@ -329,10 +330,7 @@ struct Mlp {
     // ABI 1.5: where every gradient began this pass at zero, the weight
     // gradient (its one contribution) is written, not added: same values,
     // and the matmul reads no old gradient.
-    int32_t zeroed = 0;
-    if (TSR_HAS_FIELD(host, tsr_host, grads_zeroed) && host->grads_zeroed)
-      check(host->grads_zeroed(step, &zeroed));
-    const float wgrad_beta = zeroed ? 0.0f : 1.0f;
+    const float wgrad_beta = sdk::first_grad_beta(host, step);
     const int64_t n = batch->size;
     const size_t L = layers();
     if (n == 0) {  // nothing to add; the groups are still final

@@ -1,7 +1,8 @@
 // Tensor helpers for model plugins written on the ops table: a DLTensor view
 // that owns its shape, the checked view of a parameter or gradient the host
-// hands out for a step, and the last copy of predict's logits into the
-// caller's float32 tensor, and the check of a batch of token sequences.
+// hands out for a step, the beta of a gradient's first contribution, the
+// last copy of predict's logits into the caller's float32 tensor, and the
+// check of a batch of token sequences.
 // Header-only; the gpt2 and llama plugins use them.
 #pragma once
 
@@ -92,6 +93,17 @@ inline DLTensor step_tensor(const tsr_host *host, tsr_step *step, uint32_t index
     }
   }
   return t;
+}
+
+// The beta of a gradient's first contribution in this backward: 0 where
+// the host says every gradient buffer began the pass at zero (ABI 1.5; a
+// weight-gradient matmul then writes instead of reading the old gradient,
+// same values), else 1 (a later micro-batch, or a host that does not say).
+inline float first_grad_beta(const tsr_host *host, tsr_step *step) {
+  int32_t zeroed = 0;
+  if (TSR_HAS_FIELD(host, tsr_host, grads_zeroed) && host->grads_zeroed)
+    check(host->grads_zeroed(step, &zeroed));
+  return zeroed ? 0.0f : 1.0f;
 }
 
 // predict's logits z ([rows, V], the model's compute dtype, on `device`)
