@@ -81,6 +81,48 @@ __global__ void di_kernel(const Ten<T> o, const Ten<T> dout, float *di, int T_, 
   if (lane == 0) di[warp] = acc;
 }
 
+// The same for 2-byte types where the views move in 16-byte packs (vec16)
+// and a row's D / 8 packs divide a warp (1 << lanes_log2 threads a row):
+// a pack a thread, the row's sum over its threads' lanes.
+template <typename T>
+__global__ void di_vec_kernel(const Ten<T> o, const Ten<T> dout, float *di, int T_, int H,
+                              int lanes_log2, int64_t rows) {
+  const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t row = thread >> lanes_log2;
+  const int part = static_cast<int>(thread & ((1 << lanes_log2) - 1));
+  float acc = 0.0f;
+  if (row < rows) {  // the rest of the warp still joins the shuffles below
+    const int t = static_cast<int>(row % T_);
+    const int64_t bh = row / T_;
+    const int b = static_cast<int>(bh / H), h = static_cast<int>(bh % H);
+    const uint4 op = *reinterpret_cast<const uint4 *>(o.at(b, h) + t * o.st + part * 8);
+    const uint4 dp = *reinterpret_cast<const uint4 *>(dout.at(b, h) + t * dout.st + part * 8);
+    const T *ov = reinterpret_cast<const T *>(&op), *dv = reinterpret_cast<const T *>(&dp);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc += to_f(ov[i]) * to_f(dv[i]);
+  }
+  for (int off = (1 << lanes_log2) / 2; off; off /= 2)
+    acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (row < rows && part == 0) di[row] = acc;
+}
+
+template <typename T>
+void launch_di(const Ten<T> &o, const Ten<T> &dout, float *di, int T_, int H, int D, int64_t rows,
+               cudaStream_t st) {
+  const int packs = D / 8;  // a row's 16-byte packs, where they divide a warp
+  if constexpr (sizeof(T) == 2) {
+    if (o.vec && dout.vec && packs <= 32 && (packs & (packs - 1)) == 0) {
+      const int lanes_log2 = __builtin_ctz(static_cast<unsigned>(packs));
+      const unsigned blocks = static_cast<unsigned>(((rows << lanes_log2) + 255) / 256);
+      di_vec_kernel<T><<<blocks, 256, 0, st>>>(o, dout, di, T_, H, lanes_log2, rows);
+      return check_launch();
+    }
+  }
+  const unsigned blocks = static_cast<unsigned>((rows * 32 + 255) / 256);
+  di_kernel<T><<<blocks, 256, 0, st>>>(o, dout, di, T_, H, D, rows);
+  check_launch();
+}
+
 // ---------------------------------------------------------------------------
 // 2. Tensor-core main kernel (bf16 / fp16)
 
@@ -382,6 +424,29 @@ __global__ void dq_cast_kernel(const float *acc, Ten<T> dq, int T_, int H, int D
   }
 }
 
+// The same, 8 elements a thread: two 16-byte loads of acc (16-byte
+// aligned, backward_native) and one 16-byte store where dq moves in packs.
+template <typename T>
+__global__ void dq_cast_vec_kernel(const float *acc, Ten<T> dq, int T_, int H, int packs_per_row,
+                                   float scale, int64_t packs) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < packs;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int d = static_cast<int>(i % packs_per_row) * 8;
+    const int64_t r = i / packs_per_row;
+    const int t = static_cast<int>(r % T_);
+    const int64_t bh = r / T_;
+    const int b = static_cast<int>(bh / H), h = static_cast<int>(bh % H);
+    const float4 lo = reinterpret_cast<const float4 *>(acc)[2 * i];
+    const float4 hi = reinterpret_cast<const float4 *>(acc)[2 * i + 1];
+    const float x[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    uint4 pack;
+    T *out = reinterpret_cast<T *>(&pack);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) out[k] = from_f<T>(x[k] * scale);
+    *reinterpret_cast<uint4 *>(dq.at(b, h) + t * dq.st + d) = pack;
+  }
+}
+
 BwdViews check_backward_args(const DLTensor *q, const DLTensor *k, const DLTensor *v,
                              const DLTensor *out, const DLTensor *dout, const DLTensor *lse,
                              float scale, DLTensor *dq, DLTensor *dk, DLTensor *dv) {
@@ -430,9 +495,13 @@ void backward_mma(const BwdViews &a, float scale, float *di, float *dq_acc, cons
   } else {
     launch_bwd_mma<T, 128>(p, static_cast<int>(d.B));
   }
-  const int64_t n = rows * d.D;
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 65535));
-  dq_cast_kernel<T><<<blocks, 256, 0, st>>>(dq_acc, ten<T>(a.dq, d.D), T_, H, D, scale, n);
+  const Ten<T> dq = ten<T>(a.dq, d.D);
+  const int64_t n = rows * d.D, work = dq.vec ? n / 8 : n;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((work + 255) / 256, 65535));
+  if (dq.vec)
+    dq_cast_vec_kernel<T><<<blocks, 256, 0, st>>>(dq_acc, dq, T_, H, D / 8, scale, work);
+  else
+    dq_cast_kernel<T><<<blocks, 256, 0, st>>>(dq_acc, dq, T_, H, D, scale, n);
   check_launch();
 }
 
@@ -451,16 +520,15 @@ tsr_status attention_backward_native(tsr_host_ctx *ctx, const DLTensor *q, const
     const int T_ = static_cast<int>(d.T), H = static_cast<int>(d.H), D = static_cast<int>(d.D);
     const int64_t rows = d.B * d.H * d.T;
     const bool f32 = a.dt == Dt::F32;
-    float *di = scratch_floats(static_cast<size_t>(rows) * (f32 ? 1 : 1 + d.D));
-    float *dq_acc = di + rows;
+    // dq's accumulator after Di, 16-byte aligned for dq_cast_vec_kernel.
+    const size_t di_floats = (static_cast<size_t>(rows) + 3) / 4 * 4;
+    float *di = scratch_floats(di_floats + (f32 ? 0 : static_cast<size_t>(rows * d.D)));
+    float *dq_acc = di + di_floats;
     cudaStream_t st = compute_stream();
 
     auto run = [&](auto zero) {
       using T = decltype(zero);
-      const unsigned di_blocks = static_cast<unsigned>((rows * 32 + 255) / 256);
-      di_kernel<T>
-          <<<di_blocks, 256, 0, st>>>(ten<T>(a.out, d.D), ten<T>(a.dout, d.D), di, T_, H, D, rows);
-      check_launch();
+      launch_di<T>(ten<T>(a.out, d.D), ten<T>(a.dout, d.D), di, T_, H, D, rows, st);
       if constexpr (std::is_same_v<T, float>)
         backward_f32(a, scale, di, positions, st);
       else

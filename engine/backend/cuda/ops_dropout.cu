@@ -6,8 +6,8 @@
 // the mask is the CPU's bit for bit and nothing is stored between forward
 // and backward. ABI 1.10's lowrank_dropout puts a low-rank product a @ b
 // through the same mask without storing the product: each thread sums a
-// column quad for a few rows in float32 (one fmaf a term, k rising, as the
-// CPU op) and writes only y. Semantics follow
+// column quad for a tile of rows in float32 (one fmaf a term, k rising, as
+// the CPU op) and writes only y. Semantics follow
 // backend/cpu/cpu_ops_dropout.cpp.
 #include <cmath>
 #include <cstdint>
@@ -74,47 +74,72 @@ __global__ void dropout_quad_kernel(const Quad<T> *x, Quad<T> *y, int64_t quads,
   }
 }
 
-// Rows a thread of the low-rank kernel sums: a quad of b loaded once
-// serves all of them, and a's elements are the same across a warp (one
-// broadcast load).
-constexpr int kLowrankRows = 4;
+// The low-rank kernel's tile: kTileRows rows by kTileQuads column quads a
+// block, a thread per column quad. The tile's rows of a sit in shared
+// memory as float32 (every thread of the block reads the same word: a
+// broadcast), a chunk of b's column quad in registers serves all the rows,
+// and y is read (beta != 0) and written once, coalesced along the row.
+constexpr int kTileRows = 8, kTileQuads = 128;
+// a's rows in shared memory: the tile for ranks up to this, the element
+// kernel above it.
+constexpr int kTileMaxRank = 48 * 1024 / (kTileRows * 4);
+
+// s[j] += a_s[j][k + i] * b[k + i] for i < KC, one fmaf a term, k rising
+// (the CPU op's order, so float32 agrees bit for bit).
+template <int KC, typename T>
+__device__ __forceinline__ void lowrank_terms(const float *a_s, int r, int k, const Quad<T> *b,
+                                              int64_t N4, int64_t c, float (&s)[kTileRows][4]) {
+  float bv[KC][4];
+#pragma unroll
+  for (int i = 0; i < KC; ++i) {
+    const Quad<T> bq = b[static_cast<int64_t>(k + i) * N4 + c];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) bv[i][q] = to_f(bq.v[q]);
+  }
+#pragma unroll
+  for (int j = 0; j < kTileRows; ++j)
+#pragma unroll
+    for (int i = 0; i < KC; ++i) {
+      const float av = a_s[j * r + k + i];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) s[j][q] = fmaf(av, bv[i][q], s[j][q]);
+    }
+}
 
 // y = beta * y + dropout(a @ b), a [M, r], b [r, N] viewed as quads [r,
-// N4], y [M, N4] quads: a thread per (group of kLowrankRows rows, column
-// quad), consecutive threads along the row so b and y are read coalesced.
-// Each y quad is one Philox block (N % 4 == 0: quads never straddle rows).
+// N4], y [M, N4] quads; blockIdx.x picks the rows, blockIdx.y the column
+// quads. Each y quad is one Philox block (N % 4 == 0: quads never
+// straddle rows).
 template <typename T>
-__global__ void lowrank_quad_kernel(const T *a, const Quad<T> *b, Quad<T> *y, int64_t M, int64_t N4,
-                                    int r, float p, float scale, float beta, uint64_t seed,
-                                    uint64_t stream) {
-  const int64_t groups = (M + kLowrankRows - 1) / kLowrankRows;
-  for (int64_t w = global_thread(); w < groups * N4; w += global_threads()) {
-    const int64_t m0 = (w / N4) * kLowrankRows, c = w % N4;
-    float s[kLowrankRows][4] = {};
-    for (int k = 0; k < r; ++k) {
-      const Quad<T> bq = b[static_cast<int64_t>(k) * N4 + c];
+__global__ void __launch_bounds__(kTileQuads)
+    lowrank_tile_kernel(const T *a, const Quad<T> *b, Quad<T> *y, int64_t M, int64_t N4, int r,
+                        float p, float scale, float beta, uint64_t seed, uint64_t stream) {
+  extern __shared__ float a_s[];  // [kTileRows][r]; rows past M are 0 and never written
+  const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kTileRows;
+  const int rows = M - m0 < kTileRows ? static_cast<int>(M - m0) : kTileRows;
+  for (int i = threadIdx.x; i < kTileRows * r; i += blockDim.x) {
+    const int j = i / r;
+    a_s[i] = j < rows ? to_f(a[(m0 + j) * r + i % r]) : 0.0f;
+  }
+  __syncthreads();
+  const int64_t c = static_cast<int64_t>(blockIdx.y) * kTileQuads + threadIdx.x;
+  if (c >= N4) return;
+  float s[kTileRows][4] = {};
+  int k = 0;
+  for (; k + 8 <= r; k += 8) lowrank_terms<8>(a_s, r, k, b, N4, c, s);
+  for (; k + 4 <= r; k += 4) lowrank_terms<4>(a_s, r, k, b, N4, c, s);
+  for (; k < r; ++k) lowrank_terms<1>(a_s, r, k, b, N4, c, s);
 #pragma unroll
-      for (int j = 0; j < kLowrankRows; ++j) {
-        // Rows past M read row M - 1 (in bounds) and are never written.
-        const int64_t m = m0 + j < M ? m0 + j : M - 1;
-        const float av = to_f(a[m * r + k]);
+  for (int j = 0; j < kTileRows; ++j) {
+    if (j >= rows) break;
+    const int64_t at = (m0 + j) * N4 + c;
+    const philox::Block blk = philox::dropout_block(seed, stream, static_cast<uint64_t>(at));
+    const Quad<T> yq = beta == 0.0f ? Quad<T>{} : y[at];
+    Quad<T> out;
 #pragma unroll
-        for (int q = 0; q < 4; ++q) s[j][q] = fmaf(av, to_f(bq.v[q]), s[j][q]);
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kLowrankRows; ++j) {
-      const int64_t m = m0 + j;
-      if (m >= M) break;
-      const int64_t at = m * N4 + c;
-      const philox::Block blk = philox::dropout_block(seed, stream, static_cast<uint64_t>(at));
-      const Quad<T> yq = beta == 0.0f ? Quad<T>{} : y[at];
-      Quad<T> out;
-#pragma unroll
-      for (int q = 0; q < 4; ++q)
-        out.v[q] = from_f<T>(dropped(blk.w[q], s[j][q], p, scale, beta, to_f(yq.v[q])));
-      y[at] = out;
-    }
+    for (int q = 0; q < 4; ++q)
+      out.v[q] = from_f<T>(dropped(blk.w[q], s[j][q], p, scale, beta, to_f(yq.v[q])));
+    y[at] = out;
   }
 }
 
@@ -157,9 +182,13 @@ tsr_status lowrank_dropout(tsr_host_ctx *ctx, const DLTensor *a, const DLTensor 
       const auto aligned = [](const void *ptr) {
         return reinterpret_cast<uintptr_t>(ptr) % sizeof(Quad<T>) == 0;
       };
-      if (N % 4 == 0 && aligned(B.as<const T>()) && aligned(Y.as<T>())) {
-        const int64_t N4 = N / 4, work = (M + kLowrankRows - 1) / kLowrankRows * N4;
-        lowrank_quad_kernel<T><<<grid_for(work, kThreads), kThreads, 0, compute_stream()>>>(
+      const int64_t N4 = N / 4, tiles = (N4 + kTileQuads - 1) / kTileQuads;
+      if (N % 4 == 0 && aligned(B.as<const T>()) && aligned(Y.as<T>()) && r <= kTileMaxRank &&
+          tiles <= 65535) {
+        const dim3 grid(static_cast<unsigned>((M + kTileRows - 1) / kTileRows),
+                        static_cast<unsigned>(tiles));
+        const size_t smem = static_cast<size_t>(kTileRows) * static_cast<size_t>(r) * 4;
+        lowrank_tile_kernel<T><<<grid, kTileQuads, smem, compute_stream()>>>(
             A.as<const T>(), reinterpret_cast<const Quad<T> *>(B.as<const T>()),
             reinterpret_cast<Quad<T> *>(Y.as<T>()), M, N4, r, p, scale, beta, seed, stream);
       } else {
