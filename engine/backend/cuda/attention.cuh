@@ -162,8 +162,9 @@ inline void check_dims(const char *op, const Dims &d) {
 struct BwdViews {
   Dims d;
   Dt dt = Dt::F32;
-  Bthd q, k, v, out, dout, dq, dk, dv;
+  Bthd q, k, v, out, dout, dq, dk, dv;  // k, v: d.H / kv_group heads; dk, dv: d.H
   const float *lse = nullptr;
+  int64_t kv_group = 1;
 };
 
 // attention_backward_f32.cu: the float32 backward (dq, dk, dv) on `st`,
@@ -200,13 +201,27 @@ template <typename T>
 struct Ten {
   T *p;
   int64_t sb, st, sh, sd;
-  bool vec;  // 16-byte packs allowed (see vec16)
-  __device__ T *at(int b, int h) const { return p + b * sb + h * sh; }
+  bool vec;       // 16-byte packs allowed (see vec16)
+  int group = 1;  // query heads per head of this tensor: K and V of grouped attention
+  __device__ T *at(int b, int h) const { return p + b * sb + (h / group) * sh; }
 };
 
 template <typename T>
-inline Ten<T> ten(const Bthd &v, int64_t D) {
-  return Ten<T>{static_cast<T *>(v.p), v.sb, v.st, v.sh, v.sd, vec16(v, D)};
+inline Ten<T> ten(const Bthd &v, int64_t D, int64_t group = 1) {
+  return Ten<T>{static_cast<T *>(v.p),  v.sb, v.st, v.sh, v.sd, vec16(v, D),
+                static_cast<int>(group)};
+}
+
+// q's dims with the head count of K and V where kv_group query heads share
+// one (the native kernels' grouped form); a kv_group that does not divide
+// q's heads is the caller's error.
+inline Dims kv_dims(const char *op, const Dims &q, int64_t kv_group) {
+  TSR_CHECK(kv_group >= 1 && q.H % kv_group == 0, TSR_ERR_INTERNAL,
+            std::string(op) + ": " + std::to_string(kv_group) +
+                " query heads per key/value head do not divide q's " + std::to_string(q.H));
+  Dims d = q;
+  d.H = q.H / kv_group;
+  return d;
 }
 
 __device__ __forceinline__ uint32_t smem_addr(const void *p) {

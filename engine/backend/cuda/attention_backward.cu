@@ -449,12 +449,15 @@ __global__ void dq_cast_vec_kernel(const float *acc, Ten<T> dq, int T_, int H, i
 
 BwdViews check_backward_args(const DLTensor *q, const DLTensor *k, const DLTensor *v,
                              const DLTensor *out, const DLTensor *dout, const DLTensor *lse,
-                             float scale, DLTensor *dq, DLTensor *dk, DLTensor *dv) {
+                             float scale, DLTensor *dq, DLTensor *dk, DLTensor *dv,
+                             int64_t kv_group) {
   const char *op = "attention_backward";
   BwdViews a;
   a.q = check_bthd(op, "q", q, a.d, a.dt, true);
-  a.k = check_bthd(op, "k", k, a.d, a.dt, false);
-  a.v = check_bthd(op, "v", v, a.d, a.dt, false);
+  a.kv_group = kv_group;
+  Dims dkv = kv_dims(op, a.d, kv_group);
+  a.k = check_bthd(op, "k", k, dkv, a.dt, false);
+  a.v = check_bthd(op, "v", v, dkv, a.dt, false);
   a.out = check_bthd(op, "out", out, a.d, a.dt, false);
   a.dout = check_bthd(op, "dout", dout, a.d, a.dt, false);
   a.dq = check_bthd(op, "dq", dq, a.d, a.dt, false);
@@ -476,8 +479,8 @@ void backward_mma(const BwdViews &a, float scale, float *di, float *dq_acc, cons
   const int64_t rows = d.B * d.H * d.T;
   TSR_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, static_cast<size_t>(rows * d.D) * sizeof(float), st));
   BwdParams<T> p{ten<T>(a.q, d.D),
-                 ten<T>(a.k, d.D),
-                 ten<T>(a.v, d.D),
+                 ten<T>(a.k, d.D, a.kv_group),
+                 ten<T>(a.v, d.D, a.kv_group),
                  ten<T>(a.dout, d.D),
                  ten<T>(a.dk, d.D),
                  ten<T>(a.dv, d.D),
@@ -511,10 +514,11 @@ void backward_mma(const BwdViews &a, float scale, float *di, float *dq_acc, cons
 tsr_status attention_backward_native(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
                                      const DLTensor *v, const DLTensor *out, const DLTensor *dout,
                                      const DLTensor *lse, float scale, DLTensor *dq, DLTensor *dk,
-                                     DLTensor *dv, const int32_t *positions) noexcept {
+                                     DLTensor *dv, const int32_t *positions,
+                                     int64_t kv_group) noexcept {
   using namespace attn;
   return guarded(ctx, [&] {
-    const BwdViews a = check_backward_args(q, k, v, out, dout, lse, scale, dq, dk, dv);
+    const BwdViews a = check_backward_args(q, k, v, out, dout, lse, scale, dq, dk, dv, kv_group);
     const Dims &d = a.d;
     if (d.B * d.T * d.H == 0) return;
     const int T_ = static_cast<int>(d.T), H = static_cast<int>(d.H), D = static_cast<int>(d.D);

@@ -164,8 +164,8 @@ void backward_f32(const BwdViews &a, float scale, float *di, const int32_t *pos,
   const Dims &d = a.d;
   const int T_ = static_cast<int>(d.T), H = static_cast<int>(d.H), D = static_cast<int>(d.D);
   BwdF32Params p{ten<float>(a.q, d.D),
-                 ten<float>(a.k, d.D),
-                 ten<float>(a.v, d.D),
+                 ten<float>(a.k, d.D, a.kv_group),
+                 ten<float>(a.v, d.D, a.kv_group),
                  ten<float>(a.dout, d.D),
                  ten<float>(a.dq, d.D),
                  ten<float>(a.dk, d.D),

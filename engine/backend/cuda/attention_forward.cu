@@ -336,15 +336,16 @@ __global__ void __launch_bounds__(128) fwd_f32_kernel(const FwdF32Params p) {
 
 tsr_status attention_forward_native(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
                                     const DLTensor *v, float scale, DLTensor *out, DLTensor *lse,
-                                    const int32_t *positions) noexcept {
+                                    const int32_t *positions, int64_t kv_group) noexcept {
   using namespace attn;
   return guarded(ctx, [&] {
     const char *op = "attention_forward";
     Dims d;
     Dt dt = Dt::F32;
     const Bthd vq = check_bthd(op, "q", q, d, dt, true);
-    const Bthd vk = check_bthd(op, "k", k, d, dt, false);
-    const Bthd vv = check_bthd(op, "v", v, d, dt, false);
+    Dims dkv = kv_dims(op, d, kv_group);
+    const Bthd vk = check_bthd(op, "k", k, dkv, dt, false);
+    const Bthd vv = check_bthd(op, "v", v, dkv, dt, false);
     const Bthd vo = check_bthd(op, "out", out, d, dt, false);
     float *plse = check_lse(op, lse, d);
     check_dims(op, d);
@@ -354,8 +355,8 @@ tsr_status attention_forward_native(tsr_host_ctx *ctx, const DLTensor *q, const 
     const int B = static_cast<int>(d.B);
     if (dt == Dt::F32) {
       FwdF32Params p{ten<float>(vq, d.D),
-                     ten<float>(vk, d.D),
-                     ten<float>(vv, d.D),
+                     ten<float>(vk, d.D, kv_group),
+                     ten<float>(vv, d.D, kv_group),
                      ten<float>(vo, d.D),
                      plse,
                      T_,
@@ -370,9 +371,16 @@ tsr_status attention_forward_native(tsr_host_ctx *ctx, const DLTensor *q, const 
     }
     auto run = [&](auto zero) {
       using T = decltype(zero);
-      FwdParams<T> p{
-          ten<T>(vq, d.D), ten<T>(vk, d.D), ten<T>(vv, d.D), ten<T>(vo, d.D), plse, T_, H, D,
-          scale * kLog2e,  positions};
+      FwdParams<T> p{ten<T>(vq, d.D),
+                     ten<T>(vk, d.D, kv_group),
+                     ten<T>(vv, d.D, kv_group),
+                     ten<T>(vo, d.D),
+                     plse,
+                     T_,
+                     H,
+                     D,
+                     scale * kLog2e,
+                     positions};
       if (D <= 64) {
         launch_fwd_mma<T, 64>(p, B);
       } else {

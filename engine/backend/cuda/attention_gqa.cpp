@@ -3,18 +3,19 @@
 // h / (H / Hk). With Hk = H it is the multi-head entry (attention_select.cpp)
 // unchanged. Otherwise bf16/fp16 go to cuDNN's fused flash attention, which
 // takes the grouped K and V as they are, where it builds a plan for the
-// call (TESSERA_ATTENTION as for the multi-head entry, docs/gpu.md), and
-// everything else to the engine's flash kernels on K and V repeated per
-// query head, the gradients of the copies then summed over each group
-// (attention_gqa_kernels.cu): extra memory traffic of a few copies of K and
-// V, fine for the float32 and fallback paths it serves.
+// call (TESSERA_ATTENTION as for the multi-head entry, docs/gpu.md). Else
+// the forward runs the engine's flash kernels, which read each key/value
+// head in place for its group; the backward runs the multi-head entry
+// (cuDNN or the kernels) on K and V repeated per query head, the gradients
+// of the copies then summed over each group (attention_gqa_kernels.cu).
 //
 // ABI 1.8's attention_packed_* (document masking by positions) always run
-// the engine's kernels, on repeated heads where Hk < H: cuDNN's form for
-// packed sequences (its ragged layout) wants each document's offsets and
-// lengths as device tensors, which per-query positions do not give
-// without a scan of every batch; TESSERA_ATTENTION=cudnn therefore refuses
-// these calls, and auto logs once that they run the engine's kernels.
+// the engine's kernels, K and V read in place, backward's dk and dv per
+// query head summed over each group: cuDNN's form for packed sequences
+// (its ragged layout) wants each document's offsets and lengths as device
+// tensors, which per-query positions do not give without a scan of every
+// batch; TESSERA_ATTENTION=cudnn therefore refuses these calls, and auto
+// logs once that they run the engine's kernels.
 #include <cmath>
 
 #include "backend/cpu/cpu_ops.hpp"
@@ -125,12 +126,8 @@ void gqa_forward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k, const 
       return;
     attention_declined(impl, op, gqa_describe(c), why);
   }
-  const int64_t group = c.d.H / c.hk;
-  GqaBuffer kx(gqa_heads_bytes(c)), vx(gqa_heads_bytes(c));
-  launch_gqa_expand(vk, c.dt, kx.p, c.d.B, c.d.T, c.d.H, c.d.D, group);
-  launch_gqa_expand(vv, c.dt, vx.p, c.d.B, c.d.T, c.d.H, c.d.D, group);
-  GqaCompact tk(kx.p, k, c.d), tv(vx.p, v, c.d);
-  host_result(attention_forward_native(ctx, q, &tk.t, &tv.t, scale, out, lse));
+  // The kernels read each key/value head in place for its group.
+  host_result(attention_forward_native(ctx, q, k, v, scale, out, lse, nullptr, c.d.H / c.hk));
 }
 
 // Backward on key and value heads repeated per query head: `run(k, v, dk,
@@ -233,7 +230,8 @@ void packed_forward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k, con
   }
   GqaChecked c;
   attn::check_bthd(op, "q", q, c.d, c.dt, true);
-  const Bthd vk = gqa_check_kv(op, "k", k, c, true), vv = gqa_check_kv(op, "v", v, c, false);
+  gqa_check_kv(op, "k", k, c, true);
+  gqa_check_kv(op, "v", v, c, false);
   Dims dout = c.d;
   attn::check_bthd(op, "out", out, dout, c.dt, false);
   attn::check_lse(op, lse, c.d);
@@ -246,12 +244,8 @@ void packed_forward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k, con
     host_result(attention_forward_native(ctx, q, k, v, scale, out, lse, pos));
     return;
   }
-  const int64_t group = c.d.H / c.hk;
-  GqaBuffer kx(gqa_heads_bytes(c)), vx(gqa_heads_bytes(c));
-  launch_gqa_expand(vk, c.dt, kx.p, c.d.B, c.d.T, c.d.H, c.d.D, group);
-  launch_gqa_expand(vv, c.dt, vx.p, c.d.B, c.d.T, c.d.H, c.d.D, group);
-  GqaCompact tk(kx.p, k, c.d), tv(vx.p, v, c.d);
-  host_result(attention_forward_native(ctx, q, &tk.t, &tv.t, scale, out, lse, pos));
+  // The kernels read each key/value head in place for its group.
+  host_result(attention_forward_native(ctx, q, k, v, scale, out, lse, pos, c.d.H / c.hk));
 }
 
 // long-function: the checks of ten arguments by name, then the one call or
@@ -278,7 +272,8 @@ void packed_backward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k, co
   }
   GqaChecked c;
   attn::check_bthd(op, "q", q, c.d, c.dt, true);
-  const Bthd vk = gqa_check_kv(op, "k", k, c, true), vv = gqa_check_kv(op, "v", v, c, false);
+  gqa_check_kv(op, "k", k, c, true);
+  gqa_check_kv(op, "v", v, c, false);
   const Bthd vdk = gqa_check_kv(op, "dk", dk, c, false), vdv = gqa_check_kv(op, "dv", dv, c, false);
   Dims same = c.d;
   attn::check_bthd(op, "out", out, same, c.dt, false);
@@ -294,12 +289,16 @@ void packed_backward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k, co
     host_result(attention_backward_native(ctx, q, k, v, out, dout, lse, scale, dq, dk, dv, pos));
     return;
   }
-  backward_on_repeated_heads(
-      c, k, v, dk, dv, vk, vv, vdk, vdv,
-      [&](const DLTensor *rk, const DLTensor *rv, DLTensor *rdk, DLTensor *rdv) {
-        host_result(
-            attention_backward_native(ctx, q, rk, rv, out, dout, lse, scale, dq, rdk, rdv, pos));
-      });
+  // K and V read in place; dk and dv per query head, then summed over each
+  // group.
+  const int64_t group = c.d.H / c.hk;
+  const size_t bytes = gqa_heads_bytes(c);
+  GqaBuffer dkx(bytes), dvx(bytes);
+  GqaCompact tdk(dkx.p, dk, c.d), tdv(dvx.p, dv, c.d);
+  host_result(attention_backward_native(ctx, q, k, v, out, dout, lse, scale, dq, &tdk.t, &tdv.t,
+                                        pos, group));
+  launch_gqa_group_sum(dkx.p, c.dt, vdk, c.d.B, c.d.T, c.hk, c.d.D, group);
+  launch_gqa_group_sum(dvx.p, c.dt, vdv, c.d.B, c.d.T, c.hk, c.d.D, group);
 }
 
 }  // namespace

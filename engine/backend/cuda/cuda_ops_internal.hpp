@@ -396,12 +396,18 @@ bool attention_cudnn_available(std::string *what);
 // attention_forward.cu / attention_backward.cu: the engine's flash kernels.
 // `positions` (device int32 [B, T], checked by the caller), when not NULL,
 // masks each query to its document window (ABI 1.8 attention_packed_*).
+// With kv_group > 1, k and v hold q's heads / kv_group heads and query head
+// h reads key/value head h / kv_group (grouped-query attention, read in
+// place); backward's dk and dv still have q's heads, one per query head,
+// for the caller to sum over each group.
 tsr_status attention_forward_native(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
                                     const DLTensor *v, float scale, DLTensor *out, DLTensor *lse,
-                                    const int32_t *positions = nullptr) noexcept;
+                                    const int32_t *positions = nullptr,
+                                    int64_t kv_group = 1) noexcept;
 tsr_status attention_backward_native(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
                                      const DLTensor *v, const DLTensor *out, const DLTensor *dout,
                                      const DLTensor *lse, float scale, DLTensor *dq, DLTensor *dk,
-                                     DLTensor *dv, const int32_t *positions = nullptr) noexcept;
+                                     DLTensor *dv, const int32_t *positions = nullptr,
+                                     int64_t kv_group = 1) noexcept;
 
 }  // namespace tessera::cuda
