@@ -109,8 +109,8 @@ __global__ void di_vec_kernel(const Ten<T> o, const Ten<T> dout, float *di, int 
 template <typename T>
 void launch_di(const Ten<T> &o, const Ten<T> &dout, float *di, int T_, int H, int D, int64_t rows,
                cudaStream_t st) {
-  const int packs = D / 8;  // a row's 16-byte packs, where they divide a warp
   if constexpr (sizeof(T) == 2) {
+    const int packs = D / 8;  // a row's 16-byte packs, where they divide a warp
     if (o.vec && dout.vec && packs <= 32 && (packs & (packs - 1)) == 0) {
       const int lanes_log2 = __builtin_ctz(static_cast<unsigned>(packs));
       const unsigned blocks = static_cast<unsigned>(((rows << lanes_log2) + 255) / 256);

@@ -130,22 +130,35 @@ void gqa_forward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k, const 
   host_result(attention_forward_native(ctx, q, k, v, scale, out, lse, nullptr, c.d.H / c.hk));
 }
 
+// A backward whose dK and dV come per query head: `run(dk, dv)` writes them
+// into scratch of q's heads, then summed over each group into dk and dv.
+template <typename Run>
+void grads_per_query_head(const GqaChecked &c, DLTensor *dk, DLTensor *dv, const Bthd &vdk,
+                          const Bthd &vdv, Run &&run) {
+  const int64_t group = c.d.H / c.hk;
+  const size_t bytes = gqa_heads_bytes(c);
+  GqaBuffer dkx(bytes), dvx(bytes);
+  GqaCompact tdk(dkx.p, dk, c.d), tdv(dvx.p, dv, c.d);
+  run(&tdk.t, &tdv.t);
+  launch_gqa_group_sum(dkx.p, c.dt, vdk, c.d.B, c.d.T, c.hk, c.d.D, group);
+  launch_gqa_group_sum(dvx.p, c.dt, vdv, c.d.B, c.d.T, c.hk, c.d.D, group);
+}
+
 // Backward on key and value heads repeated per query head: `run(k, v, dk,
-// dv)` is the multi-head backward on the copies, whose gradients are then
-// summed over each group into dk and dv (2 x group x the K/V bytes).
+// dv)` is the multi-head backward on the copies (2 x group x the K/V bytes
+// more), its gradients summed as grads_per_query_head does.
 template <typename Run>
 void backward_on_repeated_heads(const GqaChecked &c, const DLTensor *k, const DLTensor *v,
                                 DLTensor *dk, DLTensor *dv, const Bthd &vk, const Bthd &vv,
                                 const Bthd &vdk, const Bthd &vdv, Run &&run) {
   const int64_t group = c.d.H / c.hk;
   const size_t bytes = gqa_heads_bytes(c);
-  GqaBuffer kx(bytes), vx(bytes), dkx(bytes), dvx(bytes);
+  GqaBuffer kx(bytes), vx(bytes);
   launch_gqa_expand(vk, c.dt, kx.p, c.d.B, c.d.T, c.d.H, c.d.D, group);
   launch_gqa_expand(vv, c.dt, vx.p, c.d.B, c.d.T, c.d.H, c.d.D, group);
-  GqaCompact tk(kx.p, k, c.d), tv(vx.p, v, c.d), tdk(dkx.p, dk, c.d), tdv(dvx.p, dv, c.d);
-  run(&tk.t, &tv.t, &tdk.t, &tdv.t);
-  launch_gqa_group_sum(dkx.p, c.dt, vdk, c.d.B, c.d.T, c.hk, c.d.D, group);
-  launch_gqa_group_sum(dvx.p, c.dt, vdv, c.d.B, c.d.T, c.hk, c.d.D, group);
+  GqaCompact tk(kx.p, k, c.d), tv(vx.p, v, c.d);
+  grads_per_query_head(c, dk, dv, vdk, vdv,
+                       [&](DLTensor *rdk, DLTensor *rdv) { run(&tk.t, &tv.t, rdk, rdv); });
 }
 
 // Checks every argument (reported by name), then the multi-head backward
@@ -248,8 +261,8 @@ void packed_forward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k, con
   host_result(attention_forward_native(ctx, q, k, v, scale, out, lse, pos, c.d.H / c.hk));
 }
 
-// long-function: the checks of ten arguments by name, then the one call or
-// the repeated heads, as gqa_backward.
+// long-function: the checks of ten arguments by name, then the multi-head
+// call or the grouped one (K and V in place, dK and dV summed per group).
 void packed_backward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k, const DLTensor *v,
                      const DLTensor *positions, const DLTensor *out, const DLTensor *dout,
                      const DLTensor *lse, float scale, DLTensor *dq, DLTensor *dk, DLTensor *dv) {
@@ -289,16 +302,11 @@ void packed_backward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k, co
     host_result(attention_backward_native(ctx, q, k, v, out, dout, lse, scale, dq, dk, dv, pos));
     return;
   }
-  // K and V read in place; dk and dv per query head, then summed over each
-  // group.
-  const int64_t group = c.d.H / c.hk;
-  const size_t bytes = gqa_heads_bytes(c);
-  GqaBuffer dkx(bytes), dvx(bytes);
-  GqaCompact tdk(dkx.p, dk, c.d), tdv(dvx.p, dv, c.d);
-  host_result(attention_backward_native(ctx, q, k, v, out, dout, lse, scale, dq, &tdk.t, &tdv.t,
-                                        pos, group));
-  launch_gqa_group_sum(dkx.p, c.dt, vdk, c.d.B, c.d.T, c.hk, c.d.D, group);
-  launch_gqa_group_sum(dvx.p, c.dt, vdv, c.d.B, c.d.T, c.hk, c.d.D, group);
+  // K and V read in place; dk and dv per query head, summed over each group.
+  grads_per_query_head(c, dk, dv, vdk, vdv, [&](DLTensor *rdk, DLTensor *rdv) {
+    host_result(attention_backward_native(ctx, q, k, v, out, dout, lse, scale, dq, rdk, rdv, pos,
+                                          c.d.H / c.hk));
+  });
 }
 
 }  // namespace
