@@ -86,7 +86,7 @@ std::string fmnist_config(const Job &j, const fs::path &run_dir) {
        "[zero]\n"
        "plugin = \"stage"
     << j.stage << "\"\n";
-  if (j.offload != "none") {
+  if (j.offload != "none" || !j.offload_more.empty()) {
     s << "\n[offload]\nplugin = \"" << j.offload << "\"\n";
     if (!j.ratio.empty()) s << "ratio = \"" << j.ratio << "\"\n";
     // nvme: its state file beside the run, in blocks small enough that the

@@ -2,21 +2,26 @@
 // device where compute runs, and the optimizer step runs there too. The
 // optimizer writes the updated compute parameters in the same pass.
 //
-// On CUDA the memory comes from host->alloc on the compute device, the
-// step runs on the host's compute stream (so it stays ordered with the
-// backward pass before it and the forward pass after it), and state moves
-// to and from host buffers through host->ops->copy. The plugin has no
-// kernels of its own and is not built against CUDA: everything
-// device-specific goes through the host table and the optimizer, so it
-// always declares CUDA support. (A host without CUDA never offers a CUDA
-// device, and an optimizer without CUDA kernels is refused by its own
-// descriptor before this plugin is set up.)
+// On CUDA the memory comes from host->alloc on the compute device and
+// state moves to and from host buffers through host->ops->copy. The step
+// runs on the host's compute stream (ordered with the backward pass before
+// it and the forward pass after it), or with `overlap = true` on a stream
+// of the plugin's own, beside the next forward, which waits per group
+// (update_stream.hpp). The plugin has no kernels of its own: the math is
+// the optimizer's, and the plugin links the CUDA runtime only for that
+// stream and its events, so it always declares CUDA support. (A host
+// without CUDA never offers a CUDA device, and an optimizer without CUDA
+// kernels is refused by its own descriptor before this plugin is set up.)
 #include <cstring>
 #include <memory>
 #include <string>
 #include <tessera/cpp/offload.hpp>
 #include <tessera/cpp/plugin.hpp>
 #include <vector>
+
+#if TSR_PLUGIN_CUDA
+#include "update_stream.hpp"
+#endif
 
 namespace {
 
@@ -35,6 +40,10 @@ struct None {
   std::vector<Buffer> state_bufs;
   std::vector<float *> state;
   std::vector<float *> state_at;  // per-step offsets into state
+  bool overlap = false;           // the config's `overlap`
+#if TSR_PLUGIN_CUDA
+  std::unique_ptr<tessera::offload_none::UpdateStream> side;  // CUDA with overlap
+#endif
 
   void setup(const tsr_offload_setup *st);
   void step(const tsr_offload_step *st);
@@ -48,17 +57,31 @@ struct None {
   }
   // The update runs where the parameters live, in order: on the CPU it is
   // done when step() returns, on CUDA it is queued on the compute stream
-  // that the next forward (and the clearing of the gradients) runs on. So
-  // nothing needs waiting for, and the host never blocks between steps.
-  void wait_params(size_t, size_t) {}
-  void wait_grads() {}
+  // that the next forward (and the clearing of the gradients) runs on, so
+  // nothing needs waiting for. With the update stream the compute stream
+  // waits on the GPU, never the host.
+  void wait_params(size_t offset, size_t count) {
+#if TSR_PLUGIN_CUDA
+    if (side) side->wait(offset, count);
+#endif
+    (void)offset, (void)count;
+  }
+  void wait_grads() {
+    settle_stream();
+  }
+  void settle_stream() {
+#if TSR_PLUGIN_CUDA
+    if (side) side->wait_all();
+#endif
+  }
   // All of the step runs on the compute device, inside "optimizer".
   void stats(tsr_offload_stats *) {}
 };
 
-std::unique_ptr<None> build(const tsr_host *host, const tsr_config *) {
+std::unique_ptr<None> build(const tsr_host *host, const tsr_config *cfg) {
   auto s = std::make_unique<None>();
   s->host = host;
+  s->overlap = Config(host, cfg).get_bool("overlap");
   return s;
 }
 
@@ -83,6 +106,10 @@ void None::setup(const tsr_offload_setup *st) {
     state.push_back(state_bufs.back().as<float>());
   }
   state_at.resize(st->state_count);
+#if TSR_PLUGIN_CUDA
+  if (cuda && overlap)
+    side = std::make_unique<tessera::offload_none::UpdateStream>(host->compute_stream);
+#endif
 }
 
 void None::step(const tsr_offload_step *st) {
@@ -110,12 +137,19 @@ void None::step(const tsr_offload_step *st) {
   // Ordered after the backward pass that produced the gradients; the
   // step returns once the kernel is queued (flush waits).
   a.stream = cuda ? host->compute_stream : nullptr;
+#if TSR_PLUGIN_CUDA
+  if (side) a.stream = side->begin_range();
+#endif
   check(opt->step(opt_self, &a));
+#if TSR_PLUGIN_CUDA
+  if (side) side->landed(st->offset, st->count);
+#endif
 }
 
 // On the CPU every step completes before returning; on CUDA the updates
 // are queued on the compute stream and this waits for them.
 void None::flush() {
+  settle_stream();
   if (cuda) check(host->synchronize(host->ctx));
 }
 
@@ -127,6 +161,7 @@ void None::copy_state(uint32_t slot, size_t offset, size_t count, float *dst, co
   if (!base) throw Error(TSR_ERR_INVALID, "offload none: no state slot " + std::to_string(slot));
   if (count == 0) return;
   if (!dst && !src) throw Error(TSR_ERR_INVALID, "offload none: state buffer is NULL");
+  settle_stream();
   if (!cuda) {
     if (dst)
       std::memcpy(dst, base + offset, count * sizeof(float));
@@ -135,9 +170,10 @@ void None::copy_state(uint32_t slot, size_t offset, size_t count, float *dst, co
     return;
   }
   // Device <-> host buffer through the host's copy, which runs on the
-  // compute stream: ordered after every queued step, so a read sees the
-  // updated state. Then wait, because the caller's buffer is plain host
-  // memory it may read, reuse or free as soon as this returns.
+  // compute stream: ordered after every queued step (the update stream's
+  // too, by settle_stream), so a read sees the updated state. Then wait,
+  // because the caller's buffer is plain host memory it may read, reuse or
+  // free as soon as this returns.
   int64_t shape[1] = {static_cast<int64_t>(count)};
   DLTensor on_device = view(base + offset, device, dtype_f32(), 1, shape);
   DLTensor in_host = view(dst ? static_cast<void *>(dst) : const_cast<float *>(src),
@@ -151,9 +187,14 @@ void None::copy_state(uint32_t slot, size_t offset, size_t count, float *dst, co
 
 const tsr_offload_vtable kVtable = offload_vtable<None, build>();
 
+const tsr_param_decl kParams[] = {
+    param("overlap", TSR_PARAM_BOOL, "false",
+          "CUDA: run the optimizer step on a stream of its own, beside the next forward, which "
+          "waits only for the group it uses")};
+
 const tsr_plugin_descriptor kNone =
-    describe(TSR_KIND_OFFLOAD, "none", "1.0.0", "keep optimizer state on the compute device", {},
-             TSR_DEVICE_CPU | TSR_DEVICE_CUDA, &kVtable);
+    describe(TSR_KIND_OFFLOAD, "none", "1.0.0", "keep optimizer state on the compute device",
+             kParams, TSR_DEVICE_CPU | TSR_DEVICE_CUDA, &kVtable);
 
 }  // namespace
 

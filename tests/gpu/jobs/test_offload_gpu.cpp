@@ -24,6 +24,16 @@
 // only for the blocks holding each group, and copies the updated
 // parameters up (stage 1) or has them fetched from disk (stage 3).
 //
+// Offload none with `overlap = true`: the optimizer step on a stream of the
+// plugin's own, the next forward waiting for each group's update only as it
+// uses the group, and the clearing of the gradients for the whole update.
+// The same kernels in the same order per element as on the compute stream:
+// the same bits as `overlap = false` (both with the heuristic's matmul
+// algorithms, as a rerun of the reference is then), with and without
+// clipping (without, the update starts during backward, group by group),
+// two micro-batches a step, and on a small llama (a tied embedding used
+// first and last).
+//
 // The CPU step computes in fp32 from bf16 gradients exactly as the CUDA
 // kernel does, but the two kernels round their fp32 arithmetic differently
 // (FMA contraction on the GPU), so the runs part by rounding steps only.
@@ -121,6 +131,9 @@ TEST_CASE("one GPU, bf16, stages 2-3, clipping on: the update starts during back
   for (const int stage : {2, 3}) {
     Job j = gpu_job(stage, 64, 0.5);
     j.sets = {"zero.bucket_mb=0.01", "log.breakdown=true"};
+    // Every step clips at 0.5, where "adaptive" would stop speculating
+    // after the first: "always" keeps starting ranges during backward.
+    j.offload_more = "speculation = \"always\"\n";
     j.tag = "early";
     const Trained t = train_job(j);
     INFO(describe(t.run));
@@ -148,6 +161,49 @@ TEST_CASE("one GPU, bf16: offload nvme, its walk beside the next forward, matche
 TEST_CASE("one GPU, bf16, stage 3: parameters in nvme's state file match offload none",
           "[gpu][jobs][offload]") {
   stage3_params_match_none("nvme", "nvme", "a file");
+}
+
+TEST_CASE("one GPU, bf16: offload none's update stream gives the compute stream's bits",
+          "[gpu][jobs][offload]") {
+  // Any difference at all is past this bar (0 / 0 would be NaN).
+  const Tolerance exact{0, 0, 1e-30, 0};
+  for (const double clip : {0.0, 0.5}) {
+    Job r = gpu_job(1, 64, clip);
+    r.offload = "none";
+    // The heuristic's matmul algorithms: timed tuning may pick another in
+    // another process (backend/cuda/gemm_tune.hpp), and round otherwise.
+    r.env["TESSERA_GEMM_TUNING"] = "heuristic";
+    r.tag = "exact";
+    Job again = r, j = r;
+    again.tag = "exact_again";
+    j.offload_more = "overlap = true\n";
+    j.tag = "exact_overlap";
+    const Trained ref = train_job(r), ref2 = train_job(again), t = train_job(j);
+    INFO(describe(ref2.run));
+    check_equivalent(ref, ref2, exact);  // the reference is deterministic
+    INFO(describe(t.run));
+    check_equivalent(ref, t, exact);
+  }
+  const fs::path tokens = scratch() / "overlap_tokens" / "tok_train_000000.bin";
+  write_token_shard(tokens, 200 * 32 + 1, 512, 92);
+  Job r{1, 0, 8, 4};
+  r.steps = 20;
+  r.device = "cuda";
+  r.precision = "bf16";
+  r.clip = 0.5;
+  r.env["TESSERA_GEMM_TUNING"] = "heuristic";
+  r.tag = "overlap_llama";
+  r.model_data =
+      "[model]\nplugin = \"llama\"\narchitecture = \"LlamaForCausalLM\"\nlayers = 2\n"
+      "width = 64\nheads = 4\nkv_heads = 2\nhead_dim = 16\nintermediate = 128\nvocab = 512\n"
+      "max_seq = 32\ntie_embeddings = true\n\n[data.train]\nplugin = \"tokens\"\nfiles = \"" +
+      tokens.string() + "\"\ncontext = 32\nvocab = 512\n";
+  Job j = r;
+  j.offload_more = "overlap = true\n";
+  j.tag = "overlap_llama_on";
+  const Trained ref = train_job(r), t = train_job(j);
+  INFO(describe(t.run));
+  check_equivalent(ref, t, exact);
 }
 
 // ratio = "auto" where the host cannot hold the whole state: the GPU's share
