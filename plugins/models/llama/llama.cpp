@@ -63,6 +63,24 @@ void Llama::attention(const View &q4, const View &k4, const View &v4, View &pos,
 
 // ---- forward ----------------------------------------------------------------
 
+// y = x W^T (+ b) (+ s u B^T, an adapter's term). Without a bias the
+// adapter's term goes first and the base matmul adds into it (its epilogue
+// reads y), one pass over y fewer than adding the term afterwards.
+void Llama::project(tsr_step *step, uint32_t l, LayerParam p, LayerParam bias, View &x, View &y,
+                    int64_t R) {
+  DLTensor w = param(step, P(l, p));
+  const bool biased = bias != kLayerParams && has(l, bias);
+  if (!biased && lora_forward(step, l, p, x, &y, R, 0.0f)) {
+    check(ops->matmul(host->ctx, x.get(), 0, &w, 1, y.get(), 1.0f, 1.0f));
+    return;
+  }
+  DLTensor b{};
+  if (biased) b = param(step, P(l, bias));
+  check(ops->linear(host->ctx, x.get(), 0, &w, 1, biased ? &b : nullptr, TSR_ACT_NONE, y.get(),
+                    nullptr));
+  lora_forward(step, l, p, x, &y, R, 1.0f);
+}
+
 // Layer l from x_l (resid[l]) into set s; with `out` its output x_{l+1}
 // into resid[l + 1] (a recompute in backward stops before the down
 // projection, whose output backward does not read).
@@ -81,13 +99,7 @@ void Llama::layer_forward(tsr_step *step, uint32_t l, const Set &s, int64_t B, i
   View v = A(s.v, {R, KD()});
   const LayerParam proj[3][2] = {{kQ, kQBias}, {kK, kKBias}, {kV, kVBias}};
   View *dst[3] = {&q, &k, &v};
-  for (int i = 0; i < 3; ++i) {
-    DLTensor pw = W(proj[i][0]), pb{};
-    if (has(l, proj[i][1])) pb = W(proj[i][1]);
-    check(ops->linear(ctx, h1.get(), 0, &pw, 1, has(l, proj[i][1]) ? &pb : nullptr, TSR_ACT_NONE,
-                      dst[i]->get(), nullptr));
-    lora_forward(step, l, proj[i][0], h1, dst[i], R);
-  }
+  for (int i = 0; i < 3; ++i) project(step, l, proj[i][0], proj[i][1], h1, *dst[i], R);
   if (a.qk_norm) {  // per-head RMSNorm over D: rows R * H
     View qr = A(s.qraw, {R * Hq, D}), kr = A(s.kraw, {R * Hk, D});
     View qn = A(s.q, {R * Hq, D}), kn = A(s.k, {R * Hk, D});
@@ -104,25 +116,20 @@ void Llama::layer_forward(tsr_step *step, uint32_t l, const Set &s, int64_t B, i
   // r = x + o_proj(o), and the post-attention norm of it, in one pass.
   View o = A(s.o, {R, QD()}), r = A(s.r, {R, C}), h2 = A(s.h2, {R, C});
   View rstd2 = S(s.rstd2, {R});
-  w = W(kO);
-  check(ops->linear(ctx, o.get(), 0, &w, 1, nullptr, TSR_ACT_NONE, r.get(), nullptr));
-  lora_forward(step, l, kO, o, &r, R);
+  project(step, l, kO, kLayerParams, o, r, R);
   w = W(kPostNorm);
   check(ops->add_rmsnorm_forward(ctx, x.get(), r.get(), &w, eps, r.get(), h2.get(), rstd2.get()));
   // SwiGLU MLP.
   View gate = A(s.gate, {R, F}), up = A(s.up, {R, F}), act_v = A(s.act, {R, F});
-  w = W(kGate);
-  check(ops->linear(ctx, h2.get(), 0, &w, 1, nullptr, TSR_ACT_NONE, gate.get(), nullptr));
-  lora_forward(step, l, kGate, h2, &gate, R);
-  w = W(kUp);
-  check(ops->linear(ctx, h2.get(), 0, &w, 1, nullptr, TSR_ACT_NONE, up.get(), nullptr));
-  lora_forward(step, l, kUp, h2, &up, R);
+  project(step, l, kGate, kLayerParams, h2, gate, R);
+  project(step, l, kUp, kLayerParams, h2, up, R);
   check(ops->swiglu_forward(ctx, gate.get(), up.get(), act_v.get()));
-  if (!out) return lora_forward(step, l, kDown, act_v, nullptr, R);  // backward reads its u
+  if (!out) {  // backward reads the down adapter's u
+    lora_forward(step, l, kDown, act_v, nullptr, R, 0.0f);
+    return;
+  }
   View y = A(resid[l + 1], {R, C});
-  w = W(kDown);
-  check(ops->linear(ctx, act_v.get(), 0, &w, 1, nullptr, TSR_ACT_NONE, y.get(), nullptr));
-  lora_forward(step, l, kDown, act_v, &y, R);
+  project(step, l, kDown, kLayerParams, act_v, y, R);
   check(ops->axpy(ctx, 1.0f, r.get(), y.get()));  // x_{l+1} = r + mlp
 }
 
@@ -225,6 +232,16 @@ void Llama::predict(tsr_step *step, const tsr_batch *batch, DLTensor *out) {
 
 // ---- backward ---------------------------------------------------------------
 
+// dx = dy W (+ du A, an adapter's share) + beta dx, and the adapter's
+// weight gradients: the adapter's share first where there is one, the base
+// matmul then adds into it (one pass over dx fewer than adding it after).
+void Llama::project_dx(tsr_step *step, uint32_t l, LayerParam p, View &dy, View &x, View &dx,
+                       int64_t R, float beta) {
+  DLTensor w = param(step, P(l, p));
+  const float base_beta = lora_backward(step, l, p, dy, x, dx, R, beta) ? 1.0f : beta;
+  check(ops->matmul(host->ctx, dy.get(), 0, &w, 0, dx.get(), 1.0f, base_beta));
+}
+
 // The attention half of layer l's backward: dres holds d r on entry (the
 // gradient of both x_l and o_proj's output) and d x_l on exit.
 void Llama::attention_backward(tsr_step *step, uint32_t l, const Set &s, int64_t B, int64_t T) {
@@ -234,14 +251,12 @@ void Llama::attention_backward(tsr_step *step, uint32_t l, const Set &s, int64_t
   const auto G = [&](LayerParam p) { return grad(step, P(l, p)); };
   const auto trains = [&](LayerParam p) { return trainable(P(l, p)); };
   View dres_v = A(dres, {R, C}), dsm_v = A(dsm, {R, C}), o = A(s.o, {R, QD()});
-  DLTensor w = W(kO);
   if (trains(kO)) {
     DLTensor g = G(kO);
     check(ops->matmul(ctx, dres_v.get(), 1, o.get(), 0, &g, 1.0f, wgrad_beta));
   }
   View dout_v = A(dout, {R, QD()});
-  check(ops->matmul(ctx, dres_v.get(), 0, &w, 0, dout_v.get(), 1.0f, 0.0f));
-  lora_backward(step, l, kO, dres_v, o, dout_v, R);
+  project_dx(step, l, kO, dres_v, o, dout_v, R, 0.0f);
   View q4 = A(s.q, {B, T, Hq, D}), k4 = A(s.k, {B, T, Hk, D}), v4 = A(s.v, {B, T, Hk, D});
   View o4 = A(s.o, {B, T, Hq, D}), do4 = A(dout, {B, T, Hq, D}), lse = S(s.lse, {B, Hq, T});
   View dq4 = A(dq, {B, T, Hq, D}), dk4 = A(dk, {B, T, Hk, D}), dv4 = A(dv, {B, T, Hk, D});
@@ -287,9 +302,7 @@ void Llama::attention_backward(tsr_step *step, uint32_t l, const Set &s, int64_t
       DLTensor gw = G(proj[i][0]);
       check(ops->matmul(ctx, dy.get(), 1, h1.get(), 0, &gw, 1.0f, wgrad_beta));
     }
-    DLTensor pw = W(proj[i][0]);
-    check(ops->matmul(ctx, dy.get(), 0, &pw, 0, dsm_v.get(), 1.0f, i == 0 ? 0.0f : 1.0f));
-    lora_backward(step, l, proj[i][0], dy, h1, dsm_v, R);
+    project_dx(step, l, proj[i][0], dy, h1, dsm_v, R, i == 0 ? 0.0f : 1.0f);
   }
   View x = A(resid[l], {R, C}), rstd1 = S(s.rstd1, {R});
   DLTensor wn = W(kInNorm);
@@ -323,19 +336,13 @@ void Llama::layer_backward(tsr_step *step, uint32_t l, const Set &s, int64_t B, 
   if (recompute_swiglu && reads_act)
     check(ops->swiglu_forward(ctx, gate.get(), up.get(), act_v.get()));
   weight_grad(kDown, dres_v, act_v);
-  DLTensor w = W(kDown);
-  check(ops->matmul(ctx, dres_v.get(), 0, &w, 0, dact_v.get(), 1.0f, 0.0f));
-  lora_backward(step, l, kDown, dres_v, act_v, dact_v, R);
+  project_dx(step, l, kDown, dres_v, act_v, dact_v, R, 0.0f);
   check(ops->swiglu_backward(ctx, gate.get(), up.get(), dact_v.get(), dgate_v.get(), dup_v.get()));
   weight_grad(kGate, dgate_v, h2);
   weight_grad(kUp, dup_v, h2);
-  w = W(kGate);
-  check(ops->matmul(ctx, dgate_v.get(), 0, &w, 0, dsm_v.get(), 1.0f, 0.0f));
-  lora_backward(step, l, kGate, dgate_v, h2, dsm_v, R);
-  w = W(kUp);
-  check(ops->matmul(ctx, dup_v.get(), 0, &w, 0, dsm_v.get(), 1.0f, 1.0f));
-  lora_backward(step, l, kUp, dup_v, h2, dsm_v, R);
-  w = W(kPostNorm);
+  project_dx(step, l, kGate, dgate_v, h2, dsm_v, R, 0.0f);
+  project_dx(step, l, kUp, dup_v, h2, dsm_v, R, 1.0f);
+  DLTensor w = W(kPostNorm);
   View g = norm_grad(step, P(l, kPostNorm), C);
   check(ops->rmsnorm_backward(ctx, dsm_v.get(), r.get(), &w, rstd2.get(), dres_v.get(),
                               grad_or_null(g)));

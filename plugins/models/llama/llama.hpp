@@ -211,10 +211,16 @@ struct Llama {
   void backward(tsr_step *step, const tsr_batch *batch, float loss_scale);
   double flops_per_sample() const;
 
+  void project(tsr_step *step, uint32_t l, LayerParam p, LayerParam bias, View &x, View &y,
+               int64_t R);
+  void project_dx(tsr_step *step, uint32_t l, LayerParam p, View &dy, View &x, View &dx, int64_t R,
+                  float beta);
+
   // ---- LoRA adapters (lora.cpp) ----
-  void lora_forward(tsr_step *step, uint32_t l, LayerParam p, View &x, View *y, int64_t R);
-  void lora_backward(tsr_step *step, uint32_t l, LayerParam p, View &dy, View &x, View &dx,
-                     int64_t R);
+  bool lora_forward(tsr_step *step, uint32_t l, LayerParam p, View &x, View *y, int64_t R,
+                    float beta);
+  bool lora_backward(tsr_step *step, uint32_t l, LayerParam p, View &dy, View &x, View &dx,
+                     int64_t R, float beta);
 };
 
 Llama *build(const tsr_host *host, const tsr_config *cfg, const tsr_model_init *init);

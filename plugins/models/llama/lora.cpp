@@ -251,30 +251,35 @@ static View lora_input(const Llama &m, uint32_t l, LoraTarget t, View &x, int64_
   return xd;
 }
 
-// u = x A^T (x_d A^T when the pass drops), and with `y` y += s u B^T: after
-// the base projection into y. Without y (a recompute that stops before the
-// down projection) only u, which backward reads.
-void Llama::lora_forward(tsr_step *step, uint32_t l, LayerParam p, View &x, View *y, int64_t R) {
+// u = x A^T (x_d A^T when the pass drops), and with `y` y = s u B^T +
+// beta y: beta 0 before the base projection (which then adds into y), 1
+// after it. Without y (a recompute that stops before the down projection)
+// only u, which backward reads. False, doing nothing, where the target has
+// no adapter.
+bool Llama::lora_forward(tsr_step *step, uint32_t l, LayerParam p, View &x, View *y, int64_t R,
+                         float beta) {
   const LoraTarget t = target_of(p);
-  if (!lora.enabled() || t == kLoraTargets || !lora.on[t]) return;
+  if (!lora.enabled() || t == kLoraTargets || !lora.on[t]) return false;
   tsr_host_ctx *ctx = host->ctx;
   View u = lora_u(*this, l, t, R);
   DLTensor wa = param(step, lora.index[l][t][0]);
   View in = lora_input(*this, l, t, x, R, wa.shape[1], true);
   check(ops->matmul(ctx, in.get(), 0, &wa, 1, u.get(), 1.0f, 0.0f));
-  if (!y) return;
+  if (!y) return true;
   DLTensor wb = param(step, lora.index[l][t][1]);
-  check(ops->matmul(ctx, u.get(), 0, &wb, 1, y->get(), lora.scale, 1.0f));
+  check(ops->matmul(ctx, u.get(), 0, &wb, 1, y->get(), lora.scale, beta));
+  return true;
 }
 
 // The adapter's backward for the projection y = f(x): dy its output's
-// gradient, dx its input's, to which du A is added (after the base
-// weight's share, written or added there first); with dropout dA comes
-// from x_d and du A reaches dx through the mask.
-void Llama::lora_backward(tsr_step *step, uint32_t l, LayerParam p, View &dy, View &x, View &dx,
-                          int64_t R) {
+// gradient, dx its input's, which gets du A + beta dx (beta 0: the first
+// share of dx, the base weight's then added into it); with dropout dA comes
+// from x_d and du A reaches dx through the mask. False, doing nothing,
+// where the target has no adapter.
+bool Llama::lora_backward(tsr_step *step, uint32_t l, LayerParam p, View &dy, View &x, View &dx,
+                          int64_t R, float beta) {
   const LoraTarget t = target_of(p);
-  if (!lora.enabled() || t == kLoraTargets || !lora.on[t]) return;
+  if (!lora.enabled() || t == kLoraTargets || !lora.on[t]) return false;
   tsr_host_ctx *ctx = host->ctx;
   const uint32_t ia = lora.index[l][t][0], ib = lora.index[l][t][1];
   View u = lora_u(*this, l, t, R), du = lora_du(*this, R);
@@ -291,18 +296,19 @@ void Llama::lora_backward(tsr_step *step, uint32_t l, LayerParam p, View &dy, Vi
     check(ops->matmul(ctx, du.get(), 1, in.get(), 0, &ga, 1.0f, wgrad_beta));
   }
   if (!lora.dropping) {
-    check(ops->matmul(ctx, du.get(), 0, &wa, 0, dx.get(), 1.0f, 1.0f));
-    return;
+    check(ops->matmul(ctx, du.get(), 0, &wa, 0, dx.get(), 1.0f, beta));
+    return true;
   }
-  if (fused_drop(*this)) {  // dx += mask * (du A) / (1 - p), no scratch
+  if (fused_drop(*this)) {  // dx = mask * (du A) / (1 - p) + beta dx, no scratch
     View dx2(*dx.get(), {R, in_cols});
     check(ops->lowrank_dropout(ctx, du.get(), &wa, static_cast<float>(lora.dropout), lora.seed,
-                               lora.stream(l, t), 1.0f, dx2.get()));
-    return;
+                               lora.stream(l, t), beta, dx2.get()));
+    return true;
   }
   View dxd = lora_scratch(*this, R, in_cols);
   check(ops->matmul(ctx, du.get(), 0, &wa, 0, dxd.get(), 1.0f, 0.0f));
-  lora_dropout(*this, l, t, dxd, 1.0f, dx);
+  lora_dropout(*this, l, t, dxd, beta, dx);
+  return true;
 }
 
 }  // namespace tessera::llama
