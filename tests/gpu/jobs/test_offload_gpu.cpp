@@ -92,6 +92,28 @@ void stage3_params_match_none(const std::string &offload, const std::string &par
   check_equivalent(ref, t, kAdamBf16);
 }
 
+// A small llama from TOML keys on random tokens (no Fashion-MNIST needed):
+// one GPU, bf16, clipping 0.5, 20 steps of `global` samples in micro-batches
+// of `micro`; its token file under `name` in the scratch folder.
+Job tiny_llama_job(const std::string &name, int stage, int global, int micro, uint32_t seed,
+                   const std::string &more_model = "") {
+  const fs::path tokens = scratch() / name / "tok_train_000000.bin";
+  write_token_shard(tokens, 200 * 32 + 1, 512, seed);
+  Job r{1, stage, global, micro};
+  r.steps = 20;
+  r.device = "cuda";
+  r.precision = "bf16";
+  r.clip = 0.5;
+  r.tag = name;
+  r.model_data =
+      "[model]\nplugin = \"llama\"\narchitecture = \"LlamaForCausalLM\"\nlayers = 2\n"
+      "width = 64\nheads = 4\nkv_heads = 2\nhead_dim = 16\nintermediate = 128\nvocab = 512\n"
+      "max_seq = 32\n" +
+      more_model + "\n[data.train]\nplugin = \"tokens\"\nfiles = \"" + tokens.string() +
+      "\"\ncontext = 32\nvocab = 512\n";
+  return r;
+}
+
 }  // namespace
 
 TEST_CASE("one GPU, bf16: offload cpu, overlapped and with a GPU share, matches offload none",
@@ -184,20 +206,8 @@ TEST_CASE("one GPU, bf16: offload none's update stream gives the compute stream'
     INFO(describe(t.run));
     check_equivalent(ref, t, exact);
   }
-  const fs::path tokens = scratch() / "overlap_tokens" / "tok_train_000000.bin";
-  write_token_shard(tokens, 200 * 32 + 1, 512, 92);
-  Job r{1, 0, 8, 4};
-  r.steps = 20;
-  r.device = "cuda";
-  r.precision = "bf16";
-  r.clip = 0.5;
+  Job r = tiny_llama_job("overlap_llama", 0, 8, 4, 92, "tie_embeddings = true\n");
   r.env["TESSERA_GEMM_TUNING"] = "heuristic";
-  r.tag = "overlap_llama";
-  r.model_data =
-      "[model]\nplugin = \"llama\"\narchitecture = \"LlamaForCausalLM\"\nlayers = 2\n"
-      "width = 64\nheads = 4\nkv_heads = 2\nhead_dim = 16\nintermediate = 128\nvocab = 512\n"
-      "max_seq = 32\ntie_embeddings = true\n\n[data.train]\nplugin = \"tokens\"\nfiles = \"" +
-      tokens.string() + "\"\ncontext = 32\nvocab = 512\n";
   Job j = r;
   j.offload_more = "overlap = true\n";
   j.tag = "overlap_llama_on";
@@ -211,22 +221,10 @@ TEST_CASE("one GPU, bf16: offload none's update stream gives the compute stream'
 // hold only the rest, and the run still matches offload none. The host's
 // figure is the environment's (TESSERA_HOST_MEMORY_AVAILABLE): room for the
 // fp32 parameters and half the state, never for all of it. A small llama
-// from TOML keys on random tokens (no Fashion-MNIST needed).
+// (no Fashion-MNIST needed).
 TEST_CASE("one GPU, bf16: ratio auto on a host too small for the state splits at start-up",
           "[gpu][jobs][offload]") {
-  const fs::path tokens = scratch() / "auto_start_tokens" / "tok_train_000000.bin";
-  write_token_shard(tokens, 200 * 32 + 1, 512, 91);
-  Job r{1, 1, 8, 8};
-  r.steps = 20;
-  r.device = "cuda";
-  r.precision = "bf16";
-  r.clip = 0.5;
-  r.tag = "auto_start";
-  r.model_data =
-      "[model]\nplugin = \"llama\"\narchitecture = \"LlamaForCausalLM\"\nlayers = 2\n"
-      "width = 64\nheads = 4\nkv_heads = 2\nhead_dim = 16\nintermediate = 128\nvocab = 512\n"
-      "max_seq = 32\n\n[data.train]\nplugin = \"tokens\"\nfiles = \"" +
-      tokens.string() + "\"\ncontext = 32\nvocab = 512\n";
+  const Job r = tiny_llama_job("auto_start", 1, 8, 8, 91);
   const Trained ref = train_job(r);
   Job probe = r;
   probe.offload = "cpu";
