@@ -78,7 +78,7 @@ void Llama::project(tsr_step *step, uint32_t l, LayerParam p, LayerParam bias, V
   if (biased) b = param(step, P(l, bias));
   check(ops->linear(host->ctx, x.get(), 0, &w, 1, biased ? &b : nullptr, TSR_ACT_NONE, y.get(),
                     nullptr));
-  lora_forward(step, l, p, x, &y, R, 1.0f);
+  if (biased) lora_forward(step, l, p, x, &y, R, 1.0f);  // after the biased matmul
 }
 
 // Layer l from x_l (resid[l]) into set s; with `out` its output x_{l+1}

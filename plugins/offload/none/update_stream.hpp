@@ -46,7 +46,7 @@ class UpdateStream {
   ~UpdateStream() {
     // Nothing may still read the buffers the plugin frees next.
     if (stream_) cudaStreamSynchronize(stream_);
-    for (cudaEvent_t e : pool_) cudaEventDestroy(e);
+    for (const Range &r : ranges_) cudaEventDestroy(r.done);
     if (handed_) cudaEventDestroy(handed_);
     if (stream_) cudaStreamDestroy(stream_);
   }
@@ -68,7 +68,6 @@ class UpdateStream {
     if (i == ranges_.size()) {
       cudaEvent_t e = nullptr;
       cuda_ok(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "event");
-      pool_.push_back(e);
       ranges_.push_back({offset, count, e, false});
     }
     cuda_ok(cudaEventRecord(ranges_[i].done, stream_), "record");
@@ -103,8 +102,7 @@ class UpdateStream {
   };
   cudaStream_t compute_ = nullptr, stream_ = nullptr;
   cudaEvent_t handed_ = nullptr, last_ = nullptr;
-  std::vector<cudaEvent_t> pool_;
-  std::vector<Range> ranges_;
+  std::vector<Range> ranges_;  // every range stepped so far, each with its own event
 };
 
 }  // namespace tessera::offload_none
