@@ -146,13 +146,20 @@ TEST_CASE("one GPU, bf16, stages 2-3, clipping on: the update starts during back
           "[gpu][jobs][offload]") {
   // Buckets of one group and two micro-batches a step: each group's owned
   // slice is final once the second micro-batch's reduce-scatter of its
-  // bucket completes, and its update starts then, speculatively.
+  // bucket completes, and its update starts then, speculatively. The zero
+  // plugin keeps two reduce-scatters in flight, so the model needs more
+  // than two buckets (four layers, each bigger than a 1 KB bucket; the
+  // default MLP's last two layers share one) before any is final in
+  // backward.
+  const std::string deeper = "model.hidden=[256, 256, 256]";
   Job r = gpu_job(1, 128, 0.5);
   r.offload = "none";
+  r.sets = {deeper};
+  r.tag = "deep";
   const Trained ref = train_job(r);
   for (const int stage : {2, 3}) {
     Job j = gpu_job(stage, 64, 0.5);
-    j.sets = {"zero.bucket_mb=0.01", "log.breakdown=true"};
+    j.sets = {deeper, "zero.bucket_mb=0.001", "log.breakdown=true"};
     // Every step clips at 0.5, where "adaptive" would stop speculating
     // after the first: "always" keeps starting ranges during backward.
     j.offload_more = "speculation = \"always\"\n";
