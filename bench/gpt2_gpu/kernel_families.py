@@ -1,5 +1,6 @@
 """Per-step GPU time by kernel family from kernel-trace files (tools/
-kernel-trace: start, end, stream, name per line, ns), for bench/gpt2_gpu/
+kernel-trace: start, end, stream, name and, in newer files, the grid per
+line; ns), for bench/gpt2_gpu/
 kernel_table. Steps are found from the optimizer's kernels: each step ends
 with a run of them, so the window from the end of the WARMUP-th run to the
 end of the last run holds a whole number of steps.
@@ -7,7 +8,8 @@ end of the last run holds a whole number of steps.
 Prints a markdown table (ms per step per family, and the GPU's busy share
 of the step) and, with --json PATH, writes the figures. --top FAMILY adds,
 per trace, the kernels of that family by name: calls and ms per step, so a
-gap in a family can be traced to the kernels that make it. --gaps adds,
+gap in a family can be traced to the kernels that make it (with the grid
+where the trace has it, so one kernel's calls on other shapes stay apart). --gaps adds,
 per trace, where the GPU sat idle inside the steps: idle time by gap size,
 and the largest gaps with the kernels either side (a host synchronisation
 shows as a large gap after the kernel whose result the host waited for).
@@ -46,9 +48,9 @@ def family(name):
 def load(path):
     ks = []
     for line in open(path):
-        p = line.rstrip("\n").split("\t", 3)
-        if len(p) == 4:
-            ks.append((int(p[0]), int(p[1]), p[3]))
+        p = line.rstrip("\n").split("\t")
+        if len(p) >= 4:
+            ks.append((int(p[0]), int(p[1]), p[3], p[4] if len(p) > 4 else ""))
     ks.sort()
     return ks
 
@@ -56,7 +58,7 @@ def step_window(ks, warmup):
     """(start_ns, end_ns, steps): from the end of the warmup-th optimizer run
     to the end of the last one."""
     ends, in_run = [], False
-    for s, e, n in ks:
+    for s, e, n, g in ks:
         if OPT.search(n):
             if not in_run:
                 ends.append(e)
@@ -73,13 +75,14 @@ def step_window(ks, warmup):
 def per_step(ks, warmup):
     lo, hi, steps = step_window(ks, warmup)
     fam, names, busy, last_end, count = {}, {}, 0, lo, 0
-    for s, e, n in ks:
+    for s, e, n, g in ks:
         if s < lo or s >= hi:
             continue
         f = family(n)
         fam[f] = fam.get(f, 0) + (e - s)
-        calls, ns = names.get((f, n), (0, 0))
-        names[(f, n)] = (calls + 1, ns + e - s)
+        key = (f, n + (f" [grid {g}]" if g else ""))
+        calls, ns = names.get(key, (0, 0))
+        names[key] = (calls + 1, ns + e - s)
         count += 1
         # Union of the kernels' intervals: the GPU's busy time, streams overlapping.
         s2 = max(s, last_end)
@@ -102,7 +105,7 @@ def idle_gaps(ks, warmup):
     before, kernel after), streams merged."""
     lo, hi, steps = step_window(ks, warmup)
     gaps, last_end, last_name = [], lo, None
-    for s, e, n in ks:
+    for s, e, n, g in ks:
         if s < lo or s >= hi:
             continue
         if s > last_end and last_name is not None:

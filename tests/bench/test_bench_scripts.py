@@ -468,6 +468,27 @@ class KernelFamilies(unittest.TestCase):
             self.assertNotEqual(bad.returncode, 0)
             self.assertIn("'matmuls': not a family", bad.stderr)
 
+    def test_top_keeps_one_kernel_on_two_grids_apart(self):
+        # Newer traces carry each launch's grid: the same GEMM kernel on two
+        # shapes is two rows of --top, each with its own calls and time.
+        lines, t = [], 0
+        for _ in range(6):
+            for name, grid, ms in [("nvjet_a", "64x16x1", 3.0), ("nvjet_a", "16x4x1", 1.0),
+                                   ("step_kernel<AdamOp>", "8x1x1", 0.5)]:
+                lines.append(f"{t}\t{t + int(ms * 1e6)}\t7\t{name}\t{grid}")
+                t += int(ms * 1e6)
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "t.tsv")
+            with open(path, "w") as f:
+                f.write("\n".join(lines) + "\n")
+            script = os.path.join(ROOT, "bench", "gpt2_gpu", "kernel_families.py")
+            r = subprocess.run([sys.executable, script, f"x={path}", "--warmup", "1", "--top", "matmul"],
+                               capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("| `nvjet_a [grid 64x16x1]` | 1.0 | 3.000 | 3000.0 |", r.stdout)
+            self.assertIn("| `nvjet_a [grid 16x4x1]` | 1.0 | 1.000 | 1000.0 |", r.stdout)
+            self.assertIn("| matmul | 4.000 |", r.stdout)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -1,5 +1,7 @@
 // A CUPTI injection library that records every kernel a CUDA process runs
-// (start, end, stream, name) and writes them at exit as tab-separated lines,
+// (start, end, stream, name, grid as XxYxZ) and writes them at exit as
+// tab-separated lines (the grid tells calls of one GEMM kernel on other
+// shapes apart),
 // so one tool times ours and PyTorch's kernels the same way (bench/gpt2_gpu/
 // kernel_table). CUDA loads it for any process started with
 //   CUDA_INJECTION64_PATH=libtsr_kernel_trace.so TSR_KERNEL_TRACE=out.tsv
@@ -32,6 +34,7 @@ struct Kernel {
   uint64_t start, end;
   uint32_t stream;
   std::string name;
+  int32_t grid[3];
 };
 
 std::mutex mu;
@@ -52,7 +55,8 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t *buffer, size_t, siz
         rec->kind != CUPTI_ACTIVITY_KIND_KERNEL)
       continue;
     const auto *k = reinterpret_cast<const CUpti_ActivityKernel10 *>(rec);
-    kernels->push_back({k->start, k->end, k->streamId, k->name ? k->name : "?"});
+    kernels->push_back(
+        {k->start, k->end, k->streamId, k->name ? k->name : "?", {k->gridX, k->gridY, k->gridZ}});
   }
   std::free(buffer);
 }
@@ -68,8 +72,9 @@ void write_trace() {
     return;
   }
   for (const Kernel &k : *kernels)
-    std::fprintf(f, "%llu\t%llu\t%u\t%s\n", static_cast<unsigned long long>(k.start),
-                 static_cast<unsigned long long>(k.end), k.stream, k.name.c_str());
+    std::fprintf(f, "%llu\t%llu\t%u\t%s\t%dx%dx%d\n", static_cast<unsigned long long>(k.start),
+                 static_cast<unsigned long long>(k.end), k.stream, k.name.c_str(), k.grid[0],
+                 k.grid[1], k.grid[2]);
   std::fclose(f);
   std::fprintf(stderr, "kernel-trace: %zu kernels written to %s\n", kernels->size(), path);
 }
