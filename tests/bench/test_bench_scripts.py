@@ -446,24 +446,38 @@ class KernelFamilies(unittest.TestCase):
         self.assertAlmostEqual(opt[0]["calls_per_step"], 2)
         self.assertAlmostEqual(opt[0]["ms_per_step"], 0.5)
 
-    def test_top_lists_a_familys_kernels_and_refuses_an_unknown_family(self):
+    SCRIPT = os.path.join(ROOT, "bench", "gpt2_gpu", "kernel_families.py")
+
+    @staticmethod
+    def steps(per_step, n=6):
+        """Trace lines of n steps, each the given (name, ms) kernels back to
+        back on stream 7 (a name may carry the grid column after a tab)."""
         lines, t = [], 0
-        for _ in range(6):
-            for name, ms in [("nvjet_a", 3.0), ("nvjet_b", 1.0), ("nvjet_b", 1.0),
-                             ("step_kernel<AdamOp>", 0.5)]:
+        for _ in range(n):
+            for name, ms in per_step:
                 lines.append(f"{t}\t{t + int(ms * 1e6)}\t7\t{name}")
                 t += int(ms * 1e6)
+        return lines
+
+    def top_matmul(self, d, lines):
+        """Writes the trace lines into d and runs --top matmul on them:
+        (the trace's path, the finished run)."""
+        path = os.path.join(d, "t.tsv")
+        with open(path, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        r = subprocess.run([sys.executable, self.SCRIPT, f"x={path}", "--warmup", "1", "--top", "matmul"],
+                           capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return path, r
+
+    def test_top_lists_a_familys_kernels_and_refuses_an_unknown_family(self):
+        lines = self.steps([("nvjet_a", 3.0), ("nvjet_b", 1.0), ("nvjet_b", 1.0),
+                            ("step_kernel<AdamOp>", 0.5)])
         with tempfile.TemporaryDirectory() as d:
-            path = os.path.join(d, "t.tsv")
-            with open(path, "w") as f:
-                f.write("\n".join(lines) + "\n")
-            script = os.path.join(ROOT, "bench", "gpt2_gpu", "kernel_families.py")
-            r = subprocess.run([sys.executable, script, f"x={path}", "--warmup", "1", "--top", "matmul"],
-                               capture_output=True, text=True)
-            self.assertEqual(r.returncode, 0, r.stderr)
+            path, r = self.top_matmul(d, lines)
             self.assertIn("| `nvjet_a` | 1.0 | 3.000 | 3000.0 |", r.stdout)
             self.assertIn("| `nvjet_b` | 2.0 | 2.000 | 1000.0 |", r.stdout)
-            bad = subprocess.run([sys.executable, script, f"x={path}", "--top", "matmuls"],
+            bad = subprocess.run([sys.executable, self.SCRIPT, f"x={path}", "--top", "matmuls"],
                                  capture_output=True, text=True)
             self.assertNotEqual(bad.returncode, 0)
             self.assertIn("'matmuls': not a family", bad.stderr)
@@ -471,20 +485,10 @@ class KernelFamilies(unittest.TestCase):
     def test_top_keeps_one_kernel_on_two_grids_apart(self):
         # Newer traces carry each launch's grid: the same GEMM kernel on two
         # shapes is two rows of --top, each with its own calls and time.
-        lines, t = [], 0
-        for _ in range(6):
-            for name, grid, ms in [("nvjet_a", "64x16x1", 3.0), ("nvjet_a", "16x4x1", 1.0),
-                                   ("step_kernel<AdamOp>", "8x1x1", 0.5)]:
-                lines.append(f"{t}\t{t + int(ms * 1e6)}\t7\t{name}\t{grid}")
-                t += int(ms * 1e6)
+        lines = self.steps([("nvjet_a\t64x16x1", 3.0), ("nvjet_a\t16x4x1", 1.0),
+                            ("step_kernel<AdamOp>\t8x1x1", 0.5)])
         with tempfile.TemporaryDirectory() as d:
-            path = os.path.join(d, "t.tsv")
-            with open(path, "w") as f:
-                f.write("\n".join(lines) + "\n")
-            script = os.path.join(ROOT, "bench", "gpt2_gpu", "kernel_families.py")
-            r = subprocess.run([sys.executable, script, f"x={path}", "--warmup", "1", "--top", "matmul"],
-                               capture_output=True, text=True)
-            self.assertEqual(r.returncode, 0, r.stderr)
+            _, r = self.top_matmul(d, lines)
             self.assertIn("| `nvjet_a [grid 64x16x1]` | 1.0 | 3.000 | 3000.0 |", r.stdout)
             self.assertIn("| `nvjet_a [grid 16x4x1]` | 1.0 | 1.000 | 1000.0 |", r.stdout)
             self.assertIn("| matmul | 4.000 |", r.stdout)
