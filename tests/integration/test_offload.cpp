@@ -117,6 +117,31 @@ TEST_CASE("offload cpu and nvme at stage 3 on two ranks match no offload", "[off
   same_as_no_offload(2, "stage3", 0.05);
 }
 
+TEST_CASE("offload none: overlap = true on the CPU says it changes nothing and changes nothing",
+          "[offload]") {
+  // One config serves both devices, so the CUDA key is accepted on the CPU,
+  // said to do nothing there, and the run's parameters are those of false.
+  std::map<std::string, F32Tensor> ref;
+  for (const bool on : {false, true}) {
+    const std::string name = on ? "none-overlap" : "none-plain";
+    Setup s = setup(std::string("\n[zero]\nplugin = \"stage1\"\n[offload]\nplugin = \"none\"\n") +
+                        "overlap = " + (on ? "true" : "false") + "\n",
+                    name);
+    RunResult r = run_cli(args_for(s, 1), opts());
+    INFO(name << ": " << describe(r));
+    REQUIRE(r.status == 0);
+    const bool said =
+        r.all().find("overlap = true changes nothing on the CPU") != std::string::npos;
+    CHECK(said == on);
+    auto params = exported(s.run_dir, name);
+    if (!on) {
+      ref = std::move(params);
+      continue;
+    }
+    CHECK(compare(params, ref).bitwise);
+  }
+}
+
 TEST_CASE("offload refuses ZeRO stage 0 on two ranks at start-up", "[offload]") {
   Setup s = setup("\n[zero]\nplugin = \"stage0\"\n" + offload_section("cpu"), "stage0x2");
   RunResult r = run_cli(args_for(s, 2), opts());

@@ -110,6 +110,12 @@ void None::setup(const tsr_offload_setup *st) {
   if (cuda && overlap)
     side = std::make_unique<tessera::offload_none::UpdateStream>(host->compute_stream);
 #endif
+  // The CPU has no stream to put the update on: the key is accepted (one
+  // config for both devices) and said to do nothing here.
+  if (!cuda && overlap)
+    host->log(host->ctx, TSR_LOG_INFO,
+              "offload none: overlap = true changes nothing on the CPU (the update runs in the "
+              "step, as with false); it applies to CUDA runs");
 }
 
 void None::step(const tsr_offload_step *st) {
