@@ -21,6 +21,13 @@ LoraTarget target_of(LayerParam p) {
   return static_cast<LoraTarget>(t);
 }
 
+// The target whose adapter this run has on layer parameter p, or
+// kLoraTargets where p has none (LoRA off, never adapted, or not chosen).
+LoraTarget adapted(const Lora &lora, LayerParam p) {
+  const LoraTarget t = target_of(p);
+  return lora.enabled() && t != kLoraTargets && lora.on[t] ? t : kLoraTargets;
+}
+
 // A target's [out, in]: what its base weight is.
 std::array<int64_t, 2> target_shape(const Llama &m, LoraTarget t) {
   const int64_t C = m.C(), F = m.a.intermediate;
@@ -258,8 +265,8 @@ static View lora_input(const Llama &m, uint32_t l, LoraTarget t, View &x, int64_
 // no adapter.
 bool Llama::lora_forward(tsr_step *step, uint32_t l, LayerParam p, View &x, View *y, int64_t R,
                          float beta) {
-  const LoraTarget t = target_of(p);
-  if (!lora.enabled() || t == kLoraTargets || !lora.on[t]) return false;
+  const LoraTarget t = adapted(lora, p);
+  if (t == kLoraTargets) return false;
   tsr_host_ctx *ctx = host->ctx;
   View u = lora_u(*this, l, t, R);
   DLTensor wa = param(step, lora.index[l][t][0]);
@@ -278,8 +285,8 @@ bool Llama::lora_forward(tsr_step *step, uint32_t l, LayerParam p, View &x, View
 // where the target has no adapter.
 bool Llama::lora_backward(tsr_step *step, uint32_t l, LayerParam p, View &dy, View &x, View &dx,
                           int64_t R, float beta) {
-  const LoraTarget t = target_of(p);
-  if (!lora.enabled() || t == kLoraTargets || !lora.on[t]) return false;
+  const LoraTarget t = adapted(lora, p);
+  if (t == kLoraTargets) return false;
   tsr_host_ctx *ctx = host->ctx;
   const uint32_t ia = lora.index[l][t][0], ib = lora.index[l][t][1];
   View u = lora_u(*this, l, t, R), du = lora_du(*this, R);
