@@ -126,4 +126,40 @@ void check_lowrank_shapes(const char *op, const DLTensor *a, const DLTensor *b, 
                 std::to_string(kLowrankMaxRank) + "], got " + describe(a));
 }
 
+namespace {
+
+// [first, last) byte addresses of t's elements; first == last when empty.
+std::pair<uintptr_t, uintptr_t> byte_span(const DLTensor *t) {
+  const uintptr_t base = reinterpret_cast<uintptr_t>(t->data) + t->byte_offset;
+  int64_t last = 0;  // the largest element offset
+  for (int d = 0; d < t->ndim; ++d) {
+    if (t->shape[d] == 0) return {base, base};
+    int64_t stride = 1;
+    if (t->strides) {
+      stride = t->strides[d];
+    } else {
+      for (int e = d + 1; e < t->ndim; ++e) stride *= t->shape[e];
+    }
+    last += (t->shape[d] - 1) * stride;
+  }
+  const uintptr_t es = (static_cast<uintptr_t>(t->dtype.bits) * t->dtype.lanes + 7) / 8;
+  return {base, base + static_cast<uintptr_t>(last + 1) * es};
+}
+
+}  // namespace
+
+void check_apart(const char *op, const char *out_name, const DLTensor *out,
+                 std::initializer_list<std::pair<const char *, const DLTensor *>> inputs) {
+  if (!out) return;
+  const auto [olo, ohi] = byte_span(out);
+  if (olo == ohi) return;
+  for (const auto &[name, t] : inputs) {
+    if (!t) continue;
+    const auto [lo, hi] = byte_span(t);
+    TSR_CHECK(lo == hi || ohi <= lo || hi <= olo, TSR_ERR_INVALID,
+              std::string(op) + ": " + out_name + " " + describe(out) + " overlaps " + name + " " +
+                  describe(t) + " in memory: give " + out_name + " a buffer of its own");
+  }
+}
+
 }  // namespace tessera

@@ -171,6 +171,39 @@ TEST_CASE("cuda swiglu matches the CPU, compact and on halves of one buffer",
   }
 }
 
+TEST_CASE("cuda swiglu_backward_out gives swiglu_forward's and swiglu_backward's bits (ABI 1.12)",
+          "[cuda][ops][decoder]") {
+  REQUIRE(TSR_HAS_FIELD(&gpu(), tsr_ops, swiglu_backward_out));
+  REQUIRE(gpu().swiglu_backward_out);
+  for (Dt d : kFloatDts) {
+    for (const int64_t F : {int64_t(64), int64_t(37)}) {  // 8-element packs, and single elements
+      const int64_t rows = 19;
+      const std::string what = case_name("swiglu_backward_out", d, {rows, F});
+      INFO(what);
+      Gpu gu({rows, 2 * F}, d, randn(rows * 2 * F, 111, -5, 5));
+      Gpu dout({rows, F}, d, randn(rows * F, 112));
+      Tensor out_ref({rows, F}, d), out({rows, F}, d), dgu_ref({rows, 2 * F}, d),
+          dgu({rows, 2 * F}, d);
+      ViewOf gate(gu, {rows, F}, {2 * F, 1}, 0), up(gu, {rows, F}, {2 * F, 1}, F);
+      ViewOf dgate_ref(dgu_ref, {rows, F}, {2 * F, 1}, 0),
+          dup_ref(dgu_ref, {rows, F}, {2 * F, 1}, F);
+      ViewOf dgate(dgu, {rows, F}, {2 * F, 1}, 0), dup(dgu, {rows, F}, {2 * F, 1}, F);
+      REQUIRE_OK(gpu().swiglu_forward(ctx(), gate.dl(), up.dl(), out_ref.dl()));
+      REQUIRE_OK(gpu().swiglu_backward(ctx(), gate.dl(), up.dl(), dout.dl(), dgate_ref.dl(),
+                                       dup_ref.dl()));
+      REQUIRE_OK(gpu().swiglu_backward_out(ctx(), gate.dl(), up.dl(), dout.dl(), dgate.dl(),
+                                           dup.dl(), out.dl()));
+      CHECK(same_bits(out.get(), out_ref.get()));
+      CHECK(same_bits(dgu.get(), dgu_ref.get()));
+      // out over up's half of the buffer: refused, gate and up untouched.
+      const std::vector<float> before = gu.get();
+      CHECK(gpu().swiglu_backward_out(ctx(), gate.dl(), up.dl(), dout.dl(), dgate.dl(), dup.dl(),
+                                      up.dl()) == TSR_ERR_INVALID);
+      CHECK(same_bits(gu.get(), before));
+    }
+  }
+}
+
 TEST_CASE("cuda rope matches the CPU on views into a fused qkv buffer", "[cuda][ops][decoder]") {
   const int64_t B = 2, T = 33, Hq = 8, Hk = 2, D = 64, W = (Hq + 2 * Hk) * D;
   std::vector<int32_t> pos(B * T);

@@ -78,7 +78,7 @@ const AbiLayoutRow kCurrent[] = {
 #undef TSR_ABI_STRING
 
 // The size of every public struct in the current headers, on x86-64, as of
-// ABI 1.11 (1.1: tsr_host and tsr_ops grew; tsr_optimizer_step_args grew by a
+// ABI 1.12 (1.1: tsr_host and tsr_ops grew; tsr_optimizer_step_args grew by a
 // reserved word over 1.0's tail padding and grads_dtype; 1.2: tsr_host,
 // the zero and offload tables grew, tsr_device_memory and tsr_offload_stats
 // are new; 1.3: tsr_ops grew by the three fused ops; 1.4: tsr_ops grew by
@@ -86,7 +86,8 @@ const AbiLayoutRow kCurrent[] = {
 // grew by the nine decoder-block ops, tsr_rope_params is new; 1.8: tsr_ops
 // grew by attention_packed_*, tsr_data_info by positions, tsr_batch by its
 // positions tensor; 1.9: tsr_ops grew by dropout, tsr_host by
-// step_position; 1.10: tsr_ops grew by lowrank_dropout; 1.11: none). A new minor
+// step_position; 1.10: tsr_ops grew by lowrank_dropout; 1.11: none; 1.12: tsr_ops grew by
+// swiglu_backward_out). A new minor
 // version that appends fields updates the struct's line here (and
 // docs/abi.md), and lists new structs in kAdded.
 struct CurrentSize {
@@ -104,7 +105,7 @@ const CurrentSize kCurrentSizes[] = {
     TSR_CURRENT(tsr_comm, 56),
     TSR_CURRENT(tsr_host, 224),
     TSR_CURRENT(tsr_device_memory, 32),
-    TSR_CURRENT(tsr_ops, 296),
+    TSR_CURRENT(tsr_ops, 304),
     TSR_CURRENT(tsr_rope_params, 56),
     TSR_CURRENT(tsr_data_info, 176),
     TSR_CURRENT(tsr_batch, 160),

@@ -151,6 +151,17 @@ double silu(double g) {
   return g / (1.0 + std::exp(-g));
 }
 
+// Half `which` (0: the first F columns, 1: the last F) of b's [rows, 2F]
+// buffer as a [rows, F] view with row stride 2F, over the caller's shape
+// {rows, F} and strides {2F, 1}.
+DLTensor half_of(Buf<float> &b, int64_t (&shape)[2], int64_t (&strides)[2], int which) {
+  DLTensor t = *b.dl();
+  t.shape = shape;
+  t.strides = strides;
+  t.byte_offset = static_cast<uint64_t>(which * shape[1]) * sizeof(float);
+  return t;
+}
+
 TEST_CASE("swiglu forward and backward on the halves of one [rows, 2F] buffer",
           "[cpu_ops][decoder]") {
   const int64_t rows = 3, F = 5;
@@ -159,13 +170,7 @@ TEST_CASE("swiglu forward and backward on the halves of one [rows, 2F] buffer",
   randomize(dout.v, 10);
   // gate = columns [0, F), up = [F, 2F): views with row stride 2F.
   int64_t shape[2] = {rows, F}, strides[2] = {2 * F, 1};
-  auto half = [&](Buf<float> &b, int which) {
-    DLTensor t = *b.dl();
-    t.shape = shape;
-    t.strides = strides;
-    t.byte_offset = which * F * sizeof(float);
-    return t;
-  };
+  auto half = [&](Buf<float> &b, int which) { return half_of(b, shape, strides, which); };
   DLTensor gate = half(gu, 0), up = half(gu, 1), dgate = half(dgu, 0), dup = half(dgu, 1);
   REQUIRE(ops().swiglu_forward(nullptr, &gate, &up, out.dl()) == TSR_OK);
   for (int64_t r = 0; r < rows; r++)
@@ -263,6 +268,40 @@ Vec rope_ref(const Vec &x, const std::vector<int32_t> &pos, int64_t H, int64_t D
     std::copy(o.begin(), o.end(), y.begin() + row * D);
   }
   return y;
+}
+
+TEST_CASE("swiglu_backward_out is swiglu_forward and swiglu_backward in one pass (ABI 1.12)",
+          "[cpu_ops][decoder]") {
+  // Odd and wide rows (the vector loops and their tails), gate and up the
+  // halves of one [rows, 2F] buffer as a fused linear would leave them.
+  for (const int64_t F : {int64_t{7}, int64_t{67}}) {
+    const int64_t rows = 5;
+    F32 gu({rows, 2 * F}), dout({rows, F}), out_ref({rows, F}), out({rows, F});
+    F32 dgu_ref({rows, 2 * F}), dgu({rows, 2 * F});
+    randomize(gu.v, 21, -6.0f, 6.0f);
+    randomize(dout.v, 22);
+    int64_t shape[2] = {rows, F}, strides[2] = {2 * F, 1};
+    auto half = [&](Buf<float> &b, int which) { return half_of(b, shape, strides, which); };
+    DLTensor gate = half(gu, 0), up = half(gu, 1);
+    DLTensor dgate_ref = half(dgu_ref, 0), dup_ref = half(dgu_ref, 1);
+    DLTensor dgate = half(dgu, 0), dup = half(dgu, 1);
+    REQUIRE(ops().swiglu_forward(nullptr, &gate, &up, out_ref.dl()) == TSR_OK);
+    REQUIRE(ops().swiglu_backward(nullptr, &gate, &up, dout.dl(), &dgate_ref, &dup_ref) == TSR_OK);
+    REQUIRE(ops().swiglu_backward_out(nullptr, &gate, &up, dout.dl(), &dgate, &dup, out.dl()) ==
+            TSR_OK);
+    INFO("F = " << F);
+    CHECK(out.v == out_ref.v);
+    CHECK(dgu.v == dgu_ref.v);
+    // out over gate's buffer: refused by name, nothing written.
+    const std::vector<float> before = gu.v;
+    CHECK(ops().swiglu_backward_out(nullptr, &gate, &up, dout.dl(), &dgate, &dup, &gate) ==
+          TSR_ERR_INVALID);
+    CHECK(gu.v == before);
+  }
+  // out of another shape: refused.
+  F32 g({3, 4}), u({3, 4}), d({3, 4}), dg({3, 4}), du({3, 4}), wrong({3, 5});
+  CHECK(ops().swiglu_backward_out(nullptr, g.dl(), u.dl(), d.dl(), dg.dl(), du.dl(), wrong.dl()) ==
+        TSR_ERR_INVALID);
 }
 
 TEST_CASE("rope llama3 frequencies follow Hugging Face's formula", "[cpu_ops][decoder]") {

@@ -330,6 +330,8 @@ const tsr_ops *cpu_ops() {
       .dropout = cpu::dropout,
       // ABI 1.10
       .lowrank_dropout = cpu::lowrank_dropout,
+      // ABI 1.12
+      .swiglu_backward_out = cpu::swiglu_backward_out,
   };
   return &table;
 }

@@ -3,13 +3,15 @@
 // few ulps; in double with std::exp the loops did not vectorise and took
 // a tenth of a llama-tiny-cpu step). A 2-D argument may carry a row
 // stride, so gate and up may be the two halves of one [rows, 2F] linear
-// output (and dgate, dup of its gradient).
+// output (and dgate, dup of its gradient). ABI 1.12's swiglu_backward_out
+// writes the forward's output again beside the gradients, from one read.
 #include <algorithm>
 #include <cmath>
 
 #include "backend/cpu/cpu_math.hpp"
 #include "backend/cpu/cpu_ops_internal.hpp"
 #include "backend/cpu/cpu_pool.hpp"
+#include "util/dltensor.hpp"
 #include "util/error.hpp"
 
 namespace tessera::cpu {
@@ -67,6 +69,18 @@ TSR_OPS_CLONES void swiglu_grad_row(const float *g, const float *u, const float 
   }
 }
 
+// Both: the forward's output and the gradients, each as the two loops above
+// compute it (the same bits); out is its own tensor.
+TSR_OPS_CLONES void swiglu_grad_out_row(const float *g, const float *u, const float *d, float *dg,
+                                        float *du, float *o, int64_t n) {
+  for (int64_t j = 0; j < n; j++) {
+    const float gv = g[j], uv = u[j], dv = d[j], s = 1.0f / (1.0f + exp_v(-gv));
+    o[j] = gv * s * uv;
+    dg[j] = dv * uv * (s * (1.0f + gv * (1.0f - s)));
+    du[j] = dv * gv * s;
+  }
+}
+
 constexpr int64_t kSwigluGrain = 16384;
 
 }  // namespace
@@ -101,6 +115,29 @@ tsr_status swiglu_backward(tsr_host_ctx *ctx, const DLTensor *gate, const DLTens
     parallel_for(G.rows, std::max<int64_t>(1, kSwigluGrain / G.cols), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; r++)
         swiglu_grad_row(G.row(r), U.row(r), D.row(r), DG.row(r), DU.row(r), G.cols);
+    });
+  });
+}
+
+tsr_status swiglu_backward_out(tsr_host_ctx *ctx, const DLTensor *gate, const DLTensor *up,
+                               const DLTensor *dout, DLTensor *dgate, DLTensor *dup,
+                               DLTensor *out) noexcept {
+  return guarded(ctx, [&] {
+    const char *op = "swiglu_backward_out";
+    const SwigluRows G = swiglu_rows(op, "gate", gate), U = swiglu_rows(op, "up", up),
+                     D = swiglu_rows(op, "dout", dout), DG = swiglu_rows(op, "dgate", dgate),
+                     DU = swiglu_rows(op, "dup", dup), O = swiglu_rows(op, "out", out);
+    swiglu_check_like(op, "up", up, U, gate, G);
+    swiglu_check_like(op, "dout", dout, D, gate, G);
+    swiglu_check_like(op, "dgate", dgate, DG, gate, G);
+    swiglu_check_like(op, "dup", dup, DU, gate, G);
+    swiglu_check_like(op, "out", out, O, gate, G);
+    if (G.cols == 0 || G.rows == 0) return;
+    check_apart(op, "out", out,
+                {{"gate", gate}, {"up", up}, {"dout", dout}, {"dgate", dgate}, {"dup", dup}});
+    parallel_for(G.rows, std::max<int64_t>(1, kSwigluGrain / G.cols), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; r++)
+        swiglu_grad_out_row(G.row(r), U.row(r), D.row(r), DG.row(r), DU.row(r), O.row(r), G.cols);
     });
   });
 }

@@ -28,6 +28,9 @@ tsr_status swiglu_forward(tsr_host_ctx *ctx, const DLTensor *gate, const DLTenso
                           DLTensor *out) noexcept;
 tsr_status swiglu_backward(tsr_host_ctx *ctx, const DLTensor *gate, const DLTensor *up,
                            const DLTensor *dout, DLTensor *dgate, DLTensor *dup) noexcept;
+tsr_status swiglu_backward_out(tsr_host_ctx *ctx, const DLTensor *gate, const DLTensor *up,
+                               const DLTensor *dout, DLTensor *dgate, DLTensor *dup,
+                               DLTensor *out) noexcept;
 tsr_status attention_gqa_forward(tsr_host_ctx *ctx, const DLTensor *q, const DLTensor *k,
                                  const DLTensor *v, float scale, DLTensor *out,
                                  DLTensor *lse) noexcept;

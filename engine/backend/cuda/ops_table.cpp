@@ -269,6 +269,8 @@ const tsr_ops *cuda_ops() {
       .dropout = cuda::dropout,
       // ABI 1.10
       .lowrank_dropout = cuda::lowrank_dropout,
+      // ABI 1.12
+      .swiglu_backward_out = cuda::swiglu_backward_out,
   };
   return &table;
 }

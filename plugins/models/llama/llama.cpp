@@ -332,12 +332,24 @@ void Llama::layer_backward(tsr_step *step, uint32_t l, const Set &s, int64_t B, 
   // (plan_memory): again from gate and up, the last layer's too, where it
   // is read: by the down weight's gradient, or its adapter's without
   // dropout (with dropout the adapter kept its dropped input).
-  const bool reads_act = trains(kDown) || (lora.enabled() && lora.on[kLoraDown] && !lora.dropping);
-  if (recompute_swiglu && reads_act)
-    check(ops->swiglu_forward(ctx, gate.get(), up.get(), act_v.get()));
-  weight_grad(kDown, dres_v, act_v);
-  project_dx(step, l, kDown, dres_v, act_v, dact_v, R, 0.0f);
-  check(ops->swiglu_backward(ctx, gate.get(), up.get(), dact_v.get(), dgate_v.get(), dup_v.get()));
+  const bool adapter_reads = lora.enabled() && lora.on[kLoraDown] && !lora.dropping;
+  const bool reads_act = trains(kDown) || adapter_reads;
+  if (recompute_swiglu && reads_act && !adapter_reads && swiglu_out_op()) {
+    // Only the weight gradient reads it, after d act is known: the
+    // gradient pass gives it again from the same reads of gate and up
+    // (ABI 1.12), one pass over both fewer than a forward before it.
+    project_dx(step, l, kDown, dres_v, act_v, dact_v, R, 0.0f);
+    check(ops->swiglu_backward_out(ctx, gate.get(), up.get(), dact_v.get(), dgate_v.get(),
+                                   dup_v.get(), act_v.get()));
+    weight_grad(kDown, dres_v, act_v);
+  } else {
+    if (recompute_swiglu && reads_act)
+      check(ops->swiglu_forward(ctx, gate.get(), up.get(), act_v.get()));
+    weight_grad(kDown, dres_v, act_v);
+    project_dx(step, l, kDown, dres_v, act_v, dact_v, R, 0.0f);
+    check(
+        ops->swiglu_backward(ctx, gate.get(), up.get(), dact_v.get(), dgate_v.get(), dup_v.get()));
+  }
   weight_grad(kGate, dgate_v, h2);
   weight_grad(kUp, dup_v, h2);
   project_dx(step, l, kGate, dgate_v, h2, dsm_v, R, 0.0f);

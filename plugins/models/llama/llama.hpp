@@ -115,7 +115,11 @@ struct Llama {
   int64_t max_batch = 0, data_T = 0;
   bool recompute = false;
   bool recompute_swiglu = false;  // model.recompute_swiglu, resolved (never with recompute)
-  std::string init_weights;       // init_from's safetensors ("" without)
+  // ABI 1.12's swiglu_backward_out, where the host's ops table has it.
+  bool swiglu_out_op() const {
+    return TSR_HAS_FIELD(ops, tsr_ops, swiglu_backward_out) && ops->swiglu_backward_out;
+  }
+  std::string init_weights;  // init_from's safetensors ("" without)
   // init_from's directory, or hf_config's: the tokenizer files there go
   // with a Hugging Face export ("" without either).
   std::string source_dir;

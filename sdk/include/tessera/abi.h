@@ -15,7 +15,7 @@
 #include <stdint.h>
 
 #define TSR_ABI_MAJOR 1
-#define TSR_ABI_MINOR 11
+#define TSR_ABI_MINOR 12
 
 #if defined(_WIN32)
 #define TSR_EXPORT __declspec(dllexport)

@@ -296,7 +296,21 @@ typedef struct tsr_ops {
    * backward with dropout is its use: dx += keep * (du A) / (1 - p). */
   tsr_status (*lowrank_dropout)(tsr_host_ctx *ctx, const DLTensor *a, const DLTensor *b, float p,
                                 uint64_t seed, uint64_t stream, float beta, DLTensor *y);
+
+  /* ---- ABI 1.12: SwiGLU's backward that gives its forward again (check
+   * TSR_HAS_FIELD(ops, tsr_ops, swiglu_backward_out) and the pointer, as
+   * for 1.3) ----
+   * swiglu_backward's dgate and dup and, from the same reads of gate and
+   * up, out = silu(gate) * up as swiglu_forward computes it: the same bits
+   * as swiglu_forward followed by swiglu_backward, in one pass. For a
+   * backward that did not keep the forward's output but still needs it
+   * (the down projection's weight gradient) once dout is known. Layouts as
+   * swiglu_backward (out [rows, F], a row stride allowed); dgate may alias
+   * gate and dup up; out must not overlap gate, up, dout, dgate or dup. */
+  tsr_status (*swiglu_backward_out)(tsr_host_ctx *ctx, const DLTensor *gate, const DLTensor *up,
+                                    const DLTensor *dout, DLTensor *dgate, DLTensor *dup,
+                                    DLTensor *out);
 } tsr_ops;
-#define tsr_ops_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_ops, lowrank_dropout)
+#define tsr_ops_STRUCT_SIZE TSR_STRUCT_SIZE(tsr_ops, swiglu_backward_out)
 
 #endif /* TESSERA_OPS_H */
