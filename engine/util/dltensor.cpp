@@ -128,22 +128,24 @@ void check_lowrank_shapes(const char *op, const DLTensor *a, const DLTensor *b, 
 
 namespace {
 
-// [first, last) byte addresses of t's elements; first == last when empty.
+// [first, last) byte addresses of t's elements (negative strides
+// included); first == last when empty.
 std::pair<uintptr_t, uintptr_t> byte_span(const DLTensor *t) {
-  const uintptr_t base = reinterpret_cast<uintptr_t>(t->data) + t->byte_offset;
-  int64_t last = 0;  // the largest element offset
+  const intptr_t base =
+      static_cast<intptr_t>(reinterpret_cast<uintptr_t>(t->data) + t->byte_offset);
+  int64_t lo = 0, hi = 0;  // the smallest and largest element offsets
   for (int d = 0; d < t->ndim; ++d) {
-    if (t->shape[d] == 0) return {base, base};
+    if (t->shape[d] == 0) return {static_cast<uintptr_t>(base), static_cast<uintptr_t>(base)};
     int64_t stride = 1;
     if (t->strides) {
       stride = t->strides[d];
     } else {
       for (int e = d + 1; e < t->ndim; ++e) stride *= t->shape[e];
     }
-    last += (t->shape[d] - 1) * stride;
+    (stride < 0 ? lo : hi) += (t->shape[d] - 1) * stride;
   }
-  const uintptr_t es = (static_cast<uintptr_t>(t->dtype.bits) * t->dtype.lanes + 7) / 8;
-  return {base, base + static_cast<uintptr_t>(last + 1) * es};
+  const int64_t es = (static_cast<int64_t>(t->dtype.bits) * t->dtype.lanes + 7) / 8;
+  return {static_cast<uintptr_t>(base + lo * es), static_cast<uintptr_t>(base + (hi + 1) * es)};
 }
 
 }  // namespace

@@ -304,6 +304,42 @@ TEST_CASE("swiglu_backward_out is swiglu_forward and swiglu_backward in one pass
         TSR_ERR_INVALID);
 }
 
+TEST_CASE("check_apart finds shared bytes by shape, strides and offset", "[cpu_ops][decoder]") {
+  std::vector<float> buf(64);
+  int64_t shape[2] = {4, 4}, compact_strides[2] = {4, 1}, wide[2] = {8, 1}, back[2] = {-8, 1};
+  auto view = [&](int64_t *st, int64_t offset) {
+    DLTensor t{};
+    t.data = buf.data();
+    t.device = {kDLCPU, 0};
+    t.ndim = 2;
+    t.dtype = {kDLFloat, 32, 1};
+    t.shape = shape;
+    t.strides = st;
+    t.byte_offset = static_cast<uint64_t>(offset) * sizeof(float);
+    return t;
+  };
+  const DLTensor a = view(compact_strides, 0), b = view(compact_strides, 16);
+  const DLTensor left = view(wide, 0), right = view(wide, 4);  // interleaved rows
+  DLTensor out = view(nullptr, 16);                            // compact by shape: b's bytes
+  CHECK_NOTHROW(tessera::check_apart("t", "out", &a, {{"b", &b}, {"none", nullptr}}));
+  CHECK_THROWS_WITH(tessera::check_apart("t", "out", &out, {{"a", &a}, {"b", &b}}),
+                    Catch::Contains("t: out") && Catch::Contains("overlaps b"));
+  // Rows 0, 2, 4, 6 of 8 against rows 1, 3, 5, 7: their spans interleave,
+  // and the check (by span, not element) refuses it.
+  CHECK_THROWS(tessera::check_apart("t", "out", &left, {{"right", &right}}));
+  // A negative row stride reaches back: rows at 56, 48, 40, 32 overlap
+  // nothing below 32 and do overlap what starts there.
+  const DLTensor up = view(back, 56), low = view(compact_strides, 0),
+                 mid = view(compact_strides, 32);
+  CHECK_NOTHROW(tessera::check_apart("t", "out", &up, {{"low", &low}}));
+  CHECK_THROWS(tessera::check_apart("t", "out", &up, {{"mid", &mid}}));
+  // An empty tensor shares nothing.
+  int64_t none[2] = {0, 4};
+  DLTensor empty = a;
+  empty.shape = none;
+  CHECK_NOTHROW(tessera::check_apart("t", "out", &empty, {{"a", &a}}));
+}
+
 TEST_CASE("rope llama3 frequencies follow Hugging Face's formula", "[cpu_ops][decoder]") {
   const tsr_rope_params p = rope_llama3();
   const std::vector<double> got = tessera::rope_inv_freq("test", &p, 64);
