@@ -28,9 +28,10 @@ void Llama::plan_memory() {
   size_t y = 0;
   // With recompute_swiglu (by default on GPUs) swiglu's output, [R,
   // intermediate], is one buffer for every layer: the down projection's
-  // weight gradient reads it again from gate and up (layer_backward), an
-  // elementwise pass that costs less than keeping it (a Llama-3.2-1B step
-  // at 4 x 2048: 2 GiB for 2.6 ms in 130 ms). On the CPU, where memory is
+  // weight gradient reads it again from gate and up (layer_backward: from
+  // ABI 1.12 the gradient pass writes it, swiglu_backward_out; before, an
+  // elementwise pass of its own, 2.6 ms of a 130 ms Llama-3.2-1B step at 4
+  // x 2048 against 2 GiB kept). On the CPU, where memory is
   // the cheaper of the two, each layer keeps its own by default. It comes
   // first in the region, where even a tiny model's logits overwrite it, so
   // the golden tests catch a backward that reads it stale.
