@@ -96,6 +96,9 @@ tsr_status broken_create(const tsr_host *host, const tsr_config *cfg, const tsr_
               host->ops->struct_size < sizeof g_ops ? host->ops->struct_size : sizeof g_ops);
 #if defined(TSR_WRAP_BROKEN_SWIGLU)
   g_ops.swiglu_backward = broken_swiglu_backward;
+  // ABI 1.12's fused form would step around the broken op: without it
+  // llama runs swiglu_backward on every device and setting.
+  g_ops.swiglu_backward_out = nullptr;
 #elif defined(TSR_WRAP_STEP_LOG)
   g_real_host = host;
 #else

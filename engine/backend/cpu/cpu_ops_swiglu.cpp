@@ -70,9 +70,11 @@ TSR_OPS_CLONES void swiglu_grad_row(const float *g, const float *u, const float 
 }
 
 // Both: the forward's output and the gradients, each as the two loops above
-// compute it (the same bits); out is its own tensor.
+// compute it (the same bits). out is its own tensor (check_apart), which
+// __restrict says: without it GCC gives up the alias checks of six
+// pointers and leaves the loop scalar (3.6x slower).
 TSR_OPS_CLONES void swiglu_grad_out_row(const float *g, const float *u, const float *d, float *dg,
-                                        float *du, float *o, int64_t n) {
+                                        float *du, float *__restrict o, int64_t n) {
   for (int64_t j = 0; j < n; j++) {
     const float gv = g[j], uv = u[j], dv = d[j], s = 1.0f / (1.0f + exp_v(-gv));
     o[j] = gv * s * uv;

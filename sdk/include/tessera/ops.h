@@ -306,7 +306,9 @@ typedef struct tsr_ops {
    * backward that did not keep the forward's output but still needs it
    * (the down projection's weight gradient) once dout is known. Layouts as
    * swiglu_backward (out [rows, F], a row stride allowed); dgate may alias
-   * gate and dup up; out must not overlap gate, up, dout, dgate or dup. */
+   * gate and dup up; out's bytes from its first element to its last must
+   * not meet those of gate, up, dout, dgate or dup (an out interleaved with
+   * another argument's rows is refused too). */
   tsr_status (*swiglu_backward_out)(tsr_host_ctx *ctx, const DLTensor *gate, const DLTensor *up,
                                     const DLTensor *dout, DLTensor *dgate, DLTensor *dup,
                                     DLTensor *out);
